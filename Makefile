@@ -1,0 +1,70 @@
+# moeserve: make · make test · make debug · make test-cuda · make bench · make clean
+# CUDA is built when nvcc is found (CUDA=0 turns it off); CUDA_ARCH picks the GPU code.
+
+CC       ?= cc
+NVCC     ?= $(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
+BUILD    ?= build
+CUDA     ?= $(shell test -x "$(NVCC)" && ls src/backend/cuda/*.cu >/dev/null 2>&1 && echo 1 || echo 0)
+CUDA_ARCH ?= -gencode=arch=compute_90a,code=sm_90a
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+
+PKGS     := jansson
+OPT      ?= -O2 -g
+SAN      ?=
+CFLAGS   := $(OPT) $(SAN) -std=c11 -Wall -Wextra -Wno-format-zero-length -D_GNU_SOURCE -fopenmp -Isrc -Itests $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+LDLIBS   += $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -ljansson) -fopenmp -lm -lpthread
+NVFLAGS  ?= -O3 -g -lineinfo
+NVFLAGS  += -std=c++17 $(CUDA_ARCH) -Isrc -Itests -Xcompiler -Wall,-fPIC
+
+SRC      := $(filter-out src/cli/main.c,$(wildcard src/*/*.c src/*/*/*.c))
+CUSRC    := $(wildcard src/backend/cuda/*.cu)
+OBJ      := $(SRC:%.c=$(BUILD)/%.o)
+ifeq ($(CUDA),1)
+  OBJ    += $(CUSRC:%.cu=$(BUILD)/%.o)
+  CFLAGS += -DMOESERVE_CUDA
+  LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lstdc++
+endif
+TESTSRC  := tests/test_main.c $(wildcard tests/unit/*.c)
+TESTOBJ  := $(TESTSRC:%.c=$(BUILD)/%.o)
+
+all: $(BUILD)/moeserve
+
+$(BUILD)/libmoeserve.a: $(OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/moeserve: $(BUILD)/src/cli/main.o $(BUILD)/libmoeserve.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/test_unit: $(TESTOBJ) $(BUILD)/libmoeserve.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+# make test: CPU only; ends with "N passed, N failed".
+test: $(BUILD)/moeserve $(BUILD)/test_unit
+	MOESERVE_BIN=$(CURDIR)/$(BUILD)/moeserve ./$(BUILD)/test_unit $(FILTER)
+
+# make run: the main job on the built-in default model (a tiny GLM-5 in NVFP4 shipped in the
+# repository): describe it, then compute the logits of a prompt through the paged KV cache.
+DEFAULT_MODEL ?= tests/data/golden/glm5-nvfp4
+run: $(BUILD)/moeserve
+	./$(BUILD)/moeserve info --model $(DEFAULT_MODEL)
+	./$(BUILD)/moeserve logits --model $(DEFAULT_MODEL) --tokens 1,2,3,4,5,6,7,8,9,10,11,12 --chunk 4 --out $(BUILD)/logits.f32
+
+# make debug: AddressSanitizer + UndefinedBehaviorSanitizer, CPU only, runs the tests.
+debug:
+	$(MAKE) BUILD=build-debug CUDA=0 OPT="-O1 -g -fno-omit-frame-pointer" \
+	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined" test
+
+clean:
+	rm -rf build build-debug
+
+.PHONY: all run test debug clean
+-include $(OBJ:.o=.d) $(TESTOBJ:.o=.d) $(BUILD)/src/cli/main.d

@@ -1,0 +1,202 @@
+/* backend: the be_* wrappers of backend.h. Each dispatches to the backend's implementation and
+ * adds the FLOPs and bytes of the op, computed from its shapes, to be->stats. One place for
+ * every backend, so that CPU and CUDA report the same counts. */
+#include "backend.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "../base/util.h"
+
+static const struct { const char *name; OpCategory cat; } op_info[OP_COUNT] = {
+    [OP_EMBED] = {"embed", CAT_ELEMENTWISE},
+    [OP_RMSNORM] = {"rmsnorm", CAT_ELEMENTWISE},
+    [OP_LAYERNORM] = {"layernorm", CAT_ELEMENTWISE},
+    [OP_ROPE] = {"rope", CAT_ELEMENTWISE},
+    [OP_ADD] = {"add", CAT_ELEMENTWISE},
+    [OP_GET_ROWS] = {"get_rows", CAT_ELEMENTWISE},
+    [OP_SWIGLU] = {"swiglu", CAT_ELEMENTWISE},
+    [OP_KV_WRITE] = {"kv_write", CAT_ELEMENTWISE},
+    [OP_GEMM_ATTN] = {"gemm_attn", CAT_GEMM},
+    [OP_GEMM_MLP] = {"gemm_mlp", CAT_GEMM},
+    [OP_GEMM_LM_HEAD] = {"gemm_lm_head", CAT_GEMM},
+    [OP_GEMM_INDEXER] = {"gemm_indexer", CAT_INDEXER},
+    [OP_GEMM_ROUTER] = {"gemm_router", CAT_ROUTER},
+    [OP_ROUTER] = {"router", CAT_ROUTER},
+    [OP_MOE] = {"moe", CAT_MOE},
+    [OP_ATTENTION] = {"attention", CAT_ATTENTION},
+    [OP_INDEXER] = {"indexer", CAT_INDEXER},
+};
+
+static const char *cat_names[CAT_COUNT] = {
+    [CAT_GEMM] = "dense GEMM", [CAT_MOE] = "MoE GEMM", [CAT_ATTENTION] = "attention",
+    [CAT_INDEXER] = "indexer", [CAT_ELEMENTWISE] = "norms and elementwise",
+    [CAT_ROUTER] = "router and dispatch",
+};
+
+const char *op_name(OpId op) { return op_info[op].name; }
+OpCategory op_category(OpId op) { return op_info[op].cat; }
+const char *op_category_name(OpCategory c) { return cat_names[c]; }
+
+void backend_reset_stats(Backend *be) { memset(be->stats, 0, sizeof be->stats); }
+
+static void count(Backend *be, OpId op, double flops, double bytes)
+{
+    be->stats[op].flops += flops;
+    be->stats[op].bytes += bytes;
+    be->stats[op].calls++;
+}
+
+void *be_alloc(Backend *be, size_t bytes) { return be->ops->alloc(be, bytes); }
+
+void be_free(Backend *be, void *p)
+{
+    if (p) be->ops->free(be, p);
+}
+
+void be_embed(Backend *be, float *out, const int *tokens, int T, const QTensor *emb)
+{
+    be->ops->embed(be, out, tokens, T, emb);
+    double row = qtensor_bytes(emb) / (double)emb->rows;
+    count(be, OP_EMBED, 0, T * (row + 4.0 * emb->cols));
+}
+
+void be_rmsnorm(Backend *be, float *out, int ldo, const float *x, int ldx, const float *w,
+                int rows, int dim, float eps)
+{
+    be->ops->rmsnorm(be, out, ldo, x, ldx, w, rows, dim, eps);
+    count(be, OP_RMSNORM, 4.0 * rows * dim, 8.0 * rows * dim + 4.0 * dim);
+}
+
+void be_layernorm(Backend *be, float *out, int ldo, const float *x, int ldx, const float *w,
+                  const float *b, int rows, int dim, float eps)
+{
+    be->ops->layernorm(be, out, ldo, x, ldx, w, b, rows, dim, eps);
+    count(be, OP_LAYERNORM, 7.0 * rows * dim, 8.0 * rows * dim + 8.0 * dim);
+}
+
+void be_rope(Backend *be, float *x, int ld, int T, int n_heads, int head_stride, int rot_off,
+             int rot_dim, const int *pos, const float *inv_freq, float scale, int interleave)
+{
+    be->ops->rope(be, x, ld, T, n_heads, head_stride, rot_off, rot_dim, pos, inv_freq, scale, interleave);
+    double n = (double)T * n_heads * rot_dim;
+    count(be, OP_ROPE, 3.0 * n, 8.0 * n);
+}
+
+void be_add(Backend *be, float *out, const float *a, const float *b, size_t n)
+{
+    be->ops->add(be, out, a, b, n);
+    count(be, OP_ADD, (double)n, 12.0 * n);
+}
+
+void be_get_rows(Backend *be, float *out, const float *x, int ld, const int *rows, int n, int dim)
+{
+    be->ops->get_rows(be, out, x, ld, rows, n, dim);
+    count(be, OP_GET_ROWS, 0, 8.0 * n * dim);
+}
+
+void be_to_host(Backend *be, void *dst, const void *src, size_t bytes)
+{
+    be->ops->to_host(be, dst, src, bytes);
+}
+
+void be_to_device(Backend *be, void *dst, const void *src, size_t bytes)
+{
+    be->ops->to_device(be, dst, src, bytes);
+}
+
+void be_swiglu(Backend *be, float *out, const float *gate, const float *up, int T, int F)
+{
+    be->ops->swiglu(be, out, gate, up, T, F);
+    count(be, OP_SWIGLU, 6.0 * T * F, 12.0 * T * F);
+}
+
+void be_kv_write(Backend *be, float *cache, int width, int off, const float *src, int ld, int n,
+                 const int *slot, int T)
+{
+    be->ops->kv_write(be, cache, width, off, src, ld, n, slot, T);
+    count(be, OP_KV_WRITE, 0, 8.0 * T * n);
+}
+
+void be_matmul(Backend *be, OpId op, float *out, int ldo, const float *x, int ldx, int T,
+               const QTensor *w, const float *bias)
+{
+    be->ops->matmul(be, out, ldo, x, ldx, T, w, bias);
+    count(be, op, 2.0 * T * w->rows * w->cols,
+          qtensor_bytes(w) + 4.0 * T * (w->cols + w->rows) + (bias ? 4.0 * w->rows : 0));
+}
+
+void be_router(Backend *be, int *idx, float *wts, const float *logits, const float *bias, int T,
+               const ModelConfig *c)
+{
+    be->ops->router(be, idx, wts, logits, bias, T, c);
+    count(be, OP_ROUTER, 8.0 * T * c->n_experts, 4.0 * T * c->n_experts + 8.0 * T * c->n_experts_per_tok);
+}
+
+void be_moe(Backend *be, float *out, const float *x, const int *idx, const float *wts, int T,
+            const LayerWeights *lw, const ModelConfig *c)
+{
+    int touched = be->ops->moe(be, out, x, idx, wts, T, lw, c);
+    double E = c->n_experts, K = c->n_experts_per_tok;
+    /* expected distinct experts under uniform routing when the backend cannot say */
+    double n_exp = touched >= 0 ? touched : E * (1.0 - pow(1.0 - K / E, T));
+    double expert_bytes = qtensor_bytes(&lw->exp_gate[0]) + qtensor_bytes(&lw->exp_up[0]) +
+                          qtensor_bytes(&lw->exp_down[0]);
+    double F = c->moe_intermediate, D = c->hidden;
+    count(be, OP_MOE, 2.0 * T * K * 3.0 * F * D + 3.0 * T * K * F,
+          n_exp * expert_bytes + 4.0 * T * D * 2 + 8.0 * T * K);
+}
+
+/* Keys token t may attend to, summed over the batch (causal, or the indexer's selection). */
+static double batch_keys(const Batch *b, int cap)
+{
+    double n = 0;
+    for (int t = 0; t < b->n_tokens; t++) n += (cap > 0 && b->pos[t] + 1 > cap) ? cap : b->pos[t] + 1;
+    return n;
+}
+
+/* Cache rows each sequence must read once: its whole context. */
+static double batch_ctx(const Batch *b)
+{
+    double n = 0;
+    for (int s = 0; s < b->n_seqs; s++) n += b->ctx_len[s];
+    return n;
+}
+
+void be_attention_gqa(Backend *be, float *out, const float *q, const KVLayer *kv, const Batch *b,
+                      const ModelConfig *c)
+{
+    be->ops->attention_gqa(be, out, q, kv, b, c);
+    double keys = batch_keys(b, 0), H = c->n_heads, Dh = c->head_dim;
+    count(be, OP_ATTENTION, 4.0 * H * Dh * keys + 5.0 * H * keys,
+          4.0 * batch_ctx(b) * kv->kv_width + 8.0 * b->n_tokens * H * Dh);
+}
+
+void be_attention_mla(Backend *be, float *out, const float *q, const KVLayer *kv,
+                      const QTensor *wkv_b, const int *topk, int ktop, const Batch *b,
+                      const ModelConfig *c)
+{
+    be->ops->attention_mla(be, out, q, kv, wkv_b, topk, ktop, b, c);
+    double H = c->n_heads, C = c->kv_lora_rank, Dn = c->qk_nope_dim, Dr = c->qk_rope_dim,
+           Dv = c->v_head_dim, T = b->n_tokens;
+    double keys = batch_keys(b, topk ? ktop : 0);
+    double flops = 2.0 * T * H * (Dn + Dv) * C            /* absorb q, expand the output */
+                   + 2.0 * H * keys * (C + Dr) + 2.0 * H * keys * C + 5.0 * H * keys;
+    count(be, OP_ATTENTION, flops,
+          qtensor_bytes(wkv_b) + 4.0 * batch_ctx(b) * kv->kv_width + 4.0 * T * H * (Dn + Dr + Dv));
+}
+
+void be_indexer(Backend *be, int *topk, const float *q, const float *w, const KVLayer *kv,
+                const Batch *b, const ModelConfig *c)
+{
+    be->ops->indexer(be, topk, q, w, kv, b, c);
+    double keys = batch_keys(b, 0), Hi = c->index_n_heads, Di = c->index_head_dim;
+    count(be, OP_INDEXER, 2.0 * Hi * Di * keys + 3.0 * Hi * keys,
+          4.0 * batch_ctx(b) * Di + 4.0 * b->n_tokens * (Hi * Di + Hi) + 4.0 * b->n_tokens * c->index_topk);
+}
+
+void backend_free(Backend *be)
+{
+    if (be->ops && be->ops->destroy) be->ops->destroy(be);
+    *be = (Backend){0};
+}

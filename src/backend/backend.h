@@ -1,0 +1,163 @@
+/* backend.h: the op table. The model (src/model/) is written once in terms of these ops; a
+ * backend (cpu/, cuda/) implements them. Every op also records the FLOPs it did and the bytes
+ * it had to move, computed from its shapes in backend.c, one place for every backend: the
+ * diagnosis (#9) is built on these counts.
+ *
+ * All activations are float32 in the backend's memory (host for cpu, device for cuda), row
+ * major, with an explicit leading dimension (ld, in elements) where rows may be strided.
+ * Shape letters are those of model.h. */
+#ifndef MOESERVE_BACKEND_H
+#define MOESERVE_BACKEND_H
+
+#include <stddef.h>
+
+#include "../model/model.h"
+
+/* Ops, grouped by the category diagnosis reports them under (op_category). */
+typedef enum {
+    OP_EMBED,        /* norm/elementwise */
+    OP_RMSNORM,
+    OP_LAYERNORM,
+    OP_ROPE,
+    OP_ADD,
+    OP_GET_ROWS,
+    OP_SWIGLU,
+    OP_KV_WRITE,
+    OP_GEMM_ATTN,    /* dense GEMM: attention projections */
+    OP_GEMM_MLP,     /* dense GEMM: dense MLP and shared expert */
+    OP_GEMM_LM_HEAD, /* dense GEMM: lm_head */
+    OP_GEMM_INDEXER, /* indexer projections */
+    OP_GEMM_ROUTER,  /* router logits */
+    OP_ROUTER,       /* sigmoid, correction bias, grouped top-k, normalisation */
+    OP_MOE,          /* dispatch + expert GEMMs + combine */
+    OP_ATTENTION,    /* GQA / MLA attention over the paged cache */
+    OP_INDEXER,      /* DSA scores + top-k */
+    OP_COUNT
+} OpId;
+
+typedef enum { CAT_GEMM, CAT_MOE, CAT_ATTENTION, CAT_INDEXER, CAT_ELEMENTWISE, CAT_ROUTER,
+               CAT_COUNT } OpCategory;
+
+typedef struct {
+    double flops;    /* floating-point operations (a multiply-add counts 2) */
+    double bytes;    /* bytes that had to move: weights read + activations read and written */
+    long calls;
+} OpStat;
+
+const char *op_name(OpId op);
+OpCategory op_category(OpId op);
+const char *op_category_name(OpCategory c);
+
+/* The paged KV cache of one layer, as the attention ops see it. */
+typedef struct {
+    float *kv;           /* [n_blocks * block_size, kv_width]: GQA [k Hkv*Dh | v Hkv*Dh];
+                            MLA [latent C | roped k_pe Dr] */
+    float *idx;          /* [n_blocks * block_size, Di] indexer keys (roped, normed), or NULL */
+    int block_size;
+    int kv_width, idx_width;
+} KVLayer;
+
+typedef struct Backend Backend;
+
+/* The implementation of each op: the backend-specific part. Arguments as the be_* wrappers. */
+typedef struct {
+    void *(*alloc)(Backend *be, size_t bytes);     /* activation / cache memory, zeroed */
+    void (*free)(Backend *be, void *p);
+    void (*destroy)(Backend *be);                  /* releases impl; may be NULL */
+    void (*embed)(Backend *be, float *out, const int *tokens, int T, const QTensor *emb);
+    void (*rmsnorm)(Backend *be, float *out, int ldo, const float *x, int ldx, const float *w,
+                    int rows, int dim, float eps);
+    void (*layernorm)(Backend *be, float *out, int ldo, const float *x, int ldx, const float *w,
+                      const float *b, int rows, int dim, float eps);
+    void (*rope)(Backend *be, float *x, int ld, int T, int n_heads, int head_stride, int rot_off,
+                 int rot_dim, const int *pos, const float *inv_freq, float scale, int interleave);
+    void (*add)(Backend *be, float *out, const float *a, const float *b, size_t n);
+    void (*get_rows)(Backend *be, float *out, const float *x, int ld, const int *rows, int n, int dim);
+    void (*to_host)(Backend *be, void *dst, const void *src, size_t bytes);
+    void (*to_device)(Backend *be, void *dst, const void *src, size_t bytes);
+    void (*swiglu)(Backend *be, float *out, const float *gate, const float *up, int T, int F);
+    void (*kv_write)(Backend *be, float *cache, int width, int off, const float *src, int ld,
+                     int n, const int *slot, int T);
+    void (*matmul)(Backend *be, float *out, int ldo, const float *x, int ldx, int T,
+                   const QTensor *w, const float *bias);
+    void (*router)(Backend *be, int *idx, float *wts, const float *logits, const float *bias,
+                   int T, const ModelConfig *c);
+    /* returns the number of distinct experts it touched (for the byte count), -1 unknown */
+    int (*moe)(Backend *be, float *out, const float *x, const int *idx, const float *wts, int T,
+               const LayerWeights *lw, const ModelConfig *c);
+    void (*attention_gqa)(Backend *be, float *out, const float *q, const KVLayer *kv,
+                          const Batch *b, const ModelConfig *c);
+    void (*attention_mla)(Backend *be, float *out, const float *q, const KVLayer *kv,
+                          const QTensor *wkv_b, const int *topk, int ktop, const Batch *b,
+                          const ModelConfig *c);
+    void (*indexer)(Backend *be, int *topk, const float *q, const float *w, const KVLayer *kv,
+                    const Batch *b, const ModelConfig *c);
+} BackendOps;
+
+struct Backend {
+    const char *name;          /* "cpu", "cuda" */
+    const BackendOps *ops;
+    OpStat stats[OP_COUNT];    /* accumulated since the last backend_reset_stats */
+    int n_threads;             /* cpu: OpenMP threads */
+    void *impl;                /* backend-private state */
+};
+
+void backend_cpu_init(Backend *be, int n_threads);
+void backend_free(Backend *be);
+void backend_reset_stats(Backend *be);
+
+/* ---- The ops, as the model calls them. Each dispatches to be->ops and counts. ---- */
+
+void *be_alloc(Backend *be, size_t bytes);
+void be_free(Backend *be, void *p);
+/* out[T, D] = emb[tokens[t]] */
+void be_embed(Backend *be, float *out, const int *tokens, int T, const QTensor *emb);
+/* out[r, :dim] = w * x[r] / sqrt(mean(x[r]^2) + eps), rows r < rows; out may be x. */
+void be_rmsnorm(Backend *be, float *out, int ldo, const float *x, int ldx, const float *w,
+                int rows, int dim, float eps);
+/* LayerNorm with weight and bias (biased variance), the DSA indexer's k_norm. */
+void be_layernorm(Backend *be, float *out, int ldo, const float *x, int ldx, const float *w,
+                  const float *b, int rows, int dim, float eps);
+/* RoPE in place on x[t, h*head_stride + rot_off + 0..rot_dim) for each token t and head h:
+ * pair i turns by the angle pos[t] * inv_freq[i] (inv_freq [rot_dim/2] in backend memory, see
+ * rope_init), cos and sin multiplied by scale (YaRN's attention factor, else 1).
+ * interleave: pairs (2i, 2i+1) (GPT-J, §1.5.2); else NeoX halves (i, i + rot_dim/2) (§2.2.3). */
+void be_rope(Backend *be, float *x, int ld, int T, int n_heads, int head_stride, int rot_off,
+             int rot_dim, const int *pos, const float *inv_freq, float scale, int interleave);
+void be_add(Backend *be, float *out, const float *a, const float *b, size_t n);
+/* out[i, :dim] = x[rows[i], :dim] (x rows ld apart), i < n */
+void be_get_rows(Backend *be, float *out, const float *x, int ld, const int *rows, int n, int dim);
+/* Copy backend memory to the host (a plain memcpy on the cpu backend). */
+void be_to_host(Backend *be, void *dst, const void *src, size_t bytes);
+void be_to_device(Backend *be, void *dst, const void *src, size_t bytes);
+/* out[T, F] = silu(gate) * up */
+void be_swiglu(Backend *be, float *out, const float *gate, const float *up, int T, int F);
+/* cache[slot[t], off + 0..n) = src[t, 0..n) for t < T (cache rows are width floats) */
+void be_kv_write(Backend *be, float *cache, int width, int off, const float *src, int ld, int n,
+                 const int *slot, int T);
+/* out[T, N] = x[T, K] W^T (+ bias[N]); W in its stored format. op picks the counter. */
+void be_matmul(Backend *be, OpId op, float *out, int ldo, const float *x, int ldx, int T,
+               const QTensor *w, const float *bias);
+/* Router (§1.5.6): s = score(logits); choice = s + bias; group-limited top-K (ties to the
+ * lowest index); wts = s[idx] (normalised if norm_topk_prob) * routed_scaling. */
+void be_router(Backend *be, int *idx, float *wts, const float *logits, const float *bias, int T,
+               const ModelConfig *c);
+/* out[T, D] = sum_k wts[t,k] * Expert_{idx[t,k]}(x[t]) over the routed experts */
+void be_moe(Backend *be, float *out, const float *x, const int *idx, const float *wts, int T,
+            const LayerWeights *lw, const ModelConfig *c);
+/* GQA causal attention over the paged cache: out[T, H*Dh] from q[T, H*Dh] (roped). */
+void be_attention_gqa(Backend *be, float *out, const float *q, const KVLayer *kv, const Batch *b,
+                      const ModelConfig *c);
+/* MLA attention, absorbed form (§1.5.3): q[T, H*(Dn+Dr)] (q_pe roped); the cache holds the
+ * normed latent and the roped k_pe; out[T, H*Dv]. topk[T, ktop] (positions, -1 padded) limits
+ * each query to the indexer's selection; NULL means every causal key. */
+void be_attention_mla(Backend *be, float *out, const float *q, const KVLayer *kv,
+                      const QTensor *wkv_b, const int *topk, int ktop, const Batch *b,
+                      const ModelConfig *c);
+/* DSA indexer (§1.5.4): I(s,t) = sum_h w[s,h] * relu(q[s,h] . k[t]) * Di^-0.5 over the cached
+ * keys t <= pos(s); topk[s, 0..Ki) = positions of the min(Ki, pos+1) best, ties to the lowest
+ * position, -1 padded. w[T, Hi] is weights_proj(x); the op applies Hi^-0.5 and Di^-0.5. */
+void be_indexer(Backend *be, int *topk, const float *q, const float *w, const KVLayer *kv,
+                const Batch *b, const ModelConfig *c);
+
+#endif

@@ -1,0 +1,86 @@
+/* cpu: the CPU backend's op table, memory and per-thread scratch (cpu.h). */
+#include "cpu.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../base/util.h"
+
+static __thread void *scratch[CPU_SCRATCH_SLOTS];
+static __thread size_t scratch_cap[CPU_SCRATCH_SLOTS];
+
+void *cpu_scratch(int slot, size_t bytes)
+{
+    if (bytes > scratch_cap[slot]) {
+        free(scratch[slot]);
+        size_t cap = bytes < 4096 ? 4096 : bytes + bytes / 2;
+        scratch[slot] = xmalloc_aligned(cap);
+        scratch_cap[slot] = cap;
+    }
+    return scratch[slot];
+}
+
+float cpu_dot(const float *a, const float *b, int64_t n)
+{
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        s0 += a[i] * b[i];         s1 += a[i + 1] * b[i + 1];
+        s2 += a[i + 2] * b[i + 2]; s3 += a[i + 3] * b[i + 3];
+        s4 += a[i + 4] * b[i + 4]; s5 += a[i + 5] * b[i + 5];
+        s6 += a[i + 6] * b[i + 6]; s7 += a[i + 7] * b[i + 7];
+    }
+    float r = 0;
+    for (; i < n; i++) r += a[i] * b[i];
+    return r + ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
+}
+
+static void *cpu_alloc(Backend *be, size_t bytes)
+{
+    (void)be;
+    void *p = xmalloc_aligned(bytes);
+    memset(p, 0, bytes);
+    return p;
+}
+
+static void cpu_free(Backend *be, void *p)
+{
+    (void)be;
+    free(p);
+}
+
+/* host and "device" are the same memory: both directions are a memcpy */
+static void cpu_to_host(Backend *be, void *dst, const void *src, size_t bytes)
+{
+    (void)be;
+    if (dst != src) memcpy(dst, src, bytes);
+}
+
+static const BackendOps cpu_ops = {
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .embed = embed_cpu,
+    .rmsnorm = rmsnorm_cpu,
+    .layernorm = layernorm_cpu,
+    .rope = rope_cpu,
+    .add = add_cpu,
+    .get_rows = get_rows_cpu,
+    .to_host = cpu_to_host,
+    .to_device = cpu_to_host,
+    .swiglu = swiglu_cpu,
+    .kv_write = kv_write_cpu,
+    .matmul = matmul_cpu,
+    .router = router_cpu,
+    .moe = moe_cpu,
+    .attention_gqa = attention_gqa_cpu,
+    .attention_mla = attention_mla_cpu,
+    .indexer = indexer_cpu,
+};
+
+void backend_cpu_init(Backend *be, int n_threads)
+{
+    *be = (Backend){0};
+    be->name = "cpu";
+    be->ops = &cpu_ops;
+    be->n_threads = n_threads > 0 ? n_threads : 1;
+}

@@ -1,0 +1,47 @@
+/* cpu.h: the CPU backend, the readable reference. Every op here is the twin of the CUDA op of
+ * the same name (rmsnorm_cpu / rmsnorm_cuda) with the same arguments; float32 maths, OpenMP
+ * over rows, weights decoded from their stored format one row at a time. */
+#ifndef MOESERVE_CPU_H
+#define MOESERVE_CPU_H
+
+#include "../backend.h"
+
+/* A growable per-thread scratch buffer (slot 0..CPU_SCRATCH_SLOTS-1): grows, never shrinks,
+ * so steady-state steps do not allocate. */
+#define CPU_SCRATCH_SLOTS 8
+void *cpu_scratch(int slot, size_t bytes);
+float cpu_dot(const float *a, const float *b, int64_t n);
+
+void embed_cpu(Backend *be, float *out, const int *tokens, int T, const QTensor *emb);
+void rmsnorm_cpu(Backend *be, float *out, int ldo, const float *x, int ldx, const float *w,
+                 int rows, int dim, float eps);
+void layernorm_cpu(Backend *be, float *out, int ldo, const float *x, int ldx, const float *w,
+                   const float *b, int rows, int dim, float eps);
+void rope_cpu(Backend *be, float *x, int ld, int T, int n_heads, int head_stride, int rot_off,
+              int rot_dim, const int *pos, const float *inv_freq, float scale, int interleave);
+void add_cpu(Backend *be, float *out, const float *a, const float *b, size_t n);
+void get_rows_cpu(Backend *be, float *out, const float *x, int ld, const int *rows, int n, int dim);
+void swiglu_cpu(Backend *be, float *out, const float *gate, const float *up, int T, int F);
+void kv_write_cpu(Backend *be, float *cache, int width, int off, const float *src, int ld, int n,
+                  const int *slot, int T);
+void matmul_cpu(Backend *be, float *out, int ldo, const float *x, int ldx, int T,
+                const QTensor *w, const float *bias);
+void router_cpu(Backend *be, int *idx, float *wts, const float *logits, const float *bias, int T,
+                const ModelConfig *c);
+int moe_cpu(Backend *be, float *out, const float *x, const int *idx, const float *wts, int T,
+            const LayerWeights *lw, const ModelConfig *c);
+void attention_gqa_cpu(Backend *be, float *out, const float *q, const KVLayer *kv, const Batch *b,
+                       const ModelConfig *c);
+void attention_mla_cpu(Backend *be, float *out, const float *q, const KVLayer *kv,
+                       const QTensor *wkv_b, const int *topk, int ktop, const Batch *b,
+                       const ModelConfig *c);
+void indexer_cpu(Backend *be, int *topk, const float *q, const float *w, const KVLayer *kv,
+                 const Batch *b, const ModelConfig *c);
+
+/* Slot of position p of sequence s in the batch's paged cache. */
+static inline int cpu_slot(const Batch *b, int s, int p, int block_size)
+{
+    return b->block_table[s][p / block_size] * block_size + p % block_size;
+}
+
+#endif

@@ -1,0 +1,103 @@
+/* elementwise: embedding, norms, RoPE, residual add, row gather, SwiGLU and the KV-cache write
+ * on the CPU. Each matches Hugging Face's float32 numerics in operation order (SPEC §1.5). */
+#include <math.h>
+#include <string.h>
+
+#include "cpu.h"
+
+void embed_cpu(Backend *be, float *out, const int *tokens, int T, const QTensor *emb)
+{
+    int64_t D = emb->cols;
+#pragma omp parallel for num_threads(be->n_threads) if (T > 16)
+    for (int t = 0; t < T; t++) qtensor_decode(emb, tokens[t], 0, D, out + (int64_t)t * D);
+}
+
+/* HF GlmMoeDsaRMSNorm: x * rsqrt(mean(x^2) + eps), then weight * that. */
+void rmsnorm_cpu(Backend *be, float *out, int ldo, const float *x, int ldx, const float *w,
+                 int rows, int dim, float eps)
+{
+#pragma omp parallel for num_threads(be->n_threads) if ((int64_t)rows * dim > 65536)
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (int64_t)r * ldx;
+        float *o = out + (int64_t)r * ldo;
+        double ss = 0;
+        for (int i = 0; i < dim; i++) ss += (double)xr[i] * xr[i];
+        float inv = 1.0f / sqrtf((float)(ss / dim) + eps);
+        for (int i = 0; i < dim; i++) o[i] = w[i] * (xr[i] * inv);
+    }
+}
+
+/* nn.LayerNorm: (x - mean) / sqrt(var + eps) * w + b, biased variance. */
+void layernorm_cpu(Backend *be, float *out, int ldo, const float *x, int ldx, const float *w,
+                   const float *b, int rows, int dim, float eps)
+{
+#pragma omp parallel for num_threads(be->n_threads) if ((int64_t)rows * dim > 65536)
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (int64_t)r * ldx;
+        float *o = out + (int64_t)r * ldo;
+        double mean = 0, var = 0;
+        for (int i = 0; i < dim; i++) mean += xr[i];
+        mean /= dim;
+        for (int i = 0; i < dim; i++) var += ((double)xr[i] - mean) * ((double)xr[i] - mean);
+        var /= dim;
+        float inv = 1.0f / sqrtf((float)var + eps);
+        for (int i = 0; i < dim; i++) o[i] = (float)(xr[i] - mean) * inv * w[i] + b[i];
+    }
+}
+
+/* The angle is pos * inv_freq[i] in float32, as transformers computes it (§1.5.2). */
+void rope_cpu(Backend *be, float *x, int ld, int T, int n_heads, int head_stride, int rot_off,
+              int rot_dim, const int *pos, const float *inv_freq, float scale, int interleave)
+{
+    int half = rot_dim / 2;
+#pragma omp parallel for num_threads(be->n_threads) if (T > 16)
+    for (int t = 0; t < T; t++) {
+        float *cs = cpu_scratch(1, 2 * half * sizeof(float)), *sn = cs + half;
+        for (int i = 0; i < half; i++) {
+            float a = (float)pos[t] * inv_freq[i];
+            cs[i] = cosf(a) * scale;
+            sn[i] = sinf(a) * scale;
+        }
+        for (int h = 0; h < n_heads; h++) {
+            float *v = x + (int64_t)t * ld + (int64_t)h * head_stride + rot_off;
+            for (int i = 0; i < half; i++) {
+                /* interleaved: the pair (2i, 2i+1); NeoX: (i, i + half) */
+                int i0 = interleave ? 2 * i : i, i1 = interleave ? 2 * i + 1 : i + half;
+                float x0 = v[i0], x1 = v[i1];
+                v[i0] = x0 * cs[i] - x1 * sn[i];
+                v[i1] = x1 * cs[i] + x0 * sn[i];
+            }
+        }
+    }
+}
+
+void add_cpu(Backend *be, float *out, const float *a, const float *b, size_t n)
+{
+#pragma omp parallel for num_threads(be->n_threads) if (n > 65536)
+    for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+void get_rows_cpu(Backend *be, float *out, const float *x, int ld, const int *rows, int n, int dim)
+{
+    (void)be;
+    for (int i = 0; i < n; i++) memmove(out + (int64_t)i * dim, x + (int64_t)rows[i] * ld, dim * sizeof(float));
+}
+
+/* silu(g) * u = g * sigmoid(g) * u */
+void swiglu_cpu(Backend *be, float *out, const float *gate, const float *up, int T, int F)
+{
+    int64_t n = (int64_t)T * F;
+#pragma omp parallel for num_threads(be->n_threads) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+void kv_write_cpu(Backend *be, float *cache, int width, int off, const float *src, int ld, int n,
+                  const int *slot, int T)
+{
+    (void)be;
+    for (int t = 0; t < T; t++)
+        memcpy(cache + (int64_t)slot[t] * width + off, src + (int64_t)t * ld, n * sizeof(float));
+}

@@ -1,0 +1,169 @@
+/* util: fatal errors, checked allocation, logging, clocks, small files, a seeded generator. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "util.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+int log_level = LOG_INFO;
+int log_rank = -1;
+
+static void util_vprint(const char *prefix, const char *fmt, va_list ap)
+{
+    char buf[4096];
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    if (log_rank >= 0)
+        fprintf(stderr, "[rank %d] %s%s\n", log_rank, prefix, buf);
+    else
+        fprintf(stderr, "%s%s\n", prefix, buf);
+}
+
+void fatal(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    util_vprint("error: ", fmt, ap);
+    va_end(ap);
+    exit(1);
+}
+
+void util_die(const char *file, int line, const char *fmt, ...)
+{
+    char prefix[512];
+    va_list ap;
+    snprintf(prefix, sizeof prefix, "error: %s:%d: ", file, line);
+    va_start(ap, fmt);
+    util_vprint(prefix, fmt, ap);
+    va_end(ap);
+    exit(1);
+}
+
+void log_msg(int level, const char *fmt, ...)
+{
+    static const char *names[] = {"error: ", "warning: ", "", "debug: "};
+    static int init;
+    if (!init) {
+        const char *e = getenv("MOESERVE_LOG");
+        if (e && *e) log_level = atoi(e);
+        init = 1;
+    }
+    if (level > log_level) return;
+    va_list ap;
+    va_start(ap, fmt);
+    util_vprint(names[level < 0 ? 0 : level > 3 ? 3 : level], fmt, ap);
+    va_end(ap);
+}
+
+void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) die("out of memory allocating %zu bytes", n);
+    return p;
+}
+
+void *xcalloc(size_t n, size_t size)
+{
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p) die("out of memory allocating %zu x %zu bytes", n, size);
+    return p;
+}
+
+void *xrealloc(void *p, size_t n)
+{
+    void *q = realloc(p, n ? n : 1);
+    if (!q) die("out of memory reallocating %zu bytes", n);
+    return q;
+}
+
+char *xstrdup(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *p = xmalloc(n);
+    memcpy(p, s, n);
+    return p;
+}
+
+void *xmalloc_aligned(size_t n)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, 64, n ? (n + 63) & ~(size_t)63 : 64) != 0)
+        die("out of memory allocating %zu aligned bytes", n);
+    return p;
+}
+
+double clock_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+void errbuf_set(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (!err || !errlen) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+char *file_read_all(const char *path, size_t *len)
+{
+    if (len) *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = xmalloc(cap);
+    for (;;) {
+        if (n + 1 >= cap) buf = xrealloc(buf, cap *= 2);
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+        if (got == 0) break;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) { free(buf); return NULL; }
+    buf[n] = 0;
+    if (len) *len = n;
+    return buf;
+}
+
+int file_exists(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+char *path_join(char *out, size_t outlen, const char *dir, const char *name)
+{
+    size_t n = strlen(dir);
+    snprintf(out, outlen, "%s%s%s", dir, (n && dir[n - 1] == '/') ? "" : "/", name);
+    return out;
+}
+
+void rng_seed(Rng *r, uint64_t seed) { r->s = seed; }
+
+uint64_t rng_u64(Rng *r)
+{
+    uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+float rng_uniform(Rng *r) { return (rng_u64(r) >> 40) * (1.0f / 16777216.0f); }
+
+float rng_normal(Rng *r)
+{
+    /* Box-Muller; u1 in (0, 1] so the log is finite. */
+    float u1 = ((rng_u64(r) >> 40) + 1) * (1.0f / 16777216.0f);
+    float u2 = rng_uniform(r);
+    return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853071795864f * u2);
+}

@@ -1,0 +1,56 @@
+/* util: the few helpers every file uses: fatal errors, checked allocation, logging, clocks.
+ * Errors come in two kinds (STYLE.md): bugs and broken environments stop the process through
+ * die()/fatal(); anything a client or an input can cause returns a negative code instead. */
+#ifndef MOESERVE_UTIL_H
+#define MOESERVE_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdnoreturn.h>
+
+/* Stop with "error: file:line: message" (a bug or a broken environment). */
+#define die(...) util_die(__FILE__, __LINE__, __VA_ARGS__)
+/* Stop with "error: message" (a bad input file or option: the message names the file). */
+noreturn void fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+noreturn void util_die(const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* CHECK(cond, "what failed: %s", why): die unless cond holds. */
+#define CHECK(cond, ...) do { if (!(cond)) die(__VA_ARGS__); } while (0)
+
+void *xmalloc(size_t n);
+void *xcalloc(size_t n, size_t size);
+void *xrealloc(void *p, size_t n);
+char *xstrdup(const char *s);
+/* Allocation aligned to 64 bytes (cache line / AVX-512), freed with free(). */
+void *xmalloc_aligned(size_t n);
+
+/* Logging to stderr. Level: 0 error, 1 warn, 2 info, 3 debug; MOESERVE_LOG sets it. */
+enum { LOG_ERROR, LOG_WARN, LOG_INFO, LOG_DEBUG };
+extern int log_level;
+extern int log_rank; /* >= 0 under several ranks: lines are prefixed "[rank r]" */
+void log_msg(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define log_error(...) log_msg(LOG_ERROR, __VA_ARGS__)
+#define log_warn(...)  log_msg(LOG_WARN, __VA_ARGS__)
+#define log_info(...)  log_msg(LOG_INFO, __VA_ARGS__)
+#define log_debug(...) log_msg(LOG_DEBUG, __VA_ARGS__)
+
+double clock_now(void); /* monotonic seconds */
+
+/* Formatting into a caller's buffer for error messages: snprintf that never overflows. */
+void errbuf_set(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* Reading a whole small file (config.json, fixtures) into a NUL-terminated buffer.
+ * Returns NULL (and sets *len = 0) when it cannot be read; the caller frees. */
+char *file_read_all(const char *path, size_t *len);
+int file_exists(const char *path);
+/* dir + "/" + name into out; returns out. */
+char *path_join(char *out, size_t outlen, const char *dir, const char *name);
+
+/* splitmix64: the deterministic generator for synthetic weights and tests. */
+typedef struct { uint64_t s; } Rng;
+void rng_seed(Rng *r, uint64_t seed);
+uint64_t rng_u64(Rng *r);
+float rng_uniform(Rng *r);       /* [0, 1) */
+float rng_normal(Rng *r);        /* N(0, 1) */
+
+#endif

@@ -1,0 +1,22 @@
+/* cli.h: the commands of `moeserve <command>` and the small option parser they share. */
+#ifndef MOESERVE_CLI_H
+#define MOESERVE_CLI_H
+
+/* Each command: int cmd_NAME(int argc, char **argv) with argv[0] the command name; returns
+ * the process exit status. */
+int cmd_logits(int argc, char **argv);
+int cmd_info(int argc, char **argv);
+int cmd_synth(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
+
+/* Option parsing: opt_* look at argv[*i]; if it is `--name` they consume its value
+ * (argv[*i + 1]), store it and return 1; a missing or malformed value is a fatal error naming
+ * the option. */
+int opt_str(int argc, char **argv, int *i, const char *name, const char **out);
+int opt_int(int argc, char **argv, int *i, const char *name, long lo, long hi, int *out);
+int opt_double(int argc, char **argv, int *i, const char *name, double lo, double hi, double *out);
+int opt_flag(char **argv, int *i, const char *name, int *out);
+/* Stop with "error: <cmd>: unknown option 'x'" and the usage line. */
+void opt_unknown(const char *cmd, const char *arg, const char *usage);
+
+#endif

@@ -1,0 +1,656 @@
+/* cmd_synth: `moeserve synth --arch glm5|glm4_moe --preset NAME --quant bf16|nvfp4 --out DIR
+ * [--layers N] [--mtp N] [--seed N] [--shard-mb N] [--threads N] [--dry-run]` writes a
+ * random-weight checkpoint in the layout of a real Hugging Face release (DESIGN.md §3):
+ * config.json and generation_config.json as transformers 5.17 writes them (plus the release
+ * fields vLLM reads), safetensors shards with the release's tensor names (SPEC-models.md §1.3,
+ * §2.2), a byte-level BPE tokenizer with GLM's special tokens, and with --quant nvfp4 the
+ * ModelOpt NVFP4 format (§3) exactly as `moeserve quantize` makes it from the BF16 checkpoint
+ * of the same seed. Weights are generated one tensor at a time, each row from its own seed
+ * (global seed, tensor name, row), so the files depend on the seed only, never on the threads. */
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../base/util.h"
+#include "../format/ckpt.h"
+#include "../format/config.h"
+#include "cli.h"
+
+#define SYNTH_USAGE "moeserve synth --arch glm5|glm4_moe --preset tiny|glm5|glm5-layer|glm4.5|glm4.5-air " \
+                    "[--quant bf16|nvfp4] --out DIR [--layers N] [--mtp N] [--seed N] [--shard-mb N] "      \
+                    "[--threads N] [--dry-run]"
+#define SYNTH_TF_VERSION "5.17.0"  /* the transformers whose save_pretrained output is mirrored */
+
+/* ---- types ---- */
+
+/* A model shape: the config.json numbers of one preset (SPEC §1.2, §2.1). */
+typedef struct {
+    const char *name;
+    Arch arch;
+    int vocab, hidden, layers, heads, kv_heads;
+    int head_dim;                                  /* GQA head size */
+    int q_lora, kv_lora, qk_nope, qk_rope, v_head; /* MLA */
+    int index_heads, index_head_dim, index_topk;   /* DSA indexer */
+    int intermediate, moe_intermediate, experts, top_k, shared, n_group, topk_group, first_k_dense;
+    double routed_scaling, rope_theta, partial_rotary;
+    int attention_bias, qk_norm;
+    int max_position, mtp;
+    int special_base;                              /* id of <|endoftext|>; 0: right after the BPE tokens */
+} Preset;
+
+static const Preset presets[] = {
+    /* tiny: CI-sized, the shapes of tools/make_fixtures.py's golden fixtures; every in-feature
+       dim a multiple of 16 (NVFP4 blocks) */
+    {.name = "tiny", .arch = ARCH_GLM5, .vocab = 512, .hidden = 128, .layers = 4, .heads = 4, .kv_heads = 4,
+     .q_lora = 64, .kv_lora = 64, .qk_nope = 32, .qk_rope = 16, .v_head = 32,
+     .index_heads = 8, .index_head_dim = 32, .index_topk = 8,
+     .intermediate = 96, .moe_intermediate = 32, .experts = 16, .top_k = 4, .shared = 1, .n_group = 1,
+     .topk_group = 1, .first_k_dense = 1, .routed_scaling = 2.5, .rope_theta = 10000.0, .partial_rotary = 1.0,
+     .max_position = 4096},
+    {.name = "tiny", .arch = ARCH_GLM4_MOE, .vocab = 512, .hidden = 128, .layers = 4, .heads = 8, .kv_heads = 2,
+     .head_dim = 32, .intermediate = 96, .moe_intermediate = 32, .experts = 16, .top_k = 4, .shared = 1,
+     .n_group = 4, .topk_group = 2, .first_k_dense = 1, .routed_scaling = 2.5, .rope_theta = 10000.0,
+     .partial_rotary = 0.5, .attention_bias = 1, .qk_norm = 1, .max_position = 4096},
+    /* GLM-5 (§1.2) with its MTP layer; glm5-layer is one full-size MoE layer */
+    {.name = "glm5", .arch = ARCH_GLM5, .vocab = 154880, .hidden = 6144, .layers = 78, .heads = 64,
+     .kv_heads = 64, .q_lora = 2048, .kv_lora = 512, .qk_nope = 192, .qk_rope = 64, .v_head = 256,
+     .index_heads = 32, .index_head_dim = 128, .index_topk = 2048, .intermediate = 12288,
+     .moe_intermediate = 2048, .experts = 256, .top_k = 8, .shared = 1, .n_group = 1, .topk_group = 1,
+     .first_k_dense = 3, .routed_scaling = 2.5, .rope_theta = 1e6, .partial_rotary = 1.0,
+     .max_position = 202752, .mtp = 1, .special_base = 154820},
+    {.name = "glm5-layer", .arch = ARCH_GLM5, .vocab = 154880, .hidden = 6144, .layers = 1, .heads = 64,
+     .kv_heads = 64, .q_lora = 2048, .kv_lora = 512, .qk_nope = 192, .qk_rope = 64, .v_head = 256,
+     .index_heads = 32, .index_head_dim = 128, .index_topk = 2048, .intermediate = 12288,
+     .moe_intermediate = 2048, .experts = 256, .top_k = 8, .shared = 1, .n_group = 1, .topk_group = 1,
+     .first_k_dense = 0, .routed_scaling = 2.5, .rope_theta = 1e6, .partial_rotary = 1.0,
+     .max_position = 202752, .mtp = 0, .special_base = 154820},
+    /* GLM-4.5 and GLM-4.5-Air (§2.1) */
+    {.name = "glm4.5", .arch = ARCH_GLM4_MOE, .vocab = 151552, .hidden = 5120, .layers = 92, .heads = 96,
+     .kv_heads = 8, .head_dim = 128, .intermediate = 12288, .moe_intermediate = 1536, .experts = 160,
+     .top_k = 8, .shared = 1, .n_group = 1, .topk_group = 1, .first_k_dense = 3, .routed_scaling = 2.5,
+     .rope_theta = 1e6, .partial_rotary = 0.5, .attention_bias = 1, .qk_norm = 1, .max_position = 131072,
+     .mtp = 1, .special_base = 151329},
+    {.name = "glm4.5-air", .arch = ARCH_GLM4_MOE, .vocab = 151552, .hidden = 4096, .layers = 46, .heads = 96,
+     .kv_heads = 8, .head_dim = 128, .intermediate = 10944, .moe_intermediate = 1408, .experts = 128,
+     .top_k = 8, .shared = 1, .n_group = 1, .topk_group = 1, .first_k_dense = 1, .routed_scaling = 1.0,
+     .rope_theta = 1e6, .partial_rotary = 0.5, .attention_bias = 1, .qk_norm = 0, .max_position = 131072,
+     .mtp = 1, .special_base = 151329},
+};
+#define N_PRESETS ((int)(sizeof presets / sizeof presets[0]))
+
+/* GLM's added tokens in id order from <|endoftext|> (GLM-4.5 / GLM-5 tokenizer_config.json);
+   the first 18 are its special tokens, the rest plain added tokens. eos = endoftext, user,
+   observation (offsets 0, 7, 9), pad = endoftext. */
+static const char *const glm_added[] = {
+    "<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>",
+    "<|assistant|>", "<|observation|>", "<|begin_of_image|>", "<|end_of_image|>", "<|begin_of_video|>",
+    "<|end_of_video|>", "<|begin_of_audio|>", "<|end_of_audio|>", "<|begin_of_transcription|>",
+    "<|end_of_transcription|>", "<|code_prefix|>", "<|code_middle|>", "<|code_suffix|>", "<think>", "</think>",
+    "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<arg_key>", "</arg_key>",
+    "<arg_value>", "</arg_value>", "/nothink", "<|begin_of_box|>", "<|end_of_box|>", "<|image|>", "<|video|>",
+};
+#define N_ADDED ((int)(sizeof glm_added / sizeof glm_added[0]))
+#define N_SPECIAL 18
+static const int eos_offsets[3] = {0, 7, 9};
+
+/* A few BPE merges of English (a space stands for the byte-level 'Ġ'), in priority order. */
+static const char *const bpe_merges[][2] = {
+    {" ", "t"}, {"h", "e"}, {"i", "n"}, {"e", "r"}, {" ", "a"}, {"o", "n"}, {"r", "e"}, {" t", "he"},
+    {"a", "n"}, {"e", "n"}, {" ", "s"}, {"a", "t"}, {"o", "r"}, {" ", "w"}, {"e", "s"}, {" ", "o"},
+    {"i", "s"}, {" ", "c"}, {"i", "t"}, {" ", "b"}, {"n", "d"}, {" ", "i"}, {" ", "m"}, {"in", "g"},
+};
+#define N_MERGES ((int)(sizeof bpe_merges / sizeof bpe_merges[0]))
+
+static const char chat_template[] =
+    "[gMASK]<sop>\n"
+    "{%- for m in messages -%}\n"
+    "<|{{ m['role'] }}|>\n"
+    "{{ m['content'] }}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "<|assistant|>\n"
+    "{%- endif -%}\n";
+
+/* Weight generator: the CkptFetch behind ckpt_write. Two slots hold the last two fetches (the
+   writer needs a gate_proj and its up_proj at once). */
+typedef struct {
+    int entry;
+    int64_t r0, r1;
+    void *buf;
+    size_t cap;
+    uint64_t stamp;
+} GenSlot;
+
+typedef struct {
+    const CkptPlan *plan;   /* borrowed */
+    uint64_t seed;
+    GenSlot slot[2];
+    uint64_t clock;
+} Gen;
+
+/* ---- helpers: config.json ---- */
+
+static json_t *json_repeat(const char *s, int n)
+{
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(a, json_string(s));
+    return a;
+}
+
+static void set(json_t *o, const char *k, json_t *v) { json_object_set_new(o, k, v); }
+
+/* config.json of preset p with `layers` layers, keys as transformers 5.17 writes them for
+   GlmMoeDsaForCausalLM / Glm4MoeForCausalLM plus the release fields vLLM reads. */
+static json_t *config_json(const Preset *p, int layers, int mtp, int special_base)
+{
+    json_t *o = json_object();
+    int glm5 = p->arch == ARCH_GLM5;
+    json_t *eos = json_array();
+    for (int i = 0; i < 3; i++) json_array_append_new(eos, json_integer(special_base + eos_offsets[i]));
+    set(o, "architectures", json_pack("[s]", glm5 ? "GlmMoeDsaForCausalLM" : "Glm4MoeForCausalLM"));
+    set(o, "model_type", json_string(glm5 ? "glm_moe_dsa" : "glm4_moe"));
+    set(o, "attention_bias", json_boolean(p->attention_bias));
+    set(o, "attention_dropout", json_real(0.0));
+    set(o, "bos_token_id", json_null());
+    set(o, "dtype", json_string("bfloat16"));
+    set(o, "eos_token_id", eos);
+    set(o, "pad_token_id", json_integer(special_base));
+    set(o, "first_k_dense_replace", json_integer(p->first_k_dense));
+    set(o, "hidden_act", json_string("silu"));
+    set(o, "hidden_size", json_integer(p->hidden));
+    set(o, "initializer_range", json_real(0.02));
+    set(o, "intermediate_size", json_integer(p->intermediate));
+    set(o, "max_position_embeddings", json_integer(p->max_position));
+    set(o, "moe_intermediate_size", json_integer(p->moe_intermediate));
+    set(o, "n_group", json_integer(p->n_group));
+    set(o, "n_routed_experts", json_integer(p->experts));
+    set(o, "n_shared_experts", json_integer(p->shared));
+    set(o, "norm_topk_prob", json_true());
+    set(o, "num_attention_heads", json_integer(p->heads));
+    set(o, "num_experts_per_tok", json_integer(p->top_k));
+    set(o, "num_hidden_layers", json_integer(layers));
+    set(o, "num_key_value_heads", json_integer(p->kv_heads));
+    set(o, "num_nextn_predict_layers", json_integer(mtp));
+    set(o, "rms_norm_eps", json_real(1e-5));
+    set(o, "routed_scaling_factor", json_real(p->routed_scaling));
+    set(o, "scoring_func", json_string("sigmoid"));
+    set(o, "tie_word_embeddings", json_false());
+    set(o, "topk_group", json_integer(p->topk_group));
+    set(o, "topk_method", json_string("noaux_tc"));
+    set(o, "transformers_version", json_string(SYNTH_TF_VERSION));
+    set(o, "use_cache", json_true());
+    set(o, "vocab_size", json_integer(p->vocab));
+    if (glm5) {
+        json_t *mlp = json_array();
+        for (int l = 0; l < layers; l++) json_array_append_new(mlp, json_string(l < p->first_k_dense ? "dense" : "sparse"));
+        set(o, "head_dim", json_integer(p->qk_rope)); /* GlmMoeDsaConfig: head_dim = qk_rope_head_dim */
+        set(o, "index_head_dim", json_integer(p->index_head_dim));
+        set(o, "index_n_heads", json_integer(p->index_heads));
+        set(o, "index_topk", json_integer(p->index_topk));
+        set(o, "indexer_rope_interleave", json_true());
+        set(o, "indexer_types", json_repeat("full", layers));
+        set(o, "kv_lora_rank", json_integer(p->kv_lora));
+        set(o, "layer_types", json_repeat("deepseek_sparse_attention", layers));
+        set(o, "mlp_bias", json_false());
+        set(o, "mlp_layer_types", mlp);
+        set(o, "moe_layer_freq", json_integer(1));
+        set(o, "q_lora_rank", json_integer(p->q_lora));
+        set(o, "qk_head_dim", json_integer(p->qk_nope + p->qk_rope));
+        set(o, "qk_nope_head_dim", json_integer(p->qk_nope));
+        set(o, "qk_rope_head_dim", json_integer(p->qk_rope));
+        set(o, "rope_interleave", json_true());
+        set(o, "rope_parameters", json_pack("{s:f, s:s}", "rope_theta", p->rope_theta, "rope_type", "default"));
+        set(o, "v_head_dim", json_integer(p->v_head));
+    } else {
+        set(o, "head_dim", json_integer(p->head_dim));
+        set(o, "partial_rotary_factor", json_real(p->partial_rotary));
+        set(o, "rope_parameters", json_pack("{s:f, s:f, s:s}", "partial_rotary_factor", p->partial_rotary,
+                                            "rope_theta", p->rope_theta, "rope_type", "default"));
+        set(o, "use_qk_norm", json_boolean(p->qk_norm));
+    }
+    return o;
+}
+
+static json_t *generation_config_json(int special_base)
+{
+    json_t *eos = json_array();
+    for (int i = 0; i < 3; i++) json_array_append_new(eos, json_integer(special_base + eos_offsets[i]));
+    return json_pack("{s:b, s:o, s:b, s:b, s:i, s:s, s:b}", "_from_model_config", 1, "eos_token_id", eos,
+                     "output_attentions", 0, "output_hidden_states", 0, "pad_token_id", special_base,
+                     "transformers_version", SYNTH_TF_VERSION, "use_cache", 1);
+}
+
+/* ---- helpers: tokenizer ---- */
+
+/* GPT-2's bytes_to_unicode: printable Latin-1 bytes map to themselves, the others to 256 + n. */
+static int byte_char(int b)
+{
+#define PRINTABLE(x) (((x) >= '!' && (x) <= '~') || ((x) >= 0xA1 && (x) <= 0xAC) || ((x) >= 0xAE && (x) <= 0xFF))
+    if (PRINTABLE(b)) return b;
+    int n = 0;
+    for (int x = 0; x < b; x++) n += !PRINTABLE(x);
+    return 256 + n;
+#undef PRINTABLE
+}
+
+/* Byte b's byte-level character in UTF-8 (every one is below U+0800: 1 or 2 bytes). */
+static int byte_utf8(int b, char *out)
+{
+    int c = byte_char(b);
+    if (c < 0x80) { out[0] = (char)c; return 1; }
+    out[0] = (char)(0xC0 | (c >> 6));
+    out[1] = (char)(0x80 | (c & 0x3F));
+    return 2;
+}
+
+/* ASCII s -> its byte-level spelling ("Ġ" for a space). */
+static void byte_level(const char *s, char *out, size_t n)
+{
+    size_t o = 0;
+    for (; *s && o + 3 < n; s++) o += (size_t)byte_utf8((unsigned char)*s, out + o);
+    out[o] = 0;
+}
+
+static json_t *byte_level_json(int add_prefix_space)
+{
+    return json_pack("{s:s, s:b, s:b, s:b}", "type", "ByteLevel", "add_prefix_space", add_prefix_space,
+                     "trim_offsets", 1, "use_regex", 1);
+}
+
+/* tokenizer.json: byte-level BPE (256 byte tokens, a few merges) + GLM's added tokens from
+   special_base on; and tokenizer_config.json. */
+static int write_tokenizer(const char *dir, int special_base, int max_position, char *err, size_t errlen)
+{
+    json_t *vocab = json_object(), *merges = json_array(), *added = json_array(), *decoder = json_object();
+    char a[32], b[32], ab[64];
+    for (int i = 0; i < 256; i++) {
+        char u[4] = {0};
+        byte_utf8(i, u);
+        json_object_set_new(vocab, u, json_integer(i));
+    }
+    for (int j = 0; j < N_MERGES; j++) {
+        byte_level(bpe_merges[j][0], a, sizeof a);
+        byte_level(bpe_merges[j][1], b, sizeof b);
+        snprintf(ab, sizeof ab, "%s%s", a, b);
+        json_object_set_new(vocab, ab, json_integer(256 + j));
+        snprintf(ab, sizeof ab, "%s %s", a, b);
+        json_array_append_new(merges, json_string(ab));
+    }
+    for (int k = 0; k < N_ADDED; k++) {
+        int id = special_base + k, special = k < N_SPECIAL;
+        json_object_set_new(vocab, glm_added[k], json_integer(id));
+        json_array_append_new(added, json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id", id, "content",
+                                               glm_added[k], "single_word", 0, "lstrip", 0, "rstrip", 0,
+                                               "normalized", 0, "special", special));
+        char key[16];
+        snprintf(key, sizeof key, "%d", id);
+        json_object_set_new(decoder, key, json_pack("{s:s, s:b, s:b, s:b, s:b, s:b}", "content", glm_added[k],
+                                                    "lstrip", 0, "normalized", 0, "rstrip", 0, "single_word", 0,
+                                                    "special", special));
+    }
+    json_t *tok = json_object();
+    set(tok, "version", json_string("1.0"));
+    set(tok, "truncation", json_null());
+    set(tok, "padding", json_null());
+    set(tok, "added_tokens", added);
+    set(tok, "normalizer", json_null());
+    set(tok, "pre_tokenizer", byte_level_json(0));
+    set(tok, "post_processor", json_null());
+    set(tok, "decoder", byte_level_json(1));
+    set(tok, "model", json_pack("{s:s, s:n, s:n, s:n, s:n, s:b, s:b, s:b, s:o, s:o}", "type", "BPE", "dropout",
+                                "unk_token", "continuing_subword_prefix", "end_of_word_suffix", "fuse_unk", 0,
+                                "byte_fallback", 0, "ignore_merges", 0, "vocab", vocab, "merges", merges));
+    /* tokenizers writes its own key order (serde), not sorted */
+    char *t1 = json_dumps(tok, JSON_INDENT(2));
+    CHECK(t1, "json_dumps of tokenizer.json failed");
+
+    json_t *extra = json_array();
+    for (int k = 0; k < N_SPECIAL; k++) json_array_append_new(extra, json_string(glm_added[k]));
+    json_t *cfg = json_pack("{s:o, s:o, s:b, s:b, s:s, s:i, s:s, s:s, s:b, s:s}", "added_tokens_decoder", decoder,
+                            "additional_special_tokens", extra, "clean_up_tokenization_spaces", 0,
+                            "do_lower_case", 0, "eos_token", glm_added[0], "model_max_length", max_position,
+                            "pad_token", glm_added[0], "padding_side", "left", "remove_space", 0,
+                            "tokenizer_class", "PreTrainedTokenizerFast");
+    CHECK(cfg, "json_pack of tokenizer_config.json failed");
+    char *t2 = ckpt_json_text(cfg);
+    size_t n1 = strlen(t1);
+    t1 = xrealloc(t1, n1 + 2);
+    memcpy(t1 + n1, "\n", 2);
+    int rc = ckpt_write_text(dir, "tokenizer.json", t1, err, errlen) ||
+             ckpt_write_text(dir, "tokenizer_config.json", t2, err, errlen) ||
+             ckpt_write_text(dir, "chat_template.jinja", chat_template, err, errlen) ? -1 : 0;
+    free(t1);
+    free(t2);
+    json_decref(tok);
+    json_decref(cfg);
+    return rc;
+}
+
+/* ---- helpers: tensor inventory ---- */
+
+static void add(CkptPlan *p, DType t, const char *prefix, const char *name, int64_t d0, int64_t d1)
+{
+    char full[512];
+    snprintf(full, sizeof full, "%s%s", prefix, name);
+    int64_t shape[2] = {d0, d1};
+    ckpt_plan_add(p, full, t, d1 > 0 ? 2 : 1, shape);
+}
+
+/* The tensors of layer l (l >= n_layers: an MTP layer) with the release's names (§1.3, §2.2). */
+static void plan_layer(CkptPlan *p, const ModelConfig *c, int l)
+{
+    const int64_t D = c->hidden, H = c->n_heads, V = c->vocab;
+    char pf[64];
+    snprintf(pf, sizeof pf, "model.layers.%d.", l);
+    if (l >= c->n_layers) { /* MTP extras (§1.6): the GLM-4.5 family ships its own embedding and head */
+        if (c->arch == ARCH_GLM4_MOE) add(p, DT_BF16, pf, "embed_tokens.weight", V, D);
+        add(p, DT_BF16, pf, "enorm.weight", D, 0);
+        add(p, DT_BF16, pf, "hnorm.weight", D, 0);
+        add(p, DT_BF16, pf, "eh_proj.weight", D, 2 * D);
+    }
+    add(p, DT_BF16, pf, "input_layernorm.weight", D, 0);
+    if (model_is_mla(c)) {
+        int64_t R = c->q_lora_rank, C = c->kv_lora_rank, Dn = c->qk_nope_dim, Dr = c->qk_rope_dim, Dv = c->v_head_dim;
+        add(p, DT_BF16, pf, "self_attn.q_a_proj.weight", R, D);
+        add(p, DT_BF16, pf, "self_attn.q_a_layernorm.weight", R, 0);
+        add(p, DT_BF16, pf, "self_attn.q_b_proj.weight", H * (Dn + Dr), R);
+        add(p, DT_BF16, pf, "self_attn.kv_a_proj_with_mqa.weight", C + Dr, D);
+        add(p, DT_BF16, pf, "self_attn.kv_a_layernorm.weight", C, 0);
+        add(p, DT_BF16, pf, "self_attn.kv_b_proj.weight", H * (Dn + Dv), C);
+        add(p, DT_BF16, pf, "self_attn.o_proj.weight", D, H * Dv);
+        if (c->layer_indexer[l] == INDEXER_FULL) {
+            int64_t Hi = c->index_n_heads, Di = c->index_head_dim;
+            add(p, DT_BF16, pf, "self_attn.indexer.wq_b.weight", Hi * Di, R);
+            add(p, DT_BF16, pf, "self_attn.indexer.wk.weight", Di, D);
+            add(p, DT_BF16, pf, "self_attn.indexer.k_norm.weight", Di, 0);
+            add(p, DT_BF16, pf, "self_attn.indexer.k_norm.bias", Di, 0);
+            add(p, DT_BF16, pf, "self_attn.indexer.weights_proj.weight", Hi, D);
+        }
+    } else {
+        int64_t Dh = c->head_dim, Hkv = c->n_kv_heads;
+        add(p, DT_BF16, pf, "self_attn.q_proj.weight", H * Dh, D);
+        if (c->attention_bias) add(p, DT_BF16, pf, "self_attn.q_proj.bias", H * Dh, 0);
+        add(p, DT_BF16, pf, "self_attn.k_proj.weight", Hkv * Dh, D);
+        if (c->attention_bias) add(p, DT_BF16, pf, "self_attn.k_proj.bias", Hkv * Dh, 0);
+        add(p, DT_BF16, pf, "self_attn.v_proj.weight", Hkv * Dh, D);
+        if (c->attention_bias) add(p, DT_BF16, pf, "self_attn.v_proj.bias", Hkv * Dh, 0);
+        add(p, DT_BF16, pf, "self_attn.o_proj.weight", D, H * Dh);
+        if (c->use_qk_norm) {
+            add(p, DT_BF16, pf, "self_attn.q_norm.weight", Dh, 0);
+            add(p, DT_BF16, pf, "self_attn.k_norm.weight", Dh, 0);
+        }
+    }
+    add(p, DT_BF16, pf, "post_attention_layernorm.weight", D, 0);
+    if (!c->layer_moe[l]) {
+        int64_t Fd = c->intermediate;
+        add(p, DT_BF16, pf, "mlp.gate_proj.weight", Fd, D);
+        add(p, DT_BF16, pf, "mlp.up_proj.weight", Fd, D);
+        add(p, DT_BF16, pf, "mlp.down_proj.weight", D, Fd);
+    } else {
+        int64_t E = c->n_experts, F = c->moe_intermediate, Fs = F * c->n_shared_experts;
+        add(p, DT_BF16, pf, "mlp.gate.weight", E, D);
+        add(p, DT_F32, pf, "mlp.gate.e_score_correction_bias", E, 0); /* F32 in the release (§1.3) */
+        for (int64_t e = 0; e < E; e++) {
+            char n[96];
+            snprintf(n, sizeof n, "mlp.experts.%lld.gate_proj.weight", (long long)e);
+            add(p, DT_BF16, pf, n, F, D);
+            snprintf(n, sizeof n, "mlp.experts.%lld.up_proj.weight", (long long)e);
+            add(p, DT_BF16, pf, n, F, D);
+            snprintf(n, sizeof n, "mlp.experts.%lld.down_proj.weight", (long long)e);
+            add(p, DT_BF16, pf, n, D, F);
+        }
+        if (Fs > 0) {
+            add(p, DT_BF16, pf, "mlp.shared_experts.gate_proj.weight", Fs, D);
+            add(p, DT_BF16, pf, "mlp.shared_experts.up_proj.weight", Fs, D);
+            add(p, DT_BF16, pf, "mlp.shared_experts.down_proj.weight", D, Fs);
+        }
+    }
+    if (l >= c->n_layers) {
+        add(p, DT_BF16, pf, "shared_head.norm.weight", D, 0);
+        if (c->arch == ARCH_GLM4_MOE) add(p, DT_BF16, pf, "shared_head.head.weight", V, D);
+    }
+}
+
+static void plan_model(CkptPlan *p, const ModelConfig *c)
+{
+    add(p, DT_BF16, "", "model.embed_tokens.weight", c->vocab, c->hidden);
+    for (int l = 0; l < c->n_layers + c->n_mtp_layers; l++) plan_layer(p, c, l);
+    add(p, DT_BF16, "", "model.norm.weight", c->hidden, 0);
+    add(p, DT_BF16, "", "lm_head.weight", c->vocab, c->hidden);
+}
+
+/* ---- core: the weight generator ---- */
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && !strcmp(s + n - k, suffix);
+}
+
+/* splitmix64's finalizer: a bijective mix of 64 bits */
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t fnv1a(const char *s)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+    return h;
+}
+
+/* How tensor e is drawn: mean + std * z. Linears N(0, 1/fan_in) (lm_head 2x and routers 1.5x
+   wider so logits and router scores are far from flat), embeddings N(0, 1), norm weights
+   1 + 0.1 z, biases and the router's correction bias 0.1 z. */
+static void draw_rule(const CkptEntry *e, float *mean, float *std)
+{
+    *mean = 0.0f;
+    if (e->ndim == 2) {
+        float fan = 1.0f / sqrtf((float)e->shape[1]);
+        if (ends_with(e->name, "embed_tokens.weight")) *std = 1.0f;
+        else if (!strcmp(e->name, "lm_head.weight") || ends_with(e->name, "shared_head.head.weight")) *std = 2.0f * fan;
+        else if (ends_with(e->name, ".mlp.gate.weight")) *std = 1.5f * fan;
+        else *std = fan;
+    } else if (ends_with(e->name, ".bias") || ends_with(e->name, "e_score_correction_bias")) {
+        *std = 0.1f;
+    } else {
+        *mean = 1.0f;
+        *std = 0.1f;
+    }
+}
+
+/* Rows [r0, r1) of entry i into out. z is approximately N(0, 1): the Irwin-Hall sum of the four
+   16-bit quarters of one splitmix64 draw, centred and scaled to unit variance (tails cut at
+   3.46 sigma). One 64-bit draw per weight keeps the generator off the profile; random weights
+   need a bell shape, not exact normality. */
+static void gen_rows(const CkptEntry *e, uint64_t seed, int64_t r0, int64_t r1, void *out)
+{
+    const int64_t rows = ckpt_entry_rows(e);
+    int64_t K = 1;
+    for (int d = 0; d < e->ndim; d++) K *= e->shape[d];
+    K /= rows > 0 ? rows : 1;
+    float mean, std;
+    draw_rule(e, &mean, &std);
+    const float scale = std * 1.7320508075688772f / 65536.0f; /* sqrt(3) / 2^16 */
+    const uint64_t base = mix64(seed ^ mix64(fnv1a(e->name)));
+    const int f32 = e->dtype == DT_F32;
+    CHECK(f32 || e->dtype == DT_BF16, "synth: %s: cannot draw dtype %s", e->name, dtype_name(e->dtype));
+#pragma omp parallel for schedule(dynamic, 16)
+    for (int64_t r = r0; r < r1; r++) {
+        Rng rng;
+        rng_seed(&rng, mix64(base + (uint64_t)r * 0x9E3779B97F4A7C15ull));
+        uint16_t *o16 = (uint16_t *)out + (r - r0) * K;
+        float *o32 = (float *)out + (r - r0) * K;
+        for (int64_t k = 0; k < K; k++) {
+            uint64_t u = rng_u64(&rng);
+            int32_t s = (int32_t)(u & 0xffff) + (int32_t)((u >> 16) & 0xffff) + (int32_t)((u >> 32) & 0xffff) +
+                        (int32_t)(u >> 48) - 131070;
+            float v = mean + (float)s * scale;
+            if (f32) o32[k] = v;
+            else o16[k] = f32_to_bf16(v);
+        }
+    }
+}
+
+static const void *gen_fetch(void *ctx, int i, int64_t r0, int64_t r1)
+{
+    Gen *g = ctx;
+    g->clock++;
+    for (int s = 0; s < 2; s++) {
+        GenSlot *sl = &g->slot[s];
+        if (sl->buf && sl->entry == i && sl->r0 == r0 && sl->r1 == r1) {
+            sl->stamp = g->clock;
+            return sl->buf;
+        }
+    }
+    GenSlot *sl = &g->slot[g->slot[0].stamp <= g->slot[1].stamp ? 0 : 1];
+    const CkptEntry *e = &g->plan->e[i];
+    int64_t numel = 1;
+    for (int d = 0; d < e->ndim; d++) numel *= e->shape[d];
+    size_t need = (size_t)(numel / ckpt_entry_rows(e) * (r1 - r0)) * (size_t)(dtype_bits(e->dtype) / 8);
+    if (need > sl->cap) {
+        free(sl->buf);
+        sl->buf = xmalloc(need);
+        sl->cap = need;
+    }
+    gen_rows(e, g->seed, r0, r1, sl->buf);
+    *sl = (GenSlot){.entry = i, .r0 = r0, .r1 = r1, .buf = sl->buf, .cap = sl->cap, .stamp = g->clock};
+    return sl->buf;
+}
+
+/* ---- public API ---- */
+
+static const Preset *find_preset(const char *name, const char *arch_s, Arch *arch_out)
+{
+    int want = -1;
+    if (arch_s) {
+        if (!strcmp(arch_s, "glm5")) want = ARCH_GLM5;
+        else if (!strcmp(arch_s, "glm4_moe")) want = ARCH_GLM4_MOE;
+        else fatal("synth: --arch '%s': expected glm5 or glm4_moe", arch_s);
+    }
+    const Preset *hit = NULL;
+    int known = 0;
+    for (int i = 0; i < N_PRESETS; i++) {
+        if (strcmp(presets[i].name, name)) continue;
+        known++;
+        if (want < 0 || (int)presets[i].arch == want) {
+            if (hit) fatal("synth: --preset %s exists for glm5 and glm4_moe: give --arch", name);
+            hit = &presets[i];
+        }
+    }
+    if (!known) fatal("synth: unknown --preset '%s' (known: tiny, glm5, glm5-layer, glm4.5, glm4.5-air)", name);
+    if (!hit)
+        fatal("synth: --preset %s is not a %s model (glm5 and glm5-layer are glm5; glm4.5 and glm4.5-air are glm4_moe)",
+              name, arch_s);
+    *arch_out = hit->arch;
+    return hit;
+}
+
+int cmd_synth(int argc, char **argv)
+{
+    const char *arch_s = NULL, *preset_s = NULL, *quant_s = "bf16", *out = NULL;
+    int layers = 0, mtp = -1, seed = 1, shard_mb = 4096, threads = 0, dry = 0, help = 0;
+    for (int i = 1; i < argc; i++) {
+        if (opt_str(argc, argv, &i, "--arch", &arch_s) || opt_str(argc, argv, &i, "--preset", &preset_s) ||
+            opt_str(argc, argv, &i, "--quant", &quant_s) || opt_str(argc, argv, &i, "--out", &out) ||
+            opt_int(argc, argv, &i, "--layers", 1, MODEL_MAX_LAYERS - 16, &layers) ||
+            opt_int(argc, argv, &i, "--mtp", 0, 16, &mtp) ||
+            opt_int(argc, argv, &i, "--seed", 0, 2147483647L, &seed) ||
+            opt_int(argc, argv, &i, "--shard-mb", 1, 1 << 24, &shard_mb) ||
+            opt_int(argc, argv, &i, "--threads", 1, 4096, &threads) || opt_flag(argv, &i, "--dry-run", &dry) ||
+            opt_flag(argv, &i, "--help", &help))
+            continue;
+        opt_unknown("synth", argv[i], SYNTH_USAGE);
+    }
+    if (help) { printf("usage: %s\n", SYNTH_USAGE); return 0; }
+    if (!preset_s || (!out && !dry)) {
+        fprintf(stderr, "error: synth: --preset and --out are required\nusage: %s\n", SYNTH_USAGE);
+        return 2;
+    }
+    int nvfp4 = !strcmp(quant_s, "nvfp4");
+    if (!nvfp4 && strcmp(quant_s, "bf16")) fatal("synth: --quant '%s': expected bf16 or nvfp4", quant_s);
+    if (threads > 0) omp_set_num_threads(threads);
+
+    Arch arch;
+    Preset p = *find_preset(preset_s, arch_s, &arch);
+    if (layers > 0) {
+        p.layers = layers;
+        if (p.first_k_dense > layers - 1) p.first_k_dense = layers - 1; /* keep at least one MoE layer */
+    }
+    if (mtp >= 0) p.mtp = mtp;
+    int special_base = p.special_base ? p.special_base : 256 + N_MERGES;
+    CHECK(special_base + N_ADDED <= p.vocab, "synth: preset %s: vocab %d cannot hold the tokenizer", p.name, p.vocab);
+
+    /* config.json first, parsed back: the plan is made from what a reader will see */
+    json_t *cj = config_json(&p, p.layers, p.mtp, special_base);
+    char *config_text = ckpt_json_text(cj);
+    json_decref(cj);
+    ModelConfig c;
+    char err[1024];
+    if (config_parse(&c, config_text, "synth config.json", err, sizeof err)) die("synth: own config.json: %s", err);
+    CkptPlan plan = {0};
+    plan_model(&plan, &c);
+    QuantConfig q = {0};
+    int n_q = 0;
+    if (nvfp4) {
+        ckpt_default_excludes(&q, &c, &plan);
+        n_q = ckpt_plan_nvfp4(&plan, &q);
+    }
+    uint64_t bytes = ckpt_plan_bytes(&plan);
+    double params = ckpt_plan_params(&plan);
+    uint64_t shard_bytes = (uint64_t)shard_mb << 20;
+    char b1[32];
+    printf("synth: %s %s (%s), %d layers + %d MTP, %s: %.3f B parameters, %s (%llu bytes) of tensors in "
+           "shards of <= %d MB%s%s\n",
+           c.model_type, p.name, c.architecture, c.n_layers, c.n_mtp_layers, nvfp4 ? "nvfp4" : "bf16", params / 1e9,
+           ckpt_fmt_bytes((double)bytes, b1, sizeof b1), (unsigned long long)bytes, shard_mb, out ? " -> " : "",
+           out ? out : "");
+    if (nvfp4) printf("synth: %d linears in NVFP4, %d modules excluded by pattern\n", n_q, q.n_exclude);
+    fflush(stdout);
+    if (dry) goto done;
+
+    if (ckpt_mkdir(out, err, sizeof err)) fatal("synth: %s", err);
+    int64_t avail = ckpt_free_bytes(out);
+    uint64_t need = bytes + bytes / 100 + (16u << 20); /* headers, small files, slack */
+    if (avail >= 0 && (uint64_t)avail < need) {
+        char b2[32];
+        fatal("synth: %s: the checkpoint needs %s but the filesystem has only %s free", out,
+              ckpt_fmt_bytes((double)need, b1, sizeof b1), ckpt_fmt_bytes((double)avail, b2, sizeof b2));
+    }
+
+    double t0 = clock_now();
+    Gen g = {.plan = &plan, .seed = (uint64_t)seed};
+    char label[64];
+    snprintf(label, sizeof label, "synth %s", p.name);
+    if (ckpt_write(&plan, out, shard_bytes, gen_fetch, &g, label, err, sizeof err)) fatal("synth: %s", err);
+    for (int s = 0; s < 2; s++) free(g.slot[s].buf);
+    double dt = clock_now() - t0;
+
+    char path[4096];
+    json_t *gc = generation_config_json(special_base);
+    char *gen_text = ckpt_json_text(gc);
+    json_decref(gc);
+    int rc = nvfp4 ? ckpt_write_nvfp4_configs(out, config_text, &q, err, sizeof err)
+                   : ckpt_write_text(out, "config.json", config_text, err, sizeof err);
+    if (!rc && !nvfp4) unlink(path_join(path, sizeof path, out, "hf_quant_config.json")); /* from an earlier run */
+    if (!rc) rc = ckpt_write_text(out, "generation_config.json", gen_text, err, sizeof err);
+    if (!rc) rc = write_tokenizer(out, special_base, c.max_position, err, sizeof err);
+    if (rc) fatal("synth: %s", err);
+    free(gen_text);
+    printf("synth: wrote %s in %.1f s (%.1f M parameters/s, %d threads)\n", out, dt, params / 1e6 / (dt > 0 ? dt : 1e-9),
+           omp_get_max_threads());
+
+done:
+    free(config_text);
+    quant_config_free(&q);
+    ckpt_plan_free(&plan);
+    return 0;
+}

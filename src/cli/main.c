@@ -1,0 +1,40 @@
+/* moeserve: the command-line entry point. `moeserve <command> [options]`; `moeserve help`
+ * lists the commands. Each command lives in src/cli/cmd_<name>.c. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+typedef struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *help;
+} Command;
+
+static const Command commands[] = {
+    {"logits", cmd_logits, "run a forward pass and write float32 logits for every position"},
+    {"info", cmd_info, "describe a model directory: architecture, parameters, precisions"},
+    {"synth", cmd_synth, "write a random-weight checkpoint in the real Hugging Face layout"},
+    {"quantize", cmd_quantize, "write a ModelOpt NVFP4 checkpoint from a BF16 one"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: moeserve <command> [options]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].help);
+    fprintf(f, "\n`moeserve <command> --help` shows a command's options.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "error: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

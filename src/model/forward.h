@@ -1,0 +1,55 @@
+/* forward: one forward pass of a model over a Batch, on any backend, through the paged KV
+ * cache. Written once per architecture (glm4_moe.c, glm5.c) in terms of backend ops; the FFN
+ * (dense or MoE, moe.c) is shared. Activations live in buffers allocated once at init for up
+ * to max_tokens tokens. */
+#ifndef MOESERVE_FORWARD_H
+#define MOESERVE_FORWARD_H
+
+#include "../backend/backend.h"
+#include "../engine/kv_cache.h"
+#include "model.h"
+
+typedef struct {
+    const Model *m;            /* borrowed */
+    Backend *be;               /* borrowed */
+    int max_tokens;            /* T limit per forward */
+    int max_out;               /* logits rows limit per forward */
+    float *inv_freq;           /* [rotary_dim / 2] RoPE frequencies (backend memory) */
+    float rope_scale;          /* cos/sin factor (YaRN attention factor; 1 otherwise) */
+    /* activations (backend memory) */
+    float *h;                  /* [T, D] residual stream */
+    float *a;                  /* [T, D] normed input of a block */
+    float *qa;                 /* [T, max(R, D)] MLA low-rank query (normed) */
+    float *q;                  /* [T, H * max(Dh, Dn + Dr)] queries */
+    float *k;                  /* [T, max(Hkv * Dh, C + Dr)] GQA keys / MLA latent + k_pe */
+    float *v;                  /* [T, Hkv * Dh] GQA values */
+    float *attn;               /* [T, H * max(Dh, Dv)] attention output before o_proj */
+    float *iq;                 /* [T, Hi * Di] indexer queries */
+    float *ik;                 /* [T, Di] indexer keys */
+    float *iw;                 /* [T, Hi] indexer head weights */
+    int *topk;                 /* [T, Ki] indexer selection (positions, -1 padded) */
+    float *g, *u;              /* [T, max(Fd, F * n_shared)] MLP gate / up */
+    float *ffn, *ffn2;         /* [T, D] FFN output (routed, shared expert) */
+    float *rlogits;            /* [T, E] router logits */
+    int *ridx;                 /* [T, K] routed experts */
+    float *rwts;               /* [T, K] their weights */
+    float *out_h;              /* [max_out, D] final hidden of the logits rows */
+    float *logits;             /* [max_out, V] */
+} Forward;
+
+void forward_init(Forward *f, const Model *m, Backend *be, int max_tokens, int max_out);
+void forward_free(Forward *f);
+/* Run the batch; writes logits [b->n_out, V] to the host buffer logits_out (may be NULL). */
+void forward_run(Forward *f, const Batch *b, KVCache *kv, float *logits_out);
+
+/* RoPE frequencies of the config: inv_freq[i] for i < rotary_dim/2 (default: theta^(-2i/d) in
+ * float32 as transformers computes it; YaRN: the ramp between interpolation and
+ * extrapolation), and the factor cos/sin are multiplied by. */
+void rope_init(const ModelConfig *c, float *inv_freq, float *scale);
+
+/* The per-architecture blocks (h += Attn(norm(h))), and the shared FFN (h += FFN(norm(h))). */
+void glm4_moe_attention(Forward *f, int layer, const Batch *b, KVCache *kv);
+void glm5_attention(Forward *f, int layer, const Batch *b, KVCache *kv);
+void moe_ffn(Forward *f, int layer, const Batch *b);
+
+#endif

@@ -1,0 +1,395 @@
+/* load: a Hugging Face checkpoint directory -> Model (config, mmapped tensors, QTensor views).
+ * Precision is decided per tensor (SPEC §3.9) and cross-checked against the quantization
+ * config; every shape is checked against config.json. Experts load stored per expert
+ * (mlp.experts.E.gate_proj) or fused 3-D (mlp.experts.gate_up_proj [E, 2F, D], down_proj
+ * [E, D, F]). MTP layers (index >= num_hidden_layers) are recognised and skipped. A malformed
+ * checkpoint stops with one line naming the file and the tensor. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../base/util.h"
+#include "../format/config.h"
+#include "model.h"
+
+/* ---- helpers ---- */
+
+static const char *tfile(const SafeTensors *st, const StTensor *t) { return safetensors_file_of(st, t); }
+
+static int shape_is(const StTensor *t, int ndim, int64_t d0, int64_t d1)
+{
+    if (t->ndim != ndim) return 0;
+    if (ndim >= 1 && t->shape[0] != d0) return 0;
+    if (ndim >= 2 && t->shape[1] != d1) return 0;
+    return 1;
+}
+
+static void shape_str(const StTensor *t, char *buf, size_t n)
+{
+    size_t o = snprintf(buf, n, "[");
+    for (int i = 0; i < t->ndim && o < n; i++) o += snprintf(buf + o, n - o, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+    if (o < n) snprintf(buf + o, n - o, "]");
+}
+
+static float scalar_of(const StTensor *t) { return dtype_load(t->dtype, t->data, 0); }
+
+int load_qtensor(const SafeTensors *st, const char *prefix, QTensor *w, char *err, size_t errlen)
+{
+    char name[512];
+    snprintf(name, sizeof name, "%s.weight", prefix);
+    const StTensor *wt = safetensors_find(st, name);
+    if (!wt) return 0;
+    *w = (QTensor){.gscale = 1.0f, .name = wt->name, .data = wt->data};
+    if (wt->ndim != 2) {
+        char s[128];
+        shape_str(wt, s, sizeof s);
+        errbuf_set(err, errlen, "%s: tensor '%s': a linear weight must be 2-D, got shape %s", tfile(st, wt), name, s);
+        return -1;
+    }
+    int64_t N = wt->shape[0], Kst = wt->shape[1];
+    char sname[512], s2name[512], siname[512];
+    snprintf(sname, sizeof sname, "%s.weight_scale", prefix);
+    snprintf(s2name, sizeof s2name, "%s.weight_scale_2", prefix);
+    snprintf(siname, sizeof siname, "%s.weight_scale_inv", prefix);
+    const StTensor *sc = safetensors_find(st, sname), *sc2 = safetensors_find(st, s2name),
+                   *sci = safetensors_find(st, siname);
+    w->rows = N;
+    switch (wt->dtype) {
+    case DT_F32: w->fmt = QF_F32; w->cols = Kst; return 1;
+    case DT_BF16: w->fmt = QF_BF16; w->cols = Kst; return 1;
+    case DT_F16: w->fmt = QF_F16; w->cols = Kst; return 1;
+    case DT_U8: {
+        /* ModelOpt NVFP4: U8 codes [N, K/2], E4M3 scales [N, K/16], F32 scalar weight_scale_2 */
+        if (!sc || !sc2) {
+            errbuf_set(err, errlen, "%s: tensor '%s': U8 weight without %s (NVFP4 needs weight_scale and weight_scale_2)",
+                       tfile(st, wt), name, !sc ? sname : s2name);
+            return -1;
+        }
+        int64_t K = Kst * 2;
+        if (sc->dtype != DT_F8_E4M3 || !shape_is(sc, 2, N, K / 16) || K % 16) {
+            char s[128];
+            shape_str(sc, s, sizeof s);
+            errbuf_set(err, errlen, "%s: tensor '%s': NVFP4 block scales must be F8_E4M3 [%lld, %lld] for weight [%lld, %lld], got %s %s",
+                       tfile(st, sc), sname, (long long)N, (long long)(K / 16), (long long)N, (long long)Kst,
+                       dtype_name(sc->dtype), s);
+            return -1;
+        }
+        if (sc2->numel != 1 || (sc2->dtype != DT_F32 && sc2->dtype != DT_BF16 && sc2->dtype != DT_F16)) {
+            errbuf_set(err, errlen, "%s: tensor '%s': weight_scale_2 must be one float, got %s with %lld elements",
+                       tfile(st, sc2), s2name, dtype_name(sc2->dtype), (long long)sc2->numel);
+            return -1;
+        }
+        w->fmt = QF_NVFP4;
+        w->cols = K;
+        w->scale = sc->data;
+        w->gscale = scalar_of(sc2);
+        return 1;
+    }
+    case DT_F8_E4M3:
+        w->cols = Kst;
+        if (sci) { /* Z.ai / DeepSeek block FP8: weight_scale_inv [ceil(N/128), ceil(K/128)] */
+            if (!shape_is(sci, 2, (N + 127) / 128, (Kst + 127) / 128) ||
+                (sci->dtype != DT_F32 && sci->dtype != DT_BF16)) {
+                char s[128];
+                shape_str(sci, s, sizeof s);
+                errbuf_set(err, errlen, "%s: tensor '%s': block scales must be F32/BF16 [%lld, %lld], got %s %s",
+                           tfile(st, sci), siname, (long long)((N + 127) / 128), (long long)((Kst + 127) / 128),
+                           dtype_name(sci->dtype), s);
+                return -1;
+            }
+            w->fmt = QF_FP8_BLOCK;
+            w->scale = sci->data;
+            w->scale_dtype = sci->dtype;
+            return 1;
+        }
+        if (sc && sc->numel == 1) { /* ModelOpt FP8 per tensor: W = q * weight_scale */
+            w->fmt = QF_FP8;
+            w->gscale = scalar_of(sc);
+            return 1;
+        }
+        errbuf_set(err, errlen, "%s: tensor '%s': F8_E4M3 weight without a scalar weight_scale or a weight_scale_inv",
+                   tfile(st, wt), name);
+        return -1;
+    default:
+        errbuf_set(err, errlen, "%s: tensor '%s': dtype %s is not a weight format moeserve reads",
+                   tfile(st, wt), name, dtype_name(wt->dtype));
+        return -1;
+    }
+}
+
+/* ---- loading with shape checks ---- */
+
+typedef struct {
+    Model *m;
+    const char *dir;
+    unsigned char *used;        /* [n_tensors] consumed by the model */
+    QuantConfig qc;
+    int warned_quant;
+} Loader;
+
+static void mark_used(Loader *ld, const char *name)
+{
+    const StTensor *t = safetensors_find(&ld->m->st, name);
+    if (t) ld->used[t - ld->m->st.tensors] = 1;
+}
+
+static void mark_prefix_used(Loader *ld, const char *prefix)
+{
+    static const char *sfx[] = {".weight", ".weight_scale", ".weight_scale_2", ".weight_scale_inv", ".input_scale"};
+    char name[600];
+    for (size_t i = 0; i < sizeof sfx / sizeof sfx[0]; i++) {
+        snprintf(name, sizeof name, "%s%s", prefix, sfx[i]);
+        mark_used(ld, name);
+    }
+}
+
+static void account(Loader *ld, const QTensor *w)
+{
+    ld->m->bytes_by_format[w->fmt] += qtensor_bytes(w);
+    ld->m->params_by_format[w->fmt] += w->rows * w->cols;
+}
+
+/* Linear `prefix` with shape [N, K]; required unless optional (then 0 if absent). */
+static int linear(Loader *ld, QTensor *w, const char *prefix, int64_t N, int64_t K, int optional)
+{
+    char err[1024];
+    int rc = load_qtensor(&ld->m->st, prefix, w, err, sizeof err);
+    if (rc < 0) fatal("%s", err);
+    if (rc == 0) {
+        if (optional) return 0;
+        fatal("%s: missing tensor '%s.weight' (config.json %s needs it)", ld->dir, prefix, ld->m->cfg.architecture);
+    }
+    const StTensor *t = safetensors_find(&ld->m->st, w->name);
+    if (w->rows != N || w->cols != K)
+        fatal("%s: tensor '%s': shape is [%lld, %lld] as a %s linear, config.json says [%lld, %lld]",
+              safetensors_file_of(&ld->m->st, t), w->name, (long long)w->rows, (long long)w->cols,
+              qformat_name(w->fmt), (long long)N, (long long)K);
+    if (w->fmt == QF_NVFP4 && ld->qc.algo == QALGO_NONE && !ld->warned_quant) {
+        log_warn("%s: NVFP4 tensors but no quantization config (hf_quant_config.json or quantization_config); "
+                 "precision is read from the tensors", ld->dir);
+        ld->warned_quant = 1;
+    }
+    if (ld->qc.algo != QALGO_NONE && w->fmt == QF_NVFP4 && quant_config_excluded(&ld->qc, prefix))
+        log_warn("%s: '%s' is NVFP4 although the quantization config excludes it; using the stored format", ld->dir, prefix);
+    mark_prefix_used(ld, prefix);
+    account(ld, w);
+    return 1;
+}
+
+/* A 1-D float vector (norm weight, bias) of n elements, decoded to an owned float array. */
+static float *vec(Loader *ld, const char *name, int64_t n, int optional)
+{
+    const StTensor *t = safetensors_find(&ld->m->st, name);
+    if (!t) {
+        if (optional) return NULL;
+        fatal("%s: missing tensor '%s' (config.json %s needs it)", ld->dir, name, ld->m->cfg.architecture);
+    }
+    if (t->numel != n || t->ndim != 1) {
+        char s[128];
+        shape_str(t, s, sizeof s);
+        fatal("%s: tensor '%s': shape %s, config.json says [%lld]", safetensors_file_of(&ld->m->st, t), name, s, (long long)n);
+    }
+    if (t->dtype != DT_F32 && t->dtype != DT_BF16 && t->dtype != DT_F16)
+        fatal("%s: tensor '%s': dtype %s, expected a float vector", safetensors_file_of(&ld->m->st, t), name, dtype_name(t->dtype));
+    float *v = xmalloc(n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) v[i] = dtype_load(t->dtype, t->data, i);
+    ld->used[t - ld->m->st.tensors] = 1;
+    return v;
+}
+
+/* Fused experts: prefix.gate_up_proj [E, 2F, D] and prefix.down_proj [E, D, F] ("" or ".weight"). */
+static int fused_experts(Loader *ld, LayerWeights *lw, const char *prefix, int E, int F, int D)
+{
+    const SafeTensors *st = &ld->m->st;
+    char gu[1100], dn[1100];
+    const StTensor *tg = NULL, *td = NULL;
+    static const char *sfx[] = {"", ".weight"};
+    for (int i = 0; i < 2 && !tg; i++) {
+        snprintf(gu, sizeof gu, "%s.gate_up_proj%s", prefix, sfx[i]);
+        snprintf(dn, sizeof dn, "%s.down_proj%s", prefix, sfx[i]);
+        tg = safetensors_find(st, gu);
+        td = safetensors_find(st, dn);
+    }
+    if (!tg) return 0;
+    if (!td) fatal("%s: missing tensor '%s' (fused experts need gate_up_proj and down_proj)", ld->dir, dn);
+    const StTensor *ts[2] = {tg, td};
+    int64_t want[2][3] = {{E, 2 * F, D}, {E, D, F}};
+    for (int i = 0; i < 2; i++) {
+        const StTensor *t = ts[i];
+        if (t->dtype != DT_BF16 && t->dtype != DT_F16 && t->dtype != DT_F32)
+            fatal("%s: tensor '%s': fused experts in %s are not supported (BF16, F16, F32)", safetensors_file_of(st, t),
+                  t->name, dtype_name(t->dtype));
+        if (t->ndim != 3 || t->shape[0] != want[i][0] || t->shape[1] != want[i][1] || t->shape[2] != want[i][2]) {
+            char s[128];
+            shape_str(t, s, sizeof s);
+            fatal("%s: tensor '%s': shape %s, config.json says [%lld, %lld, %lld]", safetensors_file_of(st, t), t->name, s,
+                  (long long)want[i][0], (long long)want[i][1], (long long)want[i][2]);
+        }
+        ld->used[t - st->tensors] = 1;
+    }
+    QFormat fmt = tg->dtype == DT_BF16 ? QF_BF16 : tg->dtype == DT_F16 ? QF_F16 : QF_F32;
+    QFormat fmtd = td->dtype == DT_BF16 ? QF_BF16 : td->dtype == DT_F16 ? QF_F16 : QF_F32;
+    size_t es = dtype_bits(tg->dtype) / 8, esd = dtype_bits(td->dtype) / 8;
+    for (int e = 0; e < E; e++) {
+        QTensor whole = {.fmt = fmt, .rows = 2 * F, .cols = D, .gscale = 1, .name = tg->name,
+                         .data = tg->data + (size_t)e * 2 * F * D * es};
+        lw->exp_gate[e] = qtensor_rows(&whole, 0, F);
+        lw->exp_up[e] = qtensor_rows(&whole, F, F);
+        lw->exp_down[e] = (QTensor){.fmt = fmtd, .rows = D, .cols = F, .gscale = 1, .name = td->name,
+                                    .data = td->data + (size_t)e * D * F * esd};
+        account(ld, &lw->exp_gate[e]);
+        account(ld, &lw->exp_up[e]);
+        account(ld, &lw->exp_down[e]);
+    }
+    return 1;
+}
+
+static void load_layer(Loader *ld, int l)
+{
+    Model *m = ld->m;
+    const ModelConfig *c = &m->cfg;
+    LayerWeights *w = &m->layers[l];
+    int64_t D = c->hidden, H = c->n_heads;
+    char p[256], q[1024];
+#define PFX(...) (snprintf(q, sizeof q, "%s." __VA_ARGS__), q)
+    snprintf(p, sizeof p, "model.layers.%d", l);
+    w->attn_norm = vec(ld, PFX("input_layernorm.weight", p), D, 0);
+    w->ffn_norm = vec(ld, PFX("post_attention_layernorm.weight", p), D, 0);
+
+    if (model_is_mla(c)) {
+        int64_t R = c->q_lora_rank, C = c->kv_lora_rank, Dr = c->qk_rope_dim, Dq = c->qk_nope_dim + Dr;
+        if (R > 0) {
+            linear(ld, &w->wq_a, PFX("self_attn.q_a_proj", p), R, D, 0);
+            w->q_a_norm = vec(ld, PFX("self_attn.q_a_layernorm.weight", p), R, 0);
+            linear(ld, &w->wq_b, PFX("self_attn.q_b_proj", p), H * Dq, R, 0);
+        } else {
+            linear(ld, &w->wq_b, PFX("self_attn.q_proj", p), H * Dq, D, 0);
+        }
+        linear(ld, &w->wkv_a, PFX("self_attn.kv_a_proj_with_mqa", p), C + Dr, D, 0);
+        w->kv_a_norm = vec(ld, PFX("self_attn.kv_a_layernorm.weight", p), C, 0);
+        linear(ld, &w->wkv_b, PFX("self_attn.kv_b_proj", p), H * (c->qk_nope_dim + c->v_head_dim), C, 0);
+        linear(ld, &w->wo, PFX("self_attn.o_proj", p), D, H * c->v_head_dim, 0);
+        if (c->layer_indexer[l] == INDEXER_FULL) {
+            int64_t Hi = c->index_n_heads, Di = c->index_head_dim;
+            linear(ld, &w->idx_wq_b, PFX("self_attn.indexer.wq_b", p), Hi * Di, R, 0);
+            linear(ld, &w->idx_wk, PFX("self_attn.indexer.wk", p), Di, D, 0);
+            linear(ld, &w->idx_wproj, PFX("self_attn.indexer.weights_proj", p), Hi, D, 0);
+            w->idx_norm_w = vec(ld, PFX("self_attn.indexer.k_norm.weight", p), Di, 0);
+            w->idx_norm_b = vec(ld, PFX("self_attn.indexer.k_norm.bias", p), Di, 0);
+        }
+    } else {
+        int64_t Dh = c->head_dim, Hkv = c->n_kv_heads;
+        linear(ld, &w->wq, PFX("self_attn.q_proj", p), H * Dh, D, 0);
+        linear(ld, &w->wk, PFX("self_attn.k_proj", p), Hkv * Dh, D, 0);
+        linear(ld, &w->wv, PFX("self_attn.v_proj", p), Hkv * Dh, D, 0);
+        linear(ld, &w->wo, PFX("self_attn.o_proj", p), D, H * Dh, 0);
+        if (c->attention_bias) {
+            w->bq = vec(ld, PFX("self_attn.q_proj.bias", p), H * Dh, 0);
+            w->bk = vec(ld, PFX("self_attn.k_proj.bias", p), Hkv * Dh, 0);
+            w->bv = vec(ld, PFX("self_attn.v_proj.bias", p), Hkv * Dh, 0);
+        }
+        if (c->use_qk_norm) {
+            w->q_norm = vec(ld, PFX("self_attn.q_norm.weight", p), Dh, 0);
+            w->k_norm = vec(ld, PFX("self_attn.k_norm.weight", p), Dh, 0);
+        }
+    }
+
+    if (!c->layer_moe[l]) {
+        int64_t Fd = c->intermediate;
+        linear(ld, &w->w_gate, PFX("mlp.gate_proj", p), Fd, D, 0);
+        linear(ld, &w->w_up, PFX("mlp.up_proj", p), Fd, D, 0);
+        linear(ld, &w->w_down, PFX("mlp.down_proj", p), D, Fd, 0);
+        return;
+    }
+    int E = c->n_experts;
+    int64_t F = c->moe_intermediate, Fs = F * c->n_shared_experts;
+    linear(ld, &w->router, PFX("mlp.gate", p), E, D, 0);
+    w->router_bias = vec(ld, PFX("mlp.gate.e_score_correction_bias", p), E, 1);
+    w->exp_gate = xcalloc(E, sizeof(QTensor));
+    w->exp_up = xcalloc(E, sizeof(QTensor));
+    w->exp_down = xcalloc(E, sizeof(QTensor));
+    if (!fused_experts(ld, w, PFX("mlp.experts", p), E, F, D)) {
+        for (int e = 0; e < E; e++) {
+            char ep[600];
+            snprintf(ep, sizeof ep, "%s.mlp.experts.%d", p, e);
+            linear(ld, &w->exp_gate[e], PFX("gate_proj", ep), F, D, 0);
+            linear(ld, &w->exp_up[e], PFX("up_proj", ep), F, D, 0);
+            linear(ld, &w->exp_down[e], PFX("down_proj", ep), D, F, 0);
+        }
+    }
+    if (Fs > 0) {
+        linear(ld, &w->sh_gate, PFX("mlp.shared_experts.gate_proj", p), Fs, D, 0);
+        linear(ld, &w->sh_up, PFX("mlp.shared_experts.up_proj", p), Fs, D, 0);
+        linear(ld, &w->sh_down, PFX("mlp.shared_experts.down_proj", p), D, Fs, 0);
+    }
+#undef PFX
+}
+
+/* Layer index of "model.layers.N...." or -1. */
+static int layer_of(const char *name)
+{
+    if (strncmp(name, "model.layers.", 13) != 0) return -1;
+    char *end;
+    long v = strtol(name + 13, &end, 10);
+    return end != name + 13 && *end == '.' ? (int)v : -1;
+}
+
+void model_load(Model *m, const char *dir)
+{
+    char err[1024];
+    *m = (Model){0};
+    if (config_load(&m->cfg, dir, err, sizeof err) < 0) fatal("%s", err);
+    if (safetensors_open_dir(&m->st, dir, err, sizeof err) < 0) fatal("%s", err);
+    Loader ld = {.m = m, .dir = dir, .used = xcalloc(m->st.n_tensors + 1, 1)};
+    if (quant_config_load(&ld.qc, dir, err, sizeof err) < 0) fatal("%s", err);
+    const ModelConfig *c = &m->cfg;
+
+    linear(&ld, &m->embed, "model.embed_tokens", c->vocab, c->hidden, 0);
+    if (!linear(&ld, &m->lm_head, "lm_head", c->vocab, c->hidden, 1)) {
+        if (!c->tie_embeddings) fatal("%s: missing tensor 'lm_head.weight' (tie_word_embeddings is false)", dir);
+        m->lm_head = m->embed;
+    }
+    m->final_norm = vec(&ld, "model.norm.weight", c->hidden, 0);
+    m->layers = xcalloc(c->n_layers, sizeof(LayerWeights));
+    for (int l = 0; l < c->n_layers; l++) load_layer(&ld, l);
+
+    /* MTP layers and anything left over */
+    int mtp_lo = 1 << 30, mtp_hi = -1, mtp_n = 0, stray = 0;
+    for (int i = 0; i < m->st.n_tensors; i++) {
+        if (ld.used[i]) continue;
+        const char *name = m->st.tensors[i].name;
+        int l = layer_of(name);
+        if (l >= c->n_layers) {
+            mtp_lo = l < mtp_lo ? l : mtp_lo;
+            mtp_hi = l > mtp_hi ? l : mtp_hi;
+            mtp_n++;
+        } else if (!strstr(name, ".input_scale") && !strstr(name, "rotary_emb.inv_freq")) {
+            if (stray++ < 5) log_warn("%s: tensor '%s' is not used by %s", dir, name, c->architecture);
+        }
+    }
+    if (mtp_n)
+        log_info("skipping MTP layer%s %d..%d (%d tensors): no speculative decoding", mtp_lo == mtp_hi ? "" : "s",
+                 mtp_lo, mtp_hi, mtp_n);
+    if (stray > 5) log_warn("%s: %d unused tensors in all", dir, stray);
+    free(ld.used);
+    quant_config_free(&ld.qc);
+}
+
+void model_free(Model *m)
+{
+    if (m->layers) {
+        for (int l = 0; l < m->cfg.n_layers; l++) {
+            LayerWeights *w = &m->layers[l];
+            float *v[] = {w->attn_norm, w->ffn_norm, w->bq, w->bk, w->bv, w->q_norm, w->k_norm, w->q_a_norm,
+                          w->kv_a_norm, w->idx_norm_w, w->idx_norm_b, w->router_bias};
+            for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) free(v[i]);
+            free(w->exp_gate);
+            free(w->exp_up);
+            free(w->exp_down);
+        }
+    }
+    free(m->layers);
+    free(m->final_norm);
+    safetensors_free(&m->st);
+    *m = (Model){0};
+}

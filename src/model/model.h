@@ -1,0 +1,176 @@
+/* model.h: the data structures of a model: its configuration (config.json), its weights (one
+ * rank's shard, in the stored formats) and a Batch (the tokens of one forward step).
+ *
+ * Shape letters, used everywhere in moeserve:
+ *   T tokens in a batch   S sequences      D hidden        V vocab
+ *   H attention heads     Hkv KV heads     Dh head dim     L layers
+ *   E routed experts      K experts/token  F expert hidden (dense MLP: Fd)
+ *   R q_lora_rank         C kv_lora_rank   Dn qk_nope dim  Dr qk_rope dim  Dv v head dim
+ *   Hi indexer heads      Di indexer head dim              Ki indexer top-k
+ * The maths and the checkpoint names are in ../shared/SPEC-models.md (cited as §). */
+#ifndef MOESERVE_MODEL_H
+#define MOESERVE_MODEL_H
+
+#include <stdint.h>
+
+#include "../format/quant.h"
+#include "../format/safetensors.h"
+
+#define MODEL_MAX_LAYERS 256
+#define MODEL_MAX_EOS 8
+
+typedef enum {
+    ARCH_GLM4_MOE,    /* Glm4MoeForCausalLM: GQA, partial NeoX RoPE, qk-norm, MoE (§2) */
+    ARCH_GLM5,        /* GlmMoeDsaForCausalLM: MLA + DSA indexer, interleaved RoPE, MoE (§1) */
+    ARCH_DEEPSEEK_V3, /* DeepseekV3ForCausalLM: MLA without indexer */
+    ARCH_DEEPSEEK_V32,/* DeepseekV32ForCausalLM: MLA + DSA, NeoX indexer RoPE */
+} Arch;
+
+typedef enum { SCORE_SIGMOID, SCORE_SOFTMAX } ScoringFunc;
+typedef enum { INDEXER_NONE, INDEXER_FULL, INDEXER_SHARED } IndexerType;
+
+typedef struct {
+    Arch arch;
+    char architecture[64];     /* config "architectures"[0] */
+    char model_type[32];       /* config "model_type" */
+    int vocab;                 /* V */
+    int hidden;                /* D */
+    int n_layers;              /* L, without MTP layers */
+    int n_heads;               /* H */
+    int n_kv_heads;            /* Hkv (GQA; MLA ignores it) */
+    int head_dim;              /* Dh (GQA). For MLA this is qk_nope + qk_rope (the q/k head size) */
+    int intermediate;          /* Fd, dense MLP */
+    int moe_intermediate;      /* F, per routed expert */
+    int n_experts;             /* E */
+    int n_experts_per_tok;     /* K */
+    int n_shared_experts;      /* shared expert width = n_shared_experts * F */
+    int first_k_dense;         /* first_k_dense_replace */
+    int moe_layer_freq;
+    int n_group, topk_group;
+    int norm_topk_prob;
+    float routed_scaling;
+    ScoringFunc scoring;
+    float rms_eps;
+    /* RoPE */
+    double rope_theta;
+    float partial_rotary;      /* GQA: fraction of Dh rotated (0.5 for GLM-4.5) */
+    int rotary_dim;            /* dims rotated per head: GQA Dh*partial, MLA Dr */
+    int rope_interleave;       /* 1: GPT-J pairs (2i, 2i+1) (§1.5.2); 0: NeoX halves (§2.2.3) */
+    char rope_type[16];        /* "default" or "yarn" */
+    float yarn_factor, yarn_beta_fast, yarn_beta_slow, yarn_mscale, yarn_mscale_all_dim;
+    int yarn_original_max_pos;
+    int max_position;
+    /* GQA attention */
+    int attention_bias;        /* q, k, v biases */
+    int use_qk_norm;
+    /* MLA (§1.5.1) */
+    int q_lora_rank;           /* R (0: no low-rank q path) */
+    int kv_lora_rank;          /* C */
+    int qk_nope_dim;           /* Dn */
+    int qk_rope_dim;           /* Dr */
+    int v_head_dim;            /* Dv */
+    /* DSA indexer (§1.5.4) */
+    int index_n_heads;         /* Hi */
+    int index_head_dim;        /* Di */
+    int index_topk;            /* Ki */
+    int indexer_rope_interleave;
+    /* per layer */
+    uint8_t layer_moe[MODEL_MAX_LAYERS];      /* 1: MoE FFN, 0: dense */
+    uint8_t layer_indexer[MODEL_MAX_LAYERS];  /* IndexerType */
+    int n_mtp_layers;          /* num_nextn_predict_layers (loaded? no: recognised and skipped) */
+    int tie_embeddings;
+    int bos_id, pad_id;        /* -1 when absent */
+    int eos_ids[MODEL_MAX_EOS], n_eos;
+    float attn_scale;          /* softmax scale: head size^-0.5 (x mscale^2 under YaRN) */
+} ModelConfig;
+
+/* A token's KV entry width (floats per token per layer) and the indexer key width. */
+int model_kv_width(const ModelConfig *c);
+int model_index_width(const ModelConfig *c);
+int model_is_mla(const ModelConfig *c);
+
+/* Parameters counted from the config alone (§1.7, §2.3). */
+typedef struct {
+    double total;          /* without MTP layers, with embedding and lm_head */
+    double total_with_mtp;
+    double active;         /* per token, excluding embedding and lm_head */
+    double active_with_head; /* plus lm_head */
+    double embedding, lm_head;
+} ParamCount;
+void model_count_params(const ModelConfig *c, ParamCount *out);
+
+/* ---- Weights: one rank's shard, pointing into the mmapped checkpoint. ---- */
+
+typedef struct {
+    float *attn_norm;          /* [D] input_layernorm */
+    float *ffn_norm;           /* [D] post_attention_layernorm */
+    /* GQA (glm4_moe) */
+    QTensor wq, wk, wv;        /* [H*Dh, D], [Hkv*Dh, D], [Hkv*Dh, D] */
+    float *bq, *bk, *bv;       /* [H*Dh], [Hkv*Dh], [Hkv*Dh] or NULL */
+    float *q_norm, *k_norm;    /* [Dh] or NULL */
+    QTensor wo;                /* [D, H*Dh] (MLA: [D, H*Dv]) */
+    /* MLA (glm5, deepseek) */
+    QTensor wq_a;              /* [R, D] */
+    float *q_a_norm;           /* [R] */
+    QTensor wq_b;              /* [H*(Dn+Dr), R] (or q_proj [H*(Dn+Dr), D] when R == 0) */
+    QTensor wkv_a;             /* [C+Dr, D] */
+    float *kv_a_norm;          /* [C] */
+    QTensor wkv_b;             /* [H*(Dn+Dv), C] */
+    /* DSA indexer (absent on "shared" layers) */
+    QTensor idx_wq_b;          /* [Hi*Di, R] */
+    QTensor idx_wk;            /* [Di, D] */
+    QTensor idx_wproj;         /* [Hi, D] weights_proj */
+    float *idx_norm_w, *idx_norm_b; /* [Di] LayerNorm */
+    /* dense MLP */
+    QTensor w_gate, w_up;      /* [Fd, D] */
+    QTensor w_down;            /* [D, Fd] */
+    /* MoE */
+    QTensor router;            /* [E, D] */
+    float *router_bias;        /* [E] e_score_correction_bias, or NULL */
+    QTensor *exp_gate, *exp_up; /* [E] of [F, D] */
+    QTensor *exp_down;         /* [E] of [D, F] */
+    QTensor sh_gate, sh_up;    /* [F*n_shared, D] */
+    QTensor sh_down;           /* [D, F*n_shared] */
+} LayerWeights;
+
+typedef struct {
+    ModelConfig cfg;
+    SafeTensors st;            /* the mmapped checkpoint the QTensors point into */
+    QTensor embed;             /* [V, D] */
+    QTensor lm_head;           /* [V, D] */
+    float *final_norm;         /* [D] */
+    LayerWeights *layers;      /* [L] */
+    double bytes_by_format[QF_COUNT]; /* weight bytes loaded per storage format */
+    int64_t params_by_format[QF_COUNT];
+} Model;
+
+/* Load config.json and the checkpoint of dir. Malformed input stops with one line naming
+ * the file and the tensor (a start-up error, STYLE.md). */
+void model_load(Model *m, const char *dir);
+/* The linear weight stored under prefix (e.g. "model.layers.3.mlp.experts.7.up_proj"), its
+ * precision decided per tensor (SPEC §3.9): NVFP4 if <p>.weight is U8 with <p>.weight_scale
+ * (F8_E4M3) and <p>.weight_scale_2; FP8 per tensor if <p>.weight is F8_E4M3 with a scalar
+ * <p>.weight_scale; 128x128 block FP8 if <p>.weight_scale_inv exists; else BF16/F16/F32.
+ * Returns 1 found, 0 absent (no <p>.weight), -1 malformed (err names file and tensor). */
+int load_qtensor(const SafeTensors *st, const char *prefix, QTensor *w, char *err, size_t errlen);
+void model_free(Model *m);
+
+/* ---- Batch: the tokens of one forward step over the paged KV cache ---- */
+
+typedef struct {
+    int n_tokens;              /* T */
+    int *tokens;               /* [T] token ids */
+    int *pos;                  /* [T] absolute position of each token in its sequence */
+    int *seq;                  /* [T] sequence (0..S-1) each token belongs to */
+    int *slot;                 /* [T] KV slot written: block * block_size + offset */
+    int n_seqs;                /* S */
+    int *seq_start;            /* [S] first token of the sequence in this batch; a sequence's
+                                  tokens are contiguous and at consecutive positions */
+    int *seq_ntok;             /* [S] tokens of the sequence in this batch */
+    int *ctx_len;              /* [S] tokens in the KV cache after this step (last pos + 1) */
+    const int *const *block_table; /* [S] borrowed: each [ceil(ctx_len / block_size)] block ids */
+    int n_out;                 /* rows that produce logits */
+    int *out_idx;              /* [n_out] token index of each logits row */
+} Batch;
+
+#endif

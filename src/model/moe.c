@@ -1,0 +1,40 @@
+/* moe: the FFN half of every decoder layer: h += FFN(RMSNorm(h)). Dense layers run a SwiGLU
+ * MLP (§1.5.7); MoE layers route each token to K experts (router on the backend, no host round
+ * trip), add the weighted expert outputs and the unscaled shared expert (§1.5.6). */
+#include "forward.h"
+
+/* out[T, D] = down(silu(gate(x)) * up(x)) */
+static void swiglu_mlp(Forward *f, float *out, const float *x, int T, const QTensor *gate,
+                       const QTensor *up, const QTensor *down)
+{
+    Backend *be = f->be;
+    int D = f->m->cfg.hidden, Fw = (int)gate->rows;
+    be_matmul(be, OP_GEMM_MLP, f->g, Fw, x, D, T, gate, NULL);
+    be_matmul(be, OP_GEMM_MLP, f->u, Fw, x, D, T, up, NULL);
+    be_swiglu(be, f->g, f->g, f->u, T, Fw);
+    be_matmul(be, OP_GEMM_MLP, out, D, f->g, Fw, T, down, NULL);
+}
+
+void moe_ffn(Forward *f, int layer, const Batch *b)
+{
+    const ModelConfig *c = &f->m->cfg;
+    const LayerWeights *w = &f->m->layers[layer];
+    Backend *be = f->be;
+    int T = b->n_tokens, D = c->hidden;
+    size_t n = (size_t)T * D;
+
+    be_rmsnorm(be, f->a, D, f->h, D, w->ffn_norm, T, D, c->rms_eps);
+    if (!c->layer_moe[layer]) {
+        swiglu_mlp(f, f->ffn, f->a, T, &w->w_gate, &w->w_up, &w->w_down);
+        be_add(be, f->h, f->h, f->ffn, n);
+        return;
+    }
+    be_matmul(be, OP_GEMM_ROUTER, f->rlogits, c->n_experts, f->a, D, T, &w->router, NULL);
+    be_router(be, f->ridx, f->rwts, f->rlogits, w->router_bias, T, c);
+    be_moe(be, f->ffn, f->a, f->ridx, f->rwts, T, w, c);
+    if (c->n_shared_experts > 0) { /* (routed + shared), then the residual, as transformers adds */
+        swiglu_mlp(f, f->ffn2, f->a, T, &w->sh_gate, &w->sh_up, &w->sh_down);
+        be_add(be, f->ffn, f->ffn, f->ffn2, n);
+    }
+    be_add(be, f->h, f->h, f->ffn, n);
+}

@@ -1,0 +1,152 @@
+/* test_main: registry and runner for the tests in tests/unit/ (see test.h). */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "test.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MAX_TESTS 1024
+typedef struct { const char *name, *file; TestFn fn; } TestEntry;
+static TestEntry tests[MAX_TESTS];
+static int n_tests, cur_failed, cur_skipped;
+
+void test_register(const char *name, const char *file, TestFn fn)
+{
+    if (n_tests == MAX_TESTS) { fprintf(stderr, "too many tests\n"); exit(2); }
+    tests[n_tests].name = name;
+    tests[n_tests].file = file;
+    tests[n_tests].fn = fn;
+    n_tests++;
+}
+
+void test_fail(const char *file, int line, const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "    FAIL %s:%d: ", file, line);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    cur_failed++;
+}
+
+void test_fail_cond(const char *file, int line, const char *cond, const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "    FAIL %s:%d: expected %s%s", file, line, cond, *fmt ? ": " : "");
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    cur_failed++;
+}
+
+void test_skip(const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "    skipped: ");
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    cur_skipped = 1;
+}
+
+int test_failed_now(void) { return cur_failed > 0; }
+
+const char *test_root(void)
+{
+    static char root[4096];
+    if (!root[0]) {
+        const char *e = getenv("MOESERVE_ROOT");
+        if (e) snprintf(root, sizeof root, "%s", e);
+        else if (!getcwd(root, sizeof root)) snprintf(root, sizeof root, ".");
+    }
+    return root;
+}
+
+const char *test_bin(void)
+{
+    static char bin[4200];
+    if (!bin[0]) {
+        const char *e = getenv("MOESERVE_BIN");
+        if (e) snprintf(bin, sizeof bin, "%s", e);
+        else snprintf(bin, sizeof bin, "%s/build/moeserve", test_root());
+    }
+    return bin;
+}
+
+const char *test_data(const char *name)
+{
+    static char buf[8][4300];
+    static int k;
+    char *p = buf[k++ & 7];
+    snprintf(p, 4300, "%s/tests/data/%s", test_root(), name);
+    return p;
+}
+
+const char *test_tmpdir(void)
+{
+    static char dir[256];
+    if (!dir[0]) {
+        const char *base = getenv("TMPDIR");
+        snprintf(dir, sizeof dir, "%s/moeserve-test-XXXXXX", base && *base ? base : "/tmp");
+        if (!mkdtemp(dir)) { perror("mkdtemp"); exit(2); }
+    }
+    return dir;
+}
+
+int test_run(const char *cmd, char **out)
+{
+    char *full = NULL;
+    if (asprintf(&full, "%s 2>&1", cmd) < 0) return -1;
+    FILE *p = popen(full, "r");
+    free(full);
+    if (!p) return -1;
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    size_t got;
+    while ((got = fread(buf + n, 1, cap - n - 1, p)) > 0) {
+        n += got;
+        if (n + 1 >= cap) buf = realloc(buf, cap *= 2);
+    }
+    buf[n] = 0;
+    int st = pclose(p);
+    if (out) *out = buf; else free(buf);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}
+
+static int cmp_tests(const void *a, const void *b)
+{
+    const TestEntry *x = a, *y = b;
+    int c = strcmp(x->file, y->file);
+    return c ? c : strcmp(x->name, y->name);
+}
+
+int main(int argc, char **argv)
+{
+    const char *filter = argc > 1 ? argv[1] : NULL;
+    int passed = 0, failed = 0, skipped = 0;
+    qsort(tests, n_tests, sizeof tests[0], cmp_tests);
+    for (int i = 0; i < n_tests; i++) {
+        if (filter && !strstr(tests[i].name, filter)) continue;
+        cur_failed = 0;
+        cur_skipped = 0;
+        fprintf(stderr, "  %-40s\n", tests[i].name);
+        tests[i].fn();
+        if (cur_failed) { failed++; fprintf(stderr, "  %s: FAILED\n", tests[i].name); }
+        else if (cur_skipped) skipped++;
+        else passed++;
+    }
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", test_tmpdir());
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", test_tmpdir());
+    if (skipped) fprintf(stderr, "%d skipped\n", skipped);
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}

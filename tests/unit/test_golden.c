@@ -1,0 +1,143 @@
+/* test_golden: `moeserve logits` against Hugging Face transformers' float32 logits for the tiny
+ * checkpoints in tests/data/golden/ (made by tools/make_fixtures.py), with the prompt fed in
+ * one chunk, one token at a time (the decode path) and 7 tokens at a time. Pass iff
+ * max|ours - reference| <= 1e-3 * std(reference): float32 re-association across a few layers
+ * stays orders of magnitude below it, while a wrong selection (router, indexer) or a wrong
+ * formula moves logits by a sizeable fraction of their spread. The chunkings must also agree
+ * with each other within 1e-5 * std. */
+#include <dirent.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test.h"
+
+#define GOLDEN_TOL 1e-3   /* x std(reference): the acceptance criterion of issue #2 */
+#define CHUNK_TOL 1e-5    /* x std(reference): chunkings differ only by summation order */
+
+static float *read_f32(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long sz = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    float *v = malloc(sz > 0 ? sz : 1);
+    size_t got = fread(v, 1, sz, f);
+    fclose(f);
+    *n = got / sizeof(float);
+    return v;
+}
+
+static double max_abs_diff(const float *a, const float *b, size_t n)
+{
+    double m = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (!(d <= m)) m = d; /* NaN propagates as a failure */
+    }
+    return m;
+}
+
+/* Runs one fixture directory; returns the number of checks done. */
+static int golden_check(const char *dir)
+{
+    char path[4600], cmd[16384], *out = NULL;
+    snprintf(path, sizeof path, "%s/golden.json", dir);
+    json_error_t jerr;
+    json_t *g = json_load_file(path, 0, &jerr);
+    if (!g) { test_fail(__FILE__, __LINE__, "%s: %s", path, jerr.text); return 0; }
+    json_t *toks = json_object_get(g, "tokens");
+    int T = (int)json_array_size(toks), V = (int)json_integer_value(json_object_get(g, "vocab"));
+    const char *lf = json_string_value(json_object_get(g, "logits_file"));
+    if (T <= 0 || V <= 0 || !lf) { test_fail(__FILE__, __LINE__, "%s: malformed golden.json", path); json_decref(g); return 0; }
+    char tokens[8192];
+    size_t o = 0;
+    for (int i = 0; i < T && o + 24 < sizeof tokens; i++) {
+        int w = snprintf(tokens + o, sizeof tokens - o, "%s%lld", i ? "," : "", (long long)json_integer_value(json_array_get(toks, i)));
+        o += w > 0 ? (size_t)w : 0;
+    }
+    snprintf(path, sizeof path, "%s/%s", dir, lf);
+    size_t nref;
+    float *ref = read_f32(path, &nref);
+    json_decref(g);
+    if (!ref || nref != (size_t)T * V) {
+        test_fail(__FILE__, __LINE__, "%s: expected %d x %d floats", path, T, V);
+        free(ref);
+        return 0;
+    }
+    double mean = 0, var = 0;
+    for (size_t i = 0; i < nref; i++) mean += ref[i];
+    mean /= nref;
+    for (size_t i = 0; i < nref; i++) var += (ref[i] - mean) * (ref[i] - mean);
+    double std = sqrt(var / nref);
+    if (!(std > 0.1)) test_fail(__FILE__, __LINE__, "%s: reference logits are nearly flat (std %g)", dir, std);
+
+    int chunks[3] = {T, 1, 7}, checks = 0;
+    float *first = NULL;
+    for (int c = 0; c < 3; c++) {
+        char outf[512];
+        snprintf(outf, sizeof outf, "%s/golden-%d.f32", test_tmpdir(), chunks[c]);
+        snprintf(cmd, sizeof cmd, "%s logits --model %s --tokens %s --chunk %d --out %s", test_bin(), dir, tokens,
+                 chunks[c], outf);
+        int rc = test_run(cmd, &out);
+        if (rc != 0) {
+            test_fail(__FILE__, __LINE__, "%s: exit %d: %s", cmd, rc, out);
+            free(out);
+            continue;
+        }
+        free(out);
+        size_t n;
+        float *got = read_f32(outf, &n);
+        if (!got || n != nref) {
+            test_fail(__FILE__, __LINE__, "%s: wrote %zu floats, expected %zu", outf, n, nref);
+            free(got);
+            continue;
+        }
+        double d = max_abs_diff(got, ref, n);
+        fprintf(stderr, "    %s chunk %d: max|d| = %.3g = %.2g x std (%.3g)\n", dir, chunks[c], d, d / std, std);
+        if (!(d <= GOLDEN_TOL * std))
+            test_fail(__FILE__, __LINE__, "%s chunk %d: max|d| %g > %g x std %g", dir, chunks[c], d, GOLDEN_TOL, std);
+        if (first) {
+            double dc = max_abs_diff(got, first, n);
+            if (!(dc <= CHUNK_TOL * std))
+                test_fail(__FILE__, __LINE__, "%s: chunk %d differs from chunk %d by %g", dir, chunks[c], chunks[0], dc);
+            free(got);
+        } else {
+            first = got;
+        }
+        checks++;
+    }
+    free(first);
+    free(ref);
+    return checks;
+}
+
+static int name_cmp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+TEST(golden_logits)
+{
+    const char *root = test_data("golden");
+    DIR *d = opendir(root);
+    ASSERT(d != NULL, "tests/data/golden is missing (tools/make_fixtures.py makes it)");
+    char *names[64];
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < 64) {
+        char p[4400];
+        snprintf(p, sizeof p, "%s/%s/golden.json", root, e->d_name);
+        FILE *f = fopen(p, "r");
+        if (f) { fclose(f); names[n++] = strdup(e->d_name); }
+    }
+    closedir(d);
+    qsort(names, n, sizeof names[0], name_cmp);
+    EXPECT(n >= 5, "found %d fixtures, expected glm5-bf16, glm5-shared-bf16, glm5-nvfp4, glm4moe-bf16, glm4moe-nvfp4", n);
+    int checks = 0;
+    for (int i = 0; i < n; i++) {
+        char dir[4300];
+        snprintf(dir, sizeof dir, "%s/%s", root, names[i]);
+        checks += golden_check(dir);
+        free(names[i]);
+    }
+    EXPECT(checks == 3 * n, "%d of %d fixture runs completed", checks, 3 * n);
+}
