@@ -8,11 +8,11 @@ CUDA     ?= $(shell test -x "$(NVCC)" && ls src/backend/cuda/*.cu >/dev/null 2>&
 CUDA_ARCH ?= -gencode=arch=compute_90a,code=sm_90a
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 
-PKGS     := jansson
+PKGS     := jansson libpcre2-8 libutf8proc
 OPT      ?= -O2 -g
 SAN      ?=
 CFLAGS   := $(OPT) $(SAN) -std=c11 -Wall -Wextra -Wno-format-zero-length -D_GNU_SOURCE -fopenmp -Isrc -Itests $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-LDLIBS   += $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -ljansson) -fopenmp -lm -lpthread
+LDLIBS   += $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -ljansson -lpcre2-8 -lutf8proc) -fopenmp -lm -lpthread
 NVFLAGS  ?= -O3 -g -lineinfo
 NVFLAGS  += -std=c++17 $(CUDA_ARCH) -Isrc -Itests -Xcompiler -Wall,-fPIC
 
@@ -22,10 +22,12 @@ OBJ      := $(SRC:%.c=$(BUILD)/%.o)
 ifeq ($(CUDA),1)
   OBJ    += $(CUSRC:%.cu=$(BUILD)/%.o)
   CFLAGS += -DMOESERVE_CUDA
-  LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lstdc++
+  # the CUDA runtime statically (it finds the driver itself; no libcuda link), cuBLASLt shared
+  LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart_static -ldl -lrt -lstdc++
 endif
 TESTSRC  := tests/test_main.c $(wildcard tests/unit/*.c)
 TESTOBJ  := $(TESTSRC:%.c=$(BUILD)/%.o)
+CUTESTOBJ := $(BUILD)/tests/test_main.o $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/cuda/*.c))
 
 all: $(BUILD)/moeserve
 
@@ -37,6 +39,9 @@ $(BUILD)/moeserve: $(BUILD)/src/cli/main.o $(BUILD)/libmoeserve.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/test_unit: $(TESTOBJ) $(BUILD)/libmoeserve.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/test_cuda: $(CUTESTOBJ) $(BUILD)/libmoeserve.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/%.o: %.c
@@ -58,6 +63,10 @@ run: $(BUILD)/moeserve
 	./$(BUILD)/moeserve info --model $(DEFAULT_MODEL)
 	./$(BUILD)/moeserve logits --model $(DEFAULT_MODEL) --tokens 1,2,3,4,5,6,7,8,9,10,11,12 --chunk 4 --out $(BUILD)/logits.f32
 
+# make test-cuda: on a machine with a GPU: every CUDA op against its CPU twin, end-to-end logits.
+test-cuda: $(BUILD)/moeserve $(BUILD)/test_cuda
+	MOESERVE_BIN=$(CURDIR)/$(BUILD)/moeserve ./$(BUILD)/test_cuda $(FILTER)
+
 # make debug: AddressSanitizer + UndefinedBehaviorSanitizer, CPU only, runs the tests.
 debug:
 	$(MAKE) BUILD=build-debug CUDA=0 OPT="-O1 -g -fno-omit-frame-pointer" \
@@ -66,5 +75,5 @@ debug:
 clean:
 	rm -rf build build-debug
 
-.PHONY: all run test debug clean
--include $(OBJ:.o=.d) $(TESTOBJ:.o=.d) $(BUILD)/src/cli/main.d
+.PHONY: all run test test-cuda debug clean
+-include $(OBJ:.o=.d) $(TESTOBJ:.o=.d) $(CUTESTOBJ:.o=.d) $(BUILD)/src/cli/main.d

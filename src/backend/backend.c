@@ -164,9 +164,9 @@ static double batch_ctx(const Batch *b)
 }
 
 void be_attention_gqa(Backend *be, float *out, const float *q, const KVLayer *kv, const Batch *b,
-                      const ModelConfig *c)
+                      const Batch *db, const ModelConfig *c)
 {
-    be->ops->attention_gqa(be, out, q, kv, b, c);
+    be->ops->attention_gqa(be, out, q, kv, db, c);
     double keys = batch_keys(b, 0), H = c->n_heads, Dh = c->head_dim;
     count(be, OP_ATTENTION, 4.0 * H * Dh * keys + 5.0 * H * keys,
           4.0 * batch_ctx(b) * kv->kv_width + 8.0 * b->n_tokens * H * Dh);
@@ -174,9 +174,9 @@ void be_attention_gqa(Backend *be, float *out, const float *q, const KVLayer *kv
 
 void be_attention_mla(Backend *be, float *out, const float *q, const KVLayer *kv,
                       const QTensor *wkv_b, const int *topk, int ktop, const Batch *b,
-                      const ModelConfig *c)
+                      const Batch *db, const ModelConfig *c)
 {
-    be->ops->attention_mla(be, out, q, kv, wkv_b, topk, ktop, b, c);
+    be->ops->attention_mla(be, out, q, kv, wkv_b, topk, ktop, db, c);
     double H = c->n_heads, C = c->kv_lora_rank, Dn = c->qk_nope_dim, Dr = c->qk_rope_dim,
            Dv = c->v_head_dim, T = b->n_tokens;
     double keys = batch_keys(b, topk ? ktop : 0);
@@ -187,9 +187,9 @@ void be_attention_mla(Backend *be, float *out, const float *q, const KVLayer *kv
 }
 
 void be_indexer(Backend *be, int *topk, const float *q, const float *w, const KVLayer *kv,
-                const Batch *b, const ModelConfig *c)
+                const Batch *b, const Batch *db, const ModelConfig *c)
 {
-    be->ops->indexer(be, topk, q, w, kv, b, c);
+    be->ops->indexer(be, topk, q, w, kv, db, c);
     double keys = batch_keys(b, 0), Hi = c->index_n_heads, Di = c->index_head_dim;
     count(be, OP_INDEXER, 2.0 * Hi * Di * keys + 3.0 * Hi * keys,
           4.0 * batch_ctx(b) * Di + 4.0 * b->n_tokens * (Hi * Di + Hi) + 4.0 * b->n_tokens * c->index_topk);

@@ -5,7 +5,9 @@
  *
  * All activations are float32 in the backend's memory (host for cpu, device for cuda), row
  * major, with an explicit leading dimension (ld, in elements) where rows may be strided.
- * Shape letters are those of model.h. */
+ * Shape letters are those of model.h. Ops that read a Batch get it twice: hb on the host (for
+ * the counts) and db, the same batch with its arrays in the backend's memory (for the work);
+ * on the cpu backend they are the same. */
 #ifndef MOESERVE_BACKEND_H
 #define MOESERVE_BACKEND_H
 
@@ -96,6 +98,7 @@ typedef struct {
 
 struct Backend {
     const char *name;          /* "cpu", "cuda" */
+    int host_memory;           /* 1: backend memory is host memory (cpu) */
     const BackendOps *ops;
     OpStat stats[OP_COUNT];    /* accumulated since the last backend_reset_stats */
     int n_threads;             /* cpu: OpenMP threads */
@@ -146,18 +149,18 @@ void be_router(Backend *be, int *idx, float *wts, const float *logits, const flo
 void be_moe(Backend *be, float *out, const float *x, const int *idx, const float *wts, int T,
             const LayerWeights *lw, const ModelConfig *c);
 /* GQA causal attention over the paged cache: out[T, H*Dh] from q[T, H*Dh] (roped). */
-void be_attention_gqa(Backend *be, float *out, const float *q, const KVLayer *kv, const Batch *b,
-                      const ModelConfig *c);
+void be_attention_gqa(Backend *be, float *out, const float *q, const KVLayer *kv, const Batch *hb,
+                      const Batch *db, const ModelConfig *c);
 /* MLA attention, absorbed form (§1.5.3): q[T, H*(Dn+Dr)] (q_pe roped); the cache holds the
  * normed latent and the roped k_pe; out[T, H*Dv]. topk[T, ktop] (positions, -1 padded) limits
  * each query to the indexer's selection; NULL means every causal key. */
 void be_attention_mla(Backend *be, float *out, const float *q, const KVLayer *kv,
-                      const QTensor *wkv_b, const int *topk, int ktop, const Batch *b,
-                      const ModelConfig *c);
+                      const QTensor *wkv_b, const int *topk, int ktop, const Batch *hb,
+                      const Batch *db, const ModelConfig *c);
 /* DSA indexer (§1.5.4): I(s,t) = sum_h w[s,h] * relu(q[s,h] . k[t]) * Di^-0.5 over the cached
  * keys t <= pos(s); topk[s, 0..Ki) = positions of the min(Ki, pos+1) best, ties to the lowest
  * position, -1 padded. w[T, Hi] is weights_proj(x); the op applies Hi^-0.5 and Di^-0.5. */
 void be_indexer(Backend *be, int *topk, const float *q, const float *w, const KVLayer *kv,
-                const Batch *b, const ModelConfig *c);
+                const Batch *hb, const Batch *db, const ModelConfig *c);
 
 #endif

@@ -6,14 +6,12 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include <stdnoreturn.h>
 
 /* Stop with "error: file:line: message" (a bug or a broken environment). */
 #define die(...) util_die(__FILE__, __LINE__, __VA_ARGS__)
 /* Stop with "error: message" (a bad input file or option: the message names the file). */
-noreturn void fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-noreturn void util_die(const char *file, int line, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+void fatal(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+void util_die(const char *file, int line, const char *fmt, ...) __attribute__((noreturn, format(printf, 3, 4)));
 /* CHECK(cond, "what failed: %s", why): die unless cond holds. */
 #define CHECK(cond, ...) do { if (!(cond)) die(__VA_ARGS__); } while (0)
 

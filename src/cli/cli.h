@@ -8,6 +8,17 @@ int cmd_logits(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_detokenize(int argc, char **argv);
+
+/* The backend of --device cpu|cuda|cuda:N (NULL: cuda when built with it and a GPU is present,
+ * else cpu), and the model's weights where that backend reads them (device_model: the host
+ * model itself on the cpu, an uploaded copy on a GPU). */
+#include "../backend/backend.h"
+const char *device_default(void);
+void device_open(Backend *be, const char *device, int threads);
+void device_model(Model *dev, const Model *host, Backend *be);
+void device_model_free(Model *dev, Backend *be);
 
 /* Option parsing: opt_* look at argv[*i]; if it is `--name` they consume its value
  * (argv[*i + 1]), store it and return 1; a missing or malformed value is a fatal error naming

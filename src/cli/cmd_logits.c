@@ -3,7 +3,6 @@
  * row per input position (DESIGN.md §3). --chunk N feeds the prompt through the paged KV cache
  * N tokens at a time (1 = the pure decode path); every chunk size gives the same logits. */
 #include <errno.h>
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,11 +58,6 @@ int cmd_logits(int argc, char **argv)
         fprintf(stderr, "error: logits: --model, --tokens and --out are required\nusage: %s\n", LOGITS_USAGE);
         return 2;
     }
-    if (!device) device = "cpu"; /* the CUDA backend (#4) will become the default when a GPU is present */
-    if (strcmp(device, "cpu") != 0) {
-        if (strcmp(device, "cuda") == 0) fatal("logits: --device cuda: this build has no CUDA forward yet (issue #4); use --device cpu");
-        fatal("logits: --device '%s': expected cpu or cuda", device);
-    }
     if (tp != 1 || pp != 1 || ep != 1) fatal("logits: --tp/--pp/--ep: parallel layouts are not available yet (issue #8)");
 
     Model m;
@@ -75,13 +69,15 @@ int cmd_logits(int argc, char **argv)
     if (chunk <= 0 || chunk > T) chunk = T;
 
     Backend be;
-    backend_cpu_init(&be, threads > 0 ? threads : omp_get_max_threads());
+    device_open(&be, device, threads);
+    Model dm;
+    device_model(&dm, &m, &be);
     KVCache kv;
     kv_cache_init(&kv, &m.cfg, &be, block_size, (T + block_size - 1) / block_size);
     BlockTable bt = {0};
     if (block_table_reserve(&bt, &kv, T) < 0) die("kv cache sized for %d tokens ran out", T);
     Forward f;
-    forward_init(&f, &m, &be, chunk, chunk);
+    forward_init(&f, &dm, &be, chunk, chunk, 1, bt.n_blocks);
 
     FILE *out = fopen(out_path, "wb");
     if (!out) fatal("logits: cannot write %s: %s", out_path, strerror(errno));
@@ -89,7 +85,6 @@ int cmd_logits(int argc, char **argv)
     float *logits = xmalloc((size_t)chunk * V * sizeof(float));
     int *pos = xmalloc(chunk * sizeof(int)), *seq = xcalloc(chunk, sizeof(int)), *slot = xmalloc(chunk * sizeof(int));
     int *out_idx = xmalloc(chunk * sizeof(int));
-    const int *tables[1] = {bt.blocks};
     double t0 = clock_now();
     for (int s0 = 0; s0 < T; s0 += chunk) {
         int n = T - s0 < chunk ? T - s0 : chunk;
@@ -100,7 +95,7 @@ int cmd_logits(int argc, char **argv)
         }
         int seq_start = 0, seq_ntok = n, ctx = s0 + n;
         Batch b = {.n_tokens = n, .tokens = ids + s0, .pos = pos, .seq = seq, .slot = slot, .n_seqs = 1,
-                   .seq_start = &seq_start, .seq_ntok = &seq_ntok, .ctx_len = &ctx, .block_table = tables,
+                   .seq_start = &seq_start, .seq_ntok = &seq_ntok, .ctx_len = &ctx, .block_table = bt.blocks, .bt_stride = bt.n_blocks,
                    .n_out = n, .out_idx = out_idx};
         forward_run(&f, &b, &kv, logits);
         if (fwrite(logits, sizeof(float), (size_t)n * V, out) != (size_t)n * V)
@@ -114,6 +109,7 @@ int cmd_logits(int argc, char **argv)
     forward_free(&f);
     block_table_release(&bt, &kv);
     kv_cache_free(&kv);
+    device_model_free(&dm, &be);
     backend_free(&be);
     model_free(&m);
     return 0;

@@ -8,10 +8,25 @@
 
 static int imax(int a, int b) { return a > b ? a : b; }
 
-void forward_init(Forward *f, const Model *m, Backend *be, int max_tokens, int max_out)
+void forward_init(Forward *f, const Model *m, Backend *be, int max_tokens, int max_out, int max_seqs,
+                  int max_blocks)
 {
     const ModelConfig *c = &m->cfg;
-    *f = (Forward){.m = m, .be = be, .max_tokens = max_tokens, .max_out = max_out};
+    *f = (Forward){.m = m, .be = be, .max_tokens = max_tokens, .max_out = max_out, .max_seqs = max_seqs,
+                   .max_blocks = max_blocks};
+    if (!be->host_memory) {
+        Batch *d = &f->dbuf;
+        size_t ti = (size_t)max_tokens * sizeof(int), si = (size_t)max_seqs * sizeof(int);
+        d->tokens = be_alloc(be, ti);
+        d->pos = be_alloc(be, ti);
+        d->seq = be_alloc(be, ti);
+        d->slot = be_alloc(be, ti);
+        d->seq_start = be_alloc(be, si);
+        d->seq_ntok = be_alloc(be, si);
+        d->ctx_len = be_alloc(be, si);
+        d->block_table = be_alloc(be, si * max_blocks);
+        d->out_idx = be_alloc(be, (size_t)max_out * sizeof(int));
+    }
     size_t T = max_tokens, F4 = sizeof(float);
     int D = c->hidden, H = c->n_heads;
     int qdim = H * imax(c->head_dim, c->qk_nope_dim + c->qk_rope_dim);
@@ -53,10 +68,41 @@ void forward_init(Forward *f, const Model *m, Backend *be, int max_tokens, int m
 void forward_free(Forward *f)
 {
     if (!f->be) return;
+    Batch *d = &f->dbuf;
+    void *dev[] = {d->tokens, d->pos, d->seq, d->slot, d->seq_start, d->seq_ntok, d->ctx_len, d->block_table, d->out_idx};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) be_free(f->be, dev[i]);
     void *bufs[] = {f->inv_freq, f->h, f->a, f->qa, f->q, f->k, f->v, f->attn, f->iq, f->ik, f->iw, f->topk,
                     f->g, f->u, f->ffn, f->ffn2, f->rlogits, f->ridx, f->rwts, f->out_h, f->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be_free(f->be, bufs[i]);
     *f = (Forward){0};
+}
+
+/* The batch with its arrays in backend memory: the host batch itself on the cpu backend, else
+ * copies in the fixed device buffers (so that a captured graph reads the same addresses). */
+static const Batch *forward_upload(Forward *f, const Batch *b)
+{
+    Backend *be = f->be;
+    if (be->host_memory) return b;
+    CHECK(b->n_seqs <= f->max_seqs && b->bt_stride <= f->max_blocks, "forward: %d sequences x %d blocks, limit %d x %d",
+          b->n_seqs, b->bt_stride, f->max_seqs, f->max_blocks);
+    Batch *d = &f->dbuf;
+    size_t ti = (size_t)b->n_tokens * sizeof(int), si = (size_t)b->n_seqs * sizeof(int);
+    be_to_device(be, d->tokens, b->tokens, ti);
+    be_to_device(be, d->pos, b->pos, ti);
+    be_to_device(be, d->seq, b->seq, ti);
+    be_to_device(be, d->slot, b->slot, ti);
+    be_to_device(be, d->seq_start, b->seq_start, si);
+    be_to_device(be, d->seq_ntok, b->seq_ntok, si);
+    be_to_device(be, d->ctx_len, b->ctx_len, si);
+    be_to_device(be, d->block_table, b->block_table, si * b->bt_stride);
+    if (b->n_out) be_to_device(be, d->out_idx, b->out_idx, (size_t)b->n_out * sizeof(int));
+    d->n_tokens = b->n_tokens;
+    d->n_seqs = b->n_seqs;
+    d->n_out = b->n_out;
+    d->bt_stride = b->bt_stride;
+    d->max_ctx = 0;
+    for (int s = 0; s < b->n_seqs; s++) d->max_ctx = b->ctx_len[s] > d->max_ctx ? b->ctx_len[s] : d->max_ctx;
+    return d;
 }
 
 void forward_run(Forward *f, const Batch *b, KVCache *kv, float *logits_out)
@@ -66,16 +112,18 @@ void forward_run(Forward *f, const Batch *b, KVCache *kv, float *logits_out)
     Backend *be = f->be;
     CHECK(b->n_tokens > 0 && b->n_tokens <= f->max_tokens, "forward: %d tokens, limit %d", b->n_tokens, f->max_tokens);
     CHECK(b->n_out >= 0 && b->n_out <= f->max_out, "forward: %d logits rows, limit %d", b->n_out, f->max_out);
-    be_embed(be, f->h, b->tokens, b->n_tokens, &m->embed);
+    f->hb = b;
+    f->db = forward_upload(f, b);
+    be_embed(be, f->h, f->db->tokens, b->n_tokens, &m->embed);
     for (int l = 0; l < c->n_layers; l++) {
         if (model_is_mla(c))
-            glm5_attention(f, l, b, kv);
+            glm5_attention(f, l, kv);
         else
-            glm4_moe_attention(f, l, b, kv);
-        moe_ffn(f, l, b);
+            glm4_moe_attention(f, l, kv);
+        moe_ffn(f, l);
     }
     if (b->n_out == 0) return;
-    be_get_rows(be, f->out_h, f->h, c->hidden, b->out_idx, b->n_out, c->hidden);
+    be_get_rows(be, f->out_h, f->h, c->hidden, f->db->out_idx, b->n_out, c->hidden);
     be_rmsnorm(be, f->out_h, c->hidden, f->out_h, c->hidden, m->final_norm, b->n_out, c->hidden, c->rms_eps);
     be_matmul(be, OP_GEMM_LM_HEAD, f->logits, c->vocab, f->out_h, c->hidden, b->n_out, &m->lm_head, NULL);
     if (logits_out) be_to_host(be, logits_out, f->logits, (size_t)b->n_out * c->vocab * sizeof(float));

@@ -14,6 +14,11 @@ typedef struct {
     Backend *be;               /* borrowed */
     int max_tokens;            /* T limit per forward */
     int max_out;               /* logits rows limit per forward */
+    int max_seqs;              /* S limit per forward */
+    int max_blocks;            /* block-table row length limit */
+    const Batch *hb;           /* the batch being run, on the host (borrowed, during forward_run) */
+    const Batch *db;           /* the same batch with its arrays in backend memory */
+    Batch dbuf;                /* device copies of the batch arrays (non-host backends) */
     float *inv_freq;           /* [rotary_dim / 2] RoPE frequencies (backend memory) */
     float rope_scale;          /* cos/sin factor (YaRN attention factor; 1 otherwise) */
     /* activations (backend memory) */
@@ -37,7 +42,8 @@ typedef struct {
     float *logits;             /* [max_out, V] */
 } Forward;
 
-void forward_init(Forward *f, const Model *m, Backend *be, int max_tokens, int max_out);
+void forward_init(Forward *f, const Model *m, Backend *be, int max_tokens, int max_out, int max_seqs,
+                  int max_blocks);
 void forward_free(Forward *f);
 /* Run the batch; writes logits [b->n_out, V] to the host buffer logits_out (may be NULL). */
 void forward_run(Forward *f, const Batch *b, KVCache *kv, float *logits_out);
@@ -48,8 +54,8 @@ void forward_run(Forward *f, const Batch *b, KVCache *kv, float *logits_out);
 void rope_init(const ModelConfig *c, float *inv_freq, float *scale);
 
 /* The per-architecture blocks (h += Attn(norm(h))), and the shared FFN (h += FFN(norm(h))). */
-void glm4_moe_attention(Forward *f, int layer, const Batch *b, KVCache *kv);
-void glm5_attention(Forward *f, int layer, const Batch *b, KVCache *kv);
-void moe_ffn(Forward *f, int layer, const Batch *b);
+void glm4_moe_attention(Forward *f, int layer, KVCache *kv);
+void glm5_attention(Forward *f, int layer, KVCache *kv);
+void moe_ffn(Forward *f, int layer);
 
 #endif

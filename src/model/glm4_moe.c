@@ -3,8 +3,9 @@
  * K and V written to the paged cache, causal attention, o_proj without bias. */
 #include "forward.h"
 
-void glm4_moe_attention(Forward *f, int layer, const Batch *b, KVCache *kv)
+void glm4_moe_attention(Forward *f, int layer, KVCache *kv)
 {
+    const Batch *b = f->hb, *db = f->db;
     const ModelConfig *c = &f->m->cfg;
     const LayerWeights *w = &f->m->layers[layer];
     Backend *be = f->be;
@@ -19,13 +20,13 @@ void glm4_moe_attention(Forward *f, int layer, const Batch *b, KVCache *kv)
         be_rmsnorm(be, f->q, Dh, f->q, Dh, w->q_norm, T * H, Dh, c->rms_eps);
         be_rmsnorm(be, f->k, Dh, f->k, Dh, w->k_norm, T * Hkv, Dh, c->rms_eps);
     }
-    be_rope(be, f->q, qd, T, H, Dh, 0, c->rotary_dim, b->pos, f->inv_freq, f->rope_scale, c->rope_interleave);
-    be_rope(be, f->k, kd, T, Hkv, Dh, 0, c->rotary_dim, b->pos, f->inv_freq, f->rope_scale, c->rope_interleave);
+    be_rope(be, f->q, qd, T, H, Dh, 0, c->rotary_dim, db->pos, f->inv_freq, f->rope_scale, c->rope_interleave);
+    be_rope(be, f->k, kd, T, Hkv, Dh, 0, c->rotary_dim, db->pos, f->inv_freq, f->rope_scale, c->rope_interleave);
 
     KVLayer *L = &kv->layers[layer];
-    be_kv_write(be, L->kv, L->kv_width, 0, f->k, kd, kd, b->slot, T);
-    be_kv_write(be, L->kv, L->kv_width, kd, f->v, kd, kd, b->slot, T);
-    be_attention_gqa(be, f->attn, f->q, L, b, c);
+    be_kv_write(be, L->kv, L->kv_width, 0, f->k, kd, kd, db->slot, T);
+    be_kv_write(be, L->kv, L->kv_width, kd, f->v, kd, kd, db->slot, T);
+    be_attention_gqa(be, f->attn, f->q, L, b, db, c);
     be_matmul(be, OP_GEMM_ATTN, f->a, D, f->attn, qd, T, &w->wo, NULL);
     be_add(be, f->h, f->h, f->a, (size_t)T * D);
 }

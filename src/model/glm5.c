@@ -9,8 +9,9 @@
 #define MLA_NORM_EPS 1e-6f
 #define INDEXER_NORM_EPS 1e-6f
 
-void glm5_attention(Forward *f, int layer, const Batch *b, KVCache *kv)
+void glm5_attention(Forward *f, int layer, KVCache *kv)
 {
+    const Batch *b = f->hb, *db = f->db;
     const ModelConfig *c = &f->m->cfg;
     const LayerWeights *w = &f->m->layers[layer];
     Backend *be = f->be;
@@ -27,29 +28,29 @@ void glm5_attention(Forward *f, int layer, const Batch *b, KVCache *kv)
         qin_dim = R;
     }
     be_matmul(be, OP_GEMM_ATTN, f->q, qd, qin, qin_dim, T, &w->wq_b, NULL);
-    be_rope(be, f->q, qd, T, H, Dq, c->qk_nope_dim, Dr, b->pos, f->inv_freq, f->rope_scale, c->rope_interleave);
+    be_rope(be, f->q, qd, T, H, Dq, c->qk_nope_dim, Dr, db->pos, f->inv_freq, f->rope_scale, c->rope_interleave);
     be_matmul(be, OP_GEMM_ATTN, f->k, kvd, f->a, D, T, &w->wkv_a, NULL);
     be_rmsnorm(be, f->k, kvd, f->k, kvd, w->kv_a_norm, T, C, MLA_NORM_EPS);
-    be_rope(be, f->k, kvd, T, 1, kvd, C, Dr, b->pos, f->inv_freq, f->rope_scale, c->rope_interleave);
+    be_rope(be, f->k, kvd, T, 1, kvd, C, Dr, db->pos, f->inv_freq, f->rope_scale, c->rope_interleave);
     KVLayer *L = &kv->layers[layer];
-    be_kv_write(be, L->kv, L->kv_width, 0, f->k, kvd, kvd, b->slot, T);
+    be_kv_write(be, L->kv, L->kv_width, 0, f->k, kvd, kvd, db->slot, T);
 
     const int *topk = NULL;
     if (c->layer_indexer[layer] == INDEXER_FULL) {
         int Hi = c->index_n_heads, Di = c->index_head_dim;
         be_matmul(be, OP_GEMM_INDEXER, f->iq, Hi * Di, f->qa, R, T, &w->idx_wq_b, NULL);
-        be_rope(be, f->iq, Hi * Di, T, Hi, Di, 0, Dr, b->pos, f->inv_freq, f->rope_scale, c->indexer_rope_interleave);
+        be_rope(be, f->iq, Hi * Di, T, Hi, Di, 0, Dr, db->pos, f->inv_freq, f->rope_scale, c->indexer_rope_interleave);
         be_matmul(be, OP_GEMM_INDEXER, f->ik, Di, f->a, D, T, &w->idx_wk, NULL);
         be_layernorm(be, f->ik, Di, f->ik, Di, w->idx_norm_w, w->idx_norm_b, T, Di, INDEXER_NORM_EPS);
-        be_rope(be, f->ik, Di, T, 1, Di, 0, Dr, b->pos, f->inv_freq, f->rope_scale, c->indexer_rope_interleave);
-        be_kv_write(be, L->idx, L->idx_width, 0, f->ik, Di, Di, b->slot, T);
+        be_rope(be, f->ik, Di, T, 1, Di, 0, Dr, db->pos, f->inv_freq, f->rope_scale, c->indexer_rope_interleave);
+        be_kv_write(be, L->idx, L->idx_width, 0, f->ik, Di, Di, db->slot, T);
         be_matmul(be, OP_GEMM_INDEXER, f->iw, Hi, f->a, D, T, &w->idx_wproj, NULL);
-        be_indexer(be, f->topk, f->iq, f->iw, L, b, c);
+        be_indexer(be, f->topk, f->iq, f->iw, L, b, db, c);
         topk = f->topk;
     } else if (c->layer_indexer[layer] == INDEXER_SHARED) {
         topk = f->topk; /* the previous full layer's selection */
     }
-    be_attention_mla(be, f->attn, f->q, L, &w->wkv_b, topk, c->index_topk, b, c);
+    be_attention_mla(be, f->attn, f->q, L, &w->wkv_b, topk, c->index_topk, b, db, c);
     be_matmul(be, OP_GEMM_ATTN, f->a, D, f->attn, H * c->v_head_dim, T, &w->wo, NULL);
     be_add(be, f->h, f->h, f->a, (size_t)T * D);
 }

@@ -17,6 +17,8 @@
 #include "../format/safetensors.h"
 
 #define MODEL_MAX_LAYERS 256
+
+struct Backend; /* backend.h */
 #define MODEL_MAX_EOS 8
 
 typedef enum {
@@ -129,6 +131,8 @@ typedef struct {
     float *router_bias;        /* [E] e_score_correction_bias, or NULL */
     QTensor *exp_gate, *exp_up; /* [E] of [F, D] */
     QTensor *exp_down;         /* [E] of [D, F] */
+    const QTensor *exp_table;  /* [3, E] gate, up, down QTensors in backend memory (device
+                                  backends; the kernels read it), NULL on the cpu */
     QTensor sh_gate, sh_up;    /* [F*n_shared, D] */
     QTensor sh_down;           /* [D, F*n_shared] */
 } LayerWeights;
@@ -140,6 +144,7 @@ typedef struct {
     QTensor lm_head;           /* [V, D] */
     float *final_norm;         /* [D] */
     LayerWeights *layers;      /* [L] */
+    void *dev_buffer;          /* uploaded models: the one backend allocation holding every weight */
     double bytes_by_format[QF_COUNT]; /* weight bytes loaded per storage format */
     int64_t params_by_format[QF_COUNT];
 } Model;
@@ -155,6 +160,12 @@ void model_load(Model *m, const char *dir);
 int load_qtensor(const SafeTensors *st, const char *prefix, QTensor *w, char *err, size_t errlen);
 void model_free(Model *m);
 
+/* The weights of src copied into backend memory in one allocation (repacked per format as the
+ * backend's kernels want them), for backends whose memory is not the host's. dst shares
+ * nothing with src; free it with model_upload_free. */
+void model_upload(Model *dst, const Model *src, struct Backend *be);
+void model_upload_free(Model *m, struct Backend *be);
+
 /* ---- Batch: the tokens of one forward step over the paged KV cache ---- */
 
 typedef struct {
@@ -168,7 +179,9 @@ typedef struct {
                                   tokens are contiguous and at consecutive positions */
     int *seq_ntok;             /* [S] tokens of the sequence in this batch */
     int *ctx_len;              /* [S] tokens in the KV cache after this step (last pos + 1) */
-    const int *const *block_table; /* [S] borrowed: each [ceil(ctx_len / block_size)] block ids */
+    int *block_table;          /* [S, bt_stride] block ids; row s covers ctx_len[s] positions */
+    int bt_stride;             /* block-table row length (max blocks per sequence) */
+    int max_ctx;               /* max of ctx_len (set by forward_run) */
     int n_out;                 /* rows that produce logits */
     int *out_idx;              /* [n_out] token index of each logits row */
 } Batch;

@@ -15,8 +15,9 @@ static void swiglu_mlp(Forward *f, float *out, const float *x, int T, const QTen
     be_matmul(be, OP_GEMM_MLP, out, D, f->g, Fw, T, down, NULL);
 }
 
-void moe_ffn(Forward *f, int layer, const Batch *b)
+void moe_ffn(Forward *f, int layer)
 {
+    const Batch *b = f->hb;
     const ModelConfig *c = &f->m->cfg;
     const LayerWeights *w = &f->m->layers[layer];
     Backend *be = f->be;

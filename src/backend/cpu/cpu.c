@@ -81,6 +81,7 @@ void backend_cpu_init(Backend *be, int n_threads)
 {
     *be = (Backend){0};
     be->name = "cpu";
+    be->host_memory = 1;
     be->ops = &cpu_ops;
     be->n_threads = n_threads > 0 ? n_threads : 1;
 }

@@ -41,7 +41,7 @@ void indexer_cpu(Backend *be, int *topk, const float *q, const float *w, const K
 /* Slot of position p of sequence s in the batch's paged cache. */
 static inline int cpu_slot(const Batch *b, int s, int p, int block_size)
 {
-    return b->block_table[s][p / block_size] * block_size + p % block_size;
+    return b->block_table[(int64_t)s * b->bt_stride + p / block_size] * block_size + p % block_size;
 }
 
 #endif

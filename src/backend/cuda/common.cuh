@@ -1,0 +1,153 @@
+/* common.cuh: what every CUDA op file shares: error checks, the backend's private state, the
+ * device decode of a QTensor element (the twin of qtensor_decode), block reductions. */
+#ifndef MOESERVE_CUDA_COMMON_CUH
+#define MOESERVE_CUDA_COMMON_CUH
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "../../base/util.h"
+#include "../backend.h"
+#include "cuda.h"
+}
+
+#define CUDA_CHECK(call) do { cudaError_t e_ = (call); \
+    if (e_ != cudaSuccess) die("CUDA: %s: %s", #call, cudaGetErrorString(e_)); } while (0)
+#define CUBLAS_CHECK(call) do { cublasStatus_t s_ = (call); \
+    if (s_ != CUBLAS_STATUS_SUCCESS) die("cuBLASLt: %s: status %d", #call, (int)s_); } while (0)
+
+/* After every launch: the launch error, and with MOESERVE_SYNC=1 the kernel's own fault. */
+void cuda_launch_check(const char *kernel, const char *file, int line);
+#define LAUNCH_CHECK(name) cuda_launch_check(name, __FILE__, __LINE__)
+
+#define CUDA_SCRATCH_SLOTS 16
+
+typedef struct {
+    int device;
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+    void *lt_ws;                          /* cuBLASLt workspace */
+    size_t lt_ws_size;
+    void *scratch[CUDA_SCRATCH_SLOTS];    /* grow-only scratch buffers */
+    size_t scratch_cap[CUDA_SCRATCH_SLOTS];
+    int sync;                             /* MOESERVE_SYNC=1 */
+} CudaState;
+
+static inline CudaState *cuda_state(Backend *be) { return (CudaState *)be->impl; }
+static inline cudaStream_t cuda_stream(Backend *be) { return cuda_state(be)->stream; }
+/* A grow-only device buffer for one op's temporaries (slots are per op file, see cuda.cu). */
+void *cuda_scratch(Backend *be, int slot, size_t bytes);
+enum { SCR_MM_X = 0, SCR_MM_Y, SCR_MOE_COUNT, SCR_MOE_ROWS, SCR_MOE_H, SCR_MOE_U, SCR_MOE_Y, SCR_MOE_TILES,
+       SCR_IDX_SCORES, SCR_MOE_TABLE };
+
+static inline int cdiv(long a, long b) { return (int)((a + b - 1) / b); }
+
+/* ---- device decode of stored weights (the twin of qtensor_decode, same operation order) ---- */
+
+__device__ __forceinline__ float e4m3_dec(uint8_t b)
+{
+    int e = (b >> 3) & 15, m = b & 7;
+    float v;
+    if (e == 0) v = ldexpf((float)m, -9);                 /* subnormal: m/8 * 2^-6 */
+    else if (e == 15 && m == 7) v = __int_as_float(0x7fc00000);
+    else v = ldexpf((float)(8 + m), e - 10);              /* (1 + m/8) * 2^(e-7) */
+    return (b & 0x80) ? -v : v;
+}
+
+__device__ __forceinline__ float e2m1_dec(int code)
+{
+    /* magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 (SPEC §3.3) */
+    const float mag[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
+    float v = mag[code & 7];
+    return (code & 8) ? -v : v;
+}
+
+/* W[r, k] of a QTensor whose pointers are device pointers. */
+__device__ __forceinline__ float qt_elem(const QTensor &w, int64_t r, int64_t k)
+{
+    int64_t K = w.cols;
+    switch (w.fmt) {
+    case QF_F32: return ((const float *)w.data)[r * K + k];
+    case QF_BF16: return __bfloat162float(((const __nv_bfloat16 *)w.data)[r * K + k]);
+    case QF_F16: return __half2float(((const __half *)w.data)[r * K + k]);
+    case QF_FP8: return e4m3_dec(w.data[r * K + k]) * w.gscale;
+    case QF_FP8_BLOCK: {
+        int64_t gk = (K + 127) / 128, idx = ((w.scale_row_off + r) / 128) * gk + k / 128;
+        float s = w.scale_dtype == DT_BF16 ? __bfloat162float(((const __nv_bfloat16 *)w.scale)[idx])
+                                           : ((const float *)w.scale)[idx];
+        return e4m3_dec(w.data[r * K + k]) * s;
+    }
+    case QF_NVFP4: {
+        uint8_t byte = w.data[r * (K / 2) + k / 2];
+        float bs = e4m3_dec(w.scale[r * (K / 16) + k / 16]);
+        return e2m1_dec((k & 1) ? byte >> 4 : byte & 15) * (bs * w.gscale);
+    }
+    default: return 0.f;
+    }
+}
+
+/* Block-wide sum / max for blockDim.x a multiple of 32 (<= 1024); every thread gets the result. */
+__device__ __forceinline__ float warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
+    return v;
+}
+__device__ __forceinline__ float block_sum(float v, float *red /* [32] shared */)
+{
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) red[wid] = v;
+    __syncthreads();
+    v = lane < nw ? red[lane] : 0.f;
+    return warp_sum(v);
+}
+__device__ __forceinline__ float block_max(float v, float *red)
+{
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) red[wid] = v;
+    __syncthreads();
+    v = lane < nw ? red[lane] : -INFINITY;
+    return warp_max(v);
+}
+
+/* Slot of position p of sequence s in a device batch. */
+__device__ __forceinline__ int batch_slot(const int *block_table, int bt_stride, int s, int p, int bs)
+{
+    return block_table[(int64_t)s * bt_stride + p / bs] * bs + p % bs;
+}
+
+/* The ops (cuda twins of the *_cpu functions, same arguments). */
+void embed_cuda(Backend *be, float *out, const int *tokens, int T, const QTensor *emb);
+void rmsnorm_cuda(Backend *be, float *out, int ldo, const float *x, int ldx, const float *w, int rows, int dim, float eps);
+void layernorm_cuda(Backend *be, float *out, int ldo, const float *x, int ldx, const float *w, const float *b,
+                    int rows, int dim, float eps);
+void rope_cuda(Backend *be, float *x, int ld, int T, int n_heads, int head_stride, int rot_off, int rot_dim,
+               const int *pos, const float *inv_freq, float scale, int interleave);
+void add_cuda(Backend *be, float *out, const float *a, const float *b, size_t n);
+void get_rows_cuda(Backend *be, float *out, const float *x, int ld, const int *rows, int n, int dim);
+void swiglu_cuda(Backend *be, float *out, const float *gate, const float *up, int T, int F);
+void kv_write_cuda(Backend *be, float *cache, int width, int off, const float *src, int ld, int n, const int *slot, int T);
+void matmul_cuda(Backend *be, float *out, int ldo, const float *x, int ldx, int T, const QTensor *w, const float *bias);
+void router_cuda(Backend *be, int *idx, float *wts, const float *logits, const float *bias, int T, const ModelConfig *c);
+int moe_cuda(Backend *be, float *out, const float *x, const int *idx, const float *wts, int T,
+             const LayerWeights *lw, const ModelConfig *c);
+void attention_gqa_cuda(Backend *be, float *out, const float *q, const KVLayer *kv, const Batch *b, const ModelConfig *c);
+void attention_mla_cuda(Backend *be, float *out, const float *q, const KVLayer *kv, const QTensor *wkv_b,
+                        const int *topk, int ktop, const Batch *b, const ModelConfig *c);
+void indexer_cuda(Backend *be, int *topk, const float *q, const float *w, const KVLayer *kv, const Batch *b,
+                  const ModelConfig *c);
+/* Grouped GEMM of the MoE path over a device tile schedule (moe.cu uses matmul.cu's tile code). */
+
+#endif

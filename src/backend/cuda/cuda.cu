@@ -1,0 +1,130 @@
+/* cuda: the CUDA backend's state, memory and op table (cuda.h). One stream per backend; every
+ * op is asynchronous on it; copies to the host synchronise. Device memory comes from
+ * cudaMalloc at start-up (weights, KV pool, activations) plus grow-only scratch buffers that
+ * reach their size on the first steps. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.cuh"
+
+extern "C" int cuda_device_count(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError(); /* no driver or no device: clear the sticky error */
+        return 0;
+    }
+    return n;
+}
+
+extern "C" void cuda_device_name(int device, char *buf, size_t n)
+{
+    cudaDeviceProp p;
+    if (cudaGetDeviceProperties(&p, device) != cudaSuccess) {
+        snprintf(buf, n, "CUDA device %d (unavailable)", device);
+        return;
+    }
+    snprintf(buf, n, "%s, %d SMs, %.1f GiB, sm_%d%d", p.name, p.multiProcessorCount,
+             p.totalGlobalMem / (1024.0 * 1024 * 1024), p.major, p.minor);
+}
+
+void cuda_launch_check(const char *kernel, const char *file, int line)
+{
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) util_die(file, line, "CUDA: launch of %s: %s", kernel, cudaGetErrorString(e));
+    static int sync = -1;
+    if (sync < 0) {
+        const char *s = getenv("MOESERVE_SYNC");
+        sync = s && *s == '1';
+    }
+    if (sync) {
+        e = cudaDeviceSynchronize();
+        if (e != cudaSuccess) util_die(file, line, "CUDA: %s failed: %s", kernel, cudaGetErrorString(e));
+    }
+}
+
+void *cuda_scratch(Backend *be, int slot, size_t bytes)
+{
+    CudaState *s = cuda_state(be);
+    if (bytes > s->scratch_cap[slot]) {
+        CUDA_CHECK(cudaStreamSynchronize(s->stream));
+        if (s->scratch[slot]) CUDA_CHECK(cudaFree(s->scratch[slot]));
+        size_t cap = bytes + bytes / 4 + 256;
+        CUDA_CHECK(cudaMalloc(&s->scratch[slot], cap));
+        s->scratch_cap[slot] = cap;
+    }
+    return s->scratch[slot];
+}
+
+static void *cuda_alloc(Backend *be, size_t bytes)
+{
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        die("CUDA: out of device memory allocating %.2f GiB (%.2f GiB free of %.2f GiB)", bytes / 1073741824.0,
+            fr / 1073741824.0, tot / 1073741824.0);
+    }
+    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, cuda_stream(be)));
+    return p;
+}
+
+static void cuda_free(Backend *be, void *p)
+{
+    CUDA_CHECK(cudaStreamSynchronize(cuda_stream(be)));
+    CUDA_CHECK(cudaFree(p));
+}
+
+static void cuda_to_host(Backend *be, void *dst, const void *src, size_t bytes)
+{
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cuda_stream(be)));
+    CUDA_CHECK(cudaStreamSynchronize(cuda_stream(be)));
+}
+
+static void cuda_to_device(Backend *be, void *dst, const void *src, size_t bytes)
+{
+    /* host memory is pageable: the copy is complete for the source when this returns */
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cuda_stream(be)));
+    CUDA_CHECK(cudaStreamSynchronize(cuda_stream(be)));
+}
+
+static void cuda_destroy(Backend *be)
+{
+    CudaState *s = cuda_state(be);
+    if (!s) return;
+    cudaStreamSynchronize(s->stream);
+    for (int i = 0; i < CUDA_SCRATCH_SLOTS; i++)
+        if (s->scratch[i]) cudaFree(s->scratch[i]);
+    if (s->lt_ws) cudaFree(s->lt_ws);
+    if (s->lt) cublasLtDestroy(s->lt);
+    cudaStreamDestroy(s->stream);
+    free(s);
+    be->impl = NULL;
+}
+
+static const BackendOps cuda_ops = {
+    cuda_alloc, cuda_free, cuda_destroy, embed_cuda, rmsnorm_cuda, layernorm_cuda, rope_cuda, add_cuda,
+    get_rows_cuda, cuda_to_host, cuda_to_device, swiglu_cuda, kv_write_cuda, matmul_cuda, router_cuda,
+    moe_cuda, attention_gqa_cuda, attention_mla_cuda, indexer_cuda,
+};
+
+extern "C" void backend_cuda_init(Backend *be, int device)
+{
+    int n = cuda_device_count();
+    if (n == 0) fatal("--device cuda: no CUDA device is available (no driver, or no GPU)");
+    if (device < 0 || device >= n) fatal("--device cuda: device %d does not exist (%d found)", device, n);
+    CUDA_CHECK(cudaSetDevice(device));
+    CudaState *s = (CudaState *)xcalloc(1, sizeof *s);
+    s->device = device;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
+    CUBLAS_CHECK(cublasLtCreate(&s->lt));
+    s->lt_ws_size = 32u << 20;
+    CUDA_CHECK(cudaMalloc(&s->lt_ws, s->lt_ws_size));
+    *be = (Backend){};
+    be->name = "cuda";
+    be->host_memory = 0;
+    be->ops = &cuda_ops;
+    be->n_threads = 1;
+    be->impl = s;
+}

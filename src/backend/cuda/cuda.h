@@ -1,0 +1,24 @@
+/* cuda.h: the CUDA backend, seen from C. The only GPU header C code includes. Built when nvcc
+ * is found (MOESERVE_CUDA defined); the binary links the CUDA runtime statically and cuBLASLt,
+ * never libcuda, so it runs on machines without a GPU, where cuda_device_count() is 0. */
+#ifndef MOESERVE_CUDA_H
+#define MOESERVE_CUDA_H
+
+#include "../backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Number of usable GPUs; 0 without a driver or a device (never fails). */
+int cuda_device_count(void);
+/* The backend on GPU `device`; stops with a clear error when there is none. */
+void backend_cuda_init(Backend *be, int device);
+/* Describe the device in one line ("NVIDIA H200, 132 SMs, 139.8 GiB, sm_90"). */
+void cuda_device_name(int device, char *buf, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,107 @@
+/* matmul: y[T, N] = x[T, K] W^T (+ bias) on the GPU, the twin of matmul_cpu. BF16 and F32
+ * weights go through cuBLASLt; FP8, FP8 128x128-block, NVFP4 and F16 weights through the
+ * dequantising tile of qgemm.cuh.
+ * BF16 weights keep float32 accuracy on the activations: x is split into x_hi = bf16(x) and
+ * x_lo = bf16(x - x_hi) and one GEMM runs on the 2T rows [x_hi; x_lo] (W is read once), whose
+ * two halves are added: the error is that of a 16-bit mantissa, 2^-17 relative, instead of
+ * bf16's 2^-9, which would flip near-tied router and indexer top-k choices. */
+#include "qgemm.cuh"
+
+static __global__ void qgemm_dense_kernel(float *out, int ldo, const float *x, int ldx, int T, QTensor w, const float *bias)
+{
+    __shared__ int rows[QM];
+    int m0 = blockIdx.y * QM, m = T - m0 < QM ? T - m0 : QM;
+    if (threadIdx.x < QM) rows[threadIdx.x] = m0 + threadIdx.x;
+    __syncthreads();
+    qgemm_tile(out, ldo, rows, x, ldx, rows, m, blockIdx.x * QN, w, bias);
+}
+
+/* thread (t, k): y[t, k] = bf16(x), y[T + t, k] = bf16(x - bf16(x)) */
+static __global__ void split_bf16_kernel(__nv_bfloat16 *y, const float *x, int ldx, int T, int K)
+{
+    int64_t n = (int64_t)T * K;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float v = x[(i / K) * ldx + i % K];
+        __nv_bfloat16 hi = __float2bfloat16(v);
+        y[i] = hi;
+        y[n + i] = __float2bfloat16(v - __bfloat162float(hi));
+    }
+}
+
+/* thread (t, n): out[t, n] = y[t, n] + y[T + t, n] (+ bias[n]) */
+static __global__ void join_halves_kernel(float *out, int ldo, const float *y, const float *bias, int T, int N)
+{
+    int64_t n = (int64_t)T * N;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[(i / N) * ldo + i % N] = y[i] + y[n + i] + (bias ? bias[i % N] : 0.f);
+}
+
+static __global__ void add_bias_kernel(float *out, int ldo, const float *bias, int T, int N)
+{
+    int64_t n = (int64_t)T * N;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[(i / N) * ldo + i % N] += bias[i % N];
+}
+
+/* Row-major out[T, N] (ld ldo) = X[T, K] (ld ldx) W[N, K]^T: in cuBLAS's column-major view,
+ * C (N x T) = op(A) B with A = W as a K x N matrix (transposed) and B = X as K x T. */
+static void lt_matmul(Backend *be, float *out, int ldo, const void *x, cudaDataType xt, int ldx, const void *w,
+                      cudaDataType wt, int T, int N, int K)
+{
+    CudaState *s = cuda_state(be);
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, wt, K, N, K));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, xt, K, T, ldx));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, N, T, ldo));
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &s->lt_ws_size,
+                                                      sizeof s->lt_ws_size));
+    cublasLtMatmulHeuristicResult_t heur;
+    int found = 0;
+    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(s->lt, op, la, lb, lc, lc, pref, 1, &heur, &found));
+    if (!found) die("cuBLASLt: no algorithm for %d x %d x %d", T, N, K);
+    float alpha = 1.f, beta = 0.f;
+    CUBLAS_CHECK(cublasLtMatmul(s->lt, op, &alpha, w, la, x, lb, &beta, out, lc, out, lc, &heur.algo, s->lt_ws,
+                                s->lt_ws_size, s->stream));
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(lc);
+    cublasLtMatmulDescDestroy(op);
+}
+
+void matmul_cuda(Backend *be, float *out, int ldo, const float *x, int ldx, int T, const QTensor *w, const float *bias)
+{
+    int N = (int)w->rows, K = (int)w->cols;
+    if (!T || !N) return;
+    cudaStream_t st = cuda_stream(be);
+    if (w->fmt == QF_BF16) {
+        __nv_bfloat16 *xb = (__nv_bfloat16 *)cuda_scratch(be, SCR_MM_X, (size_t)2 * T * K * sizeof(__nv_bfloat16));
+        float *y = (float *)cuda_scratch(be, SCR_MM_Y, (size_t)2 * T * N * sizeof(float));
+        int64_t n = (int64_t)T * K, m = (int64_t)T * N;
+        split_bf16_kernel<<<cdiv(n, 256) < 65535 ? cdiv(n, 256) : 65535, 256, 0, st>>>(xb, x, ldx, T, K);
+        LAUNCH_CHECK("split_bf16_kernel");
+        lt_matmul(be, y, N, xb, CUDA_R_16BF, K, w->data, CUDA_R_16BF, 2 * T, N, K);
+        join_halves_kernel<<<cdiv(m, 256) < 65535 ? cdiv(m, 256) : 65535, 256, 0, st>>>(out, ldo, y, bias, T, N);
+        LAUNCH_CHECK("join_halves_kernel");
+        return;
+    } else if (w->fmt == QF_F32) {
+        lt_matmul(be, out, ldo, x, CUDA_R_32F, ldx, w->data, CUDA_R_32F, T, N, K);
+    } else {
+        dim3 grid(cdiv(N, QN), cdiv(T, QM));
+        qgemm_dense_kernel<<<grid, QTHREADS, 0, st>>>(out, ldo, x, ldx, T, *w, bias);
+        LAUNCH_CHECK("qgemm_dense_kernel");
+        return;
+    }
+    if (bias) {
+        int64_t n = (int64_t)T * N;
+        add_bias_kernel<<<cdiv(n, 256) < 65535 ? cdiv(n, 256) : 65535, 256, 0, st>>>(out, ldo, bias, T, N);
+        LAUNCH_CHECK("add_bias_kernel");
+    }
+}

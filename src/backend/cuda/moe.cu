@@ -1,0 +1,105 @@
+/* moe: routed experts on the GPU from the device-side routing table, with no host round trip
+ * between router and experts (the twin of moe_cpu). Dispatch: count the (token, k) pairs per
+ * expert, scan into offsets and a tile schedule, list each expert's pairs. Experts: grouped
+ * GEMMs over the schedule (gate and up, SwiGLU, down), each pair's output landing in its own
+ * row. Combine: each token adds its K rows weighted, in k order, so the result does not depend
+ * on the order the atomics listed the pairs in. */
+#include "qgemm.cuh"
+
+static __global__ void moe_count_kernel(int *count, const int *idx, int n)
+{
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) atomicAdd(&count[idx[i]], 1);
+}
+
+/* one thread: offsets and the tile list (tile i = expert tile_e[i], rows tile_m0[i] ..) */
+static __global__ void moe_schedule_kernel(const int *count, int *offset, int *tile_e, int *tile_m0, int *n_tiles, int E)
+{
+    if (threadIdx.x != 0) return;
+    int off = 0, nt = 0;
+    for (int e = 0; e < E; e++) {
+        offset[e] = off;
+        for (int m0 = 0; m0 < count[e]; m0 += QM) {
+            tile_e[nt] = e;
+            tile_m0[nt] = m0;
+            nt++;
+        }
+        off += count[e];
+    }
+    *n_tiles = nt;
+}
+
+static __global__ void moe_fill_kernel(int *rows, int *fill, const int *offset, const int *idx, int n)
+{
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        int e = idx[i];
+        rows[offset[e] + atomicAdd(&fill[e], 1)] = i;
+    }
+}
+
+/* mode 0 (gate/up): input x[pair / K], output row = position in the sorted list;
+ * mode 1 (down): input h[position], output row = the pair index. */
+static __global__ void moe_gemm_kernel(float *out, int ldo, const float *x, int ldx, const QTensor *table, int which,
+                                       const int *count, const int *offset, const int *rows, const int *tile_e,
+                                       const int *tile_m0, const int *n_tiles, int K, int E, int mode)
+{
+    __shared__ int xrow[QM], orow[QM];
+    int tile = blockIdx.x;
+    if (tile >= *n_tiles) return;
+    int e = tile_e[tile], m0 = tile_m0[tile], m = min(QM, count[e] - m0), base = offset[e] + m0;
+    if (threadIdx.x < QM && threadIdx.x < m) {
+        int pos = base + threadIdx.x, pair = rows[pos];
+        xrow[threadIdx.x] = mode == 0 ? pair / K : pos;
+        orow[threadIdx.x] = mode == 0 ? pos : pair;
+    }
+    __syncthreads();
+    qgemm_tile(out, ldo, orow, x, ldx, xrow, m, blockIdx.y * QN, table[which * E + e], NULL);
+}
+
+/* thread (t, d): out[t, d] = sum_k wts[t, k] * y[t*K + k, d] */
+static __global__ void moe_combine_kernel(float *out, const float *y, const float *wts, int T, int K, int D)
+{
+    int64_t n = (int64_t)T * D;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t t = i / D, d = i % D;
+        float acc = 0.f;
+        for (int k = 0; k < K; k++) acc += wts[t * K + k] * y[(t * K + k) * D + d];
+        out[i] = acc;
+    }
+}
+
+int moe_cuda(Backend *be, float *out, const float *x, const int *idx, const float *wts, int T, const LayerWeights *lw,
+             const ModelConfig *c)
+{
+    int E = c->n_experts, K = c->n_experts_per_tok, D = c->hidden, F = c->moe_intermediate, P = T * K;
+    if (!T) return 0;
+    CHECK(lw->exp_table, "moe_cuda: the layer's expert table is not on the device");
+    cudaStream_t st = cuda_stream(be);
+    int max_tiles = P / QM + E;
+    int *ibuf = (int *)cuda_scratch(be, SCR_MOE_COUNT, (size_t)(4 * E + 1 + 2 * max_tiles) * sizeof(int));
+    int *count = ibuf, *fill = count + E, *offset = fill + E, *n_tiles = offset + E, *tile_e = n_tiles + 1,
+        *tile_m0 = tile_e + max_tiles;
+    int *rows = (int *)cuda_scratch(be, SCR_MOE_ROWS, (size_t)P * sizeof(int));
+    float *g = (float *)cuda_scratch(be, SCR_MOE_H, (size_t)P * F * sizeof(float));
+    float *u = (float *)cuda_scratch(be, SCR_MOE_U, (size_t)P * F * sizeof(float));
+    float *y = (float *)cuda_scratch(be, SCR_MOE_Y, (size_t)P * D * sizeof(float));
+    CUDA_CHECK(cudaMemsetAsync(count, 0, 2 * E * sizeof(int), st));
+    int nb = cdiv(P, 256) < 1024 ? cdiv(P, 256) : 1024;
+    moe_count_kernel<<<nb, 256, 0, st>>>(count, idx, P);
+    LAUNCH_CHECK("moe_count_kernel");
+    moe_schedule_kernel<<<1, 32, 0, st>>>(count, offset, tile_e, tile_m0, n_tiles, E);
+    LAUNCH_CHECK("moe_schedule_kernel");
+    moe_fill_kernel<<<nb, 256, 0, st>>>(rows, fill, offset, idx, P);
+    LAUNCH_CHECK("moe_fill_kernel");
+    dim3 gf(max_tiles, cdiv(F, QN)), gd(max_tiles, cdiv(D, QN));
+    moe_gemm_kernel<<<gf, QTHREADS, 0, st>>>(g, F, x, D, lw->exp_table, 0, count, offset, rows, tile_e, tile_m0, n_tiles, K, E, 0);
+    LAUNCH_CHECK("moe_gemm_kernel(gate)");
+    moe_gemm_kernel<<<gf, QTHREADS, 0, st>>>(u, F, x, D, lw->exp_table, 1, count, offset, rows, tile_e, tile_m0, n_tiles, K, E, 0);
+    LAUNCH_CHECK("moe_gemm_kernel(up)");
+    swiglu_cuda(be, g, g, u, P, F);
+    moe_gemm_kernel<<<gd, QTHREADS, 0, st>>>(y, D, g, F, lw->exp_table, 2, count, offset, rows, tile_e, tile_m0, n_tiles, K, E, 1);
+    LAUNCH_CHECK("moe_gemm_kernel(down)");
+    int64_t n = (int64_t)T * D;
+    moe_combine_kernel<<<cdiv(n, 256) < 65535 ? cdiv(n, 256) : 65535, 256, 0, st>>>(out, y, wts, T, K, D);
+    LAUNCH_CHECK("moe_combine_kernel");
+    return -1;
+}

@@ -1,0 +1,59 @@
+/* device: choosing and opening the backend for a command (--device cpu|cuda). The default is
+ * cuda when this build has the CUDA backend and a GPU is present, else cpu. */
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../base/util.h"
+#include "cli.h"
+#ifdef MOESERVE_CUDA
+#include "../backend/cuda/cuda.h"
+#endif
+
+const char *device_default(void)
+{
+#ifdef MOESERVE_CUDA
+    if (cuda_device_count() > 0) return "cuda";
+#endif
+    return "cpu";
+}
+
+void device_open(Backend *be, const char *device, int threads)
+{
+    if (!device) device = device_default();
+    if (!strcmp(device, "cpu")) {
+        backend_cpu_init(be, threads > 0 ? threads : omp_get_max_threads());
+        return;
+    }
+    if (!strncmp(device, "cuda", 4)) {
+        int index = 0;
+        if (device[4] == ':') index = atoi(device + 5);
+        else if (device[4]) fatal("--device '%s': expected cpu, cuda or cuda:N", device);
+#ifdef MOESERVE_CUDA
+        backend_cuda_init(be, index);
+        char name[256];
+        cuda_device_name(index, name, sizeof name);
+        log_info("device: %s", name);
+        return;
+#else
+        (void)index;
+        fatal("--device %s: this moeserve was built without CUDA (nvcc was not found at build time)", device);
+#endif
+    }
+    fatal("--device '%s': expected cpu, cuda or cuda:N", device);
+}
+
+void device_model(Model *dev, const Model *host, Backend *be)
+{
+    if (be->host_memory) {
+        *dev = *host;
+        return;
+    }
+    model_upload(dev, host, be);
+}
+
+void device_model_free(Model *dev, Backend *be)
+{
+    if (be->host_memory) return; /* the host model owns everything */
+    model_upload_free(dev, be);
+}

@@ -1,0 +1,136 @@
+/* upload: a loaded Model's weights copied into backend memory (model.h model_upload). Two
+ * passes over the same walk: the first sums the bytes, then one allocation is made and the
+ * second copies each tensor into it and rewrites the pointers. QTensor slices are uploaded as
+ * what they cover (an expert of a fused tensor, the FP8 block-scale rows of a slice). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../backend/backend.h"
+#include "../base/util.h"
+#include "model.h"
+
+#define UP_ALIGN 256
+
+typedef struct {
+    Backend *be;
+    uint8_t *base;   /* NULL in the counting pass */
+    size_t off;
+} Up;
+
+static void *up_bytes(Up *u, const void *src, size_t n)
+{
+    size_t at = u->off;
+    u->off += (n + UP_ALIGN - 1) / UP_ALIGN * UP_ALIGN;
+    if (!u->base) return NULL;
+    if (n) be_to_device(u->be, u->base + at, src, n);
+    return u->base + at;
+}
+
+static float *up_vec(Up *u, const float *v, size_t n)
+{
+    return v ? up_bytes(u, v, n * sizeof(float)) : NULL;
+}
+
+static size_t row_bytes(const QTensor *w)
+{
+    switch (w->fmt) {
+    case QF_F32: return w->cols * 4;
+    case QF_BF16: case QF_F16: return w->cols * 2;
+    case QF_FP8: case QF_FP8_BLOCK: return w->cols;
+    case QF_NVFP4: return w->cols / 2;
+    default: die("upload: unknown format %d", (int)w->fmt);
+    }
+}
+
+static void up_qtensor(Up *u, QTensor *dst, const QTensor *src)
+{
+    *dst = *src;
+    if (!src->data) return; /* absent (e.g. no indexer on a shared layer) */
+    dst->data = up_bytes(u, src->data, (size_t)src->rows * row_bytes(src));
+    if (src->fmt == QF_NVFP4) {
+        dst->scale = up_bytes(u, src->scale, (size_t)src->rows * (src->cols / 16));
+    } else if (src->fmt == QF_FP8_BLOCK) {
+        int64_t gk = (src->cols + 127) / 128, lo = src->scale_row_off / 128;
+        int64_t hi = (src->scale_row_off + src->rows - 1) / 128;
+        size_t el = src->scale_dtype == DT_BF16 ? 2 : 4;
+        dst->scale = up_bytes(u, src->scale + lo * gk * el, (size_t)(hi - lo + 1) * gk * el);
+        dst->scale_row_off = src->scale_row_off - lo * 128;
+    }
+}
+
+static void up_layer(Up *u, LayerWeights *d, const LayerWeights *s, const ModelConfig *c, int moe)
+{
+    *d = *s;
+    d->attn_norm = up_vec(u, s->attn_norm, c->hidden);
+    d->ffn_norm = up_vec(u, s->ffn_norm, c->hidden);
+    QTensor *qd[] = {&d->wq, &d->wk, &d->wv, &d->wo, &d->wq_a, &d->wq_b, &d->wkv_a, &d->wkv_b, &d->idx_wq_b,
+                     &d->idx_wk, &d->idx_wproj, &d->w_gate, &d->w_up, &d->w_down, &d->router, &d->sh_gate,
+                     &d->sh_up, &d->sh_down};
+    const QTensor *qs[] = {&s->wq, &s->wk, &s->wv, &s->wo, &s->wq_a, &s->wq_b, &s->wkv_a, &s->wkv_b, &s->idx_wq_b,
+                           &s->idx_wk, &s->idx_wproj, &s->w_gate, &s->w_up, &s->w_down, &s->router, &s->sh_gate,
+                           &s->sh_up, &s->sh_down};
+    for (size_t i = 0; i < sizeof qd / sizeof qd[0]; i++) up_qtensor(u, qd[i], qs[i]);
+    int64_t qdim = (int64_t)c->n_heads * c->head_dim, kdim = (int64_t)c->n_kv_heads * c->head_dim;
+    d->bq = up_vec(u, s->bq, qdim);
+    d->bk = up_vec(u, s->bk, kdim);
+    d->bv = up_vec(u, s->bv, kdim);
+    d->q_norm = up_vec(u, s->q_norm, c->head_dim);
+    d->k_norm = up_vec(u, s->k_norm, c->head_dim);
+    d->q_a_norm = up_vec(u, s->q_a_norm, c->q_lora_rank);
+    d->kv_a_norm = up_vec(u, s->kv_a_norm, c->kv_lora_rank);
+    d->idx_norm_w = up_vec(u, s->idx_norm_w, c->index_head_dim);
+    d->idx_norm_b = up_vec(u, s->idx_norm_b, c->index_head_dim);
+    d->router_bias = up_vec(u, s->router_bias, c->n_experts);
+    d->exp_gate = d->exp_up = d->exp_down = NULL;
+    d->exp_table = NULL;
+    if (!moe) return;
+    int E = c->n_experts;
+    /* host arrays of device QTensors (the counts read them) and their device copy for kernels */
+    d->exp_gate = u->base ? xcalloc(3 * E, sizeof(QTensor)) : NULL;
+    QTensor tmp;
+    for (int e = 0; e < E; e++) {
+        up_qtensor(u, d->exp_gate ? &d->exp_gate[e] : &tmp, &s->exp_gate[e]);
+        up_qtensor(u, d->exp_gate ? &d->exp_gate[E + e] : &tmp, &s->exp_up[e]);
+        up_qtensor(u, d->exp_gate ? &d->exp_gate[2 * E + e] : &tmp, &s->exp_down[e]);
+    }
+    if (d->exp_gate) {
+        d->exp_up = d->exp_gate + E;
+        d->exp_down = d->exp_gate + 2 * E;
+    }
+    d->exp_table = up_bytes(u, d->exp_gate, 3 * (size_t)E * sizeof(QTensor));
+}
+
+static void up_model(Up *u, Model *dst, const Model *src)
+{
+    const ModelConfig *c = &src->cfg;
+    up_qtensor(u, &dst->embed, &src->embed);
+    up_qtensor(u, &dst->lm_head, &src->lm_head);
+    dst->final_norm = up_vec(u, src->final_norm, c->hidden);
+    for (int l = 0; l < c->n_layers; l++) {
+        LayerWeights scratch;
+        up_layer(u, u->base ? &dst->layers[l] : &scratch, &src->layers[l], c, c->layer_moe[l]);
+    }
+}
+
+void model_upload(Model *dst, const Model *src, Backend *be)
+{
+    *dst = *src;
+    memset(&dst->st, 0, sizeof dst->st); /* the mapping stays src's */
+    Up u = {.be = be};
+    up_model(&u, dst, src);
+    size_t total = u.off;
+    log_info("upload: %.2f GiB of weights to %s", total / 1073741824.0, be->name);
+    dst->dev_buffer = be_alloc(be, total);
+    dst->layers = xcalloc(src->cfg.n_layers, sizeof(LayerWeights));
+    u = (Up){.be = be, .base = dst->dev_buffer};
+    up_model(&u, dst, src);
+}
+
+void model_upload_free(Model *m, Backend *be)
+{
+    if (m->layers)
+        for (int l = 0; l < m->cfg.n_layers; l++) free(m->layers[l].exp_gate);
+    free(m->layers);
+    be_free(be, m->dev_buffer);
+    *m = (Model){0};
+}

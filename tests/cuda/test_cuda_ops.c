@@ -1,0 +1,522 @@
+/* test_cuda_ops: every CUDA op against its CPU twin on seeded random inputs over several
+ * shapes (ragged batches, odd sizes, contexts from 1 to 32k for attention, 1 to 4096 tokens for
+ * GEMM and MoE). Pass iff ||cuda - cpu|| / ||cpu|| <= tol, tol named per op with its reason:
+ * float32 ops 1e-5 (re-association only); GEMMs on BF16 weights 1e-4 (activations split into
+ * two BF16 halves for the tensor cores); top-k selections must be identical. Needs a GPU:
+ * `make test-cuda`. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu.h"
+#include "base/util.h"
+#include "backend/cuda/cuda.h"
+#include "test.h"
+
+#define TOL_F32 1e-5   /* float32 on both sides, different summation order */
+#define TOL_SPLIT 1e-4 /* BF16 weights: activations split into two BF16 halves (2^-17 each) */
+
+static Backend cpu, gpu;
+static int ready;
+
+static int setup(void)
+{
+    if (!ready) {
+        if (cuda_device_count() == 0) return 0;
+        backend_cpu_init(&cpu, 2);
+        backend_cuda_init(&gpu, 0);
+        ready = 1;
+    }
+    return 1;
+}
+
+#define NEED_GPU() do { if (!setup()) { test_fail(__FILE__, __LINE__, "no CUDA device"); return; } } while (0)
+
+static float *rnd(Rng *r, size_t n, float scale)
+{
+    float *v = malloc(n * sizeof(float) + 1);
+    for (size_t i = 0; i < n; i++) v[i] = rng_normal(r) * scale;
+    return v;
+}
+
+static void *up(const void *h, size_t bytes)
+{
+    void *d = be_alloc(&gpu, bytes);
+    be_to_device(&gpu, d, h, bytes);
+    return d;
+}
+
+static float *down(const void *d, size_t n)
+{
+    float *h = malloc(n * sizeof(float) + 1);
+    be_to_host(&gpu, h, d, n * sizeof(float));
+    return h;
+}
+
+/* relative L2 error of got against ref */
+static double rel_err(const float *got, const float *ref, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)got[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    if (num != num) return INFINITY;
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+#define EXPECT_CLOSE(got, ref, n, tol, ...) do { double e_ = rel_err(got, ref, n); \
+    if (!(e_ <= (tol))) { test_fail(__FILE__, __LINE__, "rel err %.3g > %.3g", e_, (double)(tol)); \
+        fprintf(stderr, "      case: " __VA_ARGS__); fputc('\n', stderr); } } while (0)
+
+/* ---- elementwise and norms ---- */
+
+TEST(cuda_rmsnorm_layernorm)
+{
+    NEED_GPU();
+    Rng r;
+    rng_seed(&r, 11);
+    int shapes[][2] = {{1, 64}, {7, 128}, {33, 576}, {130, 6144}, {3, 1000}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int rows = shapes[s][0], dim = shapes[s][1], ld = dim + 3;
+        float *x = rnd(&r, (size_t)rows * ld, 2), *w = rnd(&r, dim, 1), *b = rnd(&r, dim, 1);
+        float *ref = calloc((size_t)rows * dim, 4), *ref2 = calloc((size_t)rows * dim, 4);
+        rmsnorm_cpu(&cpu, ref, dim, x, ld, w, rows, dim, 1e-5f);
+        layernorm_cpu(&cpu, ref2, dim, x, ld, w, b, rows, dim, 1e-6f);
+        float *dx = up(x, (size_t)rows * ld * 4), *dw = up(w, dim * 4), *db = up(b, dim * 4);
+        float *dout = be_alloc(&gpu, (size_t)rows * dim * 4);
+        be_rmsnorm(&gpu, dout, dim, dx, ld, dw, rows, dim, 1e-5f);
+        float *got = down(dout, (size_t)rows * dim);
+        EXPECT_CLOSE(got, ref, (size_t)rows * dim, TOL_F32, "rmsnorm %d x %d", rows, dim);
+        free(got);
+        be_layernorm(&gpu, dout, dim, dx, ld, dw, db, rows, dim, 1e-6f);
+        got = down(dout, (size_t)rows * dim);
+        EXPECT_CLOSE(got, ref2, (size_t)rows * dim, TOL_F32, "layernorm %d x %d", rows, dim);
+        free(got);
+        be_free(&gpu, dx); be_free(&gpu, dw); be_free(&gpu, db); be_free(&gpu, dout);
+        free(x); free(w); free(b); free(ref); free(ref2);
+    }
+}
+
+TEST(cuda_rope_both_layouts)
+{
+    NEED_GPU();
+    Rng r;
+    rng_seed(&r, 12);
+    int cases[][5] = {/* T, heads, head_stride, rot_off, rot_dim */
+                      {1, 1, 64, 0, 64}, {9, 4, 48, 32, 16}, {37, 96, 128, 0, 64}, {5, 64, 256, 192, 64}, {3, 32, 128, 0, 64}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (int inter = 0; inter < 2; inter++) {
+            int T = cases[c][0], H = cases[c][1], hs = cases[c][2], off = cases[c][3], rd = cases[c][4], ld = H * hs;
+            float *x = rnd(&r, (size_t)T * ld, 1), *x2 = malloc((size_t)T * ld * 4);
+            memcpy(x2, x, (size_t)T * ld * 4);
+            int *pos = malloc(T * sizeof(int));
+            for (int t = 0; t < T; t++) pos[t] = (int)(rng_u64(&r) % 40000);
+            float inv[128];
+            for (int i = 0; i < rd / 2; i++) inv[i] = 1.0f / powf(10000.0f, (float)(2 * i) / rd);
+            rope_cpu(&cpu, x, ld, T, H, hs, off, rd, pos, inv, 1.0f, inter);
+            float *dx = up(x2, (size_t)T * ld * 4), *dinv = up(inv, rd / 2 * 4);
+            int *dpos = up(pos, T * sizeof(int));
+            be_rope(&gpu, dx, ld, T, H, hs, off, rd, dpos, dinv, 1.0f, inter);
+            float *got = down(dx, (size_t)T * ld);
+            /* angles up to 4e4 rad: cosf/sinf argument reduction differs between libm and CUDA */
+            EXPECT_CLOSE(got, x, (size_t)T * ld, 1e-4, "rope T %d H %d rd %d interleave %d", T, H, rd, inter);
+            free(got); free(x); free(x2); free(pos);
+            be_free(&gpu, dx); be_free(&gpu, dinv); be_free(&gpu, dpos);
+        }
+}
+
+TEST(cuda_elementwise)
+{
+    NEED_GPU();
+    Rng r;
+    rng_seed(&r, 13);
+    int T = 19, F = 777, D = 130;
+    size_t n = (size_t)T * F;
+    float *g = rnd(&r, n, 3), *u = rnd(&r, n, 1), *ref = malloc(n * 4), *ref2 = malloc(n * 4);
+    swiglu_cpu(&cpu, ref, g, u, T, F);
+    add_cpu(&cpu, ref2, g, u, n);
+    float *dg = up(g, n * 4), *du = up(u, n * 4), *dout = be_alloc(&gpu, n * 4);
+    be_swiglu(&gpu, dout, dg, du, T, F);
+    float *got = down(dout, n);
+    EXPECT_CLOSE(got, ref, n, TOL_F32, "swiglu");
+    free(got);
+    be_add(&gpu, dout, dg, du, n);
+    got = down(dout, n);
+    EXPECT_CLOSE(got, ref2, n, TOL_F32, "add");
+    free(got);
+    /* get_rows and kv_write */
+    int rows[5] = {4, 0, 18, 7, 7};
+    float *gr = malloc(5 * D * 4);
+    get_rows_cpu(&cpu, gr, g, F, rows, 5, D);
+    int *drows = up(rows, sizeof rows);
+    be_get_rows(&gpu, dout, dg, F, drows, 5, D);
+    got = down(dout, 5 * D);
+    EXPECT_CLOSE(got, gr, 5 * D, 0, "get_rows");
+    free(got);
+    int slots[4] = {9, 2, 31, 0};
+    float *cache = calloc(32 * 50, 4);
+    kv_write_cpu(&cpu, cache, 50, 7, g, F, 40, slots, 4);
+    float *dcache = be_alloc(&gpu, 32 * 50 * 4);
+    int *dslots = up(slots, sizeof slots);
+    be_kv_write(&gpu, dcache, 50, 7, dg, F, 40, dslots, 4);
+    got = down(dcache, 32 * 50);
+    EXPECT_CLOSE(got, cache, 32 * 50, 0, "kv_write");
+    free(got);
+    free(g); free(u); free(ref); free(ref2); free(gr); free(cache);
+    be_free(&gpu, dg); be_free(&gpu, du); be_free(&gpu, dout); be_free(&gpu, drows); be_free(&gpu, dcache); be_free(&gpu, dslots);
+}
+
+/* ---- weights in every stored format ---- */
+
+typedef struct {
+    QTensor host, dev;
+    void *hbuf, *hscale, *dbuf, *dscale;
+} TW;
+
+/* A random [N, K] weight in format fmt (host copy + device copy). */
+static TW tw_make(Rng *r, QFormat fmt, int N, int K)
+{
+    TW t = {0};
+    float *w = rnd(r, (size_t)N * K, 1.0f / sqrtf((float)K));
+    size_t n = (size_t)N * K;
+    QTensor q = {.fmt = fmt, .rows = N, .cols = K, .gscale = 1.0f, .scale_dtype = DT_F32};
+    size_t bytes = 0, sbytes = 0;
+    switch (fmt) {
+    case QF_F32: bytes = n * 4; t.hbuf = malloc(bytes); memcpy(t.hbuf, w, bytes); break;
+    case QF_BF16: case QF_F16: {
+        bytes = n * 2;
+        uint16_t *h = malloc(bytes);
+        for (size_t i = 0; i < n; i++) h[i] = fmt == QF_BF16 ? f32_to_bf16(w[i]) : f32_to_f16(w[i]);
+        t.hbuf = h;
+        break;
+    }
+    case QF_FP8: bytes = n; t.hbuf = malloc(bytes); q.gscale = fp8_quantize(w, n, t.hbuf); break;
+    case QF_FP8_BLOCK: {
+        bytes = n;
+        t.hbuf = malloc(bytes);
+        sbytes = (size_t)((N + 127) / 128) * ((K + 127) / 128) * 4;
+        t.hscale = malloc(sbytes);
+        fp8_block_quantize(w, N, K, t.hbuf, t.hscale);
+        break;
+    }
+    case QF_NVFP4:
+        bytes = n / 2;
+        sbytes = n / 16;
+        t.hbuf = malloc(bytes);
+        t.hscale = malloc(sbytes);
+        q.gscale = nvfp4_quantize(w, N, K, 0, t.hbuf, t.hscale);
+        break;
+    default: break;
+    }
+    q.data = t.hbuf;
+    q.scale = t.hscale;
+    t.host = q;
+    t.dev = q;
+    t.dbuf = up(t.hbuf, bytes);
+    t.dev.data = t.dbuf;
+    if (sbytes) t.dscale = up(t.hscale, sbytes);
+    t.dev.scale = t.dscale;
+    free(w);
+    return t;
+}
+
+static void tw_free(TW *t)
+{
+    free(t->hbuf);
+    free(t->hscale);
+    be_free(&gpu, t->dbuf);
+    be_free(&gpu, t->dscale);
+}
+
+TEST(cuda_matmul_formats)
+{
+    NEED_GPU();
+    Rng r;
+    rng_seed(&r, 14);
+    QFormat fmts[] = {QF_F32, QF_BF16, QF_F16, QF_FP8, QF_FP8_BLOCK, QF_NVFP4};
+    int shapes[][3] = {/* T, N, K */ {1, 64, 128}, {5, 130, 96}, {16, 576, 6144}, {33, 2048, 512}, {300, 96, 256}, {4096, 64, 64}};
+    for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            int T = shapes[s][0], N = shapes[s][1], K = shapes[s][2], ldx = K + 16, ldo = N + 8;
+            TW w = tw_make(&r, fmts[f], N, K);
+            float *x = rnd(&r, (size_t)T * ldx, 1), *bias = rnd(&r, N, 1);
+            float *ref = calloc((size_t)T * ldo, 4);
+            matmul_cpu(&cpu, ref, ldo, x, ldx, T, &w.host, bias);
+            float *dx = up(x, (size_t)T * ldx * 4), *db = up(bias, N * 4), *dout = be_alloc(&gpu, (size_t)T * ldo * 4);
+            be_matmul(&gpu, OP_GEMM_MLP, dout, ldo, dx, ldx, T, &w.dev, db);
+            float *got = down(dout, (size_t)T * ldo);
+            double tol = fmts[f] == QF_BF16 ? TOL_SPLIT : fmts[f] == QF_F32 ? 1e-4 : TOL_F32;
+            EXPECT_CLOSE(got, ref, (size_t)T * ldo, tol, "matmul %s T %d N %d K %d", qformat_name(fmts[f]), T, N, K);
+            free(got); free(x); free(bias); free(ref);
+            be_free(&gpu, dx); be_free(&gpu, db); be_free(&gpu, dout);
+            tw_free(&w);
+        }
+}
+
+TEST(cuda_embed)
+{
+    NEED_GPU();
+    Rng r;
+    rng_seed(&r, 15);
+    QFormat fmts[] = {QF_BF16, QF_NVFP4, QF_FP8};
+    for (size_t f = 0; f < 3; f++) {
+        int V = 300, D = 128, T = 41;
+        TW w = tw_make(&r, fmts[f], V, D);
+        int tok[41];
+        for (int t = 0; t < T; t++) tok[t] = (int)(rng_u64(&r) % V);
+        float *ref = malloc((size_t)T * D * 4);
+        embed_cpu(&cpu, ref, tok, T, &w.host);
+        int *dt = up(tok, sizeof tok);
+        float *dout = be_alloc(&gpu, (size_t)T * D * 4);
+        be_embed(&gpu, dout, dt, T, &w.dev);
+        float *got = down(dout, (size_t)T * D);
+        EXPECT_CLOSE(got, ref, (size_t)T * D, 0, "embed %s", qformat_name(fmts[f]));
+        free(got); free(ref);
+        be_free(&gpu, dt); be_free(&gpu, dout);
+        tw_free(&w);
+    }
+}
+
+/* ---- router and MoE ---- */
+
+static ModelConfig moe_cfg(int E, int K, int G, int TG, int D, int F, int softmax)
+{
+    ModelConfig c = {0};
+    c.n_experts = E;
+    c.n_experts_per_tok = K;
+    c.n_group = G;
+    c.topk_group = TG;
+    c.hidden = D;
+    c.moe_intermediate = F;
+    c.norm_topk_prob = 1;
+    c.routed_scaling = 2.5f;
+    c.scoring = softmax ? SCORE_SOFTMAX : SCORE_SIGMOID;
+    return c;
+}
+
+TEST(cuda_router)
+{
+    NEED_GPU();
+    Rng r;
+    rng_seed(&r, 16);
+    int cases[][5] = {/* T, E, K, G, TG */ {1, 16, 4, 1, 1}, {77, 256, 8, 1, 1}, {33, 160, 8, 8, 4}, {9, 64, 6, 8, 3}, {200, 128, 8, 1, 1}};
+    for (size_t cs = 0; cs < sizeof cases / sizeof cases[0]; cs++)
+        for (int sm = 0; sm < 2; sm++) {
+            int T = cases[cs][0], E = cases[cs][1], K = cases[cs][2];
+            ModelConfig c = moe_cfg(E, K, cases[cs][3], cases[cs][4], 0, 0, sm);
+            float *l = rnd(&r, (size_t)T * E, 2), *bias = rnd(&r, E, 0.1f);
+            /* exact ties: copy a few logits so that ties to the lowest index are exercised */
+            for (int t = 0; t < T; t++) l[(size_t)t * E + E - 1] = l[(size_t)t * E + 1];
+            int *idx = malloc((size_t)T * K * 4), *gidx;
+            float *wts = malloc((size_t)T * K * 4), *gw;
+            router_cpu(&cpu, idx, wts, l, bias, T, &c);
+            float *dl = up(l, (size_t)T * E * 4), *dbias = up(bias, E * 4), *dw = be_alloc(&gpu, (size_t)T * K * 4);
+            int *di = be_alloc(&gpu, (size_t)T * K * 4);
+            be_router(&gpu, di, dw, dl, dbias, T, &c);
+            gidx = (int *)down(di, (size_t)T * K);
+            gw = down(dw, (size_t)T * K);
+            int same = !memcmp(gidx, idx, (size_t)T * K * 4);
+            EXPECT(same, "router T %d E %d K %d G %d softmax %d: selections differ", T, E, K, cases[cs][3], sm);
+            EXPECT_CLOSE(gw, wts, (size_t)T * K, TOL_F32, "router weights");
+            free(l); free(bias); free(idx); free(wts); free(gidx); free(gw);
+            be_free(&gpu, dl); be_free(&gpu, dbias); be_free(&gpu, dw); be_free(&gpu, di);
+        }
+}
+
+TEST(cuda_moe)
+{
+    NEED_GPU();
+    Rng r;
+    rng_seed(&r, 17);
+    int cases[][5] = {/* T, E, K, D, F */ {1, 16, 4, 128, 32}, {7, 8, 2, 96, 48}, {64, 32, 8, 256, 64}, {4096, 16, 4, 64, 32}};
+    QFormat fmts[] = {QF_BF16, QF_NVFP4};
+    for (size_t cs = 0; cs < sizeof cases / sizeof cases[0]; cs++)
+        for (int f = 0; f < 2; f++) {
+            int T = cases[cs][0], E = cases[cs][1], K = cases[cs][2], D = cases[cs][3], F = cases[cs][4];
+            ModelConfig c = moe_cfg(E, K, 1, 1, D, F, 0);
+            TW *ws = malloc(3 * E * sizeof(TW));
+            LayerWeights hl = {0}, dl = {0};
+            hl.exp_gate = malloc(3 * E * sizeof(QTensor));
+            hl.exp_up = hl.exp_gate + E;
+            hl.exp_down = hl.exp_gate + 2 * E;
+            dl.exp_gate = malloc(3 * E * sizeof(QTensor));
+            dl.exp_up = dl.exp_gate + E;
+            dl.exp_down = dl.exp_gate + 2 * E;
+            for (int i = 0; i < 3 * E; i++) {
+                ws[i] = tw_make(&r, fmts[f], i < 2 * E ? F : D, i < 2 * E ? D : F);
+                hl.exp_gate[i] = ws[i].host;
+                dl.exp_gate[i] = ws[i].dev;
+            }
+            dl.exp_table = up(dl.exp_gate, 3 * E * sizeof(QTensor));
+            float *x = rnd(&r, (size_t)T * D, 1);
+            int *idx = malloc((size_t)T * K * 4);
+            float *wts = rnd(&r, (size_t)T * K, 0.5f);
+            for (int t = 0; t < T; t++) /* K distinct experts per token */
+                for (int k = 0; k < K; k++) idx[t * K + k] = (int)((rng_u64(&r) % (E / K)) * K + k);
+            float *ref = malloc((size_t)T * D * 4);
+            moe_cpu(&cpu, ref, x, idx, wts, T, &hl, &c);
+            float *dx = up(x, (size_t)T * D * 4), *dwts = up(wts, (size_t)T * K * 4), *dout = be_alloc(&gpu, (size_t)T * D * 4);
+            int *didx = up(idx, (size_t)T * K * 4);
+            be_moe(&gpu, dout, dx, didx, dwts, T, &dl, &c);
+            float *got = down(dout, (size_t)T * D);
+            EXPECT_CLOSE(got, ref, (size_t)T * D, TOL_F32, "moe %s T %d E %d K %d D %d F %d", qformat_name(fmts[f]), T, E, K, D, F);
+            free(got); free(ref); free(x); free(idx); free(wts);
+            be_free(&gpu, dx); be_free(&gpu, dwts); be_free(&gpu, dout); be_free(&gpu, didx);
+            be_free(&gpu, (void *)dl.exp_table);
+            for (int i = 0; i < 3 * E; i++) tw_free(&ws[i]);
+            free(ws); free(hl.exp_gate); free(dl.exp_gate);
+        }
+}
+
+/* ---- attention and the indexer over a paged cache ---- */
+
+/* A batch of S sequences: seq s has ctx[s] tokens in the cache and its last ntok[s] are the
+ * batch's tokens; blocks of size bs assigned in a shuffled order. */
+typedef struct {
+    Batch h, d;
+    int n_slots;
+} TB;
+
+static TB tb_make(Rng *r, int S, const int *ctx, const int *ntok, int bs)
+{
+    TB b = {0};
+    int T = 0, maxb = 0, nblk = 0;
+    for (int s = 0; s < S; s++) {
+        T += ntok[s];
+        int nb = (ctx[s] + bs - 1) / bs;
+        maxb = nb > maxb ? nb : maxb;
+        nblk += nb;
+    }
+    int *perm = malloc(nblk * sizeof(int));
+    for (int i = 0; i < nblk; i++) perm[i] = i;
+    for (int i = nblk - 1; i > 0; i--) {
+        int j = (int)(rng_u64(r) % (i + 1)), x = perm[i];
+        perm[i] = perm[j];
+        perm[j] = x;
+    }
+    Batch *h = &b.h;
+    h->n_tokens = T;
+    h->n_seqs = S;
+    h->bt_stride = maxb;
+    h->tokens = calloc(T, 4); h->pos = calloc(T, 4); h->seq = calloc(T, 4); h->slot = calloc(T, 4);
+    h->seq_start = calloc(S, 4); h->seq_ntok = calloc(S, 4); h->ctx_len = calloc(S, 4);
+    h->block_table = calloc((size_t)S * maxb, 4);
+    int t = 0, used = 0;
+    for (int s = 0; s < S; s++) {
+        int nb = (ctx[s] + bs - 1) / bs;
+        for (int i = 0; i < nb; i++) h->block_table[s * maxb + i] = perm[used++];
+        h->seq_start[s] = t;
+        h->seq_ntok[s] = ntok[s];
+        h->ctx_len[s] = ctx[s];
+        h->max_ctx = ctx[s] > h->max_ctx ? ctx[s] : h->max_ctx;
+        for (int i = 0; i < ntok[s]; i++, t++) {
+            h->seq[t] = s;
+            h->pos[t] = ctx[s] - ntok[s] + i;
+            h->slot[t] = cpu_slot(h, s, h->pos[t], bs);
+        }
+    }
+    b.n_slots = nblk * bs;
+    b.d = *h;
+    b.d.pos = up(h->pos, T * 4);
+    b.d.seq = up(h->seq, T * 4);
+    b.d.slot = up(h->slot, T * 4);
+    b.d.block_table = up(h->block_table, (size_t)S * maxb * 4);
+    free(perm);
+    return b;
+}
+
+static void tb_free(TB *b)
+{
+    free(b->h.tokens); free(b->h.pos); free(b->h.seq); free(b->h.slot); free(b->h.seq_start);
+    free(b->h.seq_ntok); free(b->h.ctx_len); free(b->h.block_table);
+    be_free(&gpu, b->d.pos); be_free(&gpu, b->d.seq); be_free(&gpu, b->d.slot); be_free(&gpu, b->d.block_table);
+}
+
+TEST(cuda_attention_gqa)
+{
+    NEED_GPU();
+    Rng r;
+    rng_seed(&r, 18);
+    struct { int S, ctx[3], ntok[3], H, Hkv, Dh; } cases[] = {
+        {1, {1}, {1}, 8, 2, 32},              /* first decode token */
+        {2, {37, 5}, {37, 1}, 4, 4, 64},      /* a prefill and a decode */
+        {3, {300, 17, 1000}, {1, 17, 3}, 96, 8, 128},
+        {1, {32768}, {1}, 8, 1, 128},         /* 32k context */
+    };
+    for (size_t cs = 0; cs < sizeof cases / sizeof cases[0]; cs++) {
+        int bs = 16, H = cases[cs].H, Hkv = cases[cs].Hkv, Dh = cases[cs].Dh;
+        TB b = tb_make(&r, cases[cs].S, cases[cs].ctx, cases[cs].ntok, bs);
+        ModelConfig c = {0};
+        c.n_heads = H; c.n_kv_heads = Hkv; c.head_dim = Dh; c.attn_scale = 1.0f / sqrtf((float)Dh);
+        int W = 2 * Hkv * Dh, T = b.h.n_tokens;
+        float *cache = rnd(&r, (size_t)b.n_slots * W, 1), *q = rnd(&r, (size_t)T * H * Dh, 1);
+        KVLayer hk = {.kv = cache, .block_size = bs, .kv_width = W};
+        KVLayer dk = hk;
+        dk.kv = up(cache, (size_t)b.n_slots * W * 4);
+        float *ref = malloc((size_t)T * H * Dh * 4), *dq = up(q, (size_t)T * H * Dh * 4);
+        float *dout = be_alloc(&gpu, (size_t)T * H * Dh * 4);
+        attention_gqa_cpu(&cpu, ref, q, &hk, &b.h, &c);
+        be_attention_gqa(&gpu, dout, dq, &dk, &b.h, &b.d, &c);
+        float *got = down(dout, (size_t)T * H * Dh);
+        EXPECT_CLOSE(got, ref, (size_t)T * H * Dh, TOL_F32, "gqa case %zu", cs);
+        free(got); free(ref); free(cache); free(q);
+        be_free(&gpu, dk.kv); be_free(&gpu, dq); be_free(&gpu, dout);
+        tb_free(&b);
+    }
+}
+
+TEST(cuda_attention_mla_and_indexer)
+{
+    NEED_GPU();
+    Rng r;
+    rng_seed(&r, 19);
+    struct { int S, ctx[3], ntok[3], H, C, Dn, Dr, Dv, Hi, Di, Ki; int ties; } cases[] = {
+        {1, {1}, {1}, 4, 64, 32, 16, 32, 8, 32, 8, 0},
+        {2, {28, 9}, {28, 1}, 4, 64, 32, 16, 32, 8, 32, 8, 0},
+        {2, {300, 700}, {2, 1}, 16, 512, 128, 64, 128, 32, 128, 256, 0},
+        {1, {5000}, {1}, 8, 512, 192, 64, 256, 32, 128, 2048, 0},
+        {1, {100}, {20}, 4, 64, 32, 16, 32, 8, 32, 8, 1}, /* exact ties in the indexer keys */
+    };
+    for (size_t cs = 0; cs < sizeof cases / sizeof cases[0]; cs++) {
+        int bs = 16, H = cases[cs].H, C = cases[cs].C, Dn = cases[cs].Dn, Dr = cases[cs].Dr, Dv = cases[cs].Dv;
+        int Hi = cases[cs].Hi, Di = cases[cs].Di, Ki = cases[cs].Ki;
+        TB b = tb_make(&r, cases[cs].S, cases[cs].ctx, cases[cs].ntok, bs);
+        int T = b.h.n_tokens, W = C + Dr;
+        ModelConfig c = {0};
+        c.n_heads = H; c.kv_lora_rank = C; c.qk_nope_dim = Dn; c.qk_rope_dim = Dr; c.v_head_dim = Dv;
+        c.index_n_heads = Hi; c.index_head_dim = Di; c.index_topk = Ki;
+        c.attn_scale = 1.0f / sqrtf((float)(Dn + Dr));
+        float *cache = rnd(&r, (size_t)b.n_slots * W, 1), *icache = rnd(&r, (size_t)b.n_slots * Di, 1);
+        if (cases[cs].ties) /* every key equal to one of four: many exactly tied scores */
+            for (int s = 0; s < b.n_slots; s++) memcpy(icache + (size_t)s * Di, icache + (size_t)(s % 4) * Di, Di * 4);
+        float *q = rnd(&r, (size_t)T * H * (Dn + Dr), 1), *iq = rnd(&r, (size_t)T * Hi * Di, 1), *iw = rnd(&r, (size_t)T * Hi, 1);
+        TW wkvb = tw_make(&r, QF_NVFP4, H * (Dn + Dv), C);
+        KVLayer hk = {.kv = cache, .idx = icache, .block_size = bs, .kv_width = W, .idx_width = Di};
+        KVLayer dk = hk;
+        dk.kv = up(cache, (size_t)b.n_slots * W * 4);
+        dk.idx = up(icache, (size_t)b.n_slots * Di * 4);
+        int *topk = malloc((size_t)T * Ki * 4);
+        indexer_cpu(&cpu, topk, iq, iw, &hk, &b.h, &c);
+        float *diq = up(iq, (size_t)T * Hi * Di * 4), *diw = up(iw, (size_t)T * Hi * 4);
+        int *dtopk = be_alloc(&gpu, (size_t)T * Ki * 4);
+        be_indexer(&gpu, dtopk, diq, diw, &dk, &b.h, &b.d, &c);
+        int *gtopk = (int *)down(dtopk, (size_t)T * Ki);
+        int same = !memcmp(gtopk, topk, (size_t)T * Ki * 4);
+        EXPECT(same, "indexer case %zu: selections differ", cs);
+        for (int use_topk = 0; use_topk < 2; use_topk++) {
+            float *ref = malloc((size_t)T * H * Dv * 4), *dq = up(q, (size_t)T * H * (Dn + Dr) * 4);
+            float *dout = be_alloc(&gpu, (size_t)T * H * Dv * 4);
+            attention_mla_cpu(&cpu, ref, q, &hk, &wkvb.host, use_topk ? topk : NULL, Ki, &b.h, &c);
+            be_attention_mla(&gpu, dout, dq, &dk, &wkvb.dev, use_topk ? dtopk : NULL, Ki, &b.h, &b.d, &c);
+            float *got = down(dout, (size_t)T * H * Dv);
+            EXPECT_CLOSE(got, ref, (size_t)T * H * Dv, TOL_F32, "mla case %zu topk %d", cs, use_topk);
+            free(got); free(ref);
+            be_free(&gpu, dq); be_free(&gpu, dout);
+        }
+        free(cache); free(icache); free(q); free(iq); free(iw); free(topk); free(gtopk);
+        be_free(&gpu, dk.kv); be_free(&gpu, dk.idx); be_free(&gpu, diq); be_free(&gpu, diw); be_free(&gpu, dtopk);
+        tw_free(&wkvb);
+        tb_free(&b);
+    }
+}
