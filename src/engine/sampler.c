@@ -1,0 +1,228 @@
+/* sampler: penalties, temperature, top-k / top-p / min-p and seeded sampling on the CPU
+ * (sampler.h). Candidates are the tokens that survive top-k (a partial sort of the logits)
+ * and then top-p and min-p over their softmax; sampling draws from the survivors. */
+#include "sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+void sampling_params_default(SamplingParams *p)
+{
+    *p = (SamplingParams){.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f,
+                          .repetition_penalty = 1.0f, .seed = -1, .logprobs = -1};
+}
+
+const char *sampling_params_check(const SamplingParams *p)
+{
+    if (!(p->temperature >= 0 && p->temperature <= 100)) return "temperature must be in [0, 100]";
+    if (!(p->top_p > 0 && p->top_p <= 1)) return "top_p must be in (0, 1]";
+    if (!(p->min_p >= 0 && p->min_p <= 1)) return "min_p must be in [0, 1]";
+    if (p->top_k < -1) return "top_k must be -1, 0 (off) or positive";
+    if (!(p->repetition_penalty > 0 && p->repetition_penalty <= 100)) return "repetition_penalty must be in (0, 100]";
+    if (!(p->frequency_penalty >= -2 && p->frequency_penalty <= 2)) return "frequency_penalty must be in [-2, 2]";
+    if (!(p->presence_penalty >= -2 && p->presence_penalty <= 2)) return "presence_penalty must be in [-2, 2]";
+    if (p->logprobs > SAMPLER_MAX_LOGPROBS) return "top_logprobs must be at most 20";
+    return NULL;
+}
+
+/* ---- the token map ---- */
+
+static int map_slot(const Sampler *s, int tok)
+{
+    unsigned h = (unsigned)tok * 2654435761u;
+    int i = (int)(h & (unsigned)(s->cap - 1));
+    while (s->keys[i] != -1 && s->keys[i] != tok) i = (i + 1) & (s->cap - 1);
+    return i;
+}
+
+static void map_grow(Sampler *s)
+{
+    int oc = s->cap, *ok = s->keys, *ocnt = s->out_count;
+    unsigned char *op = s->in_prompt;
+    s->cap = oc ? oc * 2 : 64;
+    s->keys = xmalloc(s->cap * sizeof(int));
+    s->out_count = xcalloc(s->cap, sizeof(int));
+    s->in_prompt = xcalloc(s->cap, 1);
+    memset(s->keys, 0xff, s->cap * sizeof(int));
+    for (int i = 0; i < oc; i++)
+        if (ok[i] != -1) {
+            int j = map_slot(s, ok[i]);
+            s->keys[j] = ok[i];
+            s->out_count[j] = ocnt[i];
+            s->in_prompt[j] = op[i];
+        }
+    free(ok);
+    free(ocnt);
+    free(op);
+}
+
+static int map_get(Sampler *s, int tok)
+{
+    if (2 * (s->used + 1) > s->cap) map_grow(s);
+    int i = map_slot(s, tok);
+    if (s->keys[i] == -1) {
+        s->keys[i] = tok;
+        s->used++;
+    }
+    return i;
+}
+
+void sampler_init(Sampler *s, const SamplingParams *p, int vocab, const int *prompt, int n_prompt)
+{
+    *s = (Sampler){.p = *p, .vocab = vocab};
+    uint64_t seed = p->seed >= 0 ? (uint64_t)p->seed : (uint64_t)(clock_now() * 1e9);
+    rng_seed(&s->rng, seed);
+    map_grow(s);
+    if (p->repetition_penalty != 1.0f)
+        for (int i = 0; i < n_prompt; i++)
+            if (prompt[i] >= 0 && prompt[i] < vocab) s->in_prompt[map_get(s, prompt[i])] = 1;
+}
+
+void sampler_free(Sampler *s)
+{
+    free(s->keys);
+    free(s->out_count);
+    free(s->in_prompt);
+    free(s->work);
+    *s = (Sampler){0};
+}
+
+void sampler_accept(Sampler *s, int token)
+{
+    if (token >= 0 && token < s->vocab) s->out_count[map_get(s, token)]++;
+}
+
+/* ---- sampling ---- */
+
+typedef struct { float v; int id; } Cand;
+
+/* descending value, ties to the lower id */
+static int cand_cmp(const void *a, const void *b)
+{
+    const Cand *x = a, *y = b;
+    if (x->v != y->v) return x->v > y->v ? -1 : 1;
+    return x->id - y->id;
+}
+
+/* The top n entries of logits into c (sorted), by a bounded selection over the vocabulary. */
+static int top_n(const float *logits, int V, int n, Cand *c)
+{
+    int k = 0;
+    for (int i = 0; i < V; i++) {
+        float v = logits[i];
+        if (v != v) continue; /* NaN never wins */
+        if (k == n && !(v > c[k - 1].v)) continue;
+        int j = k < n ? k++ : n - 1;
+        while (j > 0 && (c[j - 1].v < v)) { c[j] = c[j - 1]; j--; }
+        c[j] = (Cand){v, i};
+    }
+    return k;
+}
+
+static void log_softmax_top(const float *logits, int V, int n, SampleResult *r, int chosen)
+{
+    float mx = -INFINITY;
+    for (int i = 0; i < V; i++) mx = logits[i] > mx ? logits[i] : mx;
+    double sum = 0;
+    for (int i = 0; i < V; i++) sum += exp((double)logits[i] - mx);
+    float lse = mx + (float)log(sum);
+    r->logprob = logits[chosen] - lse;
+    Cand c[SAMPLER_MAX_LOGPROBS];
+    r->n_top = n > 0 ? top_n(logits, V, n, c) : 0;
+    for (int i = 0; i < r->n_top; i++) {
+        r->top_ids[i] = c[i].id;
+        r->top_logprobs[i] = c[i].v - lse;
+    }
+}
+
+int sampler_sample(Sampler *s, float *logits, SampleResult *res)
+{
+    const SamplingParams *p = &s->p;
+    int V = s->vocab;
+    size_t need = (size_t)V * (sizeof(Cand) + sizeof(float));
+    if (need > s->work_cap) {
+        free(s->work);
+        s->work = xmalloc(need);
+        s->work_cap = need;
+    }
+    Cand *c = s->work;
+    float *raw = NULL;
+    if (p->logprobs >= 0) { /* log-probabilities of the model's own distribution */
+        raw = (float *)(c + V);
+        memcpy(raw, logits, V * sizeof(float));
+    }
+    /* penalties on the tokens seen */
+    if (p->repetition_penalty != 1.0f || p->frequency_penalty != 0 || p->presence_penalty != 0)
+        for (int i = 0; i < s->cap; i++) {
+            int t = s->keys[i];
+            if (t < 0) continue;
+            int cnt = s->out_count[i];
+            if (p->repetition_penalty != 1.0f && (cnt > 0 || s->in_prompt[i]))
+                logits[t] = logits[t] > 0 ? logits[t] / p->repetition_penalty : logits[t] * p->repetition_penalty;
+            if (cnt > 0) logits[t] -= p->frequency_penalty * cnt + p->presence_penalty;
+        }
+    int token;
+    if (p->temperature == 0) { /* greedy: the largest logit, ties to the lowest id */
+        token = 0;
+        for (int i = 1; i < V; i++)
+            if (logits[i] > logits[token] || logits[token] != logits[token]) token = i;
+    } else if ((p->top_k <= 0 || p->top_k >= V) && p->top_p >= 1 && p->min_p <= 0) {
+        /* no filter: draw from the softmax over the whole vocabulary, no sort needed */
+        float mx = -INFINITY;
+        for (int i = 0; i < V; i++) mx = logits[i] > mx ? logits[i] : mx;
+        double sum = 0;
+        for (int i = 0; i < V; i++) sum += exp(((double)logits[i] - mx) / p->temperature);
+        double u = (double)rng_uniform(&s->rng) * sum, acc = 0;
+        token = 0;
+        for (int i = 0; i < V; i++) {
+            if (logits[i] != logits[i]) continue;
+            token = i;
+            acc += exp(((double)logits[i] - mx) / p->temperature);
+            if (u < acc) break;
+        }
+    } else {
+        int k = p->top_k > 0 && p->top_k < V ? p->top_k : V;
+        int n;
+        if (k == V) {
+            n = 0;
+            for (int i = 0; i < V; i++)
+                if (logits[i] == logits[i]) c[n++] = (Cand){logits[i], i};
+            qsort(c, n, sizeof *c, cand_cmp);
+        } else {
+            n = top_n(logits, V, k, c);
+        }
+        /* softmax over the candidates at the temperature */
+        double sum = 0, mx = c[0].v;
+        for (int i = 0; i < n; i++) {
+            c[i].v = (float)exp(((double)c[i].v - mx) / p->temperature);
+            sum += c[i].v;
+        }
+        /* top-p: the smallest prefix whose mass reaches top_p; min-p: prob >= min_p * max */
+        double cum = 0, keep_mass = 0;
+        int m = n;
+        for (int i = 0; i < n; i++) {
+            double pr = c[i].v / sum;
+            if (p->min_p > 0 && pr < p->min_p * (c[0].v / sum)) { m = i; break; }
+            keep_mass += c[i].v;
+            cum += pr;
+            if (cum >= p->top_p) { m = i + 1; break; }
+        }
+        if (m < 1) m = 1;
+        if (m != n) {
+            keep_mass = 0;
+            for (int i = 0; i < m; i++) keep_mass += c[i].v;
+        }
+        double u = (double)rng_uniform(&s->rng) * keep_mass, acc = 0;
+        token = c[m - 1].id;
+        for (int i = 0; i < m; i++) {
+            acc += c[i].v;
+            if (u < acc) { token = c[i].id; break; }
+        }
+    }
+    res->token = token;
+    res->n_top = 0;
+    res->logprob = 0;
+    if (raw) log_softmax_top(raw, V, p->logprobs, res, token);
+    return token;
+}

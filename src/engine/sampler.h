@@ -1,0 +1,61 @@
+/* sampler: choosing the next token from logits, as vLLM and the OpenAI API define the knobs:
+ * repetition penalty (prompt and output tokens: positive logits divided, negative multiplied),
+ * frequency and presence penalties (output tokens), temperature (0 = greedy, ties to the
+ * lowest id), top-k, top-p, min-p, and a per-request seeded generator so that a seed
+ * reproduces the same tokens. Log-probabilities are those of the model's distribution (the
+ * raw logits' log-softmax), with the top alternatives on request. */
+#ifndef MOESERVE_SAMPLER_H
+#define MOESERVE_SAMPLER_H
+
+#include <stdint.h>
+
+#include "../base/util.h"
+
+#define SAMPLER_MAX_LOGPROBS 20
+
+typedef struct {
+    float temperature;         /* 0: greedy */
+    int top_k;                 /* <= 0: off */
+    float top_p;               /* 1: off */
+    float min_p;               /* 0: off */
+    float repetition_penalty;  /* 1: off */
+    float frequency_penalty;   /* 0: off */
+    float presence_penalty;    /* 0: off */
+    int64_t seed;              /* < 0: drawn from the clock */
+    int logprobs;              /* top alternatives to report (0..20); < 0: none */
+} SamplingParams;
+
+void sampling_params_default(SamplingParams *p);
+/* NULL if valid, else a message naming the out-of-range field (for a 400 or a CLI error). */
+const char *sampling_params_check(const SamplingParams *p);
+
+typedef struct {
+    int token;
+    float logprob;                        /* of the chosen token, when logprobs >= 0 */
+    int n_top;
+    int top_ids[SAMPLER_MAX_LOGPROBS];
+    float top_logprobs[SAMPLER_MAX_LOGPROBS];
+} SampleResult;
+
+/* One sequence's sampling state: its parameters, generator and token counts. */
+typedef struct {
+    SamplingParams p;
+    Rng rng;
+    int vocab;
+    /* open-addressing map token -> (count in output, seen in prompt) */
+    int *keys;                 /* [cap], -1 empty */
+    int *out_count;            /* [cap] */
+    unsigned char *in_prompt;  /* [cap] */
+    int cap, used;
+    void *work;                /* grow-only scratch: candidates and a copy of the logits */
+    size_t work_cap;
+} Sampler;
+
+void sampler_init(Sampler *s, const SamplingParams *p, int vocab, const int *prompt, int n_prompt);
+void sampler_free(Sampler *s);
+/* Sample from logits [vocab] (modified in place: penalties, temperature, filters). */
+int sampler_sample(Sampler *s, float *logits, SampleResult *res);
+/* Record a generated token (for the penalties). */
+void sampler_accept(Sampler *s, int token);
+
+#endif
