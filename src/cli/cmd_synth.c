@@ -467,12 +467,15 @@ static void draw_rule(const CkptEntry *e, float *mean, float *std)
     }
 }
 
-/* Rows [r0, r1) of entry i into out. z is approximately N(0, 1): the Irwin-Hall sum of the four
-   16-bit quarters of one splitmix64 draw, centred and scaled to unit variance (tails cut at
-   3.46 sigma). One 64-bit draw per weight keeps the generator off the profile; random weights
-   need a bell shape, not exact normality. */
+/* Rows [r0, r1) of entry e into out. Row r draws from Rng (util.h) seeded with
+   mix64(base + r * gamma); draw k of that stream, splitmix64's mix64(seed + (k + 1) * gamma), is
+   computed in place so the loop has no call and no carried state. z is approximately N(0, 1):
+   the Irwin-Hall sum of the four 16-bit quarters of one draw, centred and scaled to unit
+   variance (tails cut at 3.46 sigma): random weights need a bell shape, not exact normality, and
+   one 64-bit draw per weight keeps the generator cheap. */
 static void gen_rows(const CkptEntry *e, uint64_t seed, int64_t r0, int64_t r1, void *out)
 {
+    const uint64_t gamma = 0x9E3779B97F4A7C15ull;
     const int64_t rows = ckpt_entry_rows(e);
     int64_t K = 1;
     for (int d = 0; d < e->ndim; d++) K *= e->shape[d];
@@ -485,17 +488,21 @@ static void gen_rows(const CkptEntry *e, uint64_t seed, int64_t r0, int64_t r1, 
     CHECK(f32 || e->dtype == DT_BF16, "synth: %s: cannot draw dtype %s", e->name, dtype_name(e->dtype));
 #pragma omp parallel for schedule(dynamic, 16)
     for (int64_t r = r0; r < r1; r++) {
-        Rng rng;
-        rng_seed(&rng, mix64(base + (uint64_t)r * 0x9E3779B97F4A7C15ull));
+        const uint64_t rs = mix64(base + (uint64_t)r * gamma);
         uint16_t *o16 = (uint16_t *)out + (r - r0) * K;
         float *o32 = (float *)out + (r - r0) * K;
         for (int64_t k = 0; k < K; k++) {
-            uint64_t u = rng_u64(&rng);
-            int32_t s = (int32_t)(u & 0xffff) + (int32_t)((u >> 16) & 0xffff) + (int32_t)((u >> 32) & 0xffff) +
-                        (int32_t)(u >> 48) - 131070;
-            float v = mean + (float)s * scale;
-            if (f32) o32[k] = v;
-            else o16[k] = f32_to_bf16(v);
+            const uint64_t u = mix64(rs + (uint64_t)(k + 1) * gamma);
+            const int32_t s = (int32_t)(u & 0xffff) + (int32_t)((u >> 16) & 0xffff) +
+                              (int32_t)((u >> 32) & 0xffff) + (int32_t)(u >> 48) - 131070;
+            const float v = mean + (float)s * scale;
+            if (f32) {
+                o32[k] = v;
+            } else { /* round to nearest even BF16 (v is finite) */
+                uint32_t b;
+                memcpy(&b, &v, 4);
+                o16[k] = (uint16_t)((b + 0x7fffu + ((b >> 16) & 1)) >> 16);
+            }
         }
     }
 }
@@ -526,9 +533,9 @@ static const void *gen_fetch(void *ctx, int i, int64_t r0, int64_t r1)
     return sl->buf;
 }
 
-/* ---- public API ---- */
+/* ---- helpers: options ---- */
 
-static const Preset *find_preset(const char *name, const char *arch_s, Arch *arch_out)
+static const Preset *find_preset(const char *name, const char *arch_s)
 {
     int want = -1;
     if (arch_s) {
@@ -550,9 +557,10 @@ static const Preset *find_preset(const char *name, const char *arch_s, Arch *arc
     if (!hit)
         fatal("synth: --preset %s is not a %s model (glm5 and glm5-layer are glm5; glm4.5 and glm4.5-air are glm4_moe)",
               name, arch_s);
-    *arch_out = hit->arch;
     return hit;
 }
+
+/* ---- public API ---- */
 
 int cmd_synth(int argc, char **argv)
 {
@@ -572,15 +580,15 @@ int cmd_synth(int argc, char **argv)
     }
     if (help) { printf("usage: %s\n", SYNTH_USAGE); return 0; }
     if (!preset_s || (!out && !dry)) {
-        fprintf(stderr, "error: synth: --preset and --out are required\nusage: %s\n", SYNTH_USAGE);
+        fprintf(stderr, "error: synth: %s is required\nusage: %s\n", !preset_s ? "--preset" : "--out (or --dry-run)",
+                SYNTH_USAGE);
         return 2;
     }
     int nvfp4 = !strcmp(quant_s, "nvfp4");
     if (!nvfp4 && strcmp(quant_s, "bf16")) fatal("synth: --quant '%s': expected bf16 or nvfp4", quant_s);
     if (threads > 0) omp_set_num_threads(threads);
 
-    Arch arch;
-    Preset p = *find_preset(preset_s, arch_s, &arch);
+    Preset p = *find_preset(preset_s, arch_s);
     if (layers > 0) {
         p.layers = layers;
         if (p.first_k_dense > layers - 1) p.first_k_dense = layers - 1; /* keep at least one MoE layer */
@@ -608,16 +616,19 @@ int cmd_synth(int argc, char **argv)
     double params = ckpt_plan_params(&plan);
     uint64_t shard_bytes = (uint64_t)shard_mb << 20;
     char b1[32];
-    printf("synth: %s %s (%s), %d layers + %d MTP, %s: %.3f B parameters, %s (%llu bytes) of tensors in "
+    printf("synth: %s %s (%s), layers %d + %d MTP, %s: %.3f B parameters, %s (%llu bytes) of tensors in "
            "shards of <= %d MB%s%s\n",
            c.model_type, p.name, c.architecture, c.n_layers, c.n_mtp_layers, nvfp4 ? "nvfp4" : "bf16", params / 1e9,
            ckpt_fmt_bytes((double)bytes, b1, sizeof b1), (unsigned long long)bytes, shard_mb, out ? " -> " : "",
            out ? out : "");
-    if (nvfp4) printf("synth: %d linears in NVFP4, %d modules excluded by pattern\n", n_q, q.n_exclude);
+    if (nvfp4) {
+        printf("synth: %d linears in NVFP4; excluded:", n_q);
+        for (int i = 0; i < q.n_exclude; i++) printf(" %s", q.exclude[i]);
+        printf("\n");
+    }
     fflush(stdout);
     if (dry) goto done;
 
-    if (ckpt_mkdir(out, err, sizeof err)) fatal("synth: %s", err);
     int64_t avail = ckpt_free_bytes(out);
     uint64_t need = bytes + bytes / 100 + (16u << 20); /* headers, small files, slack */
     if (avail >= 0 && (uint64_t)avail < need) {
@@ -625,6 +636,7 @@ int cmd_synth(int argc, char **argv)
         fatal("synth: %s: the checkpoint needs %s but the filesystem has only %s free", out,
               ckpt_fmt_bytes((double)need, b1, sizeof b1), ckpt_fmt_bytes((double)avail, b2, sizeof b2));
     }
+    if (ckpt_mkdir(out, err, sizeof err)) fatal("synth: %s", err);
 
     double t0 = clock_now();
     Gen g = {.plan = &plan, .seed = (uint64_t)seed};

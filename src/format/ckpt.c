@@ -1,9 +1,11 @@
 /* ckpt: the checkpoint writer behind `moeserve synth` and `moeserve quantize` (ckpt.h). A plan
  * of source tensors is split into shards; each shard is opened with its full header
  * (safetensors' streaming writer) and filled entry by entry from the caller's fetch callback.
- * NVFP4 entries are quantized here with ModelOpt's recipe (nvfp4_quantize, SPEC-models.md §3.5),
- * in parallel over row blocks: every row block is quantized the same way whatever the thread
- * count, so the bytes do not depend on it. Tested by tests/unit/test_synth.c. */
+ * NVFP4 entries are quantized with ModelOpt's recipe (SPEC-models.md §3.5) by
+ * ckpt_nvfp4_quantize, the fast twin of quant.c's nvfp4_quantize, in parallel over row blocks:
+ * each block is quantized the same way whatever the thread count, so the bytes do not depend
+ * on it. One I/O thread writes an entry while the next is computed. Tested by
+ * tests/unit/test_synth.c (`make test FILTER=synth`). */
 #include "ckpt.h"
 
 #include <dirent.h>
@@ -11,6 +13,7 @@
 #include <fnmatch.h>
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,14 +29,40 @@
 
 /* ---- types ---- */
 
-/* Writer state: the plan, the caller's data, and the buffers reused across entries. */
+/* One write handed to the I/O thread: up to four pieces appended to sw. */
+typedef struct {
+    StWriter *sw;            /* borrowed */
+    const void *ptr[4];      /* borrowed */
+    size_t len[4];
+    int n;
+    int borrowed;            /* ptr[0] is fetched data, alive for one more fetch only */
+} IoJob;
+
+/* The I/O thread writes one job while the caller computes the next: at most one in flight. */
+typedef struct {
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    IoJob job;               /* the caller leaves it alone while busy */
+    int busy, quit, failed;
+    char err[512];
+    double t_busy;           /* seconds spent writing */
+} Io;
+
+/* Writer state: the plan, the caller's data, the I/O thread and the buffers reused across
+   entries. NVFP4 output alternates between two sets: one being written, one being filled. */
 typedef struct {
     const CkptPlan *p;
     CkptFetch fetch;
     void *ctx;
-    float *amax;             /* [n] per entry, NAN until computed (NVFP4 entries only) */
-    uint8_t *codes, *scales; /* NVFP4 output of the current entry */
-    size_t codes_cap, scales_cap;
+    float *amax;               /* [n] per entry, NAN until computed (NVFP4 entries only) */
+    uint8_t *codes[2], *scales[2];
+    size_t codes_cap[2], scales_cap[2];
+    float scalar[2][2];        /* weight_scale_2, input_scale of each set */
+    int set;
+    Io io;
+    int fetches_since_post;
+    double t_fetch, t_amax, t_quant, t_stall; /* seconds in each step; stall: waiting for the disk */
 } Writer;
 
 /* ---- helpers ---- */
@@ -81,6 +110,13 @@ static void exclude_push(QuantConfig *q, const char *pattern)
     q->exclude[q->n_exclude++] = xstrdup(pattern);
 }
 
+static inline uint16_t u16_at(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return h;
+}
+
 /* src row of n elements of dtype t -> float. */
 static void row_to_f32(DType t, const uint8_t *src, int64_t n, float *dst)
 {
@@ -88,12 +124,12 @@ static void row_to_f32(DType t, const uint8_t *src, int64_t n, float *dst)
     case DT_F32: memcpy(dst, src, (size_t)n * 4); break;
     case DT_BF16:
         for (int64_t i = 0; i < n; i++) {
-            uint32_t u = (uint32_t)load_u16(src + 2 * i) << 16;
+            uint32_t u = (uint32_t)u16_at(src + 2 * i) << 16;
             memcpy(&dst[i], &u, 4);
         }
         break;
     case DT_F16:
-        for (int64_t i = 0; i < n; i++) dst[i] = f16_to_f32(load_u16(src + 2 * i));
+        for (int64_t i = 0; i < n; i++) dst[i] = f16_to_f32(u16_at(src + 2 * i));
         break;
     default: die("ckpt: row_to_f32: dtype %s is not a float format", dtype_name(t));
     }
@@ -112,9 +148,11 @@ static float tensor_amax(DType t, const uint8_t *src, int64_t N, int64_t K)
         for (int64_t r = 0; r < N; r++) {
             const uint8_t *row = src + (size_t)r * K * es;
             uint32_t rm = 0;
+#pragma omp simd reduction(max : rm)
             for (int64_t k = 0; k < K; k++) {
-                uint32_t a = load_u16(row + 2 * k) & 0x7fffu;
-                if (a <= 0x7f80u && a > rm) rm = a;
+                uint32_t a = u16_at(row + 2 * k) & 0x7fffu;
+                a = a > 0x7f80u ? 0 : a;
+                rm = a > rm ? a : rm;
             }
             if (rm > mb) mb = rm;
         }
@@ -136,11 +174,81 @@ static float tensor_amax(DType t, const uint8_t *src, int64_t N, int64_t K)
     return m;
 }
 
-static const void *fetch_all(Writer *w, int i)
+/* ---- helpers: the I/O thread ---- */
+
+static void *io_main(void *arg)
 {
-    const void *d = w->fetch(w->ctx, i, 0, ckpt_entry_rows(&w->p->e[i]));
+    Io *io = arg;
+    pthread_mutex_lock(&io->mu);
+    for (;;) {
+        while (!io->busy && !io->quit) pthread_cond_wait(&io->cv, &io->mu);
+        if (!io->busy) break;
+        pthread_mutex_unlock(&io->mu);
+        double t0 = clock_now();
+        char err[512];
+        int rc = 0;
+        for (int k = 0; k < io->job.n && rc == 0; k++)
+            rc = stw_write(io->job.sw, io->job.ptr[k], io->job.len[k], err, sizeof err);
+        double dt = clock_now() - t0;
+        pthread_mutex_lock(&io->mu);
+        io->t_busy += dt;
+        if (rc && !io->failed) {
+            io->failed = 1;
+            snprintf(io->err, sizeof io->err, "%s", err);
+        }
+        io->busy = 0;
+        pthread_cond_broadcast(&io->cv);
+    }
+    pthread_mutex_unlock(&io->mu);
+    return NULL;
+}
+
+/* Wait until the job in flight is written. -1 with err set if any write failed. */
+static int io_wait(Writer *w, char *err, size_t errlen)
+{
+    Io *io = &w->io;
+    double t0 = clock_now();
+    pthread_mutex_lock(&io->mu);
+    while (io->busy) pthread_cond_wait(&io->cv, &io->mu);
+    int failed = io->failed;
+    pthread_mutex_unlock(&io->mu);
+    w->t_stall += clock_now() - t0;
+    if (failed) errbuf_set(err, errlen, "%s", io->err);
+    return failed ? -1 : 0;
+}
+
+static int io_post(Writer *w, const IoJob *job, char *err, size_t errlen)
+{
+    if (io_wait(w, err, errlen)) return -1;
+    pthread_mutex_lock(&w->io.mu);
+    w->io.job = *job;
+    w->io.busy = 1;
+    pthread_cond_broadcast(&w->io.cv);
+    pthread_mutex_unlock(&w->io.mu);
+    w->fetches_since_post = 0;
+    return 0;
+}
+
+/* The caller's data for rows [r0, r1) of entry i. The job in flight may point at the previous
+   fetch, which the callback keeps alive for one more call only. */
+static const void *fetch_rows(Writer *w, int i, int64_t r0, int64_t r1)
+{
+    if (w->io.job.borrowed && w->fetches_since_post >= 1) {
+        char err[8];
+        io_wait(w, err, sizeof err); /* a failed write is reported by the next post */
+        w->io.job.borrowed = 0;
+    }
+    double t0 = clock_now();
+    const void *d = w->fetch(w->ctx, i, r0, r1);
+    w->t_fetch += clock_now() - t0;
+    w->fetches_since_post++;
     CHECK(d, "ckpt: no data for tensor '%s'", w->p->e[i].name);
     return d;
+}
+
+static const void *fetch_all(Writer *w, int i)
+{
+    return fetch_rows(w, i, 0, ckpt_entry_rows(&w->p->e[i]));
 }
 
 static float entry_amax(Writer *w, int i, const void *data)
@@ -148,7 +256,9 @@ static float entry_amax(Writer *w, int i, const void *data)
     if (isnan(w->amax[i])) {
         const CkptEntry *e = &w->p->e[i];
         if (!data) data = fetch_all(w, i);
+        double t0 = clock_now();
         w->amax[i] = tensor_amax(e->dtype, data, e->shape[0], e->shape[1]);
+        w->t_amax += clock_now() - t0;
     }
     return w->amax[i];
 }
@@ -159,6 +269,44 @@ static void grow(uint8_t **buf, size_t *cap, size_t need)
     free(*buf);
     *buf = xmalloc(need);
     *cap = need;
+}
+
+/* ---- core: NVFP4 ---- */
+
+void ckpt_nvfp4_quantize(const float *w, int64_t N, int64_t K, float g, uint8_t *codes, uint8_t *scales)
+{
+    CHECK(K % 16 == 0 && g > 0.0f, "ckpt_nvfp4_quantize: K = %lld, g = %g", (long long)K, (double)g);
+    const float g6 = 6.0f * g;
+    for (int64_t n = 0; n < N; n++) {
+        for (int64_t b = 0; b < K / 16; b++) {
+            const float *x = w + n * K + b * 16;
+            float amax = 0.0f;
+#pragma omp simd reduction(max : amax)
+            for (int j = 0; j < 16; j++) {
+                float a = fabsf(x[j]);
+                amax = a > amax ? a : amax; /* NaN never wins, as in quant.c */
+            }
+            /* the block scale exactly as nvfp4_quantize computes it (§3.5) */
+            float s = amax / g6;
+            if (s == 0.0f) s = 1.0f;
+            s = s < 0x1p-9f ? 0x1p-9f : s > 448.0f ? 448.0f : s;
+            const uint8_t sc = f32_to_e4m3(s);
+            scales[n * (K / 16) + b] = sc;
+            const float d = e4m3_to_f32(sc) * g;
+            /* f32_to_e2m1 without branches: 7 minus the boundaries at or above |y| (<= at the
+               ties that round down, < at those that round up); NaN passes none and gives 7 */
+            uint8_t q[16];
+#pragma omp simd
+            for (int j = 0; j < 16; j++) {
+                const float y = x[j] / d, a = fabsf(y);
+                int m = 7 - (a <= 0.25f) - (a < 0.75f) - (a <= 1.25f) - (a < 1.75f) - (a <= 2.5f) - (a < 3.5f) -
+                        (a <= 5.0f);
+                q[j] = (uint8_t)((y < 0.0f ? 8 : 0) | m);
+            }
+            uint8_t *c = codes + n * (K / 2) + b * 8;
+            for (int j = 0; j < 8; j++) c[j] = (uint8_t)(q[2 * j] | q[2 * j + 1] << 4);
+        }
+    }
 }
 
 /* ---- core: one entry ---- */
@@ -175,12 +323,15 @@ static int write_nvfp4(Writer *w, StWriter *sw, int i, char *err, size_t errlen)
     float g = amax / CKPT_FP4_GLOBAL;
     if (!(g > 0.0f)) g = 1.0f; /* all zeros: nvfp4_global_scale's choice */
 
-    grow(&w->codes, &w->codes_cap, (size_t)(N * (K / 2)));
-    grow(&w->scales, &w->scales_cap, (size_t)(N * (K / 16)));
+    /* the other set may still be on its way to the disk */
+    const int set = w->set ^= 1;
+    grow(&w->codes[set], &w->codes_cap[set], (size_t)(N * (K / 2)));
+    grow(&w->scales[set], &w->scales_cap[set], (size_t)(N * (K / 16)));
     const size_t es = (size_t)dtype_bits(e->dtype) / 8;
     const int64_t rows = K >= CKPT_BLOCK_FLOATS ? 1 : CKPT_BLOCK_FLOATS / K;
     const int64_t nblk = (N + rows - 1) / rows;
-    uint8_t *codes = w->codes, *scales = w->scales;
+    uint8_t *codes = w->codes[set], *scales = w->scales[set];
+    double t0 = clock_now();
 #pragma omp parallel
     {
         float *buf = xmalloc((size_t)(rows * K) * sizeof(float));
@@ -188,16 +339,16 @@ static int write_nvfp4(Writer *w, StWriter *sw, int i, char *err, size_t errlen)
         for (int64_t b = 0; b < nblk; b++) {
             int64_t r0 = b * rows, nr = r0 + rows <= N ? rows : N - r0;
             for (int64_t r = 0; r < nr; r++) row_to_f32(e->dtype, src + (size_t)((r0 + r) * K) * es, K, buf + r * K);
-            nvfp4_quantize(buf, nr, K, g, codes + r0 * (K / 2), scales + r0 * (K / 16));
+            ckpt_nvfp4_quantize(buf, nr, K, g, codes + r0 * (K / 2), scales + r0 * (K / 16));
         }
         free(buf);
     }
-    float is = CKPT_INPUT_SCALE;
-    if (stw_write(sw, codes, (size_t)(N * (K / 2)), err, errlen) ||
-        stw_write(sw, scales, (size_t)(N * (K / 16)), err, errlen) || stw_write(sw, &g, 4, err, errlen) ||
-        stw_write(sw, &is, 4, err, errlen))
-        return -1;
-    return 0;
+    w->t_quant += clock_now() - t0;
+    w->scalar[set][0] = g;
+    w->scalar[set][1] = CKPT_INPUT_SCALE;
+    IoJob job = {.sw = sw, .n = 4, .ptr = {codes, scales, &w->scalar[set][0], &w->scalar[set][1]},
+                 .len = {(size_t)(N * (K / 2)), (size_t)(N * (K / 16)), 4, 4}};
+    return io_post(w, &job, err, errlen);
 }
 
 static int write_plain(Writer *w, StWriter *sw, int i, char *err, size_t errlen)
@@ -210,9 +361,9 @@ static int write_plain(Writer *w, StWriter *sw, int i, char *err, size_t errlen)
     int64_t chunk = row_bytes >= CKPT_CHUNK_BYTES ? 1 : (int64_t)(CKPT_CHUNK_BYTES / (row_bytes ? row_bytes : 1));
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
         int64_t r1 = r0 + chunk < rows ? r0 + chunk : rows;
-        const void *d = w->fetch(w->ctx, i, r0, r1);
-        CHECK(d, "ckpt: no data for tensor '%s'", e->name);
-        if (stw_write(sw, d, (size_t)((uint64_t)(r1 - r0) * row_bytes), err, errlen)) return -1;
+        IoJob job = {.sw = sw, .n = 1, .borrowed = 1, .ptr = {fetch_rows(w, i, r0, r1)},
+                     .len = {(size_t)((uint64_t)(r1 - r0) * row_bytes)}};
+        if (io_post(w, &job, err, errlen)) return -1;
     }
     return 0;
 }
@@ -413,6 +564,9 @@ int ckpt_write(const CkptPlan *p, const char *dir, uint64_t shard_bytes, CkptFet
 
     Writer w = {.p = p, .fetch = fetch, .ctx = ctx, .amax = xmalloc((size_t)(n ? n : 1) * sizeof(float))};
     for (int i = 0; i < n; i++) w.amax[i] = NAN;
+    pthread_mutex_init(&w.io.mu, NULL);
+    pthread_cond_init(&w.io.cv, NULL);
+    CHECK(pthread_create(&w.io.th, NULL, io_main, &w.io) == 0, "ckpt: cannot start the I/O thread");
     int rc = 0;
     double t0 = clock_now(), done = 0;
     for (int s = 0, i0 = 0; s < n_shards && rc == 0; s++) {
@@ -432,6 +586,7 @@ int ckpt_write(const CkptPlan *p, const char *dir, uint64_t shard_bytes, CkptFet
             rc = p->e[i].nvfp4 ? write_nvfp4(&w, &sw, i, err, errlen) : write_plain(&w, &sw, i, err, errlen);
             done += (double)entry_out_bytes(&p->e[i]);
         }
+        if (io_wait(&w, rc ? e2 : err, rc ? sizeof e2 : errlen)) rc = -1;
         if (stw_close(&sw, rc ? e2 : err, rc ? sizeof e2 : errlen)) rc = -1;
         if (rc == 0 && n_shards > 1) {
             char b1[32], b2[32];
@@ -444,6 +599,17 @@ int ckpt_write(const CkptPlan *p, const char *dir, uint64_t shard_bytes, CkptFet
     }
     if (rc == 0 && n_shards > 1)
         rc = st_index_write(dir, out_name, out_shard, n_out, total, err, errlen);
+    pthread_mutex_lock(&w.io.mu);
+    w.io.quit = 1;
+    pthread_cond_broadcast(&w.io.cv);
+    pthread_mutex_unlock(&w.io.mu);
+    pthread_join(w.io.th, NULL);
+    pthread_mutex_destroy(&w.io.mu);
+    pthread_cond_destroy(&w.io.cv);
+    if (rc == 0)
+        log_info("%s: %.1f s: data %.1f s, amax %.1f s, quantize %.1f s; writing %.1f s, %.1f s of it not "
+                 "overlapped (%d threads)", label, clock_now() - t0, w.t_fetch, w.t_amax, w.t_quant, w.io.t_busy,
+                 w.t_stall, omp_get_max_threads());
     for (int o = 0; o < n_out; o++) free((char *)specs[o].name);
     free(specs);
     free(first);
@@ -452,8 +618,10 @@ int ckpt_write(const CkptPlan *p, const char *dir, uint64_t shard_bytes, CkptFet
     free(out_shard);
     free(shard);
     free(w.amax);
-    free(w.codes);
-    free(w.scales);
+    for (int k = 0; k < 2; k++) {
+        free(w.codes[k]);
+        free(w.scales[k]);
+    }
     return rc;
 }
 
@@ -547,8 +715,17 @@ int ckpt_mkdir(const char *dir, char *err, size_t errlen)
 
 int64_t ckpt_free_bytes(const char *dir)
 {
+    /* the directory may not exist yet: ask its nearest existing ancestor */
+    char path[4096];
+    snprintf(path, sizeof path, "%s", dir);
     struct statvfs s;
-    if (statvfs(dir, &s) != 0) return -1;
+    while (statvfs(path, &s) != 0) {
+        char *slash = strrchr(path, '/');
+        if (!slash) return statvfs(".", &s) == 0 ? (int64_t)s.f_bavail * (int64_t)s.f_frsize : -1;
+        if (slash == path) slash[1] = 0;
+        else *slash = 0;
+        if (!strcmp(path, "/") && statvfs(path, &s) != 0) return -1;
+    }
     return (int64_t)s.f_bavail * (int64_t)s.f_frsize;
 }
 

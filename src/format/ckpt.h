@@ -32,7 +32,8 @@ typedef struct {
 } CkptEntry;
 
 typedef struct {
-    CkptEntry *e;  int n, cap;
+    CkptEntry *e;                /* owned: [n] in output order (capacity cap) */
+    int n, cap;
 } CkptPlan;
 
 /* The data of rows [r0, r1) of entry i, in its dtype, row-major; rows are the first dimension
@@ -59,10 +60,16 @@ void ckpt_add_excludes(QuantConfig *q, const char *list);
  * of NVFP4 linears. */
 int ckpt_plan_nvfp4(CkptPlan *p, QuantConfig *q);
 
+/* nvfp4_quantize (quant.c) with a given global scale g > 0, fast: branch-free rounding and
+ * loops the compiler vectorizes, no call per element. Same bytes for every input, NaN
+ * included (tests/unit/test_synth.c compares the pair). */
+void ckpt_nvfp4_quantize(const float *w, int64_t N, int64_t K, float g, uint8_t *codes, uint8_t *scales);
+
 /* Write the plan into dir: shards of at most shard_bytes of data (a larger tensor gets a shard
  * of its own), an index when there is more than one shard. Files of an earlier checkpoint that
  * would confuse a reader (model.safetensors, the index, other shards) are removed first.
- * label prefixes the progress lines. 0 ok, -1 with err set. */
+ * fetch is called from the calling thread only; one I/O thread writes an entry while the next
+ * is computed. label prefixes the progress lines. 0 ok, -1 with err set. */
 int ckpt_write(const CkptPlan *p, const char *dir, uint64_t shard_bytes, CkptFetch fetch, void *ctx,
                const char *label, char *err, size_t errlen);
 
@@ -77,7 +84,8 @@ char *ckpt_json_text(const json_t *root);
 int ckpt_write_text(const char *dir, const char *name, const char *text, char *err, size_t errlen);
 /* mkdir -p dir. 0 ok, -1 with err set. */
 int ckpt_mkdir(const char *dir, char *err, size_t errlen);
-/* Free bytes for an unprivileged writer on the filesystem of dir (statvfs), or -1. */
+/* Free bytes for an unprivileged writer on the filesystem of dir, or of its nearest existing
+ * ancestor (statvfs); -1 if none can be asked. */
 int64_t ckpt_free_bytes(const char *dir);
 /* "1.23 GB" (decimal units) into buf. */
 const char *ckpt_fmt_bytes(double bytes, char *buf, size_t n);
