@@ -26,12 +26,13 @@ static const struct { const char *name; OpCategory cat; } op_info[OP_COUNT] = {
     [OP_MOE] = {"moe", CAT_MOE},
     [OP_ATTENTION] = {"attention", CAT_ATTENTION},
     [OP_INDEXER] = {"indexer", CAT_INDEXER},
+    [OP_SAMPLE] = {"sample", CAT_SAMPLE},
 };
 
 static const char *cat_names[CAT_COUNT] = {
     [CAT_GEMM] = "dense GEMM", [CAT_MOE] = "MoE GEMM", [CAT_ATTENTION] = "attention",
     [CAT_INDEXER] = "indexer", [CAT_ELEMENTWISE] = "norms and elementwise",
-    [CAT_ROUTER] = "router and dispatch",
+    [CAT_ROUTER] = "router and dispatch", [CAT_SAMPLE] = "sampling",
 };
 
 const char *op_name(OpId op) { return op_info[op].name; }
@@ -48,6 +49,11 @@ static void count(Backend *be, OpId op, double flops, double bytes)
 }
 
 void *be_alloc(Backend *be, size_t bytes) { return be->ops->alloc(be, bytes); }
+
+void be_fill(Backend *be, void *p, size_t n, FillKind kind, float a, float b, uint64_t seed)
+{
+    be->ops->fill(be, p, n, kind, a, b, seed);
+}
 
 void be_free(Backend *be, void *p)
 {
@@ -199,4 +205,10 @@ void backend_free(Backend *be)
 {
     if (be->ops && be->ops->destroy) be->ops->destroy(be);
     *be = (Backend){0};
+}
+
+void be_argmax(Backend *be, int *out, const float *x, int rows, int n)
+{
+    be->ops->argmax(be, out, x, rows, n);
+    count(be, OP_SAMPLE, (double)rows * n, 4.0 * rows * n + 4.0 * rows);
 }

@@ -34,11 +34,12 @@ typedef enum {
     OP_MOE,          /* dispatch + expert GEMMs + combine */
     OP_ATTENTION,    /* GQA / MLA attention over the paged cache */
     OP_INDEXER,      /* DSA scores + top-k */
+    OP_SAMPLE,       /* sampling on the device */
     OP_COUNT
 } OpId;
 
 typedef enum { CAT_GEMM, CAT_MOE, CAT_ATTENTION, CAT_INDEXER, CAT_ELEMENTWISE, CAT_ROUTER,
-               CAT_COUNT } OpCategory;
+               CAT_SAMPLE, CAT_COUNT } OpCategory;
 
 typedef struct {
     double flops;    /* floating-point operations (a multiply-add counts 2) */
@@ -61,11 +62,22 @@ typedef struct {
 
 typedef struct Backend Backend;
 
+/* Random fills for dummy weights: element i is a function of (seed, i) alone, computed with
+ * integer hashing and exact float arithmetic, so every backend writes the same values. */
+typedef enum {
+    FILL_F32_NORMAL,   /* float: a + b * z, z ~ Irwin-Hall(4), mean 0 variance 1 */
+    FILL_BF16_NORMAL,  /* bf16: the same */
+    FILL_U8_RANDOM,    /* bytes: uniform */
+    FILL_U8_CONST,     /* bytes: a */
+    FILL_E4M3_UNIT,    /* e4m3 bytes: random sign, magnitude in [0.5, 2) */
+} FillKind;
+
 /* The implementation of each op: the backend-specific part. Arguments as the be_* wrappers. */
 typedef struct {
     void *(*alloc)(Backend *be, size_t bytes);     /* activation / cache memory, zeroed */
     void (*free)(Backend *be, void *p);
     void (*destroy)(Backend *be);                  /* releases impl; may be NULL */
+    void (*fill)(Backend *be, void *p, size_t n, FillKind kind, float a, float b, uint64_t seed);
     void (*embed)(Backend *be, float *out, const int *tokens, int T, const QTensor *emb);
     void (*rmsnorm)(Backend *be, float *out, int ldo, const float *x, int ldx, const float *w,
                     int rows, int dim, float eps);
@@ -94,6 +106,7 @@ typedef struct {
                           const ModelConfig *c);
     void (*indexer)(Backend *be, int *topk, const float *q, const float *w, const KVLayer *kv,
                     const Batch *b, const ModelConfig *c);
+    void (*argmax)(Backend *be, int *out, const float *x, int rows, int n);
 } BackendOps;
 
 struct Backend {
@@ -112,6 +125,8 @@ void backend_reset_stats(Backend *be);
 /* ---- The ops, as the model calls them. Each dispatches to be->ops and counts. ---- */
 
 void *be_alloc(Backend *be, size_t bytes);
+/* n elements of kind at p (backend memory), see FillKind */
+void be_fill(Backend *be, void *p, size_t n, FillKind kind, float a, float b, uint64_t seed);
 void be_free(Backend *be, void *p);
 /* out[T, D] = emb[tokens[t]] */
 void be_embed(Backend *be, float *out, const int *tokens, int T, const QTensor *emb);
@@ -162,5 +177,9 @@ void be_attention_mla(Backend *be, float *out, const float *q, const KVLayer *kv
  * position, -1 padded. w[T, Hi] is weights_proj(x); the op applies Hi^-0.5 and Di^-0.5. */
 void be_indexer(Backend *be, int *topk, const float *q, const float *w, const KVLayer *kv,
                 const Batch *hb, const Batch *db, const ModelConfig *c);
+
+/* out[r] = the index of the largest x[r, :n] (ties to the lowest index): greedy sampling on the
+ * device, so that only the ids cross to the host. */
+void be_argmax(Backend *be, int *out, const float *x, int rows, int n);
 
 #endif

@@ -5,6 +5,9 @@
 /* Each command: int cmd_NAME(int argc, char **argv) with argv[0] the command name; returns
  * the process exit status. */
 int cmd_logits(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
+int cmd_perplexity(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
@@ -19,6 +22,18 @@ const char *device_default(void);
 void device_open(Backend *be, const char *device, int threads);
 void device_model(Model *dev, const Model *host, Backend *be);
 void device_model_free(Model *dev, Backend *be);
+
+/* Where the weights come from: --model DIR, and --dummy-weights [--dummy-quant nvfp4|fp8|bf16]
+ * [--num-layers N] for random weights from DIR's config.json alone (vLLM's --load-format dummy). */
+typedef struct {
+    const char *dir;
+    int dummy;
+    const char *dummy_quant;
+    int num_layers;
+} ModelOpts;
+#define MODEL_OPTS_USAGE "--model DIR [--dummy-weights [--dummy-quant nvfp4|fp8|bf16] [--num-layers N]]"
+int opt_model(int argc, char **argv, int *i, ModelOpts *o);
+void model_open(Model *m, const ModelOpts *o);
 
 /* Option parsing: opt_* look at argv[*i]; if it is `--name` they consume its value
  * (argv[*i + 1]), store it and return 1; a missing or malformed value is a fatal error naming

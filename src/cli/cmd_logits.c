@@ -8,11 +8,10 @@
 #include <string.h>
 
 #include "../base/util.h"
-#include "../engine/kv_cache.h"
-#include "../model/forward.h"
+#include "../engine/runner.h"
 #include "cli.h"
 
-#define LOGITS_USAGE "moeserve logits --model DIR --tokens ID,ID,... [--chunk N] [--device cpu|cuda] " \
+#define LOGITS_USAGE "moeserve logits " MODEL_OPTS_USAGE " --tokens ID,ID,... [--chunk N] [--device cpu|cuda] " \
                      "[--threads N] [--block-size N] [--tp N --pp N --ep N] --out FILE"
 
 /* Parse "5,17,42" into ids, each in [0, vocab). Returns the count. */
@@ -40,10 +39,11 @@ static int parse_tokens(const char *s, int vocab, int **out)
 
 int cmd_logits(int argc, char **argv)
 {
-    const char *model_dir = NULL, *tokens_s = NULL, *out_path = NULL, *device = NULL;
+    ModelOpts mo = {0};
+    const char *tokens_s = NULL, *out_path = NULL, *device = NULL;
     int chunk = 0, threads = 0, block_size = 16, tp = 1, pp = 1, ep = 1, help = 0;
     for (int i = 1; i < argc; i++) {
-        if (opt_str(argc, argv, &i, "--model", &model_dir) || opt_str(argc, argv, &i, "--tokens", &tokens_s) ||
+        if (opt_model(argc, argv, &i, &mo) || opt_str(argc, argv, &i, "--tokens", &tokens_s) ||
             opt_str(argc, argv, &i, "--out", &out_path) || opt_str(argc, argv, &i, "--device", &device) ||
             opt_int(argc, argv, &i, "--chunk", 1, 1 << 20, &chunk) ||
             opt_int(argc, argv, &i, "--threads", 1, 4096, &threads) ||
@@ -54,14 +54,14 @@ int cmd_logits(int argc, char **argv)
         opt_unknown("logits", argv[i], LOGITS_USAGE);
     }
     if (help) { printf("usage: %s\n", LOGITS_USAGE); return 0; }
-    if (!model_dir || !tokens_s || !out_path) {
+    if (!mo.dir || !tokens_s || !out_path) {
         fprintf(stderr, "error: logits: --model, --tokens and --out are required\nusage: %s\n", LOGITS_USAGE);
         return 2;
     }
     if (tp != 1 || pp != 1 || ep != 1) fatal("logits: --tp/--pp/--ep: parallel layouts are not available yet (issue #8)");
 
     Model m;
-    model_load(&m, model_dir);
+    model_open(&m, &mo);
     int *ids;
     int T = parse_tokens(tokens_s, m.cfg.vocab, &ids);
     if (T > m.cfg.max_position)
@@ -72,32 +72,16 @@ int cmd_logits(int argc, char **argv)
     device_open(&be, device, threads);
     Model dm;
     device_model(&dm, &m, &be);
-    KVCache kv;
-    kv_cache_init(&kv, &m.cfg, &be, block_size, (T + block_size - 1) / block_size);
-    BlockTable bt = {0};
-    if (block_table_reserve(&bt, &kv, T) < 0) die("kv cache sized for %d tokens ran out", T);
-    Forward f;
-    forward_init(&f, &dm, &be, chunk, chunk, 1, bt.n_blocks);
-
+    Runner run;
+    runner_init(&run, &dm, &be, T, chunk, block_size);
     FILE *out = fopen(out_path, "wb");
     if (!out) fatal("logits: cannot write %s: %s", out_path, strerror(errno));
     int V = m.cfg.vocab;
     float *logits = xmalloc((size_t)chunk * V * sizeof(float));
-    int *pos = xmalloc(chunk * sizeof(int)), *seq = xcalloc(chunk, sizeof(int)), *slot = xmalloc(chunk * sizeof(int));
-    int *out_idx = xmalloc(chunk * sizeof(int));
     double t0 = clock_now();
     for (int s0 = 0; s0 < T; s0 += chunk) {
         int n = T - s0 < chunk ? T - s0 : chunk;
-        for (int i = 0; i < n; i++) {
-            pos[i] = s0 + i;
-            slot[i] = block_table_slot(&bt, block_size, s0 + i);
-            out_idx[i] = i;
-        }
-        int seq_start = 0, seq_ntok = n, ctx = s0 + n;
-        Batch b = {.n_tokens = n, .tokens = ids + s0, .pos = pos, .seq = seq, .slot = slot, .n_seqs = 1,
-                   .seq_start = &seq_start, .seq_ntok = &seq_ntok, .ctx_len = &ctx, .block_table = bt.blocks, .bt_stride = bt.n_blocks,
-                   .n_out = n, .out_idx = out_idx};
-        forward_run(&f, &b, &kv, logits);
+        runner_feed(&run, ids + s0, n, 1, logits);
         if (fwrite(logits, sizeof(float), (size_t)n * V, out) != (size_t)n * V)
             fatal("logits: writing %s: %s", out_path, strerror(errno));
     }
@@ -105,10 +89,9 @@ int cmd_logits(int argc, char **argv)
     log_info("logits: %d tokens (chunk %d) in %.3f s on %s, %d threads -> %s", T, chunk, clock_now() - t0,
              be.name, be.n_threads, out_path);
 
-    free(logits); free(pos); free(seq); free(slot); free(out_idx); free(ids);
-    forward_free(&f);
-    block_table_release(&bt, &kv);
-    kv_cache_free(&kv);
+    free(logits);
+    free(ids);
+    runner_free(&run);
     device_model_free(&dm, &be);
     backend_free(&be);
     model_free(&m);

@@ -45,7 +45,7 @@ void device_open(Backend *be, const char *device, int threads)
 
 void device_model(Model *dev, const Model *host, Backend *be)
 {
-    if (be->host_memory) {
+    if (be->host_memory && !host->dummy) {
         *dev = *host;
         return;
     }
@@ -54,6 +54,26 @@ void device_model(Model *dev, const Model *host, Backend *be)
 
 void device_model_free(Model *dev, Backend *be)
 {
-    if (be->host_memory) return; /* the host model owns everything */
+    if (!dev->dev_buffer) return; /* the host model itself: it owns everything */
     model_upload_free(dev, be);
+}
+
+int opt_model(int argc, char **argv, int *i, ModelOpts *o)
+{
+    return opt_str(argc, argv, i, "--model", &o->dir) || opt_flag(argv, i, "--dummy-weights", &o->dummy) ||
+           opt_str(argc, argv, i, "--dummy-quant", &o->dummy_quant) ||
+           opt_int(argc, argv, i, "--num-layers", 1, MODEL_MAX_LAYERS, &o->num_layers);
+}
+
+void model_open(Model *m, const ModelOpts *o)
+{
+    if (!o->dummy) {
+        if (o->dummy_quant || o->num_layers) fatal("--dummy-quant and --num-layers go with --dummy-weights");
+        model_load(m, o->dir);
+        return;
+    }
+    const char *q = o->dummy_quant ? o->dummy_quant : "nvfp4";
+    QFormat fmt = !strcmp(q, "nvfp4") ? QF_NVFP4 : !strcmp(q, "fp8") ? QF_FP8 : !strcmp(q, "bf16") ? QF_BF16 : QF_COUNT;
+    if (fmt == QF_COUNT) fatal("--dummy-quant '%s': expected nvfp4, fp8 or bf16", q);
+    model_load_dummy(m, o->dir, fmt, o->num_layers);
 }

@@ -125,6 +125,7 @@ typedef struct {
     unsigned char *used;        /* [n_tensors] consumed by the model */
     QuantConfig qc;
     int warned_quant;
+    QFormat dummy;              /* dummy weights: the format of quantised linears; QF_COUNT: real */
 } Loader;
 
 static void mark_used(Loader *ld, const char *name)
@@ -149,10 +150,29 @@ static void account(Loader *ld, const QTensor *w)
     ld->m->params_by_format[w->fmt] += w->rows * w->cols;
 }
 
+/* Dummy weights (model_load_dummy): the format a release would store this linear in. The
+ * directory's quantization config decides when it has one; else the dummy format, except for
+ * what real NVFP4 releases keep in BF16 (SPEC §3.8) and in-feature sizes NVFP4 cannot take. */
+static QFormat dummy_format(const Loader *ld, const char *prefix, int64_t K)
+{
+    int excluded = strcmp(prefix, "lm_head") == 0 || strcmp(prefix, "model.embed_tokens") == 0 ||
+                   (strlen(prefix) > 9 && strcmp(prefix + strlen(prefix) - 9, ".mlp.gate") == 0);
+    if (ld->qc.algo != QALGO_NONE) excluded |= quant_config_excluded(&ld->qc, prefix);
+    if (excluded || (ld->dummy == QF_NVFP4 && K % 16)) return QF_BF16;
+    return ld->dummy;
+}
+
 /* Linear `prefix` with shape [N, K]; required unless optional (then 0 if absent). */
 static int linear(Loader *ld, QTensor *w, const char *prefix, int64_t N, int64_t K, int optional)
 {
     char err[1024];
+    if (ld->dummy != QF_COUNT) { /* a skeleton: model_upload fills data == NULL with random weights */
+        if (optional && strcmp(prefix, "lm_head") == 0 && ld->m->cfg.tie_embeddings) return 0;
+        *w = (QTensor){.fmt = dummy_format(ld, prefix, K), .rows = N, .cols = K, .gscale = 1.0f,
+                       .scale_dtype = DT_F32};
+        account(ld, w);
+        return 1;
+    }
     int rc = load_qtensor(&ld->m->st, prefix, w, err, sizeof err);
     if (rc < 0) fatal("%s", err);
     if (rc == 0) {
@@ -179,6 +199,12 @@ static int linear(Loader *ld, QTensor *w, const char *prefix, int64_t N, int64_t
 /* A 1-D float vector (norm weight, bias) of n elements, decoded to an owned float array. */
 static float *vec(Loader *ld, const char *name, int64_t n, int optional)
 {
+    if (ld->dummy != QF_COUNT) { /* norms 1, biases 0: a dummy model stays numerically tame */
+        int is_norm = strstr(name, "norm.weight") != NULL;
+        float *v = xmalloc(n * sizeof(float));
+        for (int64_t i = 0; i < n; i++) v[i] = is_norm ? 1.0f : 0.0f;
+        return v;
+    }
     const StTensor *t = safetensors_find(&ld->m->st, name);
     if (!t) {
         if (optional) return NULL;
@@ -334,24 +360,51 @@ static int layer_of(const char *name)
     return end != name + 13 && *end == '.' ? (int)v : -1;
 }
 
+/* Every weight of the config: from the checkpoint, or as dummy skeletons. */
+static void load_all(Loader *ld)
+{
+    Model *m = ld->m;
+    const ModelConfig *c = &m->cfg;
+    linear(ld, &m->embed, "model.embed_tokens", c->vocab, c->hidden, 0);
+    if (!linear(ld, &m->lm_head, "lm_head", c->vocab, c->hidden, 1)) {
+        if (!c->tie_embeddings) fatal("%s: missing tensor 'lm_head.weight' (tie_word_embeddings is false)", ld->dir);
+        m->lm_head = m->embed;
+    }
+    m->final_norm = vec(ld, "model.norm.weight", c->hidden, 0);
+    m->layers = xcalloc(c->n_layers, sizeof(LayerWeights));
+    for (int l = 0; l < c->n_layers; l++) load_layer(ld, l);
+}
+
+void model_load_dummy(Model *m, const char *dir, QFormat fmt, int n_layers)
+{
+    char err[1024];
+    *m = (Model){0};
+    if (config_load(&m->cfg, dir, err, sizeof err) < 0) fatal("%s", err);
+    if (n_layers > 0) {
+        if (n_layers > m->cfg.n_layers) fatal("--num-layers %d: the config has %d layers", n_layers, m->cfg.n_layers);
+        m->cfg.n_layers = n_layers;
+    }
+    if (fmt != QF_BF16 && fmt != QF_NVFP4 && fmt != QF_FP8) fatal("dummy weights: format %s is not offered", qformat_name(fmt));
+    Loader ld = {.m = m, .dir = dir, .dummy = fmt};
+    if (quant_config_load(&ld.qc, dir, err, sizeof err) < 0) fatal("%s", err);
+    load_all(&ld);
+    m->dummy = 1;
+    quant_config_free(&ld.qc);
+    log_info("dummy weights: %s, %d layers, %.2f GiB (%.2f GiB NVFP4, %.2f GiB BF16)", m->cfg.architecture,
+             m->cfg.n_layers, (m->bytes_by_format[QF_NVFP4] + m->bytes_by_format[QF_BF16] + m->bytes_by_format[QF_FP8]) / 1073741824.0,
+             m->bytes_by_format[QF_NVFP4] / 1073741824.0, m->bytes_by_format[QF_BF16] / 1073741824.0);
+}
+
 void model_load(Model *m, const char *dir)
 {
     char err[1024];
     *m = (Model){0};
     if (config_load(&m->cfg, dir, err, sizeof err) < 0) fatal("%s", err);
     if (safetensors_open_dir(&m->st, dir, err, sizeof err) < 0) fatal("%s", err);
-    Loader ld = {.m = m, .dir = dir, .used = xcalloc(m->st.n_tensors + 1, 1)};
+    Loader ld = {.m = m, .dir = dir, .used = xcalloc(m->st.n_tensors + 1, 1), .dummy = QF_COUNT};
     if (quant_config_load(&ld.qc, dir, err, sizeof err) < 0) fatal("%s", err);
     const ModelConfig *c = &m->cfg;
-
-    linear(&ld, &m->embed, "model.embed_tokens", c->vocab, c->hidden, 0);
-    if (!linear(&ld, &m->lm_head, "lm_head", c->vocab, c->hidden, 1)) {
-        if (!c->tie_embeddings) fatal("%s: missing tensor 'lm_head.weight' (tie_word_embeddings is false)", dir);
-        m->lm_head = m->embed;
-    }
-    m->final_norm = vec(&ld, "model.norm.weight", c->hidden, 0);
-    m->layers = xcalloc(c->n_layers, sizeof(LayerWeights));
-    for (int l = 0; l < c->n_layers; l++) load_layer(&ld, l);
+    load_all(&ld);
 
     /* MTP layers and anything left over */
     int mtp_lo = 1 << 30, mtp_hi = -1, mtp_n = 0, stray = 0;

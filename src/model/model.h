@@ -145,6 +145,7 @@ typedef struct {
     float *final_norm;         /* [D] */
     LayerWeights *layers;      /* [L] */
     void *dev_buffer;          /* uploaded models: the one backend allocation holding every weight */
+    int dummy;                 /* weights are skeletons (data NULL) that model_upload fills randomly */
     double bytes_by_format[QF_COUNT]; /* weight bytes loaded per storage format */
     int64_t params_by_format[QF_COUNT];
 } Model;
@@ -164,6 +165,12 @@ void model_free(Model *m);
  * backend's kernels want them), for backends whose memory is not the host's. dst shares
  * nothing with src; free it with model_upload_free. */
 void model_upload(Model *dst, const Model *src, struct Backend *be);
+/* --dummy-weights: a Model of skeleton weights from config.json alone (dir needs no checkpoint
+ * files), in the formats a release would use: the directory's quantization config if it has one,
+ * else fmt (QF_NVFP4, QF_FP8 or QF_BF16) for every linear but lm_head, embeddings and routers.
+ * n_layers > 0 keeps only the first n_layers. model_upload then fills it with random weights on
+ * the backend (seeded, the same values on every backend). */
+void model_load_dummy(Model *m, const char *dir, QFormat fmt, int n_layers);
 void model_upload_free(Model *m, struct Backend *be);
 
 /* ---- Batch: the tokens of one forward step over the paged KV cache ---- */

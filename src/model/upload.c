@@ -2,6 +2,7 @@
  * passes over the same walk: the first sums the bytes, then one allocation is made and the
  * second copies each tensor into it and rewrites the pointers. QTensor slices are uploaded as
  * what they cover (an expert of a fused tensor, the FP8 block-scale rows of a slice). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,6 +16,7 @@ typedef struct {
     Backend *be;
     uint8_t *base;   /* NULL in the counting pass */
     size_t off;
+    uint64_t seed;   /* dummy weights: advanced once per filled buffer */
 } Up;
 
 static void *up_bytes(Up *u, const void *src, size_t n)
@@ -42,10 +44,44 @@ static size_t row_bytes(const QTensor *w)
     }
 }
 
+/* n elements of a dummy tensor, filled on the backend (model_load_dummy's skeletons) */
+static void *up_fill(Up *u, size_t bytes, size_t n, FillKind kind, float a, float b)
+{
+    size_t at = u->off;
+    u->off += (bytes + UP_ALIGN - 1) / UP_ALIGN * UP_ALIGN;
+    if (!u->base) return NULL;
+    u->seed = u->seed * 6364136223846793005ull + 1442695040888963407ull;
+    be_fill(u->be, u->base + at, n, kind, a, b, u->seed);
+    return u->base + at;
+}
+
+/* Random weights with std about 1/sqrt(K) in the skeleton's format: NVFP4 codes uniform over
+ * the 16 E2M1 values (std 2.93) with block scale 1.0 (E4M3 0x38) and a global scale to match. */
+static void up_dummy(Up *u, QTensor *dst, const QTensor *src)
+{
+    size_t n = (size_t)src->rows * src->cols;
+    float sd = 1.0f / sqrtf((float)src->cols);
+    switch (src->fmt) {
+    case QF_BF16: dst->data = up_fill(u, n * 2, n, FILL_BF16_NORMAL, 0, sd); break;
+    case QF_F32: dst->data = up_fill(u, n * 4, n, FILL_F32_NORMAL, 0, sd); break;
+    case QF_FP8: dst->data = up_fill(u, n, n, FILL_E4M3_UNIT, 0, 0); dst->gscale = sd / 1.25f; break;
+    case QF_NVFP4:
+        dst->data = up_fill(u, n / 2, n / 2, FILL_U8_RANDOM, 0, 0);
+        dst->scale = up_fill(u, n / 16, n / 16, FILL_U8_CONST, 0x38, 0);
+        dst->gscale = sd / 2.9257f;
+        break;
+    default: die("dummy weights: format %s", qformat_name(src->fmt));
+    }
+}
+
 static void up_qtensor(Up *u, QTensor *dst, const QTensor *src)
 {
     *dst = *src;
-    if (!src->data) return; /* absent (e.g. no indexer on a shared layer) */
+    if (!src->rows) return; /* absent (e.g. no indexer on a shared layer) */
+    if (!src->data) { /* a dummy skeleton */
+        up_dummy(u, dst, src);
+        return;
+    }
     dst->data = up_bytes(u, src->data, (size_t)src->rows * row_bytes(src));
     if (src->fmt == QF_NVFP4) {
         dst->scale = up_bytes(u, src->scale, (size_t)src->rows * (src->cols / 16));
@@ -122,7 +158,7 @@ void model_upload(Model *dst, const Model *src, Backend *be)
     log_info("upload: %.2f GiB of weights to %s", total / 1073741824.0, be->name);
     dst->dev_buffer = be_alloc(be, total);
     dst->layers = xcalloc(src->cfg.n_layers, sizeof(LayerWeights));
-    u = (Up){.be = be, .base = dst->dev_buffer};
+    u = (Up){.be = be, .base = dst->dev_buffer, .seed = 20261202};
     up_model(&u, dst, src);
 }
 

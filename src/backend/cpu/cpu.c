@@ -59,6 +59,7 @@ static void cpu_to_host(Backend *be, void *dst, const void *src, size_t bytes)
 static const BackendOps cpu_ops = {
     .alloc = cpu_alloc,
     .free = cpu_free,
+    .fill = fill_cpu,
     .embed = embed_cpu,
     .rmsnorm = rmsnorm_cpu,
     .layernorm = layernorm_cpu,
@@ -75,6 +76,7 @@ static const BackendOps cpu_ops = {
     .attention_gqa = attention_gqa_cpu,
     .attention_mla = attention_mla_cpu,
     .indexer = indexer_cpu,
+    .argmax = argmax_cpu,
 };
 
 void backend_cpu_init(Backend *be, int n_threads)

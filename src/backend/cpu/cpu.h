@@ -12,6 +12,8 @@
 void *cpu_scratch(int slot, size_t bytes);
 float cpu_dot(const float *a, const float *b, int64_t n);
 
+void fill_cpu(Backend *be, void *p, size_t n, FillKind kind, float a, float b, uint64_t seed);
+void argmax_cpu(Backend *be, int *out, const float *x, int rows, int n);
 void embed_cpu(Backend *be, float *out, const int *tokens, int T, const QTensor *emb);
 void rmsnorm_cpu(Backend *be, float *out, int ldo, const float *x, int ldx, const float *w,
                  int rows, int dim, float eps);

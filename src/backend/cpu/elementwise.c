@@ -3,6 +3,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "../fill.h"
 #include "cpu.h"
 
 void embed_cpu(Backend *be, float *out, const int *tokens, int T, const QTensor *emb)
@@ -100,4 +101,31 @@ void kv_write_cpu(Backend *be, float *cache, int width, int off, const float *sr
     (void)be;
     for (int t = 0; t < T; t++)
         memcpy(cache + (int64_t)slot[t] * width + off, src + (int64_t)t * ld, n * sizeof(float));
+}
+
+/* element i of the fill (backend/fill.h) */
+void fill_cpu(Backend *be, void *p, size_t n, FillKind kind, float a, float b, uint64_t seed)
+{
+#pragma omp parallel for num_threads(be->n_threads) if (n > 65536)
+    for (size_t i = 0; i < n; i++) {
+        switch (kind) {
+        case FILL_F32_NORMAL: ((float *)p)[i] = a + b * fill_normal(seed, i); break;
+        case FILL_BF16_NORMAL: ((uint16_t *)p)[i] = f32_to_bf16(a + b * fill_normal(seed, i)); break;
+        case FILL_U8_RANDOM: ((uint8_t *)p)[i] = (uint8_t)fill_hash(seed, i); break;
+        case FILL_U8_CONST: ((uint8_t *)p)[i] = (uint8_t)a; break;
+        case FILL_E4M3_UNIT: ((uint8_t *)p)[i] = fill_e4m3_unit(seed, i); break;
+        }
+    }
+}
+
+void argmax_cpu(Backend *be, int *out, const float *x, int rows, int n)
+{
+#pragma omp parallel for num_threads(be->n_threads) if (rows > 4)
+    for (int r = 0; r < rows; r++) {
+        const float *v = x + (int64_t)r * n;
+        int best = 0;
+        for (int i = 1; i < n; i++)
+            if (v[i] > v[best]) best = i;
+        out[r] = best;
+    }
 }

@@ -104,9 +104,9 @@ static void cuda_destroy(Backend *be)
 }
 
 static const BackendOps cuda_ops = {
-    cuda_alloc, cuda_free, cuda_destroy, embed_cuda, rmsnorm_cuda, layernorm_cuda, rope_cuda, add_cuda,
+    cuda_alloc, cuda_free, cuda_destroy, fill_cuda, embed_cuda, rmsnorm_cuda, layernorm_cuda, rope_cuda, add_cuda,
     get_rows_cuda, cuda_to_host, cuda_to_device, swiglu_cuda, kv_write_cuda, matmul_cuda, router_cuda,
-    moe_cuda, attention_gqa_cuda, attention_mla_cuda, indexer_cuda,
+    moe_cuda, attention_gqa_cuda, attention_mla_cuda, indexer_cuda, argmax_cuda,
 };
 
 extern "C" void backend_cuda_init(Backend *be, int device)

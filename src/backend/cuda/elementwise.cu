@@ -1,7 +1,29 @@
 /* elementwise: embedding, RoPE, residual add, row gather, SwiGLU and the KV-cache write on the
  * GPU. Twins of src/backend/cpu/elementwise.c (same arguments, same operation order); all are
  * memory-bound, one thread per element (or per rotated pair). */
+#include "../fill.h"
 #include "common.cuh"
+
+/* element i: the same function of (seed, i) as fill_cpu */
+static __global__ void fill_kernel(void *p, size_t n, FillKind kind, float a, float b, uint64_t seed)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        switch (kind) {
+        case FILL_F32_NORMAL: ((float *)p)[i] = a + b * fill_normal(seed, i); break;
+        case FILL_BF16_NORMAL: ((__nv_bfloat16 *)p)[i] = __float2bfloat16(a + b * fill_normal(seed, i)); break;
+        case FILL_U8_RANDOM: ((uint8_t *)p)[i] = (uint8_t)fill_hash(seed, i); break;
+        case FILL_U8_CONST: ((uint8_t *)p)[i] = (uint8_t)a; break;
+        case FILL_E4M3_UNIT: ((uint8_t *)p)[i] = fill_e4m3_unit(seed, i); break;
+        }
+    }
+}
+
+void fill_cuda(Backend *be, void *p, size_t n, FillKind kind, float a, float b, uint64_t seed)
+{
+    if (!n) return;
+    fill_kernel<<<cdiv(n, 256) < 65535 ? cdiv(n, 256) : 65535, 256, 0, cuda_stream(be)>>>(p, n, kind, a, b, seed);
+    LAUNCH_CHECK("fill_kernel");
+}
 
 /* thread (t, i): out[t, i] = emb[tokens[t], i] */
 static __global__ void embed_kernel(float *out, const int *tokens, int T, QTensor emb)
@@ -103,4 +125,38 @@ void kv_write_cuda(Backend *be, float *cache, int width, int off, const float *s
     if (!T) return;
     kv_write_kernel<<<T, 256, 0, cuda_stream(be)>>>(cache, width, off, src, ld, n, slot);
     LAUNCH_CHECK("kv_write_kernel");
+}
+
+/* block r: the largest x[r, :] and its lowest index, by a block reduction over (value, index) */
+static __global__ void argmax_kernel(int *out, const float *x, int n)
+{
+    __shared__ float bv[256];
+    __shared__ int bi[256];
+    const float *v = x + (int64_t)blockIdx.x * n;
+    float best = -INFINITY;
+    int idx = -1;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        if (idx < 0 || v[i] > best) { best = v[i]; idx = i; }
+    bv[threadIdx.x] = best;
+    bi[threadIdx.x] = idx;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) {
+            float ov = bv[threadIdx.x + s];
+            int oi = bi[threadIdx.x + s];
+            if (oi >= 0 && (bi[threadIdx.x] < 0 || ov > bv[threadIdx.x] || (ov == bv[threadIdx.x] && oi < bi[threadIdx.x]))) {
+                bv[threadIdx.x] = ov;
+                bi[threadIdx.x] = oi;
+            }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[blockIdx.x] = bi[0] < 0 ? 0 : bi[0];
+}
+
+void argmax_cuda(Backend *be, int *out, const float *x, int rows, int n)
+{
+    if (!rows) return;
+    argmax_kernel<<<rows, 256, 0, cuda_stream(be)>>>(out, x, n);
+    LAUNCH_CHECK("argmax_kernel");
 }

@@ -1,0 +1,180 @@
+/* bench_model: `moeserve bench model` measures offline prefill and decode throughput without
+ * the server: for each batch size B, B sequences of --input-len random tokens are prefilled
+ * (packed into steps of up to --max-batch-tokens tokens, chunked), then decoded together for
+ * --output-len steps, greedy on the device so only the ids come back. Reports tokens/s, the
+ * time per output token, and the bytes the decode steps had to move against the time
+ * (the op counts of backend.c), next to the memory roof when --roof-gbs is given. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../base/util.h"
+#include "../cli/cli.h"
+#include "../engine/kv_cache.h"
+#include "../model/forward.h"
+
+#define BENCH_MODEL_USAGE "moeserve bench model " MODEL_OPTS_USAGE " [--batch 1,64,256] [--input-len N] " \
+                          "[--output-len N] [--max-batch-tokens N] [--device cpu|cuda] [--threads N] [--roof-gbs X] [--json]"
+
+static int parse_list(const char *s, int *out, int max)
+{
+    int n = 0;
+    const char *p = s;
+    while (*p && n < max) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 1 || v > 1 << 16) fatal("bench model: --batch: '%s' is not a list of sizes in [1, 65536]", s);
+        out[n++] = (int)v;
+        p = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') fatal("bench model: --batch: unexpected '%c'", *end);
+    }
+    return n;
+}
+
+typedef struct {
+    int *tokens, *pos, *seq, *slot, *seq_start, *seq_ntok, *ctx, *out_idx;
+} BatchBuf;
+
+static double stats_bytes(const Backend *be)
+{
+    double b = 0;
+    for (int i = 0; i < OP_COUNT; i++) b += be->stats[i].bytes;
+    return b;
+}
+
+int bench_model_main(int argc, char **argv)
+{
+    ModelOpts mo = {0};
+    const char *batch_s = "1,64,256", *device = NULL;
+    int in_len = 1024, out_len = 128, max_bt = 2048, threads = 0, as_json = 0, help = 0, bs = 16;
+    double roof = 0;
+    for (int i = 1; i < argc; i++) {
+        if (opt_model(argc, argv, &i, &mo) || opt_str(argc, argv, &i, "--batch", &batch_s) ||
+            opt_str(argc, argv, &i, "--device", &device) || opt_int(argc, argv, &i, "--input-len", 1, 1 << 20, &in_len) ||
+            opt_int(argc, argv, &i, "--output-len", 1, 1 << 20, &out_len) ||
+            opt_int(argc, argv, &i, "--max-batch-tokens", 1, 1 << 20, &max_bt) ||
+            opt_int(argc, argv, &i, "--threads", 1, 4096, &threads) ||
+            opt_double(argc, argv, &i, "--roof-gbs", 0, 1e7, &roof) || opt_flag(argv, &i, "--json", &as_json) ||
+            opt_flag(argv, &i, "--help", &help))
+            continue;
+        opt_unknown("bench model", argv[i], BENCH_MODEL_USAGE);
+    }
+    if (help) { printf("usage: %s\n", BENCH_MODEL_USAGE); return 0; }
+    if (!mo.dir) { fprintf(stderr, "error: bench model: --model is required\nusage: %s\n", BENCH_MODEL_USAGE); return 2; }
+    int batches[64], nb = parse_list(batch_s, batches, 64), maxB = 0;
+    for (int i = 0; i < nb; i++) maxB = batches[i] > maxB ? batches[i] : maxB;
+
+    Model m;
+    model_open(&m, &mo);
+    const ModelConfig *c = &m.cfg;
+    if (in_len + out_len > c->max_position) fatal("bench model: %d + %d tokens exceed the context length %d", in_len, out_len, c->max_position);
+    Backend be;
+    device_open(&be, device, threads);
+    Model dm;
+    device_model(&dm, &m, &be);
+    int per_seq = (in_len + out_len + bs - 1) / bs;
+    KVCache kv;
+    kv_cache_init(&kv, c, &be, bs, maxB * per_seq);
+    int max_tok = max_bt > maxB ? max_bt : maxB;
+    Forward f;
+    forward_init(&f, &dm, &be, max_tok, maxB, maxB, per_seq);
+    int V = c->vocab;
+    BatchBuf bb;
+    int **fields[] = {&bb.tokens, &bb.pos, &bb.seq, &bb.slot, &bb.seq_start, &bb.seq_ntok, &bb.ctx, &bb.out_idx};
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) *fields[i] = xcalloc(max_tok, sizeof(int));
+    int *table = xcalloc((size_t)maxB * per_seq, sizeof(int)), *next = xcalloc(maxB, sizeof(int));
+    int *d_next = be_alloc(&be, maxB * sizeof(int));
+    int *prompts = xmalloc((size_t)maxB * in_len * sizeof(int));
+    Rng rng;
+    rng_seed(&rng, 7);
+    for (long i = 0; i < (long)maxB * in_len; i++) prompts[i] = (int)(rng_u64(&rng) % V);
+    BlockTable *bt = xcalloc(maxB, sizeof(BlockTable));
+
+    if (!as_json)
+        printf("%-6s %12s %12s %10s %12s %10s\n", "batch", "prefill t/s", "decode t/s", "TPOT ms", "decode GB/s",
+               roof > 0 ? "% of roof" : "");
+    for (int bi = 0; bi < nb; bi++) {
+        int B = batches[bi];
+        for (int s = 0; s < B; s++) {
+            if (block_table_reserve(&bt[s], &kv, in_len + out_len) < 0) die("bench model: KV pool exhausted");
+            memcpy(table + (size_t)s * per_seq, bt[s].blocks, per_seq * sizeof(int));
+        }
+        /* prefill: sequences packed into steps of up to max_bt tokens */
+        double t0 = clock_now();
+        int s = 0, off = 0;
+        while (s < B) {
+            int T = 0, S = 0, n_out = 0;
+            while (s < B && T < max_bt) {
+                int take = in_len - off < max_bt - T ? in_len - off : max_bt - T;
+                bb.seq_start[S] = T;
+                bb.seq_ntok[S] = take;
+                bb.ctx[S] = off + take;
+                for (int i = 0; i < take; i++) {
+                    bb.tokens[T + i] = prompts[(size_t)s * in_len + off + i];
+                    bb.pos[T + i] = off + i;
+                    bb.seq[T + i] = S;
+                    bb.slot[T + i] = block_table_slot(&bt[s], bs, off + i);
+                }
+                T += take;
+                off += take;
+                if (off == in_len) { bb.out_idx[n_out++] = T - 1; s++; off = 0; }
+                /* the block table of packed sequence S is row S */
+                memcpy(table + (size_t)S * per_seq, bt[s - (off == 0)].blocks, per_seq * sizeof(int));
+                S++;
+            }
+            Batch b = {.n_tokens = T, .tokens = bb.tokens, .pos = bb.pos, .seq = bb.seq, .slot = bb.slot, .n_seqs = S,
+                       .seq_start = bb.seq_start, .seq_ntok = bb.seq_ntok, .ctx_len = bb.ctx, .block_table = table,
+                       .bt_stride = per_seq, .n_out = n_out, .out_idx = bb.out_idx};
+            for (int k = 0; k < S; k++) b.max_ctx = bb.ctx[k] > b.max_ctx ? bb.ctx[k] : b.max_ctx;
+            forward_run(&f, &b, &kv, NULL);
+        }
+        be_to_host(&be, next, f.logits, sizeof(int)); /* synchronise */
+        double t_pre = clock_now() - t0;
+        /* decode: B tokens a step */
+        for (int k = 0; k < B; k++) {
+            memcpy(table + (size_t)k * per_seq, bt[k].blocks, per_seq * sizeof(int));
+            next[k] = prompts[(size_t)k * in_len + in_len - 1];
+        }
+        backend_reset_stats(&be);
+        double t1 = clock_now();
+        for (int step = 0; step < out_len; step++) {
+            for (int k = 0; k < B; k++) {
+                bb.tokens[k] = next[k];
+                bb.pos[k] = in_len + step;
+                bb.seq[k] = k;
+                bb.slot[k] = block_table_slot(&bt[k], bs, in_len + step);
+                bb.seq_start[k] = k;
+                bb.seq_ntok[k] = 1;
+                bb.ctx[k] = in_len + step + 1;
+                bb.out_idx[k] = k;
+            }
+            Batch b = {.n_tokens = B, .tokens = bb.tokens, .pos = bb.pos, .seq = bb.seq, .slot = bb.slot, .n_seqs = B,
+                       .seq_start = bb.seq_start, .seq_ntok = bb.seq_ntok, .ctx_len = bb.ctx, .block_table = table,
+                       .bt_stride = per_seq, .max_ctx = in_len + step + 1, .n_out = B, .out_idx = bb.out_idx};
+            forward_run(&f, &b, &kv, NULL);
+            be_argmax(&be, d_next, f.logits, B, V);
+            be_to_host(&be, next, d_next, B * sizeof(int));
+        }
+        double t_dec = clock_now() - t1, gbs = stats_bytes(&be) / t_dec / 1e9;
+        double pre_tps = (double)B * in_len / t_pre, dec_tps = (double)B * out_len / t_dec;
+        if (as_json)
+            printf("{\"batch\": %d, \"input_len\": %d, \"output_len\": %d, \"prefill_tok_s\": %.1f, \"decode_tok_s\": %.1f, "
+                   "\"tpot_ms\": %.3f, \"decode_gbs\": %.1f, \"device\": \"%s\"}\n",
+                   B, in_len, out_len, pre_tps, dec_tps, t_dec / out_len * 1e3, gbs, be.name);
+        else if (roof > 0)
+            printf("%-6d %12.1f %12.1f %10.3f %12.1f %9.1f%%\n", B, pre_tps, dec_tps, t_dec / out_len * 1e3, gbs, 100 * gbs / roof);
+        else
+            printf("%-6d %12.1f %12.1f %10.3f %12.1f\n", B, pre_tps, dec_tps, t_dec / out_len * 1e3, gbs);
+        fflush(stdout);
+        for (int k = 0; k < B; k++) block_table_release(&bt[k], &kv);
+    }
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) free(*fields[i]);
+    free(table); free(next); free(prompts); free(bt);
+    be_free(&be, d_next);
+    forward_free(&f);
+    kv_cache_free(&kv);
+    device_model_free(&dm, &be);
+    backend_free(&be);
+    model_free(&m);
+    return 0;
+}

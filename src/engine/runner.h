@@ -1,0 +1,31 @@
+/* runner: one sequence through the forward pass and the paged KV cache, for the commands that
+ * need no scheduler (logits, generate, perplexity): tokens are appended a chunk at a time and
+ * the logits of every appended position, or of the last one, come back on the host. The
+ * server's engine (#6) batches many sequences with the same Forward and KVCache. */
+#ifndef MOESERVE_RUNNER_H
+#define MOESERVE_RUNNER_H
+
+#include "../model/forward.h"
+#include "kv_cache.h"
+
+typedef struct {
+    const Model *m;            /* borrowed: the model in the backend's memory */
+    Backend *be;               /* borrowed */
+    KVCache kv;
+    BlockTable bt;
+    Forward f;
+    int chunk;                 /* tokens per forward */
+    int max_ctx;               /* positions the cache holds */
+    int n_ctx;                 /* positions filled so far */
+    int *pos, *seq, *slot, *out_idx; /* [chunk] batch arrays */
+} Runner;
+
+void runner_init(Runner *r, const Model *m, Backend *be, int max_ctx, int chunk, int block_size);
+void runner_free(Runner *r);
+/* Append ids[0..n) (n_ctx + n <= max_ctx); logits: all != 0 -> [n, V] for every appended
+ * position, else [1, V] for the last one (NULL: none). Token ids must be in [0, vocab). */
+void runner_feed(Runner *r, const int *ids, int n, int all, float *logits);
+/* Forget the sequence (the cache is reused from position 0). */
+void runner_reset(Runner *r);
+
+#endif
