@@ -50,7 +50,7 @@ $(BUILD)/%.o: %.c
 
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -c $< -o $@
+	$(NVCC) $(NVFLAGS) -MD -MF $(@:.o=.d) -c $< -o $@
 
 # make test: CPU only; ends with "N passed, N failed".
 test: $(BUILD)/moeserve $(BUILD)/test_unit

@@ -107,6 +107,15 @@ typedef struct {
     void (*indexer)(Backend *be, int *topk, const float *q, const float *w, const KVLayer *kv,
                     const Batch *b, const ModelConfig *c);
     void (*argmax)(Backend *be, int *out, const float *x, int rows, int n);
+    /* optional (NULL on the cpu): size the scratch of every op for these limits now, so that
+     * no allocation happens later (inside a captured graph above all) */
+    void (*reserve)(Backend *be, const ModelConfig *c, int max_tokens, int max_out, int max_ctx);
+    /* optional: capture the ops issued between graph_begin and graph_end into a graph that
+     * graph_launch replays with the same buffers */
+    void (*graph_begin)(Backend *be);
+    void *(*graph_end)(Backend *be);
+    void (*graph_launch)(Backend *be, void *graph);
+    void (*graph_free)(Backend *be, void *graph);
 } BackendOps;
 
 struct Backend {

@@ -14,7 +14,7 @@
 #include "../model/forward.h"
 
 #define BENCH_MODEL_USAGE "moeserve bench model " MODEL_OPTS_USAGE " [--batch 1,64,256] [--input-len N] " \
-                          "[--output-len N] [--max-batch-tokens N] [--device cpu|cuda] [--threads N] [--roof-gbs X] [--json]"
+                          "[--output-len N] [--max-batch-tokens N] [--device cpu|cuda] [--threads N] [--roof-gbs X] [--no-graphs] [--json]"
 
 static int parse_list(const char *s, int *out, int max)
 {
@@ -46,7 +46,7 @@ int bench_model_main(int argc, char **argv)
 {
     ModelOpts mo = {0};
     const char *batch_s = "1,64,256", *device = NULL;
-    int in_len = 1024, out_len = 128, max_bt = 2048, threads = 0, as_json = 0, help = 0, bs = 16;
+    int in_len = 1024, out_len = 128, max_bt = 2048, threads = 0, as_json = 0, help = 0, bs = 16, no_graphs = 0;
     double roof = 0;
     for (int i = 1; i < argc; i++) {
         if (opt_model(argc, argv, &i, &mo) || opt_str(argc, argv, &i, "--batch", &batch_s) ||
@@ -55,6 +55,7 @@ int bench_model_main(int argc, char **argv)
             opt_int(argc, argv, &i, "--max-batch-tokens", 1, 1 << 20, &max_bt) ||
             opt_int(argc, argv, &i, "--threads", 1, 4096, &threads) ||
             opt_double(argc, argv, &i, "--roof-gbs", 0, 1e7, &roof) || opt_flag(argv, &i, "--json", &as_json) ||
+            opt_flag(argv, &i, "--no-graphs", &no_graphs) ||
             opt_flag(argv, &i, "--help", &help))
             continue;
         opt_unknown("bench model", argv[i], BENCH_MODEL_USAGE);
@@ -78,6 +79,7 @@ int bench_model_main(int argc, char **argv)
     int max_tok = max_bt > maxB ? max_bt : maxB;
     Forward f;
     forward_init(&f, &dm, &be, max_tok, maxB, maxB, per_seq);
+    if (!no_graphs) forward_enable_graphs(&f, per_seq * bs);
     int V = c->vocab;
     BatchBuf bb;
     int **fields[] = {&bb.tokens, &bb.pos, &bb.seq, &bb.slot, &bb.seq_start, &bb.seq_ntok, &bb.ctx, &bb.out_idx};

@@ -33,6 +33,8 @@ void runner_free(Runner *r)
 
 void runner_reset(Runner *r) { r->n_ctx = 0; }
 
+void runner_enable_graphs(Runner *r) { forward_enable_graphs(&r->f, r->bt.n_blocks * r->kv.block_size); }
+
 void runner_feed(Runner *r, const int *ids, int n, int all, float *logits)
 {
     CHECK(r->n_ctx + n <= r->max_ctx, "runner: %d + %d tokens exceed the cache's %d", r->n_ctx, n, r->max_ctx);

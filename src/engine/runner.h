@@ -25,6 +25,8 @@ void runner_free(Runner *r);
 /* Append ids[0..n) (n_ctx + n <= max_ctx); logits: all != 0 -> [n, V] for every appended
  * position, else [1, V] for the last one (NULL: none). Token ids must be in [0, vocab). */
 void runner_feed(Runner *r, const int *ids, int n, int all, float *logits);
+/* Run single-token steps (decode) as captured graphs (CUDA); prefill stays eager. */
+void runner_enable_graphs(Runner *r);
 /* Forget the sequence (the cache is reused from position 0). */
 void runner_reset(Runner *r);
 

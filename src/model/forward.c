@@ -3,6 +3,7 @@
 #include "forward.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "../base/util.h"
 
@@ -68,6 +69,10 @@ void forward_init(Forward *f, const Model *m, Backend *be, int max_tokens, int m
 void forward_free(Forward *f)
 {
     if (!f->be) return;
+    for (int g = 0; g < f->n_graphs; g++) f->be->ops->graph_free(f->be, f->graph[g]);
+    Batch *p = &f->pad;
+    void *pads[] = {p->tokens, p->pos, p->seq, p->slot, p->seq_start, p->seq_ntok, p->ctx_len, p->out_idx};
+    for (size_t i = 0; i < sizeof pads / sizeof pads[0]; i++) free(pads[i]);
     Batch *d = &f->dbuf;
     void *dev[] = {d->tokens, d->pos, d->seq, d->slot, d->seq_start, d->seq_ntok, d->ctx_len, d->block_table, d->out_idx};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) be_free(f->be, dev[i]);
@@ -105,15 +110,13 @@ static const Batch *forward_upload(Forward *f, const Batch *b)
     return d;
 }
 
-void forward_run(Forward *f, const Batch *b, KVCache *kv, float *logits_out)
+/* embedding, the layers, the final norm and lm_head on the logits rows of f->hb / f->db */
+static void forward_body(Forward *f, KVCache *kv)
 {
     const Model *m = f->m;
     const ModelConfig *c = &m->cfg;
     Backend *be = f->be;
-    CHECK(b->n_tokens > 0 && b->n_tokens <= f->max_tokens, "forward: %d tokens, limit %d", b->n_tokens, f->max_tokens);
-    CHECK(b->n_out >= 0 && b->n_out <= f->max_out, "forward: %d logits rows, limit %d", b->n_out, f->max_out);
-    f->hb = b;
-    f->db = forward_upload(f, b);
+    const Batch *b = f->hb;
     be_embed(be, f->h, f->db->tokens, b->n_tokens, &m->embed);
     for (int l = 0; l < c->n_layers; l++) {
         if (model_is_mla(c))
@@ -126,5 +129,102 @@ void forward_run(Forward *f, const Batch *b, KVCache *kv, float *logits_out)
     be_get_rows(be, f->out_h, f->h, c->hidden, f->db->out_idx, b->n_out, c->hidden);
     be_rmsnorm(be, f->out_h, c->hidden, f->out_h, c->hidden, m->final_norm, b->n_out, c->hidden, c->rms_eps);
     be_matmul(be, OP_GEMM_LM_HEAD, f->logits, c->vocab, f->out_h, c->hidden, b->n_out, &m->lm_head, NULL);
-    if (logits_out) be_to_host(be, logits_out, f->logits, (size_t)b->n_out * c->vocab * sizeof(float));
+}
+
+void forward_enable_graphs(Forward *f, int max_ctx)
+{
+    Backend *be = f->be;
+    if (!be->ops->graph_begin || be->host_memory) return;
+    f->graph_ctx = max_ctx;
+    if (be->ops->reserve) be->ops->reserve(be, &f->m->cfg, f->max_tokens, f->max_out, max_ctx);
+    int n = f->max_tokens;
+    Batch *p = &f->pad;
+    int **arr[] = {&p->tokens, &p->pos, &p->seq, &p->slot, &p->seq_start, &p->seq_ntok, &p->ctx_len, &p->out_idx};
+    for (size_t i = 0; i < sizeof arr / sizeof arr[0]; i++) *arr[i] = xcalloc(n, sizeof(int));
+}
+
+/* a decode step: one token per sequence, each token a logits row, in order */
+static int is_decode(const Forward *f, const Batch *b)
+{
+    if (b->n_seqs != b->n_tokens || b->n_out != b->n_tokens || b->n_tokens > f->max_out || b->n_tokens > f->max_seqs)
+        return 0;
+    for (int i = 0; i < b->n_tokens; i++)
+        if (b->seq[i] != i || b->out_idx[i] != i || b->seq_ntok[i] != 1 || b->ctx_len[i] > f->graph_ctx) return 0;
+    return 1;
+}
+
+static void forward_decode_graph(Forward *f, const Batch *b, KVCache *kv)
+{
+    Backend *be = f->be;
+    int T = b->n_tokens, P = 1;
+    while (P < T) P *= 2;
+    if (P > f->max_tokens || P > f->max_out || P > f->max_seqs) P = T;
+    /* pad to P: padding tokens read sequence 0's first position and write no cache slot */
+    Batch *p = &f->pad;
+    for (int i = 0; i < P; i++) {
+        int real = i < T;
+        p->tokens[i] = real ? b->tokens[i] : 0;
+        p->pos[i] = real ? b->pos[i] : 0;
+        p->seq[i] = i;
+        p->slot[i] = real ? b->slot[i] : -1;
+        p->seq_start[i] = i;
+        p->seq_ntok[i] = 1;
+        p->ctx_len[i] = real ? b->ctx_len[i] : 1;
+        p->out_idx[i] = i;
+    }
+    p->n_tokens = p->n_seqs = p->n_out = P;
+    p->bt_stride = f->max_blocks;
+    p->max_ctx = f->graph_ctx;
+    /* block-table rows: the real ones; padding rows copy row 0 */
+    Batch hb = *p;
+    int *table = xcalloc((size_t)P * f->max_blocks, sizeof(int));
+    for (int i = 0; i < P; i++)
+        memcpy(table + (size_t)i * f->max_blocks, b->block_table + (size_t)(i < T ? i : 0) * b->bt_stride,
+               (size_t)(b->bt_stride < f->max_blocks ? b->bt_stride : f->max_blocks) * sizeof(int));
+    hb.block_table = table;
+    f->hb = &hb;
+    f->db = forward_upload(f, &hb);
+    f->dbuf.max_ctx = f->graph_ctx; /* baked into the graph: the indexer's score rows */
+    int g = 0;
+    while (g < f->n_graphs && f->graph_T[g] != P) g++;
+    if (g == f->n_graphs) {
+        CHECK(g < 16, "forward: more than 16 decode graphs");
+        OpStat before[OP_COUNT];
+        memcpy(before, be->stats, sizeof before);
+        be->ops->graph_begin(be);
+        forward_body(f, kv);
+        f->graph[g] = be->ops->graph_end(be);
+        f->graph_T[g] = P;
+        for (int i = 0; i < OP_COUNT; i++) {
+            f->graph_stats[g][i].flops = be->stats[i].flops - before[i].flops;
+            f->graph_stats[g][i].bytes = be->stats[i].bytes - before[i].bytes;
+            f->graph_stats[g][i].calls = be->stats[i].calls - before[i].calls;
+        }
+        memcpy(be->stats, before, sizeof before);
+        f->n_graphs++;
+    }
+    be->ops->graph_launch(be, f->graph[g]);
+    for (int i = 0; i < OP_COUNT; i++) {
+        be->stats[i].flops += f->graph_stats[g][i].flops;
+        be->stats[i].bytes += f->graph_stats[g][i].bytes;
+        be->stats[i].calls += f->graph_stats[g][i].calls;
+    }
+    free(table);
+}
+
+void forward_run(Forward *f, const Batch *b, KVCache *kv, float *logits_out)
+{
+    const ModelConfig *c = &f->m->cfg;
+    Backend *be = f->be;
+    CHECK(b->n_tokens > 0 && b->n_tokens <= f->max_tokens, "forward: %d tokens, limit %d", b->n_tokens, f->max_tokens);
+    CHECK(b->n_out >= 0 && b->n_out <= f->max_out, "forward: %d logits rows, limit %d", b->n_out, f->max_out);
+    if (f->graph_ctx && is_decode(f, b)) {
+        forward_decode_graph(f, b, kv);
+    } else {
+        f->hb = b;
+        f->db = forward_upload(f, b);
+        forward_body(f, kv);
+    }
+    if (logits_out && b->n_out)
+        be_to_host(be, logits_out, f->logits, (size_t)b->n_out * c->vocab * sizeof(float));
 }

@@ -19,6 +19,13 @@ typedef struct {
     const Batch *hb;           /* the batch being run, on the host (borrowed, during forward_run) */
     const Batch *db;           /* the same batch with its arrays in backend memory */
     Batch dbuf;                /* device copies of the batch arrays (non-host backends) */
+    /* decode steps as graphs (forward_enable_graphs): one per padded batch size */
+    int graph_ctx;             /* 0: graphs off; else the context every graph is sized for */
+    int n_graphs;
+    int graph_T[16];
+    void *graph[16];
+    OpStat graph_stats[16][OP_COUNT]; /* the counts of one replay, recorded at capture */
+    Batch pad;                 /* host arrays of the padded decode batch */
     float *inv_freq;           /* [rotary_dim / 2] RoPE frequencies (backend memory) */
     float rope_scale;          /* cos/sin factor (YaRN attention factor; 1 otherwise) */
     /* activations (backend memory) */
@@ -45,7 +52,12 @@ typedef struct {
 void forward_init(Forward *f, const Model *m, Backend *be, int max_tokens, int max_out, int max_seqs,
                   int max_blocks);
 void forward_free(Forward *f);
-/* Run the batch; writes logits [b->n_out, V] to the host buffer logits_out (may be NULL). */
+/* Decode steps (every sequence one token, every token a logits row) run as graphs captured
+ * once per padded batch size (1, 2, 4, ... up to max_tokens), for contexts up to max_ctx.
+ * Backends without graphs ignore this. */
+void forward_enable_graphs(Forward *f, int max_ctx);
+/* Run the batch; writes logits [b->n_out, V] to the host buffer logits_out (may be NULL);
+ * they stay in f->logits (backend memory) either way. */
 void forward_run(Forward *f, const Batch *b, KVCache *kv, float *logits_out);
 
 /* RoPE frequencies of the config: inv_freq[i] for i < rotary_dim/2 (default: theta^(-2i/d) in

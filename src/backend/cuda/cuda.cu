@@ -103,10 +103,17 @@ static void cuda_destroy(Backend *be)
     be->impl = NULL;
 }
 
+static void cuda_reserve(Backend *be, const ModelConfig *c, int T, int max_out, int max_ctx);
+static void cuda_graph_begin(Backend *be);
+static void *cuda_graph_end(Backend *be);
+static void cuda_graph_launch(Backend *be, void *graph);
+static void cuda_graph_free(Backend *be, void *graph);
+
 static const BackendOps cuda_ops = {
     cuda_alloc, cuda_free, cuda_destroy, fill_cuda, embed_cuda, rmsnorm_cuda, layernorm_cuda, rope_cuda, add_cuda,
     get_rows_cuda, cuda_to_host, cuda_to_device, swiglu_cuda, kv_write_cuda, matmul_cuda, router_cuda,
-    moe_cuda, attention_gqa_cuda, attention_mla_cuda, indexer_cuda, argmax_cuda,
+    moe_cuda, attention_gqa_cuda, attention_mla_cuda, indexer_cuda, argmax_cuda, cuda_reserve, cuda_graph_begin,
+    cuda_graph_end, cuda_graph_launch, cuda_graph_free,
 };
 
 extern "C" void backend_cuda_init(Backend *be, int device)
@@ -127,4 +134,60 @@ extern "C" void backend_cuda_init(Backend *be, int device)
     be->ops = &cuda_ops;
     be->n_threads = 1;
     be->impl = s;
+    const char *sy = getenv("MOESERVE_SYNC");
+    s->sync = sy && *sy == '1';
+}
+
+/* ---- graphs and scratch reservation ---- */
+
+static void cuda_graph_begin(Backend *be)
+{
+    CUDA_CHECK(cudaStreamBeginCapture(cuda_stream(be), cudaStreamCaptureModeThreadLocal));
+}
+
+static void *cuda_graph_end(Backend *be)
+{
+    cudaGraph_t g;
+    cudaGraphExec_t x;
+    CUDA_CHECK(cudaStreamEndCapture(cuda_stream(be), &g));
+    CUDA_CHECK(cudaGraphInstantiate(&x, g, 0));
+    CUDA_CHECK(cudaGraphDestroy(g));
+    return (void *)x;
+}
+
+static void cuda_graph_launch(Backend *be, void *graph)
+{
+    CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)graph, cuda_stream(be)));
+    if (cuda_state(be)->sync) CUDA_CHECK(cudaStreamSynchronize(cuda_stream(be)));
+}
+
+static void cuda_graph_free(Backend *be, void *graph)
+{
+    cudaStreamSynchronize(cuda_stream(be));
+    cudaGraphExecDestroy((cudaGraphExec_t)graph);
+}
+
+static int imax(int a, int b) { return a > b ? a : b; }
+
+/* The scratch each op needs at these limits (see the cuda_scratch calls of the op files). */
+static void cuda_reserve(Backend *be, const ModelConfig *c, int T, int max_out, int max_ctx)
+{
+    int kmax = imax(imax(c->hidden, c->n_heads * imax(c->head_dim, c->v_head_dim)),
+                    imax(imax(c->intermediate, c->moe_intermediate * imax(c->n_shared_experts, 1)),
+                         imax(c->q_lora_rank, c->kv_lora_rank)));
+    int nmax = imax(imax(c->n_heads * imax(c->head_dim, c->qk_nope_dim + c->qk_rope_dim), c->intermediate),
+                    imax(c->n_heads * (c->qk_nope_dim + c->v_head_dim), imax(c->hidden, c->n_experts)));
+    int rows = imax(T, max_out);
+    cuda_scratch(be, SCR_MM_X, (size_t)2 * rows * kmax * 2);
+    cuda_scratch(be, SCR_MM_Y, (size_t)2 * max_out * c->vocab * 4 > (size_t)2 * T * nmax * 4
+                                   ? (size_t)2 * max_out * c->vocab * 4 : (size_t)2 * T * nmax * 4);
+    if (c->n_experts > 0) {
+        int E = c->n_experts, P = T * c->n_experts_per_tok, QMT = 16;
+        cuda_scratch(be, SCR_MOE_COUNT, (size_t)(4 * E + 1 + 2 * (P / QMT + E)) * 4);
+        cuda_scratch(be, SCR_MOE_ROWS, (size_t)P * 4);
+        cuda_scratch(be, SCR_MOE_H, (size_t)P * c->moe_intermediate * 4);
+        cuda_scratch(be, SCR_MOE_U, (size_t)P * c->moe_intermediate * 4);
+        cuda_scratch(be, SCR_MOE_Y, (size_t)P * c->hidden * 4);
+    }
+    if (c->index_n_heads > 0) cuda_scratch(be, SCR_IDX_SCORES, (size_t)T * max_ctx * 4);
 }
