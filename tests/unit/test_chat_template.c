@@ -1,0 +1,410 @@
+/* test_chat_template: src/format/chat_template.c against the text transformers' apply_chat_template
+ * renders (fixtures from tools/make_chat_fixtures.py in tests/data/chat/): every case byte for
+ * byte, or an error where transformers raised. Templates of real models come from the shared
+ * assets (../shared/assets or $MOESERVE_ASSETS; skipped when absent); the built-in template and
+ * the test templates written for moeserve are in tests/data/chat/ and always run. Also: load
+ * errors for unsupported constructs, runtime errors, loading from a model directory, speed. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "../test.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include "base/util.h"
+#include "format/chat_template.h"
+
+/* ---- helpers ---- */
+
+static const char *assets_dir(void)
+{
+    static char dir[4200];
+    const char *e = getenv("MOESERVE_ASSETS");
+    if (e) snprintf(dir, sizeof dir, "%s", e);
+    else snprintf(dir, sizeof dir, "%s/../shared/assets", test_root());
+    return dir;
+}
+
+static ChatTemplate *parse_file(const char *path, char *err, size_t n)
+{
+    size_t len;
+    char *text = file_read_all(path, &len);
+    if (!text) { snprintf(err, n, "cannot read %.300s", path); return NULL; }
+    ChatTemplate *t = chat_template_parse(text, err, n);
+    free(text);
+    return t;
+}
+
+/* The first difference between got and want, printed with some context. */
+static void show_diff(const char *id, const char *got, const char *want)
+{
+    size_t i = 0;
+    while (got[i] && got[i] == want[i]) i++;
+    size_t from = i > 40 ? i - 40 : 0;
+    fprintf(stderr, "    %s: differs at byte %zu\n      got:  \"", id, i);
+    for (size_t k = from; got[k] && k < i + 40; k++) fputs(got[k] == '\n' ? "\\n" : (char[2]){ got[k], 0 }, stderr);
+    fprintf(stderr, "\"\n      want: \"");
+    for (size_t k = from; want[k] && k < i + 40; k++) fputs(want[k] == '\n' ? "\\n" : (char[2]){ want[k], 0 }, stderr);
+    fprintf(stderr, "\"\n");
+}
+
+static const char *str_or_null(json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    return json_is_string(v) ? json_string_value(v) : NULL;
+}
+
+/* Render one fixture case with t (or with the case's own "template"); 1 if it matches. */
+static int run_case(ChatTemplate *t, json_t *c)
+{
+    const char *id = str_or_null(c, "id");
+    const char *want = str_or_null(c, "expected");
+    char err[512] = "", *out = NULL;
+    ChatTemplate *own = NULL;
+    if (!t) {
+        own = chat_template_parse(str_or_null(c, "template"), err, sizeof err);
+        if (!own) {
+            if (want) fprintf(stderr, "    %s: load error: %s\n", id, err);
+            return !want;
+        }
+        t = own;
+    }
+    json_t *tools = json_object_get(c, "tools");
+    if (json_is_null(tools)) tools = NULL;
+    json_t *kw = json_object_get(c, "kwargs");
+    int rc = chat_template_render(t, json_object_get(c, "messages"), tools,
+                                  json_is_true(json_object_get(c, "add_generation_prompt")), kw,
+                                  str_or_null(c, "bos_token"), str_or_null(c, "eos_token"), &out, err, sizeof err);
+    int ok;
+    if (!want) { /* transformers raised */
+        ok = rc != 0;
+        if (!ok) fprintf(stderr, "    %s: rendered, but transformers raised %s\n", id, str_or_null(c, "error"));
+    } else if (rc) {
+        ok = 0;
+        fprintf(stderr, "    %s: render error: %s\n", id, err);
+    } else {
+        ok = !strcmp(out, want);
+        if (!ok) show_diff(id, out, want);
+    }
+    free(out);
+    chat_template_free(own);
+    return ok;
+}
+
+/* All cases of tests/data/chat/<name>.jsonl; t NULL: each case carries its template. */
+static void run_fixtures(const char *name, ChatTemplate *t)
+{
+    char rel[128];
+    snprintf(rel, sizeof rel, "chat/%s.jsonl", name);
+    FILE *f = fopen(test_data(rel), "r");
+    ASSERT(f, "cannot open %s", test_data(rel));
+    char *line = NULL;
+    size_t cap = 0;
+    int n = 0, pass = 0, errors = 0;
+    while (getline(&line, &cap, f) > 0) {
+        json_error_t je;
+        json_t *c = json_loads(line, 0, &je);
+        if (!c) { test_fail(__FILE__, __LINE__, "%s: bad fixture line: %s", name, je.text); continue; }
+        n++;
+        errors += json_object_get(c, "error") != NULL;
+        pass += run_case(t, c);
+        json_decref(c);
+    }
+    free(line);
+    fclose(f);
+    fprintf(stderr, "    %s: %d/%d cases match (%d of them errors in transformers too)\n", name, pass, n, errors);
+    EXPECT(n > 0, "no cases in %s", rel);
+    EXPECT_EQ_INT(pass, n);
+}
+
+static void run_local(const char *name)
+{
+    char rel[128], err[512];
+    snprintf(rel, sizeof rel, "chat/%s.jinja", name);
+    ChatTemplate *t = parse_file(test_data(rel), err, sizeof err);
+    ASSERT(t, "%s: %s", rel, err);
+    run_fixtures(name, t);
+    chat_template_free(t);
+}
+
+/* ---- fixtures: templates written for moeserve (always run) ---- */
+
+TEST(chat_builtin) { run_local("builtin"); }
+TEST(chat_llama3_style) { run_local("llama3_style"); }
+TEST(chat_deepseek_style) { run_local("deepseek_style"); }
+TEST(chat_features) { run_local("features"); }
+TEST(chat_snippets) { run_fixtures("snippets", NULL); }
+
+/* ---- fixtures: real model templates from the shared assets ---- */
+
+TEST(chat_glm45)
+{
+    char dir[4400], err[512];
+    snprintf(dir, sizeof dir, "%s/tokenizers/glm4", assets_dir());
+    if (!file_exists(dir)) { test_skip("no %s (set MOESERVE_ASSETS)", dir); return; }
+    ChatTemplate *t = chat_template_load(dir, err, sizeof err); /* its chat_template.jinja: GLM-4.6 */
+    ASSERT(t, "%s", err);
+    run_fixtures("glm45", t);
+    chat_template_free(t);
+}
+
+TEST(chat_glm47)
+{
+    char path[4400], err[512];
+    snprintf(path, sizeof path, "%s/tokenizers/glm4/chat_template_glm47_flash.jinja", assets_dir());
+    if (!file_exists(path)) { test_skip("no %s (set MOESERVE_ASSETS)", path); return; }
+    ChatTemplate *t = parse_file(path, err, sizeof err);
+    ASSERT(t, "%s", err);
+    run_fixtures("glm47", t);
+    chat_template_free(t);
+}
+
+TEST(chat_qwen3)
+{
+    char dir[4400], err[512];
+    snprintf(dir, sizeof dir, "%s/tokenizers/qwen3", assets_dir());
+    if (!file_exists(dir)) { test_skip("no %s (set MOESERVE_ASSETS)", dir); return; }
+    ChatTemplate *t = chat_template_load(dir, err, sizeof err); /* tokenizer_config.json, string form */
+    ASSERT(t, "%s", err);
+    run_fixtures("qwen3", t);
+    chat_template_free(t);
+}
+
+/* ---- what is outside the subset fails at load, with a message that says what ---- */
+
+TEST(chat_load_errors)
+{
+    static const struct { const char *tmpl, *msg; } cases[] = {
+        { "{{ x | indent }}", "filter 'indent' is not supported" },
+        { "{{ x | nosuch }}", "no filter named 'nosuch'" },
+        { "{% if x is nosuch %}{% endif %}", "no test named 'nosuch'" },
+        { "{% include 'other.jinja' %}", "'include' tag is not supported" },
+        { "{% extends 'base' %}", "'extends' tag is not supported" },
+        { "{% filter upper %}x{% endfilter %}", "'filter' tag is not supported" },
+        { "{% frobnicate %}", "unknown tag 'frobnicate'" },
+        { "{% do x.append(1) %}", "unknown tag 'do'" },
+        { "{{ x.splitlines() }}", "method 'splitlines()' is not supported" },
+        { "{{ '%s'.format(1) }}", "method 'format()' is not supported" },
+        { "{{ lipsum() }}", "'lipsum' is not supported" },
+        { "{{ foo(1) }}", "neither a macro" },
+        { "{% for x in y recursive %}{% endfor %}", "recursive" },
+        { "{% macro m() %}{{ caller() }}{% endmacro %}", "'caller' is not supported" },
+        { "{% macro m() %}{{ varargs }}{% endmacro %}", "'varargs' is not supported" },
+        { "{{ f(*args) }}", "*args" },
+        { "{% if x %}never closed", "expected 'endif'" },
+        { "{{ 'abc }}", "unterminated string" },
+        { "{% break %}", "outside of a loop" },
+        { "{{ x | map('nosuch') }}", "filter 'nosuch' is not supported" },
+        { "{{ x | selectattr('a', 'nosuch') }}", "test 'nosuch' is not supported" },
+        { "{# never closed", "comment" },
+        { "{{ x ]}}", "unexpected ']'" },
+        { "{{ 99999999999999999999 }}", "too large" },
+        { "{{ x }", "unexpected '}'" },
+        { "{{ x ", "unexpected end of template" },
+        { "{{ a b }}", "expected '}}'" },
+        { "line 1\nline 2 {{ x | nosuch }}", "line 2" },
+        { "{{ '\\N{DASH}' }}", "\\N{...}" },
+        { "{% set ns.a, b = 1, 2 %}", "not supported" },
+        { "{{ x[1:2, 3] }}", "multi-dimensional" },
+        { "\xff{{ x }}", "UTF-8" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char err[512] = "";
+        ChatTemplate *t = chat_template_parse(cases[i].tmpl, err, sizeof err);
+        EXPECT(!t, "template %zu (%s) loaded", i, cases[i].tmpl);
+        EXPECT(strstr(err, cases[i].msg), "template %zu (%s): error \"%s\" lacks \"%s\"", i, cases[i].tmpl, err, cases[i].msg);
+        EXPECT(!strncmp(err, "chat template", 13), "template %zu: \"%s\"", i, err);
+        chat_template_free(t);
+    }
+}
+
+/* ---- render-time errors: raise_exception, type errors, Undefined misuse, deliberate limits ---- */
+
+static int render_str(const char *tmpl, const char *messages_json, const char *kwargs_json, char **out, char *err, size_t n)
+{
+    ChatTemplate *t = chat_template_parse(tmpl, err, n);
+    if (!t) return -2;
+    json_t *m = json_loads(messages_json ? messages_json : "[{\"role\": \"user\", \"content\": \"hi\"}]", 0, NULL);
+    json_t *kw = kwargs_json ? json_loads(kwargs_json, 0, NULL) : NULL;
+    int rc = chat_template_render(t, m, NULL, 1, kw, "<s>", "</s>", out, err, n);
+    json_decref(m);
+    json_decref(kw);
+    chat_template_free(t);
+    return rc;
+}
+
+TEST(chat_render_errors)
+{
+    static const struct { const char *tmpl, *msg; } cases[] = {
+        { "{% if messages[0].role != 'system' %}{{ raise_exception('Only system roles: ' ~ messages[0].role) }}{% endif %}",
+          "raise_exception: Only system roles: user" },
+        { "{{ 'a' + 1 }}", "can only concatenate str" },
+        { "{{ nope.attr }}", "'nope' is undefined" },
+        { "{{ messages[0].content + none }}", "can only concatenate str" },
+        { "{{ 1 // 0 }}", "division or modulo by zero" },
+        { "{{ messages | selectattr('role') }}", "generator" },        /* Python would print an address */
+        { "{{ (-8) ** 0.5 }}", "complex" },                                /* Python would give a complex */
+        { "{{ messages[0].content.startswith('h', 1) }}", "start/end" },
+        { "{{ range(100001) | length }}", "range too big" },
+        { "{{ 9223372036854775807 + 1 }}", "integer overflow" },
+        { "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "nested deeper" },
+        { "{{ '%d' % 3 }}", "formatting" },
+        { "{% set x = namespace() %}{% set y.a = 1 %}", "non-namespace" },
+        { "{{ undefined_fn }}{{ messages[0].role.zfill(3) }}", "method 'zfill()' is not supported" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char err[512] = "", *out = NULL;
+        int rc = render_str(cases[i].tmpl, NULL, NULL, &out, err, sizeof err);
+        EXPECT(rc != 0, "template %zu (%s) rendered \"%s\"", i, cases[i].tmpl, out ? out : "");
+        EXPECT(strstr(err, cases[i].msg), "template %zu (%s): error \"%s\" lacks \"%s\"", i, cases[i].tmpl, err, cases[i].msg);
+        free(out);
+    }
+    /* the error names the template line */
+    char err[512] = "", *out = NULL;
+    EXPECT(render_str("a\nb\n{{ raise_exception('x') }}", NULL, NULL, &out, err, sizeof err) == -1);
+    EXPECT(strstr(err, "line 3"), "%s", err);
+    /* kwargs may not replace the named render arguments (Python: multiple values for a keyword) */
+    EXPECT(render_str("{{ 1 }}", NULL, "{\"messages\": []}", &out, err, sizeof err) == -1);
+    EXPECT(render_str("{{ 1 }}", "{\"role\": \"user\"}", NULL, &out, err, sizeof err) == -1, "messages must be an array");
+}
+
+TEST(chat_render_variables)
+{
+    char err[512] = "", *out = NULL;
+    /* transformers passes tools=None and documents=None; bos/eos and kwargs are variables */
+    int rc = render_str("{{ tools is none }}|{{ documents is none }}|{{ bos_token }}{{ eos_token }}|{{ add_generation_prompt }}|"
+                        "{{ enable_thinking }}|{{ x.y[1] }}|{{ nope is defined }}",
+                        NULL, "{\"enable_thinking\": false, \"x\": {\"y\": [1, 2.5]}}", &out, err, sizeof err);
+    ASSERT(rc == 0, "%s", err);
+    EXPECT(!strcmp(out, "True|True|<s></s>|True|False|2.5|False"), "got %s", out);
+    free(out);
+}
+
+/* ---- loading from a model directory ---- */
+
+static void write_file(const char *dir, const char *name, const char *text)
+{
+    char p[4500];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "w");
+    if (!f) return;
+    fputs(text, f);
+    fclose(f);
+}
+
+static char *render_dir(const char *dir, int with_tools, char *err, size_t n)
+{
+    ChatTemplate *t = chat_template_load(dir, err, n);
+    if (!t) return NULL;
+    json_t *m = json_loads("[{\"role\": \"user\", \"content\": \"hi\"}]", 0, NULL);
+    json_t *tools = with_tools ? json_loads("[{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]", 0, NULL) : NULL;
+    char *out = NULL;
+    chat_template_render(t, m, tools, 0, NULL, NULL, NULL, &out, err, n);
+    json_decref(m);
+    json_decref(tools);
+    chat_template_free(t);
+    return out;
+}
+
+TEST(chat_load_dir)
+{
+    char base[4200], d[4400], err[512] = "";
+    snprintf(base, sizeof base, "%s/chat_load", test_tmpdir());
+    mkdir(base, 0755);
+
+    snprintf(d, sizeof d, "%s/jinja", base); /* chat_template.jinja, trailing newline dropped */
+    mkdir(d, 0755);
+    write_file(d, "chat_template.jinja", "J:{{ messages[0].content }}\n");
+    write_file(d, "tokenizer_config.json", "{\"chat_template\": \"C:{{ messages[0].content }}\"}");
+    char *out = render_dir(d, 0, err, sizeof err);
+    EXPECT(out && !strcmp(out, "J:hi"), "jinja file first: %s %s", out ? out : "(null)", err);
+    free(out);
+
+    snprintf(d, sizeof d, "%s/string", base); /* tokenizer_config.json, string form */
+    mkdir(d, 0755);
+    write_file(d, "tokenizer_config.json", "{\"eos_token\": \"x\", \"chat_template\": \"S:{{ messages[0].content }}\"}");
+    out = render_dir(d, 0, err, sizeof err);
+    EXPECT(out && !strcmp(out, "S:hi"), "string form: %s %s", out ? out : "(null)", err);
+    free(out);
+
+    snprintf(d, sizeof d, "%s/named", base); /* list of named templates: default, and tool_use with tools */
+    mkdir(d, 0755);
+    write_file(d, "tokenizer_config.json",
+               "{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"T:{{ tools[0].function.name }}\"},"
+               " {\"name\": \"default\", \"template\": \"D:{{ messages[0].content }}\"}]}");
+    out = render_dir(d, 0, err, sizeof err);
+    EXPECT(out && !strcmp(out, "D:hi"), "named default: %s %s", out ? out : "(null)", err);
+    free(out);
+    out = render_dir(d, 1, err, sizeof err);
+    EXPECT(out && !strcmp(out, "T:f"), "named tool_use: %s %s", out ? out : "(null)", err);
+    free(out);
+
+    snprintf(d, sizeof d, "%s/tooluse_only", base); /* transformers: fine with tools, an error without */
+    mkdir(d, 0755);
+    write_file(d, "tokenizer_config.json", "{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"T\"}]}");
+    out = render_dir(d, 1, err, sizeof err);
+    EXPECT(out && !strcmp(out, "T"), "tool_use only, with tools: %s %s", out ? out : "(null)", err);
+    free(out);
+    EXPECT(!render_dir(d, 0, err, sizeof err));
+    EXPECT(strstr(err, "default"), "%s", err);
+
+    snprintf(d, sizeof d, "%s/nodefault", base);
+    mkdir(d, 0755);
+    write_file(d, "tokenizer_config.json", "{\"chat_template\": [{\"name\": \"rag\", \"template\": \"R\"}]}");
+    EXPECT(!render_dir(d, 0, err, sizeof err));
+    EXPECT(strstr(err, "default"), "%s", err);
+
+    snprintf(d, sizeof d, "%s/none", base);
+    mkdir(d, 0755);
+    EXPECT(!render_dir(d, 0, err, sizeof err));
+    EXPECT(strstr(err, "chat_template"), "%s", err);
+    write_file(d, "tokenizer_config.json", "{\"eos_token\": \"x\"}");
+    EXPECT(!render_dir(d, 0, err, sizeof err));
+    EXPECT(strstr(err, "no chat_template"), "%s", err);
+
+    snprintf(d, sizeof d, "%s/bad", base); /* an unsupported construct names the file */
+    mkdir(d, 0755);
+    write_file(d, "chat_template.jinja", "{{ x | wordwrap }}");
+    EXPECT(!render_dir(d, 0, err, sizeof err));
+    EXPECT(strstr(err, "chat_template.jinja") && strstr(err, "wordwrap"), "%s", err);
+}
+
+/* ---- speed: a GLM template (the real one when the assets are there) on 20 messages ---- */
+
+TEST(chat_speed)
+{
+    char path[4400], err[512];
+    snprintf(path, sizeof path, "%s/tokenizers/glm4/chat_template.jinja", assets_dir());
+    const char *which = "glm45";
+    ChatTemplate *t = file_exists(path) ? parse_file(path, err, sizeof err) : NULL;
+    if (!t) {
+        which = "builtin";
+        t = parse_file(test_data("chat/builtin.jinja"), err, sizeof err);
+    }
+    ASSERT(t, "%s", err);
+    json_t *m = json_array();
+    json_array_append_new(m, json_pack("{s:s, s:s}", "role", "system", "content", "You are a helpful assistant."));
+    for (int i = 0; i < 19; i++) {
+        char q[128];
+        snprintf(q, sizeof q, "Question %d: what is %d squared? Please explain the steps in some detail.", i, i);
+        if (i % 2 == 0) json_array_append_new(m, json_pack("{s:s, s:s}", "role", "user", "content", q));
+        else json_array_append_new(m, json_pack("{s:s, s:s, s:s}", "role", "assistant", "content", q, "reasoning_content", "Think."));
+    }
+    int iters = 200;
+    double t0 = clock_now();
+    size_t total = 0;
+    for (int i = 0; i < iters; i++) {
+        char *out = NULL;
+        int rc = chat_template_render(t, m, NULL, 1, NULL, NULL, NULL, &out, err, sizeof err);
+        if (rc) { test_fail(__FILE__, __LINE__, "%s", err); break; }
+        total += strlen(out);
+        free(out);
+    }
+    double us = (clock_now() - t0) / iters * 1e6;
+    fprintf(stderr, "    %s template, 20 messages: %.1f us per render (%zu bytes)\n", which, us, total / (size_t)iters);
+    EXPECT(us < 2000, "%.1f us per render", us); /* bound loose enough for sanitizer builds */
+    json_decref(m);
+    chat_template_free(t);
+}
