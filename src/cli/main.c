@@ -12,10 +12,15 @@ typedef struct {
 } Command;
 
 static const Command commands[] = {
+    {"generate", cmd_generate, "generate text from a prompt or a chat message, streamed"},
+    {"perplexity", cmd_perplexity, "held-out perplexity of a text file"},
     {"logits", cmd_logits, "run a forward pass and write float32 logits for every position"},
+    {"bench", cmd_bench, "benchmarks: model (offline prefill/decode throughput)"},
     {"info", cmd_info, "describe a model directory: architecture, parameters, precisions"},
     {"synth", cmd_synth, "write a random-weight checkpoint in the real Hugging Face layout"},
     {"quantize", cmd_quantize, "write a ModelOpt NVFP4 checkpoint from a BF16 one"},
+    {"tokenize", cmd_tokenize, "print the token ids of a text (Hugging Face tokenizer.json)"},
+    {"detokenize", cmd_detokenize, "print the text of token ids"},
 };
 
 static void usage(FILE *f)

@@ -1,0 +1,223 @@
+/* cmd_generate: `moeserve generate --model DIR (--prompt S | --chat S) [sampling options]`
+ * streams the continuation to stdout as it is sampled and prints prefill and decode speed to
+ * stderr at the end. --chat renders the message through the model's chat template (with an
+ * optional --system message); --prompt encodes the text as is, with the tokenizer's special
+ * tokens. Sampling defaults come from the model's generation_config.json, as in vLLM. */
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../base/util.h"
+#include "../engine/runner.h"
+#include "../engine/sampler.h"
+#include "../format/chat_template.h"
+#include "../format/tokenizer.h"
+#include "cli.h"
+
+#define GEN_USAGE "moeserve generate --model DIR (--prompt S | --chat S [--system S]) [--max-tokens N] " \
+                  "[--temperature T] [--top-k K] [--top-p P] [--min-p P] [--repetition-penalty R] " \
+                  "[--frequency-penalty F] [--presence-penalty P] [--seed N] [--stop S]... [--ignore-eos] " \
+                  "[--device cpu|cuda] [--threads N] [--chunk N] [--no-graphs]"
+#define GEN_MAX_STOPS 8
+
+/* generation_config.json: temperature, top_p, top_k and eos_token_id, when present */
+static void read_generation_config(const char *dir, SamplingParams *p, int *eos, int *n_eos, int max_eos)
+{
+    char path[4200];
+    path_join(path, sizeof path, dir, "generation_config.json");
+    json_error_t jerr;
+    json_t *g = json_load_file(path, 0, &jerr);
+    if (!g) return;
+    json_t *v;
+    if ((v = json_object_get(g, "temperature")) && json_is_number(v)) p->temperature = (float)json_number_value(v);
+    if ((v = json_object_get(g, "top_p")) && json_is_number(v)) p->top_p = (float)json_number_value(v);
+    if ((v = json_object_get(g, "top_k")) && json_is_integer(v)) p->top_k = (int)json_integer_value(v);
+    if ((v = json_object_get(g, "do_sample")) && json_is_false(v)) p->temperature = 0;
+    v = json_object_get(g, "eos_token_id");
+    if (json_is_integer(v) && *n_eos < max_eos) eos[(*n_eos)++] = (int)json_integer_value(v);
+    for (size_t i = 0; json_is_array(v) && i < json_array_size(v) && *n_eos < max_eos; i++)
+        eos[(*n_eos)++] = (int)json_integer_value(json_array_get(v, i));
+    json_decref(g);
+}
+
+/* First index where one of the stop strings occurs in text[0..n), or -1. */
+static long find_stop(const char *text, size_t n, const char *const *stops, int n_stops)
+{
+    long best = -1;
+    for (int i = 0; i < n_stops; i++) {
+        const char *p = memmem(text, n, stops[i], strlen(stops[i]));
+        if (p && (best < 0 || p - text < best)) best = p - text;
+    }
+    return best;
+}
+
+int cmd_generate(int argc, char **argv)
+{
+    const char *dir = NULL, *prompt = NULL, *chat = NULL, *system_msg = NULL, *device = NULL;
+    const char *stops[GEN_MAX_STOPS];
+    int n_stops = 0, max_tokens = 128, threads = 0, chunk = 256, ignore_eos = 0, help = 0, no_graphs = 0;
+    double temperature = -1, top_p = -1, min_p = -1, rep = -1, freq = 0, pres = 0;
+    int top_k = -2, seed = -1;
+    for (int i = 1; i < argc; i++) {
+        const char *stop;
+        if (opt_str(argc, argv, &i, "--stop", &stop)) {
+            if (n_stops == GEN_MAX_STOPS) fatal("generate: at most %d --stop strings", GEN_MAX_STOPS);
+            if (!*stop) fatal("generate: --stop needs a non-empty string");
+            stops[n_stops++] = stop;
+            continue;
+        }
+        if (opt_str(argc, argv, &i, "--model", &dir) || opt_str(argc, argv, &i, "--prompt", &prompt) ||
+            opt_str(argc, argv, &i, "--chat", &chat) || opt_str(argc, argv, &i, "--system", &system_msg) ||
+            opt_str(argc, argv, &i, "--device", &device) ||
+            opt_int(argc, argv, &i, "--max-tokens", 1, 1 << 20, &max_tokens) ||
+            opt_int(argc, argv, &i, "--threads", 1, 4096, &threads) ||
+            opt_int(argc, argv, &i, "--chunk", 1, 1 << 16, &chunk) ||
+            opt_double(argc, argv, &i, "--temperature", 0, 100, &temperature) ||
+            opt_int(argc, argv, &i, "--top-k", -1, 1 << 30, &top_k) ||
+            opt_double(argc, argv, &i, "--top-p", 1e-9, 1, &top_p) ||
+            opt_double(argc, argv, &i, "--min-p", 0, 1, &min_p) ||
+            opt_double(argc, argv, &i, "--repetition-penalty", 1e-3, 100, &rep) ||
+            opt_double(argc, argv, &i, "--frequency-penalty", -2, 2, &freq) ||
+            opt_double(argc, argv, &i, "--presence-penalty", -2, 2, &pres) ||
+            opt_int(argc, argv, &i, "--seed", 0, 2147483647, &seed) || opt_flag(argv, &i, "--ignore-eos", &ignore_eos) ||
+            opt_flag(argv, &i, "--no-graphs", &no_graphs) ||
+            opt_flag(argv, &i, "--help", &help))
+            continue;
+        opt_unknown("generate", argv[i], GEN_USAGE);
+    }
+    if (help) { printf("usage: %s\n", GEN_USAGE); return 0; }
+    if (!dir || (!prompt == !chat)) {
+        fprintf(stderr, "error: generate: --model and exactly one of --prompt or --chat are required\nusage: %s\n", GEN_USAGE);
+        return 2;
+    }
+    if (system_msg && !chat) fatal("generate: --system goes with --chat");
+
+    char err[1024];
+    Model m;
+    model_load(&m, dir);
+    Tokenizer *tok = tokenizer_load(dir, err, sizeof err);
+    if (!tok) fatal("%s", err);
+    int eos[MODEL_MAX_EOS + 8], n_eos = 0;
+    for (int i = 0; i < m.cfg.n_eos; i++) eos[n_eos++] = m.cfg.eos_ids[i];
+    if (tokenizer_eos_id(tok) >= 0) eos[n_eos++] = tokenizer_eos_id(tok);
+    SamplingParams sp;
+    sampling_params_default(&sp);
+    read_generation_config(dir, &sp, eos, &n_eos, (int)(sizeof eos / sizeof eos[0]));
+    if (temperature >= 0) sp.temperature = (float)temperature;
+    if (top_p > 0) sp.top_p = (float)top_p;
+    if (top_k >= -1) sp.top_k = top_k;
+    if (min_p >= 0) sp.min_p = (float)min_p;
+    if (rep > 0) sp.repetition_penalty = (float)rep;
+    sp.frequency_penalty = (float)freq;
+    sp.presence_penalty = (float)pres;
+    sp.seed = seed;
+    const char *bad = sampling_params_check(&sp);
+    if (bad) fatal("generate: %s", bad);
+
+    /* the prompt's ids */
+    int *ids = NULL, n_ids;
+    if (chat) {
+        ChatTemplate *ct = chat_template_load(dir, err, sizeof err);
+        if (!ct) fatal("%s", err);
+        json_t *msgs = json_array();
+        if (system_msg) json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "system", "content", system_msg));
+        json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "user", "content", chat));
+        const char *bos = tokenizer_bos_id(tok) >= 0 ? tokenizer_token(tok, tokenizer_bos_id(tok)) : "";
+        const char *eos_s = tokenizer_eos_id(tok) >= 0 ? tokenizer_token(tok, tokenizer_eos_id(tok)) : "";
+        char *text;
+        if (chat_template_render(ct, msgs, NULL, 1, NULL, bos, eos_s, &text, err, sizeof err) < 0)
+            fatal("generate: chat template: %s", err);
+        json_decref(msgs);
+        chat_template_free(ct);
+        n_ids = tokenizer_encode(tok, text, strlen(text), 0, &ids, err, sizeof err);
+        free(text);
+    } else {
+        n_ids = tokenizer_encode(tok, prompt, strlen(prompt), 1, &ids, err, sizeof err);
+    }
+    if (n_ids < 0) fatal("generate: %s", err);
+    if (n_ids == 0) fatal("generate: the prompt encodes to no tokens");
+    for (int i = 0; i < n_ids; i++)
+        if (ids[i] >= m.cfg.vocab) fatal("generate: token %d of the prompt is outside the model's vocabulary (%d)", ids[i], m.cfg.vocab);
+    int max_ctx = n_ids + max_tokens;
+    if (max_ctx > m.cfg.max_position) fatal("generate: %d prompt + %d new tokens exceed the context length %d", n_ids, max_tokens, m.cfg.max_position);
+
+    Backend be;
+    device_open(&be, device, threads);
+    Model dm;
+    device_model(&dm, &m, &be);
+    Runner run;
+    runner_init(&run, &dm, &be, max_ctx, chunk, 16);
+    if (!no_graphs) runner_enable_graphs(&run);
+    Sampler smp;
+    sampler_init(&smp, &sp, m.cfg.vocab, ids, n_ids);
+    Detokenizer dt;
+    detok_init(&dt, tok, 1);
+
+    int V = m.cfg.vocab;
+    float *logits = xmalloc((size_t)V * sizeof(float));
+    double t0 = clock_now();
+    runner_feed(&run, ids, n_ids, 0, logits);
+    double t_prefill = clock_now() - t0;
+
+    /* decode: text is kept until no stop string can still begin in it */
+    size_t tcap = 4096, tlen = 0, printed = 0, max_stop = 0;
+    char *text = xmalloc(tcap);
+    for (int i = 0; i < n_stops; i++) max_stop = strlen(stops[i]) > max_stop ? strlen(stops[i]) : max_stop;
+    int n_gen = 0;
+    const char *why = "length";
+    double t1 = clock_now();
+    while (n_gen < max_tokens) {
+        SampleResult res;
+        int t = sampler_sample(&smp, logits, &res);
+        sampler_accept(&smp, t);
+        n_gen++;
+        int is_eos = 0;
+        for (int i = 0; i < n_eos; i++) is_eos |= t == eos[i];
+        if (is_eos && !ignore_eos) { why = "eos"; break; }
+        char piece[512];
+        int n = detok_push(&dt, t, piece, sizeof piece);
+        if (n > 0) {
+            if (tlen + n + 1 > tcap) text = xrealloc(text, tcap = 2 * (tlen + n + 1));
+            memcpy(text + tlen, piece, n);
+            tlen += n;
+        }
+        long at = find_stop(text, tlen, stops, n_stops);
+        if (at >= 0) {
+            fwrite(text + printed, 1, at - printed > 0 ? at - printed : 0, stdout);
+            printed = tlen;
+            why = "stop";
+            break;
+        }
+        size_t safe = tlen >= max_stop ? tlen - (max_stop ? max_stop - 1 : 0) : 0;
+        if (safe > printed) {
+            fwrite(text + printed, 1, safe - printed, stdout);
+            fflush(stdout);
+            printed = safe;
+        }
+        if (n_gen == max_tokens) break;
+        runner_feed(&run, &t, 1, 0, logits);
+    }
+    if (printed < tlen && strcmp(why, "stop") != 0) fwrite(text + printed, 1, tlen - printed, stdout);
+    char tail[32];
+    int nt = detok_flush(&dt, tail, sizeof tail);
+    if (nt > 0 && strcmp(why, "stop") != 0) fwrite(tail, 1, nt, stdout);
+    fputc('\n', stdout);
+    fflush(stdout);
+    double t_decode = clock_now() - t1;
+    fprintf(stderr, "prefill: %d tokens in %.3f s (%.1f tok/s); decode: %d tokens in %.3f s (%.1f tok/s); finish: %s; %s\n",
+            n_ids, t_prefill, n_ids / t_prefill, n_gen, t_decode, n_gen / (t_decode > 0 ? t_decode : 1e-9), why,
+            be.name);
+
+    free(text);
+    free(logits);
+    free(ids);
+    sampler_free(&smp);
+    runner_free(&run);
+    device_model_free(&dm, &be);
+    backend_free(&be);
+    tokenizer_free(tok);
+    model_free(&m);
+    return 0;
+}

@@ -1,0 +1,101 @@
+/* cmd_perplexity: `moeserve perplexity --model DIR --text-file F [--ctx N] [--max-windows N]`
+ * reports held-out perplexity: the text is encoded (no special tokens added), cut into
+ * consecutive windows of N tokens, each evaluated on its own from an empty cache; every
+ * position but a window's first predicts the next token; perplexity = exp(mean NLL).
+ * tools/perplexity_ref.py computes the same with transformers. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../base/util.h"
+#include "../engine/runner.h"
+#include "../format/tokenizer.h"
+#include "cli.h"
+
+#define PPL_USAGE "moeserve perplexity --model DIR --text-file F [--ctx N] [--max-windows N] [--device cpu|cuda] " \
+                  "[--threads N] [--json]"
+
+int cmd_perplexity(int argc, char **argv)
+{
+    const char *dir = NULL, *file = NULL, *device = NULL;
+    int ctx = 512, max_windows = 0, threads = 0, as_json = 0, help = 0;
+    for (int i = 1; i < argc; i++) {
+        if (opt_str(argc, argv, &i, "--model", &dir) || opt_str(argc, argv, &i, "--text-file", &file) ||
+            opt_str(argc, argv, &i, "--device", &device) || opt_int(argc, argv, &i, "--ctx", 2, 1 << 20, &ctx) ||
+            opt_int(argc, argv, &i, "--max-windows", 0, 1 << 30, &max_windows) ||
+            opt_int(argc, argv, &i, "--threads", 1, 4096, &threads) || opt_flag(argv, &i, "--json", &as_json) ||
+            opt_flag(argv, &i, "--help", &help))
+            continue;
+        opt_unknown("perplexity", argv[i], PPL_USAGE);
+    }
+    if (help) { printf("usage: %s\n", PPL_USAGE); return 0; }
+    if (!dir || !file) {
+        fprintf(stderr, "error: perplexity: --model and --text-file are required\nusage: %s\n", PPL_USAGE);
+        return 2;
+    }
+    size_t len;
+    char *text = file_read_all(file, &len);
+    if (!text) fatal("perplexity: cannot read %s: %s", file, strerror(errno));
+    char err[1024];
+    Model m;
+    model_load(&m, dir);
+    if (ctx > m.cfg.max_position) fatal("perplexity: --ctx %d exceeds the context length %d", ctx, m.cfg.max_position);
+    Tokenizer *tok = tokenizer_load(dir, err, sizeof err);
+    if (!tok) fatal("%s", err);
+    int *ids;
+    int n = tokenizer_encode(tok, text, len, 0, &ids, err, sizeof err);
+    if (n < 0) fatal("perplexity: %s", err);
+    if (n < 2) fatal("perplexity: %s encodes to %d tokens; at least 2 are needed", file, n);
+    for (int i = 0; i < n; i++)
+        if (ids[i] >= m.cfg.vocab) fatal("perplexity: token %d is outside the model's vocabulary (%d)", ids[i], m.cfg.vocab);
+
+    Backend be;
+    device_open(&be, device, threads);
+    Model dm;
+    device_model(&dm, &m, &be);
+    int chunk = ctx < 512 ? ctx : 512;
+    Runner run;
+    runner_init(&run, &dm, &be, ctx, chunk, 16);
+    int V = m.cfg.vocab;
+    float *logits = xmalloc((size_t)ctx * V * sizeof(float));
+    double nll = 0;
+    long count = 0;
+    int windows = 0;
+    double t0 = clock_now();
+    for (int w0 = 0; w0 + 1 < n; w0 += ctx) {
+        if (max_windows && windows == max_windows) break;
+        int wn = n - w0 < ctx ? n - w0 : ctx;
+        if (wn < 2) break;
+        runner_reset(&run);
+        runner_feed(&run, ids + w0, wn, 1, logits);
+        for (int i = 0; i + 1 < wn; i++) {
+            const float *l = logits + (size_t)i * V;
+            float mx = l[0];
+            for (int v = 1; v < V; v++) mx = l[v] > mx ? l[v] : mx;
+            double s = 0;
+            for (int v = 0; v < V; v++) s += exp((double)l[v] - mx);
+            nll += mx + log(s) - l[ids[w0 + i + 1]];
+            count++;
+        }
+        windows++;
+    }
+    double secs = clock_now() - t0, ppl = exp(nll / count);
+    if (as_json)
+        printf("{\"perplexity\": %.6f, \"nll\": %.8f, \"tokens\": %ld, \"windows\": %d, \"ctx\": %d, \"seconds\": %.3f}\n",
+               ppl, nll / count, count, windows, ctx, secs);
+    else
+        printf("perplexity %.4f (mean NLL %.5f nats) over %ld predicted tokens in %d windows of up to %d; %.1f tok/s on %s\n",
+               ppl, nll / count, count, windows, ctx, (count + windows) / secs, be.name);
+
+    free(logits);
+    free(ids);
+    free(text);
+    runner_free(&run);
+    device_model_free(&dm, &be);
+    backend_free(&be);
+    tokenizer_free(tok);
+    model_free(&m);
+    return 0;
+}
