@@ -18,7 +18,7 @@ NVFLAGS  += -std=c++17 $(CUDA_ARCH) -Isrc -Itests -Xcompiler -Wall,-fPIC
 
 SRC      := $(filter-out src/cli/main.c,$(wildcard src/*/*.c src/*/*/*.c))
 CUSRC    := $(wildcard src/backend/cuda/*.cu)
-OBJ      := $(SRC:%.c=$(BUILD)/%.o)
+OBJ      := $(SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/builtin_assets.o
 ifeq ($(CUDA),1)
   OBJ    += $(CUSRC:%.cu=$(BUILD)/%.o)
   CFLAGS += -DMOESERVE_CUDA
@@ -44,6 +44,15 @@ $(BUILD)/test_unit: $(TESTOBJ) $(BUILD)/libmoeserve.a
 $(BUILD)/test_cuda: $(CUTESTOBJ) $(BUILD)/libmoeserve.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
+# the built-in model's tokenizer, which `moeserve synth` writes into every checkpoint
+$(BUILD)/gen/builtin_assets.c: models/builtin/tokenizer.json models/builtin/tokenizer_config.json scripts/embed.sh
+	@mkdir -p $(dir $@)
+	scripts/embed.sh $@ builtin_tokenizer_json models/builtin/tokenizer.json \
+	    builtin_tokenizer_config_json models/builtin/tokenizer_config.json
+
+$(BUILD)/gen/builtin_assets.o: $(BUILD)/gen/builtin_assets.c
+	$(CC) $(CFLAGS) -c $< -o $@
+
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
@@ -56,12 +65,12 @@ $(BUILD)/%.o: %.cu
 test: $(BUILD)/moeserve $(BUILD)/test_unit
 	MOESERVE_BIN=$(CURDIR)/$(BUILD)/moeserve ./$(BUILD)/test_unit $(FILTER)
 
-# make run: the main job on the built-in default model (a tiny GLM-5 in NVFP4 shipped in the
-# repository): describe it, then compute the logits of a prompt through the paged KV cache.
-DEFAULT_MODEL ?= tests/data/golden/glm5-nvfp4
+# make run: the main job on the built-in default model (an 11 M-parameter GLM-4.5-style MoE
+# trained on Debian's documentation, NVFP4, in models/): continue a prompt on the CPU.
+DEFAULT_MODEL ?= models/builtin-nvfp4
+PROMPT ?= The Debian package management system
 run: $(BUILD)/moeserve
-	./$(BUILD)/moeserve info --model $(DEFAULT_MODEL)
-	./$(BUILD)/moeserve logits --model $(DEFAULT_MODEL) --tokens 1,2,3,4,5,6,7,8,9,10,11,12 --chunk 4 --out $(BUILD)/logits.f32
+	./$(BUILD)/moeserve generate --model $(DEFAULT_MODEL) --device cpu --max-tokens 120 --seed 1 --prompt "$(PROMPT)"
 
 # make test-cuda: on a machine with a GPU: every CUDA op against its CPU twin, end-to-end logits.
 test-cuda: $(BUILD)/moeserve $(BUILD)/test_cuda

@@ -22,7 +22,8 @@
                   "[--device cpu|cuda] [--threads N] [--chunk N] [--no-graphs]"
 #define GEN_MAX_STOPS 8
 
-/* generation_config.json: temperature, top_p, top_k and eos_token_id, when present */
+/* generation_config.json: temperature, top_p, top_k, repetition_penalty, do_sample and
+ * eos_token_id, when present */
 static void read_generation_config(const char *dir, SamplingParams *p, int *eos, int *n_eos, int max_eos)
 {
     char path[4200];
@@ -34,6 +35,7 @@ static void read_generation_config(const char *dir, SamplingParams *p, int *eos,
     if ((v = json_object_get(g, "temperature")) && json_is_number(v)) p->temperature = (float)json_number_value(v);
     if ((v = json_object_get(g, "top_p")) && json_is_number(v)) p->top_p = (float)json_number_value(v);
     if ((v = json_object_get(g, "top_k")) && json_is_integer(v)) p->top_k = (int)json_integer_value(v);
+    if ((v = json_object_get(g, "repetition_penalty")) && json_is_number(v)) p->repetition_penalty = (float)json_number_value(v);
     if ((v = json_object_get(g, "do_sample")) && json_is_false(v)) p->temperature = 0;
     v = json_object_get(g, "eos_token_id");
     if (json_is_integer(v) && *n_eos < max_eos) eos[(*n_eos)++] = (int)json_integer_value(v);
@@ -157,6 +159,10 @@ int cmd_generate(int argc, char **argv)
 
     int V = m.cfg.vocab;
     float *logits = xmalloc((size_t)V * sizeof(float));
+    if (prompt) { /* the prompt first, so that the continuation reads on from it */
+        fputs(prompt, stdout);
+        fflush(stdout);
+    }
     double t0 = clock_now();
     runner_feed(&run, ids, n_ids, 0, logits);
     double t_prefill = clock_now() - t0;

@@ -40,19 +40,18 @@ typedef struct {
     double routed_scaling, rope_theta, partial_rotary;
     int attention_bias, qk_norm;
     int max_position, mtp;
-    int special_base;                              /* id of <|endoftext|>; 0: right after the BPE tokens */
 } Preset;
 
 static const Preset presets[] = {
     /* tiny: CI-sized, the shapes of tools/make_fixtures.py's golden fixtures; every in-feature
        dim a multiple of 16 (NVFP4 blocks) */
-    {.name = "tiny", .arch = ARCH_GLM5, .vocab = 512, .hidden = 128, .layers = 4, .heads = 4, .kv_heads = 4,
+    {.name = "tiny", .arch = ARCH_GLM5, .vocab = 8192, .hidden = 128, .layers = 4, .heads = 4, .kv_heads = 4,
      .q_lora = 64, .kv_lora = 64, .qk_nope = 32, .qk_rope = 16, .v_head = 32,
      .index_heads = 8, .index_head_dim = 32, .index_topk = 8,
      .intermediate = 96, .moe_intermediate = 32, .experts = 16, .top_k = 4, .shared = 1, .n_group = 1,
      .topk_group = 1, .first_k_dense = 1, .routed_scaling = 2.5, .rope_theta = 10000.0, .partial_rotary = 1.0,
      .max_position = 4096},
-    {.name = "tiny", .arch = ARCH_GLM4_MOE, .vocab = 512, .hidden = 128, .layers = 4, .heads = 8, .kv_heads = 2,
+    {.name = "tiny", .arch = ARCH_GLM4_MOE, .vocab = 8192, .hidden = 128, .layers = 4, .heads = 8, .kv_heads = 2,
      .head_dim = 32, .intermediate = 96, .moe_intermediate = 32, .experts = 16, .top_k = 4, .shared = 1,
      .n_group = 4, .topk_group = 2, .first_k_dense = 1, .routed_scaling = 2.5, .rope_theta = 10000.0,
      .partial_rotary = 0.5, .attention_bias = 1, .qk_norm = 1, .max_position = 4096},
@@ -62,59 +61,30 @@ static const Preset presets[] = {
      .index_heads = 32, .index_head_dim = 128, .index_topk = 2048, .intermediate = 12288,
      .moe_intermediate = 2048, .experts = 256, .top_k = 8, .shared = 1, .n_group = 1, .topk_group = 1,
      .first_k_dense = 3, .routed_scaling = 2.5, .rope_theta = 1e6, .partial_rotary = 1.0,
-     .max_position = 202752, .mtp = 1, .special_base = 154820},
+     .max_position = 202752, .mtp = 1},
     {.name = "glm5-layer", .arch = ARCH_GLM5, .vocab = 154880, .hidden = 6144, .layers = 1, .heads = 64,
      .kv_heads = 64, .q_lora = 2048, .kv_lora = 512, .qk_nope = 192, .qk_rope = 64, .v_head = 256,
      .index_heads = 32, .index_head_dim = 128, .index_topk = 2048, .intermediate = 12288,
      .moe_intermediate = 2048, .experts = 256, .top_k = 8, .shared = 1, .n_group = 1, .topk_group = 1,
      .first_k_dense = 0, .routed_scaling = 2.5, .rope_theta = 1e6, .partial_rotary = 1.0,
-     .max_position = 202752, .mtp = 0, .special_base = 154820},
+     .max_position = 202752, .mtp = 0},
     /* GLM-4.5 and GLM-4.5-Air (§2.1) */
     {.name = "glm4.5", .arch = ARCH_GLM4_MOE, .vocab = 151552, .hidden = 5120, .layers = 92, .heads = 96,
      .kv_heads = 8, .head_dim = 128, .intermediate = 12288, .moe_intermediate = 1536, .experts = 160,
      .top_k = 8, .shared = 1, .n_group = 1, .topk_group = 1, .first_k_dense = 3, .routed_scaling = 2.5,
      .rope_theta = 1e6, .partial_rotary = 0.5, .attention_bias = 1, .qk_norm = 1, .max_position = 131072,
-     .mtp = 1, .special_base = 151329},
+     .mtp = 1},
     {.name = "glm4.5-air", .arch = ARCH_GLM4_MOE, .vocab = 151552, .hidden = 4096, .layers = 46, .heads = 96,
      .kv_heads = 8, .head_dim = 128, .intermediate = 10944, .moe_intermediate = 1408, .experts = 128,
      .top_k = 8, .shared = 1, .n_group = 1, .topk_group = 1, .first_k_dense = 1, .routed_scaling = 1.0,
      .rope_theta = 1e6, .partial_rotary = 0.5, .attention_bias = 1, .qk_norm = 0, .max_position = 131072,
-     .mtp = 1, .special_base = 151329},
+     .mtp = 1},
 };
 #define N_PRESETS ((int)(sizeof presets / sizeof presets[0]))
 
-/* GLM's added tokens in id order from <|endoftext|> (GLM-4.5 / GLM-5 tokenizer_config.json);
-   the first 18 are its special tokens, the rest plain added tokens. eos = endoftext, user,
-   observation (offsets 0, 7, 9), pad = endoftext. */
-static const char *const glm_added[] = {
-    "<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>",
-    "<|assistant|>", "<|observation|>", "<|begin_of_image|>", "<|end_of_image|>", "<|begin_of_video|>",
-    "<|end_of_video|>", "<|begin_of_audio|>", "<|end_of_audio|>", "<|begin_of_transcription|>",
-    "<|end_of_transcription|>", "<|code_prefix|>", "<|code_middle|>", "<|code_suffix|>", "<think>", "</think>",
-    "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<arg_key>", "</arg_key>",
-    "<arg_value>", "</arg_value>", "/nothink", "<|begin_of_box|>", "<|end_of_box|>", "<|image|>", "<|video|>",
-};
-#define N_ADDED ((int)(sizeof glm_added / sizeof glm_added[0]))
-#define N_SPECIAL 18
+/* eos = <|endoftext|>, <|user|>, <|observation|>: offsets 0, 7, 9 from <|endoftext|> in GLM's
+   special-token order, which the built-in tokenizer keeps; pad = <|endoftext|>. */
 static const int eos_offsets[3] = {0, 7, 9};
-
-/* A few BPE merges of English (a space stands for the byte-level 'Ġ'), in priority order. */
-static const char *const bpe_merges[][2] = {
-    {" ", "t"}, {"h", "e"}, {"i", "n"}, {"e", "r"}, {" ", "a"}, {"o", "n"}, {"r", "e"}, {" t", "he"},
-    {"a", "n"}, {"e", "n"}, {" ", "s"}, {"a", "t"}, {"o", "r"}, {" ", "w"}, {"e", "s"}, {" ", "o"},
-    {"i", "s"}, {" ", "c"}, {"i", "t"}, {" ", "b"}, {"n", "d"}, {" ", "i"}, {" ", "m"}, {"in", "g"},
-};
-#define N_MERGES ((int)(sizeof bpe_merges / sizeof bpe_merges[0]))
-
-static const char chat_template[] =
-    "[gMASK]<sop>\n"
-    "{%- for m in messages -%}\n"
-    "<|{{ m['role'] }}|>\n"
-    "{{ m['content'] }}\n"
-    "{%- endfor -%}\n"
-    "{%- if add_generation_prompt -%}\n"
-    "<|assistant|>\n"
-    "{%- endif -%}\n";
 
 /* Weight generator: the CkptFetch behind ckpt_write. Two slots hold the last two fetches (the
    writer needs a gate_proj and its up_proj at once). */
@@ -227,108 +197,20 @@ static json_t *generation_config_json(int special_base)
 
 /* ---- helpers: tokenizer ---- */
 
-/* GPT-2's bytes_to_unicode: printable Latin-1 bytes map to themselves, the others to 256 + n. */
-static int byte_char(int b)
-{
-#define PRINTABLE(x) (((x) >= '!' && (x) <= '~') || ((x) >= 0xA1 && (x) <= 0xAC) || ((x) >= 0xAE && (x) <= 0xFF))
-    if (PRINTABLE(b)) return b;
-    int n = 0;
-    for (int x = 0; x < b; x++) n += !PRINTABLE(x);
-    return 256 + n;
-#undef PRINTABLE
-}
+/* The built-in model's tokenizer (models/builtin, embedded at build time by scripts/embed.sh):
+ * every synthetic checkpoint can be served and chatted with. Its <|endoftext|> is id
+ * BUILTIN_ENDOFTEXT, followed by GLM-4.5's special tokens in GLM's order. */
+extern const unsigned char builtin_tokenizer_json[], builtin_tokenizer_config_json[];
+extern const unsigned long builtin_tokenizer_json_len, builtin_tokenizer_config_json_len;
+#define BUILTIN_ENDOFTEXT 8168
+#define BUILTIN_VOCAB 8192
 
-/* Byte b's byte-level character in UTF-8 (every one is below U+0800: 1 or 2 bytes). */
-static int byte_utf8(int b, char *out)
+static int write_tokenizer(const char *dir, char *err, size_t errlen)
 {
-    int c = byte_char(b);
-    if (c < 0x80) { out[0] = (char)c; return 1; }
-    out[0] = (char)(0xC0 | (c >> 6));
-    out[1] = (char)(0x80 | (c & 0x3F));
-    return 2;
-}
-
-/* ASCII s -> its byte-level spelling ("Ġ" for a space). */
-static void byte_level(const char *s, char *out, size_t n)
-{
-    size_t o = 0;
-    for (; *s && o + 3 < n; s++) o += (size_t)byte_utf8((unsigned char)*s, out + o);
-    out[o] = 0;
-}
-
-static json_t *byte_level_json(int add_prefix_space)
-{
-    return json_pack("{s:s, s:b, s:b, s:b}", "type", "ByteLevel", "add_prefix_space", add_prefix_space,
-                     "trim_offsets", 1, "use_regex", 1);
-}
-
-/* tokenizer.json: byte-level BPE (256 byte tokens, a few merges) + GLM's added tokens from
-   special_base on; and tokenizer_config.json. */
-static int write_tokenizer(const char *dir, int special_base, int max_position, char *err, size_t errlen)
-{
-    json_t *vocab = json_object(), *merges = json_array(), *added = json_array(), *decoder = json_object();
-    char a[32], b[32], ab[64];
-    for (int i = 0; i < 256; i++) {
-        char u[4] = {0};
-        byte_utf8(i, u);
-        json_object_set_new(vocab, u, json_integer(i));
-    }
-    for (int j = 0; j < N_MERGES; j++) {
-        byte_level(bpe_merges[j][0], a, sizeof a);
-        byte_level(bpe_merges[j][1], b, sizeof b);
-        snprintf(ab, sizeof ab, "%s%s", a, b);
-        json_object_set_new(vocab, ab, json_integer(256 + j));
-        snprintf(ab, sizeof ab, "%s %s", a, b);
-        json_array_append_new(merges, json_string(ab));
-    }
-    for (int k = 0; k < N_ADDED; k++) {
-        int id = special_base + k, special = k < N_SPECIAL;
-        json_object_set_new(vocab, glm_added[k], json_integer(id));
-        json_array_append_new(added, json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id", id, "content",
-                                               glm_added[k], "single_word", 0, "lstrip", 0, "rstrip", 0,
-                                               "normalized", 0, "special", special));
-        char key[16];
-        snprintf(key, sizeof key, "%d", id);
-        json_object_set_new(decoder, key, json_pack("{s:s, s:b, s:b, s:b, s:b, s:b}", "content", glm_added[k],
-                                                    "lstrip", 0, "normalized", 0, "rstrip", 0, "single_word", 0,
-                                                    "special", special));
-    }
-    json_t *tok = json_object();
-    set(tok, "version", json_string("1.0"));
-    set(tok, "truncation", json_null());
-    set(tok, "padding", json_null());
-    set(tok, "added_tokens", added);
-    set(tok, "normalizer", json_null());
-    set(tok, "pre_tokenizer", byte_level_json(0));
-    set(tok, "post_processor", json_null());
-    set(tok, "decoder", byte_level_json(1));
-    set(tok, "model", json_pack("{s:s, s:n, s:n, s:n, s:n, s:b, s:b, s:b, s:o, s:o}", "type", "BPE", "dropout",
-                                "unk_token", "continuing_subword_prefix", "end_of_word_suffix", "fuse_unk", 0,
-                                "byte_fallback", 0, "ignore_merges", 0, "vocab", vocab, "merges", merges));
-    /* tokenizers writes its own key order (serde), not sorted */
-    char *t1 = json_dumps(tok, JSON_INDENT(2));
-    CHECK(t1, "json_dumps of tokenizer.json failed");
-
-    json_t *extra = json_array();
-    for (int k = 0; k < N_SPECIAL; k++) json_array_append_new(extra, json_string(glm_added[k]));
-    json_t *cfg = json_pack("{s:o, s:o, s:b, s:b, s:s, s:i, s:s, s:s, s:b, s:s}", "added_tokens_decoder", decoder,
-                            "additional_special_tokens", extra, "clean_up_tokenization_spaces", 0,
-                            "do_lower_case", 0, "eos_token", glm_added[0], "model_max_length", max_position,
-                            "pad_token", glm_added[0], "padding_side", "left", "remove_space", 0,
-                            "tokenizer_class", "PreTrainedTokenizerFast");
-    CHECK(cfg, "json_pack of tokenizer_config.json failed");
-    char *t2 = ckpt_json_text(cfg);
-    size_t n1 = strlen(t1);
-    t1 = xrealloc(t1, n1 + 2);
-    memcpy(t1 + n1, "\n", 2);
-    int rc = ckpt_write_text(dir, "tokenizer.json", t1, err, errlen) ||
-             ckpt_write_text(dir, "tokenizer_config.json", t2, err, errlen) ||
-             ckpt_write_text(dir, "chat_template.jinja", chat_template, err, errlen) ? -1 : 0;
-    free(t1);
-    free(t2);
-    json_decref(tok);
-    json_decref(cfg);
-    return rc;
+    return ckpt_write_text(dir, "tokenizer.json", (const char *)builtin_tokenizer_json, err, errlen) ||
+                   ckpt_write_text(dir, "tokenizer_config.json", (const char *)builtin_tokenizer_config_json, err, errlen)
+               ? -1
+               : 0;
 }
 
 /* ---- helpers: tensor inventory ---- */
@@ -594,8 +476,8 @@ int cmd_synth(int argc, char **argv)
         if (p.first_k_dense > layers - 1) p.first_k_dense = layers - 1; /* keep at least one MoE layer */
     }
     if (mtp >= 0) p.mtp = mtp;
-    int special_base = p.special_base ? p.special_base : 256 + N_MERGES;
-    CHECK(special_base + N_ADDED <= p.vocab, "synth: preset %s: vocab %d cannot hold the tokenizer", p.name, p.vocab);
+    int special_base = BUILTIN_ENDOFTEXT;
+    CHECK(BUILTIN_VOCAB <= p.vocab, "synth: preset %s: vocab %d cannot hold the built-in tokenizer", p.name, p.vocab);
 
     /* config.json first, parsed back: the plan is made from what a reader will see */
     json_t *cj = config_json(&p, p.layers, p.mtp, special_base);
@@ -654,7 +536,7 @@ int cmd_synth(int argc, char **argv)
                    : ckpt_write_text(out, "config.json", config_text, err, sizeof err);
     if (!rc && !nvfp4) unlink(path_join(path, sizeof path, out, "hf_quant_config.json")); /* from an earlier run */
     if (!rc) rc = ckpt_write_text(out, "generation_config.json", gen_text, err, sizeof err);
-    if (!rc) rc = write_tokenizer(out, special_base, c.max_position, err, sizeof err);
+    if (!rc) rc = write_tokenizer(out, err, sizeof err);
     if (rc) fatal("synth: %s", err);
     free(gen_text);
     printf("synth: wrote %s in %.1f s (%.1f M parameters/s, %d threads)\n", out, dt, params / 1e6 / (dt > 0 ? dt : 1e-9),

@@ -76,7 +76,10 @@ void sampler_init(Sampler *s, const SamplingParams *p, int vocab, const int *pro
     map_grow(s);
     if (p->repetition_penalty != 1.0f)
         for (int i = 0; i < n_prompt; i++)
-            if (prompt[i] >= 0 && prompt[i] < vocab) s->in_prompt[map_get(s, prompt[i])] = 1;
+            if (prompt[i] >= 0 && prompt[i] < vocab) {
+                int k = map_get(s, prompt[i]); /* may grow the arrays: index after the call */
+                s->in_prompt[k] = 1;
+            }
 }
 
 void sampler_free(Sampler *s)
@@ -90,7 +93,10 @@ void sampler_free(Sampler *s)
 
 void sampler_accept(Sampler *s, int token)
 {
-    if (token >= 0 && token < s->vocab) s->out_count[map_get(s, token)]++;
+    if (token >= 0 && token < s->vocab) {
+        int k = map_get(s, token); /* may grow the arrays: index after the call */
+        s->out_count[k]++;
+    }
 }
 
 /* ---- sampling ---- */

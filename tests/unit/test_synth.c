@@ -29,7 +29,7 @@
 /* A prompt over byte tokens, merges and GLM's special tokens of the tiny tokenizer (ids < 316). */
 #define SYNTH_TOKENS "282,284,287,104,101,108,108,111,257,263,300,10,288,1,2,3,250,260,270,280"
 #define SYNTH_NTOK 20
-#define SYNTH_VOCAB 512
+#define SYNTH_VOCAB 8192 /* the tiny presets hold the built-in tokenizer */
 
 /* ---- helpers ---- */
 
@@ -292,8 +292,23 @@ TEST(synth_shards)
     char p[700];
     snprintf(p, sizeof p, "%s/model.safetensors.index.json", many);
     EXPECT(file_exists(p), "no index");
-    snprintf(p, sizeof p, "%s/model-00001-of-00003.safetensors", many);
-    EXPECT(file_exists(p), "no first of 3 shards");
+    json_t *idx = json_load_file(p, 0, NULL);
+    ASSERT(idx, "index is not JSON");
+    json_t *wm = json_object_get(idx, "weight_map"), *v;
+    const char *k, *names[64];
+    int shards = 0;
+    json_object_foreach(wm, k, v) { /* distinct shard names */
+        int seen = 0;
+        for (int i = 0; i < shards; i++) seen |= !strcmp(names[i], json_string_value(v));
+        if (!seen && shards < 64) names[shards++] = json_string_value(v);
+    }
+    EXPECT(shards >= 2, "only %d shard names in the index", shards);
+    json_decref(idx);
+    snprintf(p, sizeof p, "%s/model-00001-of-", many);
+    char cmd[900], *lsout = NULL;
+    snprintf(cmd, sizeof cmd, "ls '%s'*.safetensors | wc -l", p);
+    EXPECT(test_run(cmd, &lsout) == 0 && atoi(lsout) == 1, "no model-00001-of-N shard: %s", lsout ? lsout : "");
+    free(lsout);
     snprintf(p, sizeof p, "%s/model.safetensors", many);
     EXPECT(!file_exists(p), "model.safetensors beside shards");
     EXPECT(same_tensors(one, many, NULL) > 0, "shards differ from one file");
@@ -459,47 +474,32 @@ TEST(synth_bad_options)
     EXPECT(!file_exists(d), "a failed command created %s", d);
 }
 
-/* tokenizer.json: 256 byte tokens, merges, GLM's special tokens whose ids are config.json's eos
-   and pad; and transformers loads it when a Python with transformers is at hand. */
+/* tokenizer.json and tokenizer_config.json are the built-in model's (embedded at build time), and
+   config.json's eos and pad are its <|endoftext|>, <|user|>, <|observation|>. */
 TEST(synth_tokenizer)
 {
     const char *dir = tdir("tok");
     ASSERT(synth("glm5", "bf16", dir, NULL) == 0, "synth");
+    const char *files[] = {"tokenizer.json", "tokenizer_config.json"};
+    for (int i = 0; i < 2; i++) {
+        char a[700], b[4300];
+        snprintf(a, sizeof a, "%s/%s", dir, files[i]);
+        snprintf(b, sizeof b, "%s/models/builtin/%s", test_root(), files[i]);
+        size_t na, nb;
+        char *x = file_read_all(a, &na), *y = file_read_all(b, &nb);
+        EXPECT(x && y && na == nb && !memcmp(x, y, na), "%s differs from models/builtin's", files[i]);
+        free(x);
+        free(y);
+    }
     char p[700];
-    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
-    json_t *tok = json_load_file(p, 0, NULL);
-    ASSERT(tok, "tokenizer.json is not JSON");
-    json_t *vocab = json_object_get(json_object_get(tok, "model"), "vocab");
-    json_t *added = json_object_get(tok, "added_tokens");
-    EXPECT(json_object_size(vocab) == 256 + json_array_size(json_object_get(json_object_get(tok, "model"), "merges")) +
-                                          json_array_size(added), "vocab size %zu", json_object_size(vocab));
-    EXPECT_EQ_INT(json_integer_value(json_object_get(vocab, "\xc4\xa0")), 32); /* 'Ġ' is the space byte */
-    int eot = (int)json_integer_value(json_object_get(vocab, "<|endoftext|>"));
-    int user = (int)json_integer_value(json_object_get(vocab, "<|user|>"));
-    EXPECT(eot >= 256 && eot < SYNTH_VOCAB, "<|endoftext|> id %d", eot);
-    json_decref(tok);
     snprintf(p, sizeof p, "%s/config.json", dir);
     json_t *cfg = json_load_file(p, 0, NULL);
     ASSERT(cfg, "config.json");
-    EXPECT_EQ_INT(json_integer_value(json_array_get(json_object_get(cfg, "eos_token_id"), 0)), eot);
-    EXPECT_EQ_INT(json_integer_value(json_array_get(json_object_get(cfg, "eos_token_id"), 1)), user);
-    EXPECT_EQ_INT(json_integer_value(json_object_get(cfg, "pad_token_id")), eot);
+    EXPECT_EQ_INT(json_integer_value(json_array_get(json_object_get(cfg, "eos_token_id"), 0)), 8168);
+    EXPECT_EQ_INT(json_integer_value(json_array_get(json_object_get(cfg, "eos_token_id"), 1)), 8175);
+    EXPECT_EQ_INT(json_integer_value(json_array_get(json_object_get(cfg, "eos_token_id"), 2)), 8177);
+    EXPECT_EQ_INT(json_integer_value(json_object_get(cfg, "pad_token_id")), 8168);
     json_decref(cfg);
-
-    const char *py = getenv("MOESERVE_PYTHON") ? getenv("MOESERVE_PYTHON") : "/work/venv/bin/python";
-    if (access(py, X_OK) != 0) { test_skip("no %s to load the tokenizer with transformers", py); return; }
-    char cmd[2048], *out = NULL;
-    snprintf(cmd, sizeof cmd,
-             "'%s' -c \"import sys; from transformers import AutoTokenizer; t = AutoTokenizer.from_pretrained('%s'); "
-             "ids = t.encode('[gMASK]<sop><|user|>\\nhello the world'); "
-             "assert t.decode(ids) == '[gMASK]<sop><|user|>\\nhello the world', t.decode(ids); "
-             "assert ids[:3] == [%d, %d, %d], ids; assert t.eos_token_id == %d; "
-             "print('tokenizer ok', len(t), ids)\" 2>&1",
-             py, dir, eot + 2, eot + 4, user, eot);
-    int rc = test_run(cmd, &out);
-    if (rc != 0 && strstr(out, "ModuleNotFoundError")) test_skip("transformers is not installed for %s", py);
-    else EXPECT(rc == 0 && strstr(out, "tokenizer ok"), "transformers could not use the tokenizer:\n%s", out);
-    free(out);
 }
 
 /* The synth tokenizer and chat template through moeserve's own tokenizer and Jinja renderer:
@@ -512,7 +512,7 @@ TEST(synth_tokenizer_in_moeserve)
     Tokenizer *t = tokenizer_load(dir, err, sizeof err);
     ASSERT(t, "tokenizer_load: %s", err);
     int eot = tokenizer_token_id(t, "<|endoftext|>"), user = tokenizer_token_id(t, "<|user|>");
-    EXPECT(eot >= 256 && user == eot + 7, "<|endoftext|> %d <|user|> %d", eot, user);
+    EXPECT(eot == 8168 && user == eot + 7, "<|endoftext|> %d <|user|> %d", eot, user);
     EXPECT_EQ_INT(tokenizer_eos_id(t), eot);
     EXPECT(tokenizer_is_special(t, eot + 2), "[gMASK] should be special");
     const char *text = "[gMASK]<sop><|user|>\nhello the world";
@@ -535,8 +535,8 @@ TEST(synth_tokenizer_in_moeserve)
     char *prompt = NULL;
     EXPECT(chat_template_render(ct, msgs, NULL, 1, NULL, NULL, "<|endoftext|>", &prompt, err, sizeof err) == 0,
            "render: %s", err);
-    EXPECT(prompt && !strcmp(prompt, "[gMASK]<sop><|user|>\nhi there<|assistant|>"), "prompt '%s'",
-           prompt ? prompt : "");
+    const char *want = "[gMASK]<sop><|user|>\nhi there<|assistant|>";
+    EXPECT(prompt && !strncmp(prompt, want, strlen(want)), "prompt '%s'", prompt ? prompt : "");
     free(prompt);
     json_decref(msgs);
     chat_template_free(ct);
