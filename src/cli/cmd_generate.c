@@ -18,7 +18,7 @@
 
 #define GEN_USAGE "moeserve generate --model DIR (--prompt S | --chat S [--system S]) [--max-tokens N] " \
                   "[--temperature T] [--top-k K] [--top-p P] [--min-p P] [--repetition-penalty R] " \
-                  "[--frequency-penalty F] [--presence-penalty P] [--seed N] [--stop S]... [--ignore-eos] " \
+                  "[--frequency-penalty F] [--presence-penalty P] [--seed N] [--stop S]... [--stop-token-ids ID,...] [--ignore-eos] " \
                   "[--device cpu|cuda] [--threads N] [--chunk N] [--no-graphs]"
 #define GEN_MAX_STOPS 8
 
@@ -58,7 +58,7 @@ static long find_stop(const char *text, size_t n, const char *const *stops, int 
 int cmd_generate(int argc, char **argv)
 {
     const char *dir = NULL, *prompt = NULL, *chat = NULL, *system_msg = NULL, *device = NULL;
-    const char *stops[GEN_MAX_STOPS];
+    const char *stops[GEN_MAX_STOPS], *stop_ids_s = NULL;
     int n_stops = 0, max_tokens = 128, threads = 0, chunk = 256, ignore_eos = 0, help = 0, no_graphs = 0;
     double temperature = -1, top_p = -1, min_p = -1, rep = -1, freq = 0, pres = 0;
     int top_k = -2, seed = -1;
@@ -71,6 +71,7 @@ int cmd_generate(int argc, char **argv)
             continue;
         }
         if (opt_str(argc, argv, &i, "--model", &dir) || opt_str(argc, argv, &i, "--prompt", &prompt) ||
+            opt_str(argc, argv, &i, "--stop-token-ids", &stop_ids_s) ||
             opt_str(argc, argv, &i, "--chat", &chat) || opt_str(argc, argv, &i, "--system", &system_msg) ||
             opt_str(argc, argv, &i, "--device", &device) ||
             opt_int(argc, argv, &i, "--max-tokens", 1, 1 << 20, &max_tokens) ||
@@ -107,6 +108,17 @@ int cmd_generate(int argc, char **argv)
     SamplingParams sp;
     sampling_params_default(&sp);
     read_generation_config(dir, &sp, eos, &n_eos, (int)(sizeof eos / sizeof eos[0]));
+    /* stop token ids end the output like an eos, and are not printed (vLLM's stop_token_ids) */
+    int stop_ids[64], n_stop_ids = 0;
+    for (const char *q = stop_ids_s; q && *q;) {
+        char *end;
+        long v = strtol(q, &end, 10);
+        if (end == q || v < 0 || v >= m.cfg.vocab || n_stop_ids == 64)
+            fatal("generate: --stop-token-ids: '%s' is not a list of ids in [0, %d)", stop_ids_s, m.cfg.vocab);
+        stop_ids[n_stop_ids++] = (int)v;
+        q = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') fatal("generate: --stop-token-ids: unexpected '%c'", *end);
+    }
     if (temperature >= 0) sp.temperature = (float)temperature;
     if (top_p > 0) sp.top_p = (float)top_p;
     if (top_k >= -1) sp.top_k = top_k;
@@ -182,6 +194,9 @@ int cmd_generate(int argc, char **argv)
         int is_eos = 0;
         for (int i = 0; i < n_eos; i++) is_eos |= t == eos[i];
         if (is_eos && !ignore_eos) { why = "eos"; break; }
+        int is_stop = 0;
+        for (int i = 0; i < n_stop_ids; i++) is_stop |= t == stop_ids[i];
+        if (is_stop) { why = "stop"; break; }
         char piece[512];
         int n = detok_push(&dt, t, piece, sizeof piece);
         if (n > 0) {

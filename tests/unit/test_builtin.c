@@ -46,3 +46,79 @@ TEST(builtin_generate)
     EXPECT(strlen(out) > 36 + 80 && words > 20, "a short or wordless continuation: %s", out);
     free(out);
 }
+
+static char *gen(const char *args)
+{
+    char cmd[9000], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s generate --model %s/models/builtin --device cpu %s", test_bin(), test_root(), args);
+    if (test_run(cmd, &out) != 0) { test_fail(__FILE__, __LINE__, "%s: %s", cmd, out); free(out); return NULL; }
+    return out;
+}
+
+/* the generated text without the timing line (stderr is merged into the output) */
+static void strip_stats(char *out, char *finish, size_t n)
+{
+    char *st = strstr(out, "prefill: ");
+    if (!st) return;
+    char *f = strstr(st, "finish: ");
+    snprintf(finish, n, "%.*s", f ? (int)strcspn(f + 8, ";") : 0, f ? f + 8 : "");
+    *st = 0;
+}
+
+/* a seed reproduces the text; another seed does not; --stop cuts before the stop string;
+   --stop-token-ids and --max-tokens end generation with the right finish reason */
+TEST(builtin_generate_controls)
+{
+    const char *p = "--prompt 'The package' --max-tokens 30";
+    char a1[512], a2[512];
+    snprintf(a1, sizeof a1, "%s --seed 7", p);
+    snprintf(a2, sizeof a2, "%s --seed 8", p);
+    char *x = gen(a1), *y = gen(a1), *z = gen(a2), fx[32] = "", fy[32] = "", fz[32] = "";
+    if (x && y && z) {
+        strip_stats(x, fx, sizeof fx);
+        strip_stats(y, fy, sizeof fy);
+        strip_stats(z, fz, sizeof fz);
+        EXPECT(!strcmp(x, y), "seed 7 twice:\n%s\n%s", x, y);
+        EXPECT(strcmp(x, z) != 0, "seeds 7 and 8 gave the same text");
+        EXPECT(!strcmp(fx, "length") || !strcmp(fx, "eos"), "finish '%s'", fx);
+    }
+    free(y);
+    free(z);
+    /* --stop: the greedy continuation contains " the"; stop there */
+    char *g = gen("--prompt 'The package' --max-tokens 40 --temperature 0");
+    char *s = gen("--prompt 'The package' --max-tokens 40 --temperature 0 --stop ' the'");
+    if (g && s) {
+        char *cut = strstr(g + 11, " the");
+        ASSERT(cut != NULL, "greedy text has no ' the': %s", g);
+        EXPECT(!strncmp(s, g, cut - g) && strstr(s, "finish: stop") && !strstr(s + 11, " the"),
+               "stop ' the':\n%s\nfull:\n%s", s, g);
+    }
+    free(g);
+    free(s);
+    /* a stop token id: the greedy run's first token stops it at once, with nothing printed */
+    char first[64] = "";
+    char *g1 = gen("--prompt 'The package' --max-tokens 1 --temperature 0");
+    int id = -1;
+    if (g1) {
+        char fin[32];
+        strip_stats(g1, fin, sizeof fin);
+        char cmd[9000], *ids = NULL;
+        /* the id of the first generated piece: tokenize the text after the prompt */
+        snprintf(cmd, sizeof cmd, "%s tokenize --tokenizer %s/models/builtin --text '%s'", test_bin(), test_root(),
+                 g1 + strlen("The package"));
+        if (test_run(cmd, &ids) == 0) id = atoi(ids);
+        free(ids);
+        snprintf(first, sizeof first, "%s", g1 + strlen("The package"));
+    }
+    free(g1);
+    ASSERT(id > 0, "no first token");
+    char args[256];
+    snprintf(args, sizeof args, "--prompt 'The package' --max-tokens 5 --temperature 0 --stop-token-ids %d", id);
+    char *u = gen(args), fu[32] = "";
+    if (u) {
+        strip_stats(u, fu, sizeof fu);
+        EXPECT(!strcmp(fu, "stop") && !strcmp(u, "The package\n"), "stop id %d (%s): '%s' finish %s", id, first, u, fu);
+    }
+    free(u);
+    free(x);
+}

@@ -180,3 +180,24 @@ TEST(sampler_param_checks)
     p.repetition_penalty = 0;
     EXPECT(sampling_params_check(&p) != NULL);
 }
+
+/* many distinct tokens grow the token map several times while counts are recorded */
+TEST(sampler_map_growth)
+{
+    SamplingParams p;
+    sampling_params_default(&p);
+    p.temperature = 0;
+    p.frequency_penalty = 1.0f;
+    p.repetition_penalty = 1.5f;
+    int V = 5000, prompt[300];
+    for (int i = 0; i < 300; i++) prompt[i] = (i * 7) % V;
+    Sampler s;
+    sampler_init(&s, &p, V, prompt, 300);
+    for (int t = 0; t < 2000; t++) sampler_accept(&s, (t * 13) % V);
+    float *l = calloc(V, sizeof(float));
+    l[13] = 1.0f; /* accepted once, out of the prompt: 1.0 / 1.5 - 1.0 < 0; token 1 stays 0 */
+    SampleResult r;
+    EXPECT_EQ_INT(sampler_sample(&s, l, &r), 1);
+    free(l);
+    sampler_free(&s);
+}
