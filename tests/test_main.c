@@ -121,6 +121,20 @@ int test_run(const char *cmd, char **out)
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
 }
 
+float *test_read_f32(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    *n = 0;
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long sz = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    float *v = malloc(sz > 0 ? sz : 1);
+    *n = fread(v, 1, sz > 0 ? sz : 0, f) / sizeof(float);
+    fclose(f);
+    return v;
+}
+
 static int cmp_tests(const void *a, const void *b)
 {
     const TestEntry *x = a, *y = b;

@@ -11,19 +11,6 @@
 
 #define CUDA_GOLDEN_TOL 2e-2
 
-static float *read_f32(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    float *v = malloc(sz > 0 ? sz : 1);
-    *n = fread(v, 1, sz, f) / sizeof(float);
-    fclose(f);
-    return v;
-}
-
 static double max_abs(const float *a, const float *b, size_t n)
 {
     double m = 0;
@@ -51,7 +38,7 @@ static void check_fixture(const char *dir)
     snprintf(path, sizeof path, "%s/%s", dir, json_string_value(json_object_get(g, "logits_file")));
     json_decref(g);
     size_t n;
-    float *ref = read_f32(path, &n);
+    float *ref = test_read_f32(path, &n);
     ASSERT(ref != NULL);
     double mean = 0, var = 0;
     for (size_t i = 0; i < n; i++) mean += ref[i];
@@ -70,7 +57,7 @@ static void check_fixture(const char *dir)
         if (rc) { test_fail(__FILE__, __LINE__, "%s: %s", cmd, out); free(out); continue; }
         free(out);
         size_t m;
-        float *got = read_f32(outf, &m);
+        float *got = test_read_f32(outf, &m);
         if (!got || m != n) { test_fail(__FILE__, __LINE__, "%s: %zu floats, expected %zu", outf, m, n); free(got); continue; }
         if (c == 0) { cpu = got; continue; }
         double d = max_abs(got, ref, n), dc = max_abs(got, cpu, n);

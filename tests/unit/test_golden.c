@@ -15,20 +15,6 @@
 #define GOLDEN_TOL 1e-3   /* x std(reference): the acceptance criterion of issue #2 */
 #define CHUNK_TOL 1e-5    /* x std(reference): chunkings differ only by summation order */
 
-static float *read_f32(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    float *v = malloc(sz > 0 ? sz : 1);
-    size_t got = fread(v, 1, sz, f);
-    fclose(f);
-    *n = got / sizeof(float);
-    return v;
-}
-
 static double max_abs_diff(const float *a, const float *b, size_t n)
 {
     double m = 0;
@@ -59,7 +45,7 @@ static int golden_check(const char *dir)
     }
     snprintf(path, sizeof path, "%s/%s", dir, lf);
     size_t nref;
-    float *ref = read_f32(path, &nref);
+    float *ref = test_read_f32(path, &nref);
     json_decref(g);
     if (!ref || nref != (size_t)T * V) {
         test_fail(__FILE__, __LINE__, "%s: expected %d x %d floats", path, T, V);
@@ -88,7 +74,7 @@ static int golden_check(const char *dir)
         }
         free(out);
         size_t n;
-        float *got = read_f32(outf, &n);
+        float *got = test_read_f32(outf, &n);
         if (!got || n != nref) {
             test_fail(__FILE__, __LINE__, "%s: wrote %zu floats, expected %zu", outf, n, nref);
             free(got);

@@ -122,6 +122,34 @@ __device__ __forceinline__ float block_max(float v, float *red)
     return warp_max(v);
 }
 
+/* Block-wide argmax of v[0..n) over entries with mask[i] == 0 (mask may be NULL), ties to the
+ * lowest index; -1 if none. rv, ri: shared arrays of blockDim.x (a power of two). Every thread
+ * gets the result. */
+__device__ __forceinline__ int block_argmax(const float *v, const unsigned char *mask, int n, float *rv, int *ri)
+{
+    float best = -INFINITY;
+    int bi = -1;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        if ((!mask || !mask[i]) && (bi < 0 || v[i] > best)) { best = v[i]; bi = i; }
+    rv[threadIdx.x] = best;
+    ri[threadIdx.x] = bi;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) {
+            float ov = rv[threadIdx.x + s];
+            int oi = ri[threadIdx.x + s], mi = ri[threadIdx.x];
+            if (oi >= 0 && (mi < 0 || ov > rv[threadIdx.x] || (ov == rv[threadIdx.x] && oi < mi))) {
+                rv[threadIdx.x] = ov;
+                ri[threadIdx.x] = oi;
+            }
+        }
+        __syncthreads();
+    }
+    int r = ri[0];
+    __syncthreads();
+    return r;
+}
+
 /* Slot of position p of sequence s in a device batch. */
 __device__ __forceinline__ int batch_slot(const int *block_table, int bt_stride, int s, int p, int bs)
 {

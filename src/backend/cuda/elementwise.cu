@@ -127,31 +127,13 @@ void kv_write_cuda(Backend *be, float *cache, int width, int off, const float *s
     LAUNCH_CHECK("kv_write_kernel");
 }
 
-/* block r: the largest x[r, :] and its lowest index, by a block reduction over (value, index) */
+/* block r: the largest x[r, :] and its lowest index */
 static __global__ void argmax_kernel(int *out, const float *x, int n)
 {
-    __shared__ float bv[256];
-    __shared__ int bi[256];
-    const float *v = x + (int64_t)blockIdx.x * n;
-    float best = -INFINITY;
-    int idx = -1;
-    for (int i = threadIdx.x; i < n; i += blockDim.x)
-        if (idx < 0 || v[i] > best) { best = v[i]; idx = i; }
-    bv[threadIdx.x] = best;
-    bi[threadIdx.x] = idx;
-    __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) {
-            float ov = bv[threadIdx.x + s];
-            int oi = bi[threadIdx.x + s];
-            if (oi >= 0 && (bi[threadIdx.x] < 0 || ov > bv[threadIdx.x] || (ov == bv[threadIdx.x] && oi < bi[threadIdx.x]))) {
-                bv[threadIdx.x] = ov;
-                bi[threadIdx.x] = oi;
-            }
-        }
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) out[blockIdx.x] = bi[0] < 0 ? 0 : bi[0];
+    __shared__ float rv[256];
+    __shared__ int ri[256];
+    int i = block_argmax(x + (int64_t)blockIdx.x * n, NULL, n, rv, ri);
+    if (threadIdx.x == 0) out[blockIdx.x] = i < 0 ? 0 : i;
 }
 
 void argmax_cuda(Backend *be, int *out, const float *x, int rows, int n)

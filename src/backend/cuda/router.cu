@@ -8,33 +8,6 @@
 #define ROUTER_MAX_E 1024
 #define ROUTER_MAX_G 64
 
-/* block-wide argmax of v over unmasked entries, ties to the lowest index (-1 if none) */
-__device__ int block_argmax(const float *v, const unsigned char *mask, int n, float *rv, int *ri)
-{
-    float best = -INFINITY;
-    int bi = -1;
-    for (int i = threadIdx.x; i < n; i += blockDim.x)
-        if (!mask[i] && (bi < 0 || v[i] > best)) { best = v[i]; bi = i; }
-    rv[threadIdx.x] = best;
-    ri[threadIdx.x] = bi;
-    __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) {
-            float ov = rv[threadIdx.x + s];
-            int oi = ri[threadIdx.x + s];
-            int mi = ri[threadIdx.x];
-            if (oi >= 0 && (mi < 0 || ov > rv[threadIdx.x] || (ov == rv[threadIdx.x] && oi < mi))) {
-                rv[threadIdx.x] = ov;
-                ri[threadIdx.x] = oi;
-            }
-        }
-        __syncthreads();
-    }
-    int r = ri[0];
-    __syncthreads();
-    return r;
-}
-
 static __global__ void router_kernel(int *idx, float *wts, const float *logits, const float *bias, int E, int K, int G,
                                      int topk_group, int softmax, int norm, float scaling)
 {
