@@ -50,6 +50,8 @@ static void count(Backend *be, OpId op, double flops, double bytes)
 
 void *be_alloc(Backend *be, size_t bytes) { return be->ops->alloc(be, bytes); }
 
+size_t be_mem_free(Backend *be) { return be->ops->mem_free(be); }
+
 void be_fill(Backend *be, void *p, size_t n, FillKind kind, float a, float b, uint64_t seed)
 {
     be->ops->fill(be, p, n, kind, a, b, seed);

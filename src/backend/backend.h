@@ -116,6 +116,7 @@ typedef struct {
     void *(*graph_end)(Backend *be);
     void (*graph_launch)(Backend *be, void *graph);
     void (*graph_free)(Backend *be, void *graph);
+    size_t (*mem_free)(Backend *be);               /* bytes free for the KV pool and the rest */
 } BackendOps;
 
 struct Backend {
@@ -134,6 +135,8 @@ void backend_reset_stats(Backend *be);
 /* ---- The ops, as the model calls them. Each dispatches to be->ops and counts. ---- */
 
 void *be_alloc(Backend *be, size_t bytes);
+/* Memory still free on the backend (device memory; on the cpu, available RAM). */
+size_t be_mem_free(Backend *be);
 /* n elements of kind at p (backend memory), see FillKind */
 void be_fill(Backend *be, void *p, size_t n, FillKind kind, float a, float b, uint64_t seed);
 void be_free(Backend *be, void *p);

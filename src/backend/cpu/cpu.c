@@ -1,17 +1,36 @@
 /* cpu: the CPU backend's op table, memory and per-thread scratch (cpu.h). */
 #include "cpu.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../../base/util.h"
 
 static __thread void *scratch[CPU_SCRATCH_SLOTS];
 static __thread size_t scratch_cap[CPU_SCRATCH_SLOTS];
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+/* at the exit of a thread that used scratch (the engine thread, say): free its buffers */
+static void scratch_release(void *unused)
+{
+    (void)unused;
+    for (int i = 0; i < CPU_SCRATCH_SLOTS; i++) {
+        free(scratch[i]);
+        scratch[i] = NULL;
+        scratch_cap[i] = 0;
+    }
+}
+
+static void scratch_key_init(void) { pthread_key_create(&scratch_key, scratch_release); }
 
 void *cpu_scratch(int slot, size_t bytes)
 {
     if (bytes > scratch_cap[slot]) {
+        pthread_once(&scratch_once, scratch_key_init);
+        pthread_setspecific(scratch_key, (void *)1);
         free(scratch[slot]);
         size_t cap = bytes < 4096 ? 4096 : bytes + bytes / 2;
         scratch[slot] = xmalloc_aligned(cap);
@@ -56,6 +75,13 @@ static void cpu_to_host(Backend *be, void *dst, const void *src, size_t bytes)
     if (dst != src) memcpy(dst, src, bytes);
 }
 
+static size_t cpu_mem_free(Backend *be)
+{
+    (void)be;
+    long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    return pages > 0 && size > 0 ? (size_t)pages * (size_t)size : (size_t)1 << 30;
+}
+
 static const BackendOps cpu_ops = {
     .alloc = cpu_alloc,
     .free = cpu_free,
@@ -77,6 +103,7 @@ static const BackendOps cpu_ops = {
     .attention_mla = attention_mla_cpu,
     .indexer = indexer_cpu,
     .argmax = argmax_cpu,
+    .mem_free = cpu_mem_free,
 };
 
 void backend_cpu_init(Backend *be, int n_threads)

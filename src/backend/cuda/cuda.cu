@@ -109,11 +109,19 @@ static void *cuda_graph_end(Backend *be);
 static void cuda_graph_launch(Backend *be, void *graph);
 static void cuda_graph_free(Backend *be, void *graph);
 
+static size_t cuda_mem_free(Backend *be)
+{
+    (void)be;
+    size_t fr = 0, tot = 0;
+    CUDA_CHECK(cudaMemGetInfo(&fr, &tot));
+    return fr;
+}
+
 static const BackendOps cuda_ops = {
     cuda_alloc, cuda_free, cuda_destroy, fill_cuda, embed_cuda, rmsnorm_cuda, layernorm_cuda, rope_cuda, add_cuda,
     get_rows_cuda, cuda_to_host, cuda_to_device, swiglu_cuda, kv_write_cuda, matmul_cuda, router_cuda,
     moe_cuda, attention_gqa_cuda, attention_mla_cuda, indexer_cuda, argmax_cuda, cuda_reserve, cuda_graph_begin,
-    cuda_graph_end, cuda_graph_launch, cuda_graph_free,
+    cuda_graph_end, cuda_graph_launch, cuda_graph_free, cuda_mem_free,
 };
 
 extern "C" void backend_cuda_init(Backend *be, int device)

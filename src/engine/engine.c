@@ -1,0 +1,654 @@
+/* engine: the step loop (engine.h). One engine thread owns every sequence's tokens, block table
+ * and sampler, the KV pool and the Forward; other threads submit, poll, cancel and finish
+ * through a mutex-protected request table and per-request event queues.
+ *
+ * A step: admit waiting requests (FIFO) up to max_running, looking their full prompt blocks up
+ * in the prefix cache; give every running sequence its next tokens: one for those decoding, a
+ * chunk of up to chunked_prefill for those prefilling, within max_batch_tokens; a sequence whose
+ * blocks cannot be allocated makes the youngest running sequence give its blocks back (it
+ * recomputes later from its tokens so far: preemption by recompute); run the forward; sample for
+ * every sequence that computed its last token; queue the events; wake the owners. */
+#include "engine.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../base/util.h"
+#include "../model/forward.h"
+#include "kv_cache.h"
+
+#define ENGINE_MAX_EOS 16
+
+typedef struct Seq {
+    uint64_t id;
+    int *tokens;               /* prompt then generated tokens */
+    int n_tokens, cap, n_prompt;
+    int n_computed;            /* tokens whose KV is in the cache */
+    int n_generated, max_tokens, ignore_eos;
+    int *stop_ids, n_stop_ids;
+    BlockTable bt;
+    int n_hashed;              /* leading full blocks registered in the prefix cache */
+    uint64_t last_hash;        /* chain hash of block n_hashed - 1 */
+    Sampler sampler;
+    int cached_tokens;         /* prompt tokens taken from the prefix cache */
+    /* owner side (under the engine mutex) */
+    EngineEvent *ev;
+    int ev_head, ev_len, ev_cap;
+    EngineNotify notify;
+    void *user;
+    int cancelled, stop_requested, done; /* done: the final event is queued */
+    int running;
+} Seq;
+
+/* prefix cache: chain hash of a full block -> block id; the cache holds one reference */
+typedef struct {
+    uint64_t *keys;            /* [cap] 0 = empty */
+    int *blocks;               /* [cap] */
+    int cap, used;
+} PrefixMap;
+
+struct Engine {
+    const Model *m;            /* borrowed */
+    Backend *be;               /* borrowed */
+    EngineOptions o;
+    int eos[ENGINE_MAX_EOS], n_eos;
+    KVCache kv;
+    Forward f;
+    int max_blocks_per_seq;
+    /* requests */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t thread;
+    int started, stopping, drain;
+    uint64_t next_id;
+    Seq **all;                 /* every live request (waiting, running, or done and unpolled) */
+    int n_all, cap_all;
+    Seq **waiting;             /* FIFO */
+    int n_waiting, cap_waiting;
+    Seq **running;             /* in admission order (oldest first) */
+    int n_running;
+    /* prefix cache */
+    PrefixMap pm;
+    uint64_t *block_hash;      /* [n_blocks] hash of the cached block, 0 = not cached */
+    uint64_t *block_tick;      /* [n_blocks] last use, for LRU eviction */
+    uint64_t tick;
+    /* one step's batch (host) */
+    int *b_tokens, *b_pos, *b_seq, *b_slot, *b_start, *b_ntok, *b_ctx, *b_out, *b_table;
+    Seq **b_seqs, **b_outseq;
+    float *logits;             /* [max_running, V] host */
+    EngineStats stats;
+};
+
+void engine_options_default(EngineOptions *o)
+{
+    *o = (EngineOptions){.max_running = 64, .max_batch_tokens = 2048, .chunked_prefill = 512, .max_model_len = 4096,
+                         .block_size = 16, .n_blocks = 0, .kv_fraction = 0.9, .decode_steps = 1, .prefix_caching = 1,
+                         .max_queue = 4096};
+}
+
+/* ---- the prefix map ---- */
+
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* chain hash of a block: its parent's hash and its tokens (never 0) */
+static uint64_t block_hash(uint64_t parent, const int *t, int n)
+{
+    uint64_t h = mix64(parent + 0x9E3779B97F4A7C15ull);
+    for (int i = 0; i < n; i++) h = mix64(h ^ (uint64_t)(uint32_t)t[i]) + i;
+    return h ? h : 1;
+}
+
+static int pm_slot(const PrefixMap *p, uint64_t k)
+{
+    int i = (int)(k & (uint64_t)(p->cap - 1));
+    while (p->keys[i] && p->keys[i] != k) i = (i + 1) & (p->cap - 1);
+    return i;
+}
+
+static int pm_get(const PrefixMap *p, uint64_t k)
+{
+    int i = pm_slot(p, k);
+    return p->keys[i] ? p->blocks[i] : -1;
+}
+
+static void pm_put(PrefixMap *p, uint64_t k, int block)
+{
+    int i = pm_slot(p, k);
+    if (!p->keys[i]) p->used++;
+    p->keys[i] = k;
+    p->blocks[i] = block;
+}
+
+/* delete with backward-shift so that probe chains stay intact */
+static void pm_del(PrefixMap *p, uint64_t k)
+{
+    int i = pm_slot(p, k);
+    if (!p->keys[i]) return;
+    p->keys[i] = 0;
+    p->used--;
+    for (int j = (i + 1) & (p->cap - 1); p->keys[j]; j = (j + 1) & (p->cap - 1)) {
+        uint64_t kk = p->keys[j];
+        int b = p->blocks[j];
+        p->keys[j] = 0;
+        p->used--;
+        pm_put(p, kk, b);
+    }
+}
+
+/* Drop the least recently used cached block that only the cache references; 0 if none. */
+static int evict_one(Engine *e)
+{
+    int best = -1;
+    for (int b = 0; b < e->kv.n_blocks; b++)
+        if (e->block_hash[b] && e->kv.refcount[b] == 1 && (best < 0 || e->block_tick[b] < e->block_tick[best]))
+            best = b;
+    if (best < 0) return 0;
+    pm_del(&e->pm, e->block_hash[best]);
+    e->block_hash[best] = 0;
+    kv_cache_release_block(&e->kv, best);
+    return 1;
+}
+
+/* ---- sequences ---- */
+
+static void seq_push_event(Seq *s, const EngineEvent *ev)
+{
+    if (s->ev_len == s->ev_cap) {
+        int nc = s->ev_cap ? 2 * s->ev_cap : 16;
+        EngineEvent *n = xmalloc(nc * sizeof *n);
+        for (int i = 0; i < s->ev_len; i++) n[i] = s->ev[(s->ev_head + i) % (s->ev_cap ? s->ev_cap : 1)];
+        free(s->ev);
+        s->ev = n;
+        s->ev_cap = nc;
+        s->ev_head = 0;
+    }
+    s->ev[(s->ev_head + s->ev_len) % s->ev_cap] = *ev;
+    s->ev_len++;
+}
+
+static void seq_release_blocks(Engine *e, Seq *s)
+{
+    block_table_release(&s->bt, &e->kv);
+    s->n_computed = 0;
+    s->n_hashed = 0;
+    s->last_hash = 0;
+}
+
+static void seq_free(Seq *s)
+{
+    free(s->tokens);
+    free(s->stop_ids);
+    free(s->ev);
+    sampler_free(&s->sampler);
+    free(s);
+}
+
+static void remove_ptr(Seq **arr, int *n, Seq *s)
+{
+    for (int i = 0; i < *n; i++)
+        if (arr[i] == s) {
+            memmove(arr + i, arr + i + 1, (*n - i - 1) * sizeof *arr);
+            (*n)--;
+            return;
+        }
+}
+
+static Seq *find(Engine *e, uint64_t id)
+{
+    for (int i = 0; i < e->n_all; i++)
+        if (e->all[i]->id == id) return e->all[i];
+    return NULL;
+}
+
+/* under the mutex: forget s entirely (after its final event was read, or on cancel) */
+static void drop(Engine *e, Seq *s)
+{
+    remove_ptr(e->all, &e->n_all, s);
+    remove_ptr(e->waiting, &e->n_waiting, s);
+    if (s->running) remove_ptr(e->running, &e->n_running, s);
+    seq_release_blocks(e, s);
+    seq_free(s);
+}
+
+/* ---- public API ---- */
+
+Engine *engine_create(const Model *m, Backend *be, const EngineOptions *o, const int *eos, int n_eos)
+{
+    Engine *e = xcalloc(1, sizeof *e);
+    e->m = m;
+    e->be = be;
+    e->o = *o;
+    const ModelConfig *c = &m->cfg;
+    if (e->o.max_model_len <= 0 || e->o.max_model_len > c->max_position) e->o.max_model_len = c->max_position;
+    if (e->o.max_batch_tokens < e->o.max_running) e->o.max_batch_tokens = e->o.max_running;
+    if (e->o.chunked_prefill <= 0 || e->o.chunked_prefill > e->o.max_batch_tokens) e->o.chunked_prefill = e->o.max_batch_tokens;
+    for (int i = 0; i < n_eos && e->n_eos < ENGINE_MAX_EOS; i++) e->eos[e->n_eos++] = eos[i];
+    int bs = e->o.block_size;
+    e->max_blocks_per_seq = (e->o.max_model_len + bs - 1) / bs;
+    int nb = e->o.n_blocks;
+    size_t per_block = kv_cache_block_bytes(c, bs);
+    if (nb <= 0) {
+        /* the pool from the memory left, up to what every running sequence at full length needs */
+        size_t avail = be_mem_free(be);
+        double want = (double)e->o.max_running * e->max_blocks_per_seq;
+        double fit = avail * e->o.kv_fraction / per_block;
+        nb = (int)(fit < want ? fit : want);
+    }
+    if (nb < e->max_blocks_per_seq)
+        fatal("engine: the KV cache holds %d blocks of %d tokens (%.2f MiB each), but one request of --max-model-len "
+              "%d needs %d; lower --max-model-len or give the cache more memory (--kv-fraction, --num-kv-blocks)",
+              nb, bs, per_block / 1048576.0, e->o.max_model_len, e->max_blocks_per_seq);
+    kv_cache_init(&e->kv, c, be, bs, nb);
+    log_info("engine: KV cache %d blocks x %d tokens = %d tokens (%.2f GiB); max %d running, %d tokens per step",
+             nb, bs, nb * bs, (double)nb * per_block / 1073741824.0, e->o.max_running, e->o.max_batch_tokens);
+    forward_init(&e->f, m, be, e->o.max_batch_tokens, e->o.max_running, e->o.max_running, e->max_blocks_per_seq);
+    int T = e->o.max_batch_tokens, S = e->o.max_running;
+    int **bufs[] = {&e->b_tokens, &e->b_pos, &e->b_seq, &e->b_slot};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) *bufs[i] = xcalloc(T, sizeof(int));
+    e->b_start = xcalloc(S, sizeof(int));
+    e->b_ntok = xcalloc(S, sizeof(int));
+    e->b_ctx = xcalloc(S, sizeof(int));
+    e->b_out = xcalloc(S, sizeof(int));
+    e->b_table = xcalloc((size_t)S * e->max_blocks_per_seq, sizeof(int));
+    e->b_seqs = xcalloc(S, sizeof(Seq *));
+    e->b_outseq = xcalloc(S, sizeof(Seq *));
+    e->logits = xmalloc((size_t)S * c->vocab * sizeof(float));
+    e->running = xcalloc(S, sizeof(Seq *));
+    e->pm.cap = 1;
+    while (e->pm.cap < 2 * nb + 2) e->pm.cap *= 2;
+    e->pm.keys = xcalloc(e->pm.cap, sizeof(uint64_t));
+    e->pm.blocks = xcalloc(e->pm.cap, sizeof(int));
+    e->block_hash = xcalloc(nb, sizeof(uint64_t));
+    e->block_tick = xcalloc(nb, sizeof(uint64_t));
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    e->next_id = 1;
+    e->stats.kv_blocks_total = nb;
+    return e;
+}
+
+uint64_t engine_submit(Engine *e, const RequestParams *p, EngineNotify notify, void *user, char *err, size_t errlen)
+{
+    const ModelConfig *c = &e->m->cfg;
+    if (p->n_prompt <= 0) { errbuf_set(err, errlen, "the prompt is empty"); return 0; }
+    if (p->n_prompt >= e->o.max_model_len) {
+        errbuf_set(err, errlen, "the prompt has %d tokens; this model's context is %d tokens (at least one is needed to generate)",
+                   p->n_prompt, e->o.max_model_len);
+        return 0;
+    }
+    for (int i = 0; i < p->n_prompt; i++)
+        if (p->prompt[i] < 0 || p->prompt[i] >= c->vocab) {
+            errbuf_set(err, errlen, "token id %d is outside the vocabulary [0, %d)", p->prompt[i], c->vocab);
+            return 0;
+        }
+    const char *bad = sampling_params_check(&p->sampling);
+    if (bad) { errbuf_set(err, errlen, "%s", bad); return 0; }
+    if (p->max_tokens < 1) { errbuf_set(err, errlen, "max_tokens must be at least 1"); return 0; }
+    Seq *s = xcalloc(1, sizeof *s);
+    s->cap = p->n_prompt + 16;
+    s->tokens = xmalloc(s->cap * sizeof(int));
+    memcpy(s->tokens, p->prompt, p->n_prompt * sizeof(int));
+    s->n_tokens = s->n_prompt = p->n_prompt;
+    int room = e->o.max_model_len - p->n_prompt;
+    s->max_tokens = p->max_tokens < room ? p->max_tokens : room;
+    s->ignore_eos = p->ignore_eos;
+    if (p->n_stop_ids > 0) {
+        s->stop_ids = xmalloc(p->n_stop_ids * sizeof(int));
+        memcpy(s->stop_ids, p->stop_ids, p->n_stop_ids * sizeof(int));
+        s->n_stop_ids = p->n_stop_ids;
+    }
+    sampler_init(&s->sampler, &p->sampling, c->vocab, p->prompt, p->n_prompt);
+    s->notify = notify;
+    s->user = user;
+    pthread_mutex_lock(&e->mu);
+    if (e->stopping || e->n_waiting >= e->o.max_queue) {
+        pthread_mutex_unlock(&e->mu);
+        errbuf_set(err, errlen, e->stopping ? "the server is shutting down" : "too many requests are waiting");
+        seq_free(s);
+        return 0;
+    }
+    s->id = e->next_id++;
+    if (e->n_all == e->cap_all) e->all = xrealloc(e->all, (e->cap_all = e->cap_all ? 2 * e->cap_all : 64) * sizeof(Seq *));
+    e->all[e->n_all++] = s;
+    if (e->n_waiting == e->cap_waiting)
+        e->waiting = xrealloc(e->waiting, (e->cap_waiting = e->cap_waiting ? 2 * e->cap_waiting : 64) * sizeof(Seq *));
+    e->waiting[e->n_waiting++] = s;
+    uint64_t id = s->id;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    return id;
+}
+
+int engine_poll(Engine *e, uint64_t id, EngineEvent *ev, int max)
+{
+    pthread_mutex_lock(&e->mu);
+    Seq *s = find(e, id);
+    int n = 0;
+    if (s && !s->cancelled) {
+        while (n < max && s->ev_len > 0) {
+            ev[n++] = s->ev[s->ev_head];
+            s->ev_head = (s->ev_head + 1) % s->ev_cap;
+            s->ev_len--;
+        }
+        if (s->done && s->ev_len == 0) drop(e, s); /* the final event is out */
+    }
+    pthread_mutex_unlock(&e->mu);
+    return n;
+}
+
+void engine_cancel(Engine *e, uint64_t id)
+{
+    pthread_mutex_lock(&e->mu);
+    Seq *s = find(e, id);
+    if (s) {
+        s->cancelled = 1;
+        if (!s->running || s->done) drop(e, s); /* else the engine thread drops it between steps */
+        pthread_cond_signal(&e->cv);
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
+void engine_finish(Engine *e, uint64_t id)
+{
+    pthread_mutex_lock(&e->mu);
+    Seq *s = find(e, id);
+    if (s) s->stop_requested = 1;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void engine_stats(Engine *e, EngineStats *out)
+{
+    pthread_mutex_lock(&e->mu);
+    e->stats.running = e->n_running;
+    e->stats.waiting = e->n_waiting;
+    e->stats.kv_blocks_used = e->kv.n_blocks - e->kv.n_free;
+    *out = e->stats;
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* ---- the engine thread (everything below runs on it, the mutex held unless said) ---- */
+
+/* The final event of s (its blocks go back now; s itself when the owner has read it). */
+static void finish(Engine *e, Seq *s, FinishReason why, int token, const SampleResult *r)
+{
+    EngineEvent ev = {.token = token, .finish = why, .prompt_tokens = s->n_prompt,
+                      .completion_tokens = s->n_generated, .cached_tokens = s->cached_tokens};
+    if (r && token >= 0) {
+        ev.logprob = r->logprob;
+        ev.n_top = r->n_top;
+        memcpy(ev.top_ids, r->top_ids, sizeof ev.top_ids);
+        memcpy(ev.top_logprobs, r->top_logprobs, sizeof ev.top_logprobs);
+    }
+    seq_push_event(s, &ev);
+    s->done = 1;
+    if (s->running) remove_ptr(e->running, &e->n_running, s);
+    s->running = 0;
+    seq_release_blocks(e, s);
+}
+
+/* Register s's newly completed full blocks in the prefix cache (the cache takes a reference). */
+static void cache_full_blocks(Engine *e, Seq *s)
+{
+    if (!e->o.prefix_caching) return;
+    int bs = e->o.block_size;
+    while ((s->n_hashed + 1) * bs <= s->n_computed) {
+        int i = s->n_hashed, b = s->bt.blocks[i];
+        uint64_t h = block_hash(s->last_hash, s->tokens + (size_t)i * bs, bs);
+        if (!e->block_hash[b] && pm_get(&e->pm, h) < 0) {
+            pm_put(&e->pm, h, b);
+            e->block_hash[b] = h;
+            kv_cache_ref_block(&e->kv, b);
+        }
+        e->block_tick[b] = ++e->tick;
+        s->last_hash = h;
+        s->n_hashed++;
+    }
+}
+
+/* Admission: the prompt's leading full blocks found in the prefix cache are shared (at least one
+ * token is always left to compute, for the logits). */
+static void admit_prefix(Engine *e, Seq *s)
+{
+    if (!e->o.prefix_caching) return;
+    int bs = e->o.block_size, nfull = (s->n_tokens - 1) / bs;
+    uint64_t h = 0;
+    e->stats.prefix_queries += s->n_prompt;
+    for (int i = 0; i < nfull; i++) {
+        uint64_t hi = block_hash(h, s->tokens + (size_t)i * bs, bs);
+        int b = pm_get(&e->pm, hi);
+        if (b < 0) break;
+        if (s->bt.n_blocks == s->bt.cap) s->bt.blocks = xrealloc(s->bt.blocks, (s->bt.cap = s->bt.cap ? 2 * s->bt.cap : 8) * sizeof(int));
+        s->bt.blocks[s->bt.n_blocks++] = b;
+        kv_cache_ref_block(&e->kv, b);
+        e->block_tick[b] = ++e->tick;
+        h = hi;
+        s->n_hashed = i + 1;
+        s->last_hash = h;
+    }
+    s->n_computed = s->n_hashed * bs;
+    s->cached_tokens = s->n_computed < s->n_prompt ? s->n_computed : s->n_prompt;
+    e->stats.prefix_hits += s->cached_tokens;
+}
+
+/* Blocks for s to hold n tokens; evicts cached blocks, then preempts younger sequences. */
+static int ensure_blocks(Engine *e, Seq *s, int n)
+{
+    for (;;) {
+        if (block_table_reserve(&s->bt, &e->kv, n) == 0) return 0;
+        if (evict_one(e)) continue;
+        /* preempt the youngest running sequence other than s */
+        Seq *victim = NULL;
+        for (int i = e->n_running - 1; i >= 0 && !victim; i--)
+            if (e->running[i] != s) victim = e->running[i];
+        if (!victim) return -1;
+        remove_ptr(e->running, &e->n_running, victim);
+        victim->running = 0;
+        seq_release_blocks(e, victim);
+        /* back to the head of the queue: it resumes first, recomputing what it had */
+        if (e->n_waiting == e->cap_waiting)
+            e->waiting = xrealloc(e->waiting, (e->cap_waiting = e->cap_waiting ? 2 * e->cap_waiting : 64) * sizeof(Seq *));
+        memmove(e->waiting + 1, e->waiting, e->n_waiting * sizeof(Seq *));
+        e->waiting[0] = victim;
+        e->n_waiting++;
+        e->stats.preemptions++;
+    }
+}
+
+/* Drop cancelled sequences, end those whose owner saw a stop string, admit waiting ones. */
+static void schedule_admin(Engine *e)
+{
+    for (int i = 0; i < e->n_running;) {
+        Seq *s = e->running[i];
+        if (s->cancelled) { drop(e, s); continue; }
+        if (s->stop_requested && !s->done) { finish(e, s, FINISH_STOP, -1, NULL); if (s->notify) s->notify(s->user, s->id); continue; }
+        i++;
+    }
+    for (int i = 0; i < e->n_waiting;) {
+        Seq *s = e->waiting[i];
+        if (s->cancelled) { drop(e, s); continue; }
+        if (s->stop_requested && !s->done) {
+            remove_ptr(e->waiting, &e->n_waiting, s);
+            finish(e, s, FINISH_STOP, -1, NULL);
+            if (s->notify) s->notify(s->user, s->id);
+            continue;
+        }
+        i++;
+    }
+    while (e->n_waiting > 0 && e->n_running < e->o.max_running) {
+        Seq *s = e->waiting[0];
+        memmove(e->waiting, e->waiting + 1, (e->n_waiting - 1) * sizeof(Seq *));
+        e->n_waiting--;
+        admit_prefix(e, s);
+        s->running = 1;
+        e->running[e->n_running++] = s;
+    }
+}
+
+/* Build one step's batch; returns its token count (0: nothing to do). */
+static int build_batch(Engine *e, int *n_seqs, int *n_out)
+{
+    int T = 0, S = 0, O = 0, budget = e->o.max_batch_tokens, bs = e->o.block_size;
+    /* decoding sequences first (one token each), then prefill chunks, oldest first */
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < e->n_running && T < budget; i++) {
+            Seq *s = e->running[i];
+            int pending = s->n_tokens - s->n_computed;
+            if (pending <= 0 || (pass == 0) != (pending == 1)) continue;
+            int take = pending;
+            if (take > e->o.chunked_prefill) take = e->o.chunked_prefill;
+            if (take > budget - T) take = budget - T;
+            if (ensure_blocks(e, s, s->n_computed + take) < 0) continue;
+            if (!s->running) continue;
+            for (int k = 0; k < take; k++) {
+                int p = s->n_computed + k;
+                e->b_tokens[T + k] = s->tokens[p];
+                e->b_pos[T + k] = p;
+                e->b_seq[T + k] = S;
+                e->b_slot[T + k] = block_table_slot(&s->bt, bs, p);
+            }
+            e->b_start[S] = T;
+            e->b_ntok[S] = take;
+            e->b_ctx[S] = s->n_computed + take;
+            e->b_seqs[S] = s;
+            if (s->n_computed + take == s->n_tokens) { /* its last token: logits */
+                e->b_out[O] = T + take - 1;
+                e->b_outseq[O++] = s;
+            }
+            T += take;
+            S++;
+        }
+    /* preemption inside the loop may have removed sequences already placed: rebuild if so */
+    for (int i = 0; i < S; i++)
+        if (!e->b_seqs[i]->running) return build_batch(e, n_seqs, n_out);
+    for (int i = 0; i < S; i++) {
+        Seq *s = e->b_seqs[i];
+        memcpy(e->b_table + (size_t)i * e->max_blocks_per_seq, s->bt.blocks, s->bt.n_blocks * sizeof(int));
+    }
+    *n_seqs = S;
+    *n_out = O;
+    return T;
+}
+
+static int is_stop(const Engine *e, const Seq *s, int t)
+{
+    if (!s->ignore_eos)
+        for (int i = 0; i < e->n_eos; i++)
+            if (t == e->eos[i]) return 1;
+    for (int i = 0; i < s->n_stop_ids; i++)
+        if (t == s->stop_ids[i]) return 1;
+    return 0;
+}
+
+/* One step. Called with the mutex held; the forward runs without it. */
+static void step(Engine *e)
+{
+    int S, O, T = build_batch(e, &S, &O);
+    if (T == 0) return;
+    int V = e->m->cfg.vocab;
+    Batch b = {.n_tokens = T, .tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq, .slot = e->b_slot,
+               .n_seqs = S, .seq_start = e->b_start, .seq_ntok = e->b_ntok, .ctx_len = e->b_ctx,
+               .block_table = e->b_table, .bt_stride = e->max_blocks_per_seq, .n_out = O, .out_idx = e->b_out};
+    for (int i = 0; i < S; i++) b.max_ctx = e->b_ctx[i] > b.max_ctx ? e->b_ctx[i] : b.max_ctx;
+    /* the sequences of this batch are only touched by this thread: run without the lock */
+    pthread_mutex_unlock(&e->mu);
+    forward_run(&e->f, &b, &e->kv, O ? e->logits : NULL);
+    pthread_mutex_lock(&e->mu);
+    e->stats.steps++;
+    for (int i = 0; i < S; i++) {
+        Seq *s = e->b_seqs[i];
+        s->n_computed += e->b_ntok[i];
+        if (s->n_computed <= s->n_prompt) e->stats.prompt_tokens += e->b_ntok[i];
+        cache_full_blocks(e, s);
+    }
+    for (int o = 0; o < O; o++) {
+        Seq *s = e->b_outseq[o];
+        if (s->cancelled || s->done) continue;
+        SampleResult r;
+        int t = sampler_sample(&s->sampler, e->logits + (size_t)o * V, &r);
+        sampler_accept(&s->sampler, t);
+        s->n_generated++;
+        e->stats.generation_tokens++;
+        if (s->stop_requested) finish(e, s, FINISH_STOP, -1, NULL);
+        else if (is_stop(e, s, t)) finish(e, s, FINISH_STOP, t, &r);
+        else if (s->n_generated >= s->max_tokens) finish(e, s, FINISH_LENGTH, t, &r);
+        else {
+            if (s->n_tokens == s->cap) s->tokens = xrealloc(s->tokens, (s->cap *= 2) * sizeof(int));
+            s->tokens[s->n_tokens++] = t;
+            EngineEvent ev = {.token = t, .logprob = r.logprob, .n_top = r.n_top};
+            memcpy(ev.top_ids, r.top_ids, sizeof ev.top_ids);
+            memcpy(ev.top_logprobs, r.top_logprobs, sizeof ev.top_logprobs);
+            seq_push_event(s, &ev);
+        }
+        if (s->notify) s->notify(s->user, s->id);
+    }
+}
+
+static void *engine_main(void *arg)
+{
+    Engine *e = arg;
+    pthread_mutex_lock(&e->mu);
+    for (;;) {
+        schedule_admin(e);
+        if (e->n_running == 0 && e->n_waiting == 0) {
+            if (e->stopping) break;
+            pthread_cond_wait(&e->cv, &e->mu);
+            continue;
+        }
+        if (e->stopping && !e->drain) { /* abort everything */
+            while (e->n_running) { Seq *s = e->running[0]; finish(e, s, FINISH_ABORT, -1, NULL); if (s->notify) s->notify(s->user, s->id); }
+            while (e->n_waiting) {
+                Seq *s = e->waiting[0];
+                remove_ptr(e->waiting, &e->n_waiting, s);
+                finish(e, s, FINISH_ABORT, -1, NULL);
+                if (s->notify) s->notify(s->user, s->id);
+            }
+            continue;
+        }
+        for (int k = 0; k < (e->o.decode_steps > 0 ? e->o.decode_steps : 1); k++) step(e);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
+
+void engine_start(Engine *e)
+{
+    if (e->started) return;
+    if (pthread_create(&e->thread, NULL, engine_main, e) != 0) die("engine: pthread_create failed");
+    e->started = 1;
+}
+
+void engine_stop(Engine *e, int drain)
+{
+    pthread_mutex_lock(&e->mu);
+    e->stopping = 1;
+    e->drain = drain;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    if (e->started) pthread_join(e->thread, NULL);
+    e->started = 0;
+}
+
+void engine_free(Engine *e)
+{
+    if (!e) return;
+    if (e->started) engine_stop(e, 0);
+    while (e->n_all) drop(e, e->all[0]);
+    for (int b = 0; b < e->kv.n_blocks; b++)
+        if (e->block_hash[b]) kv_cache_release_block(&e->kv, b);
+    forward_free(&e->f);
+    kv_cache_free(&e->kv);
+    void *p[] = {e->b_tokens, e->b_pos, e->b_seq, e->b_slot, e->b_start, e->b_ntok, e->b_ctx, e->b_out, e->b_table,
+                 e->b_seqs, e->b_outseq, e->logits, e->running, e->waiting, e->all, e->pm.keys, e->pm.blocks,
+                 e->block_hash, e->block_tick};
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) free(p[i]);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    free(e);
+}

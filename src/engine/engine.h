@@ -1,0 +1,100 @@
+/* engine: the step loop of DESIGN.md §1. Requests come in from any thread (engine_submit);
+ * one engine thread owns the sequences, the paged KV cache and the Forward: each step it builds
+ * one Batch (continuous batching: the decode tokens of running sequences plus chunked prefill of
+ * new ones, bounded by max_batch_tokens and max_running), runs the forward, samples, and hands
+ * each request its new tokens through a per-request event queue, waking its owner through the
+ * notify callback. When KV blocks run out the youngest running sequence is preempted (its blocks
+ * freed, recomputed later): never dropped. Full KV blocks are shared between requests with the
+ * same prompt prefix (a hash per block, reference counts, LRU eviction of unreferenced cached
+ * blocks). Text-level concerns (detokenization, stop strings, JSON) belong to the caller. */
+#ifndef MOESERVE_ENGINE_H
+#define MOESERVE_ENGINE_H
+
+#include <stdint.h>
+
+#include "../backend/backend.h"
+#include "sampler.h"
+
+typedef struct {
+    int max_running;           /* --max-running-requests: sequences in a batch at once */
+    int max_batch_tokens;      /* --max-batch-tokens: tokens per forward step */
+    int chunked_prefill;       /* --chunked-prefill-size: prompt tokens of one sequence per step */
+    int max_model_len;         /* --max-model-len: prompt + output limit (<= the model's context) */
+    int block_size;            /* KV block size in tokens (16) */
+    int n_blocks;              /* KV blocks in the pool (0: sized from kv_fraction of free memory) */
+    double kv_fraction;        /* --kv-fraction of the memory left after weights and activations */
+    int decode_steps;          /* --num-continuous-decode-steps: decode steps per scheduling round */
+    int prefix_caching;        /* 1: share full prompt blocks between requests */
+    int max_queue;             /* waiting requests accepted before engine_submit refuses (busy) */
+} EngineOptions;
+
+void engine_options_default(EngineOptions *o);
+
+typedef enum {
+    FINISH_NONE = 0,
+    FINISH_STOP,               /* an eos or stop token id, or engine_finish (a stop string) */
+    FINISH_LENGTH,             /* max_tokens, or the context is full */
+    FINISH_ABORT,              /* cancelled (client gone, shutdown) */
+} FinishReason;
+
+typedef struct {
+    const int *prompt;         /* token ids, copied by engine_submit */
+    int n_prompt;
+    SamplingParams sampling;   /* including seed and the number of logprobs */
+    int max_tokens;            /* new tokens at most (>= 1) */
+    int ignore_eos;
+    const int *stop_ids;       /* extra stop token ids (copied), besides the model's eos */
+    int n_stop_ids;
+} RequestParams;
+
+/* One sampled token, or the end of the request. */
+typedef struct {
+    int token;                 /* -1 on the final event when it carries no token */
+    float logprob;
+    int n_top;
+    int top_ids[SAMPLER_MAX_LOGPROBS];
+    float top_logprobs[SAMPLER_MAX_LOGPROBS];
+    FinishReason finish;       /* != FINISH_NONE on the request's last event */
+    int prompt_tokens;         /* usage, valid on the last event */
+    int completion_tokens;
+    int cached_tokens;         /* prompt tokens served from the prefix cache */
+} EngineEvent;
+
+/* Called on the engine thread when new events wait for request `id` (keep it short: resume a
+ * suspended connection, signal a condition variable). */
+typedef void (*EngineNotify)(void *user, uint64_t id);
+
+typedef struct Engine Engine;
+
+/* Engine over a model in the backend's memory (borrowed; the caller keeps model and backend
+ * alive until engine_free). eos ids end a request unless ignore_eos. Sizes the KV pool and stops
+ * with a clear error (the numbers) when the model and one request do not fit. */
+Engine *engine_create(const Model *m, Backend *be, const EngineOptions *o, const int *eos, int n_eos);
+void engine_start(Engine *e);   /* the engine thread */
+/* Stop: with drain, wait until every accepted request has finished; else abort them. */
+void engine_stop(Engine *e, int drain);
+void engine_free(Engine *e);
+
+/* Returns the request id (> 0), or 0 with err set: prompt empty or longer than max_model_len,
+ * a token outside the vocabulary, sampling out of range, the queue full. Never blocks on the
+ * model. */
+uint64_t engine_submit(Engine *e, const RequestParams *p, EngineNotify notify, void *user, char *err, size_t errlen);
+/* Move up to max pending events of id into ev (non-blocking); returns how many. After the event
+ * with finish != FINISH_NONE the request is gone and its id unknown. */
+int engine_poll(Engine *e, uint64_t id, EngineEvent *ev, int max);
+/* The client is gone: stop generating, free the sequence; no more events are delivered. */
+void engine_cancel(Engine *e, uint64_t id);
+/* The caller saw a stop string: end the request with FINISH_STOP (a final event follows). */
+void engine_finish(Engine *e, uint64_t id);
+
+typedef struct {
+    int running, waiting;      /* sequences */
+    int kv_blocks_total, kv_blocks_used;
+    uint64_t prefix_queries, prefix_hits; /* prompt tokens looked up / found in the cache */
+    uint64_t preemptions;
+    uint64_t steps, prompt_tokens, generation_tokens;
+} EngineStats;
+
+void engine_stats(Engine *e, EngineStats *s);
+
+#endif
