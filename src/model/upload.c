@@ -154,8 +154,13 @@ void model_upload(Model *dst, const Model *src, Backend *be)
     memset(&dst->st, 0, sizeof dst->st); /* the mapping stays src's */
     Up u = {.be = be};
     up_model(&u, dst, src);
-    size_t total = u.off;
-    log_info("upload: %.2f GiB of weights to %s", total / 1073741824.0, be->name);
+    size_t total = u.off, avail = be_mem_free(be);
+    /* the weights must leave room for activations and the KV cache: say so before copying anything */
+    if (total > avail)
+        fatal("the model does not fit: its weights take %.2f GiB and %s has %.2f GiB free (%d layers; with "
+              "--dummy-weights, --num-layers N keeps fewer)",
+              total / 1073741824.0, be->name, avail / 1073741824.0, src->cfg.n_layers);
+    log_info("upload: %.2f GiB of weights to %s (%.2f GiB free)", total / 1073741824.0, be->name, avail / 1073741824.0);
     dst->dev_buffer = be_alloc(be, total);
     dst->layers = xcalloc(src->cfg.n_layers, sizeof(LayerWeights));
     u = (Up){.be = be, .base = dst->dev_buffer, .seed = 20261202};
