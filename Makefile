@@ -8,11 +8,11 @@ CUDA     ?= $(shell test -x "$(NVCC)" && ls src/backend/cuda/*.cu >/dev/null 2>&
 CUDA_ARCH ?= -gencode=arch=compute_90a,code=sm_90a
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 
-PKGS     := jansson libpcre2-8 libutf8proc
+PKGS     := jansson libpcre2-8 libutf8proc libmicrohttpd libcurl
 OPT      ?= -O2 -g
 SAN      ?=
 CFLAGS   := $(OPT) $(SAN) -std=c11 -Wall -Wextra -Wno-format-zero-length -D_GNU_SOURCE -fopenmp -Isrc -Itests $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-LDLIBS   += $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -ljansson -lpcre2-8 -lutf8proc) -fopenmp -lm -lpthread
+LDLIBS   += $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lcurl) -fopenmp -lm -lpthread
 NVFLAGS  ?= -O3 -g -lineinfo
 NVFLAGS  += -std=c++17 $(CUDA_ARCH) -Isrc -Itests -Xcompiler -Wall,-fPIC
 

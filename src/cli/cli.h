@@ -13,6 +13,7 @@ int cmd_synth(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 
 /* The backend of --device cpu|cuda|cuda:N (NULL: cuda when built with it and a GPU is present,
  * else cpu), and the model's weights where that backend reads them (device_model: the host

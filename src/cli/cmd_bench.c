@@ -1,7 +1,10 @@
-/* cmd_bench: `moeserve bench <what>`: model (offline prefill/decode throughput, no server). */
+/* cmd_bench: `moeserve bench <what>`: model (offline prefill/decode throughput, no server),
+ * serve (the serving benchmark against an OpenAI-compatible server, comparable with
+ * sglang.bench_serving and vllm bench serve), plot (an SVG of serve's results file). */
 #include <stdio.h>
 #include <string.h>
 
+#include "../bench/bench_serve.h"
 #include "cli.h"
 
 int bench_model_main(int argc, char **argv);
@@ -9,6 +12,10 @@ int bench_model_main(int argc, char **argv);
 int cmd_bench(int argc, char **argv)
 {
     if (argc >= 2 && !strcmp(argv[1], "model")) return bench_model_main(argc - 1, argv + 1);
-    fprintf(stderr, "usage: moeserve bench model [options]   (offline prefill and decode throughput)\n");
+    if (argc >= 2 && !strcmp(argv[1], "serve")) return bench_serve_main(argc - 1, argv + 1);
+    if (argc >= 2 && !strcmp(argv[1], "plot")) return bench_plot_main(argc - 1, argv + 1);
+    fprintf(stderr, "usage: moeserve bench model [options]   (offline prefill and decode throughput)\n"
+                    "       moeserve bench serve [options]   (serving benchmark against an OpenAI-compatible server)\n"
+                    "       moeserve bench plot RESULTS.jsonl [options]   (SVG/PNG of bench serve results)\n");
     return 2;
 }

@@ -12,8 +12,7 @@
 #include "../base/util.h"
 #include "../engine/runner.h"
 #include "../engine/sampler.h"
-#include "../format/chat_template.h"
-#include "../format/tokenizer.h"
+#include "../format/model_text.h"
 #include "cli.h"
 
 #define GEN_USAGE "moeserve generate --model DIR (--prompt S | --chat S [--system S]) [--max-tokens N] " \
@@ -21,28 +20,6 @@
                   "[--frequency-penalty F] [--presence-penalty P] [--seed N] [--stop S]... [--stop-token-ids ID,...] [--ignore-eos] " \
                   "[--device cpu|cuda] [--threads N] [--chunk N] [--no-graphs]"
 #define GEN_MAX_STOPS 8
-
-/* generation_config.json: temperature, top_p, top_k, repetition_penalty, do_sample and
- * eos_token_id, when present */
-static void read_generation_config(const char *dir, SamplingParams *p, int *eos, int *n_eos, int max_eos)
-{
-    char path[4200];
-    path_join(path, sizeof path, dir, "generation_config.json");
-    json_error_t jerr;
-    json_t *g = json_load_file(path, 0, &jerr);
-    if (!g) return;
-    json_t *v;
-    if ((v = json_object_get(g, "temperature")) && json_is_number(v)) p->temperature = (float)json_number_value(v);
-    if ((v = json_object_get(g, "top_p")) && json_is_number(v)) p->top_p = (float)json_number_value(v);
-    if ((v = json_object_get(g, "top_k")) && json_is_integer(v)) p->top_k = (int)json_integer_value(v);
-    if ((v = json_object_get(g, "repetition_penalty")) && json_is_number(v)) p->repetition_penalty = (float)json_number_value(v);
-    if ((v = json_object_get(g, "do_sample")) && json_is_false(v)) p->temperature = 0;
-    v = json_object_get(g, "eos_token_id");
-    if (json_is_integer(v) && *n_eos < max_eos) eos[(*n_eos)++] = (int)json_integer_value(v);
-    for (size_t i = 0; json_is_array(v) && i < json_array_size(v) && *n_eos < max_eos; i++)
-        eos[(*n_eos)++] = (int)json_integer_value(json_array_get(v, i));
-    json_decref(g);
-}
 
 /* First index where one of the stop strings occurs in text[0..n), or -1. */
 static long find_stop(const char *text, size_t n, const char *const *stops, int n_stops)
@@ -100,14 +77,10 @@ int cmd_generate(int argc, char **argv)
     char err[1024];
     Model m;
     model_load(&m, dir);
-    Tokenizer *tok = tokenizer_load(dir, err, sizeof err);
-    if (!tok) fatal("%s", err);
-    int eos[MODEL_MAX_EOS + 8], n_eos = 0;
-    for (int i = 0; i < m.cfg.n_eos; i++) eos[n_eos++] = m.cfg.eos_ids[i];
-    if (tokenizer_eos_id(tok) >= 0) eos[n_eos++] = tokenizer_eos_id(tok);
-    SamplingParams sp;
-    sampling_params_default(&sp);
-    read_generation_config(dir, &sp, eos, &n_eos, (int)(sizeof eos / sizeof eos[0]));
+    ModelText mt;
+    model_text_open(&mt, dir, m.cfg.eos_ids, m.cfg.n_eos);
+    const Tokenizer *tok = mt.tok;
+    SamplingParams sp = mt.defaults;
     /* stop token ids end the output like an eos, and are not printed (vLLM's stop_token_ids) */
     int stop_ids[64], n_stop_ids = 0;
     for (const char *q = stop_ids_s; q && *q;) {
@@ -133,18 +106,12 @@ int cmd_generate(int argc, char **argv)
     /* the prompt's ids */
     int *ids = NULL, n_ids;
     if (chat) {
-        ChatTemplate *ct = chat_template_load(dir, err, sizeof err);
-        if (!ct) fatal("%s", err);
         json_t *msgs = json_array();
         if (system_msg) json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "system", "content", system_msg));
         json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "user", "content", chat));
-        const char *bos = tokenizer_bos_id(tok) >= 0 ? tokenizer_token(tok, tokenizer_bos_id(tok)) : "";
-        const char *eos_s = tokenizer_eos_id(tok) >= 0 ? tokenizer_token(tok, tokenizer_eos_id(tok)) : "";
         char *text;
-        if (chat_template_render(ct, msgs, NULL, 1, NULL, bos, eos_s, &text, err, sizeof err) < 0)
-            fatal("generate: chat template: %s", err);
+        if (model_text_render(&mt, msgs, NULL, NULL, 1, &text, err, sizeof err) < 0) fatal("generate: chat template: %s", err);
         json_decref(msgs);
-        chat_template_free(ct);
         n_ids = tokenizer_encode(tok, text, strlen(text), 0, &ids, err, sizeof err);
         free(text);
     } else {
@@ -191,9 +158,7 @@ int cmd_generate(int argc, char **argv)
         int t = sampler_sample(&smp, logits, &res);
         sampler_accept(&smp, t);
         n_gen++;
-        int is_eos = 0;
-        for (int i = 0; i < n_eos; i++) is_eos |= t == eos[i];
-        if (is_eos && !ignore_eos) { why = "eos"; break; }
+        if (model_text_is_eos(&mt, t) && !ignore_eos) { why = "eos"; break; }
         int is_stop = 0;
         for (int i = 0; i < n_stop_ids; i++) is_stop |= t == stop_ids[i];
         if (is_stop) { why = "stop"; break; }
@@ -238,7 +203,7 @@ int cmd_generate(int argc, char **argv)
     runner_free(&run);
     device_model_free(&dm, &be);
     backend_free(&be);
-    tokenizer_free(tok);
+    model_text_free(&mt);
     model_free(&m);
     return 0;
 }

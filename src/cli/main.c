@@ -14,8 +14,9 @@ typedef struct {
 static const Command commands[] = {
     {"generate", cmd_generate, "generate text from a prompt or a chat message, streamed"},
     {"perplexity", cmd_perplexity, "held-out perplexity of a text file"},
+    {"serve", cmd_serve, "run the OpenAI-compatible HTTP server (completions, chat, streaming, metrics)"},
     {"logits", cmd_logits, "run a forward pass and write float32 logits for every position"},
-    {"bench", cmd_bench, "benchmarks: model (offline prefill/decode throughput)"},
+    {"bench", cmd_bench, "benchmarks: model (offline throughput), serve (serving, vs an OpenAI server), plot"},
     {"info", cmd_info, "describe a model directory: architecture, parameters, precisions"},
     {"synth", cmd_synth, "write a random-weight checkpoint in the real Hugging Face layout"},
     {"quantize", cmd_quantize, "write a ModelOpt NVFP4 checkpoint from a BF16 one"},

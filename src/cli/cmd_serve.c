@@ -1,0 +1,143 @@
+/* cmd_serve: `moeserve serve --model DIR [options]` runs the OpenAI-compatible server
+ * (src/server/) over the engine (src/engine/): it loads the model, its tokenizer and chat
+ * template, starts the engine thread and the HTTP threads, prints "listening on
+ * http://HOST:PORT" once requests are accepted, and on SIGINT or SIGTERM stops accepting,
+ * lets every accepted request finish (drain), and exits 0. --port 0 picks a free port. */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "../base/util.h"
+#include "../engine/engine.h"
+#include "../format/model_text.h"
+#include "../server/http.h"
+#include "../server/metrics.h"
+#include "../server/openai.h"
+#include "cli.h"
+
+#define SERVE_USAGE "moeserve serve " MODEL_OPTS_USAGE " [--host 127.0.0.1] [--port 8000] [--served-model-name NAME] " \
+                    "[--api-key KEY] [--device cpu|cuda] [--threads N] [--max-running-requests N] [--max-batch-tokens N] " \
+                    "[--chunked-prefill-size N] [--max-model-len N] [--kv-fraction F | --num-kv-blocks N] " \
+                    "[--num-continuous-decode-steps N] [--no-prefix-caching] [--max-queue N] [--max-body MB] " \
+                    "[--max-connections N] [--http-threads N] [--drain-timeout S]"
+
+/* Open files: a connection is a descriptor; raise the soft limit to the hard one. */
+static void raise_fd_limit(int want)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+    if (rl.rlim_cur < (rlim_t)want + 64) {
+        rl.rlim_cur = rl.rlim_max < (rlim_t)want + 64 ? rl.rlim_max : (rlim_t)want + 64;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+}
+
+int cmd_serve(int argc, char **argv)
+{
+    /* SIGINT and SIGTERM are taken by sigwait below: block them before any thread exists (the
+     * model loader's OpenMP threads included) so that every thread inherits the mask */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    ModelOpts mo = {0};
+    HttpOptions ho;
+    http_options_default(&ho);
+    EngineOptions eo;
+    engine_options_default(&eo);
+    const char *name = NULL, *api_key = NULL, *device = NULL;
+    int threads = 0, help = 0, no_prefix = 0, max_body_mb = (int)(ho.max_body >> 20), drain_s = 60;
+    double kv_fraction = -1;
+    for (int i = 1; i < argc; i++) {
+        if (opt_model(argc, argv, &i, &mo) || opt_str(argc, argv, &i, "--host", &ho.host) ||
+            opt_int(argc, argv, &i, "--port", 0, 65535, &ho.port) ||
+            opt_str(argc, argv, &i, "--served-model-name", &name) || opt_str(argc, argv, &i, "--api-key", &api_key) ||
+            opt_str(argc, argv, &i, "--device", &device) || opt_int(argc, argv, &i, "--threads", 1, 4096, &threads) ||
+            opt_int(argc, argv, &i, "--max-running-requests", 1, 1 << 16, &eo.max_running) ||
+            opt_int(argc, argv, &i, "--max-batch-tokens", 1, 1 << 24, &eo.max_batch_tokens) ||
+            opt_int(argc, argv, &i, "--chunked-prefill-size", 1, 1 << 24, &eo.chunked_prefill) ||
+            opt_int(argc, argv, &i, "--max-model-len", 2, 1 << 24, &eo.max_model_len) ||
+            opt_double(argc, argv, &i, "--kv-fraction", 0.01, 1.0, &kv_fraction) ||
+            opt_int(argc, argv, &i, "--num-kv-blocks", 1, 1 << 30, &eo.n_blocks) ||
+            opt_int(argc, argv, &i, "--num-continuous-decode-steps", 1, 1024, &eo.decode_steps) ||
+            opt_flag(argv, &i, "--no-prefix-caching", &no_prefix) ||
+            opt_int(argc, argv, &i, "--max-queue", 0, 1 << 24, &eo.max_queue) ||
+            opt_int(argc, argv, &i, "--max-body", 1, 1 << 12, &max_body_mb) ||
+            opt_int(argc, argv, &i, "--max-connections", 1, 1 << 16, &ho.max_connections) ||
+            opt_int(argc, argv, &i, "--http-threads", 1, 256, &ho.threads) ||
+            opt_int(argc, argv, &i, "--drain-timeout", 0, 86400, &drain_s) ||
+            opt_flag(argv, &i, "--help", &help))
+            continue;
+        opt_unknown("serve", argv[i], SERVE_USAGE);
+    }
+    if (help) { printf("usage: %s\n", SERVE_USAGE); return 0; }
+    if (!mo.dir) {
+        fprintf(stderr, "error: serve: --model is required\nusage: %s\n", SERVE_USAGE);
+        return 2;
+    }
+    if (kv_fraction > 0 && eo.n_blocks > 0) fatal("serve: --kv-fraction and --num-kv-blocks exclude each other");
+    if (kv_fraction > 0) eo.kv_fraction = kv_fraction;
+    if (no_prefix) eo.prefix_caching = 0;
+    ho.max_body = (size_t)max_body_mb << 20;
+    raise_fd_limit(ho.max_connections);
+    /* the model's name: --served-model-name, else --model as given (as vLLM); then its last
+     * path component is accepted too */
+    char alias[256] = "";
+    if (!name) {
+        name = mo.dir;
+        size_t n = strlen(mo.dir);
+        while (n > 1 && mo.dir[n - 1] == '/') n--;
+        size_t b = n;
+        while (b > 0 && mo.dir[b - 1] != '/') b--;
+        if (n - b < sizeof alias && b > 0) snprintf(alias, sizeof alias, "%.*s", (int)(n - b), mo.dir + b);
+    }
+    Model m;
+    model_open(&m, &mo);
+    ModelText mt;
+    model_text_open(&mt, mo.dir, m.cfg.eos_ids, m.cfg.n_eos);
+    if (!mt.chat) log_warn("serve: %s; /v1/chat/completions will answer 400", mt.chat_err);
+    Backend be;
+    device_open(&be, device, threads);
+    Model dm;
+    device_model(&dm, &m, &be);
+    Engine *e = engine_create(&dm, &be, &eo, mt.eos_ids, mt.n_eos);
+    engine_start(e);
+
+    Metrics metrics;
+    metrics_init(&metrics);
+    int max_len = eo.max_model_len <= 0 || eo.max_model_len > m.cfg.max_position ? m.cfg.max_position : eo.max_model_len;
+    Api api = {.engine = e, .text = &mt, .model_name = name, .model_alias = alias[0] ? alias : NULL, .api_key = api_key, .max_model_len = max_len,
+               .vocab = m.cfg.vocab, .created = (int64_t)time(NULL), .metrics = &metrics};
+    char err[512];
+    HttpServer *h = http_start(&ho, &api, err, sizeof err);
+    if (!h) fatal("serve: %s", err);
+    log_info("serve: model %s (%s) as '%s' on %s, context %d tokens%s", mo.dir, m.cfg.architecture, name, be.name, max_len,
+             api_key ? ", API key required" : "");
+    printf("listening on http://%s:%d\n", ho.host, http_port(h));
+    fflush(stdout);
+
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    log_info("serve: %s: no new requests; draining the accepted ones", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    api.draining = 1;
+    http_quiesce(h);
+    engine_stop(e, 1);
+    int left = http_wait_idle(h, drain_s);
+    if (left) log_warn("serve: %d connections still open after %d s (slow readers): closing them", left, drain_s);
+    http_stop(h);
+    engine_free(e);
+    metrics_free(&metrics);
+    device_model_free(&dm, &be);
+    backend_free(&be);
+    model_text_free(&mt);
+    model_free(&m);
+    log_info("serve: stopped");
+    return 0;
+}

@@ -1,0 +1,77 @@
+/* model_text: tokenizer, chat template, eos ids and sampling defaults of a model directory
+ * (model_text.h). */
+#include "model_text.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "../base/util.h"
+
+static void add_eos(ModelText *t, int id)
+{
+    if (id < 0 || model_text_is_eos(t, id) || t->n_eos == MODEL_TEXT_MAX_EOS) return;
+    t->eos_ids[t->n_eos++] = id;
+}
+
+/* generation_config.json: temperature, top_p, top_k, repetition_penalty, do_sample and
+ * eos_token_id, when present */
+static void read_generation_config(ModelText *t, const char *dir)
+{
+    char path[4200];
+    path_join(path, sizeof path, dir, "generation_config.json");
+    json_error_t jerr;
+    json_t *g = json_load_file(path, 0, &jerr);
+    if (!g) return;
+    SamplingParams *p = &t->defaults;
+    json_t *v;
+    if ((v = json_object_get(g, "temperature")) && json_is_number(v)) p->temperature = (float)json_number_value(v);
+    if ((v = json_object_get(g, "top_p")) && json_is_number(v)) p->top_p = (float)json_number_value(v);
+    if ((v = json_object_get(g, "top_k")) && json_is_integer(v)) p->top_k = (int)json_integer_value(v);
+    if ((v = json_object_get(g, "repetition_penalty")) && json_is_number(v)) p->repetition_penalty = (float)json_number_value(v);
+    if ((v = json_object_get(g, "do_sample")) && json_is_false(v)) p->temperature = 0;
+    v = json_object_get(g, "eos_token_id");
+    if (json_is_integer(v)) add_eos(t, (int)json_integer_value(v));
+    for (size_t i = 0; json_is_array(v) && i < json_array_size(v); i++)
+        if (json_is_integer(json_array_get(v, i))) add_eos(t, (int)json_integer_value(json_array_get(v, i)));
+    json_decref(g);
+}
+
+void model_text_open(ModelText *t, const char *dir, const int *cfg_eos, int n_cfg_eos)
+{
+    memset(t, 0, sizeof *t);
+    char err[1024];
+    t->tok = tokenizer_load(dir, err, sizeof err);
+    if (!t->tok) fatal("%s", err);
+    t->chat = chat_template_load(dir, t->chat_err, sizeof t->chat_err);
+    int bos = tokenizer_bos_id(t->tok), eos = tokenizer_eos_id(t->tok);
+    t->bos = bos >= 0 && tokenizer_token(t->tok, bos) ? tokenizer_token(t->tok, bos) : "";
+    t->eos = eos >= 0 && tokenizer_token(t->tok, eos) ? tokenizer_token(t->tok, eos) : "";
+    for (int i = 0; i < n_cfg_eos; i++) add_eos(t, cfg_eos[i]);
+    add_eos(t, eos);
+    sampling_params_default(&t->defaults);
+    read_generation_config(t, dir);
+}
+
+void model_text_free(ModelText *t)
+{
+    tokenizer_free(t->tok);
+    if (t->chat) chat_template_free(t->chat);
+    memset(t, 0, sizeof *t);
+}
+
+int model_text_render(const ModelText *t, json_t *messages, json_t *tools, json_t *kwargs, int add_generation_prompt,
+                      char **out, char *err, size_t errlen)
+{
+    if (!t->chat) {
+        errbuf_set(err, errlen, "this model has no chat template (%s)", t->chat_err);
+        return -1;
+    }
+    return chat_template_render(t->chat, messages, tools, add_generation_prompt, kwargs, t->bos, t->eos, out, err, errlen);
+}
+
+int model_text_is_eos(const ModelText *t, int id)
+{
+    for (int i = 0; i < t->n_eos; i++)
+        if (t->eos_ids[i] == id) return 1;
+    return 0;
+}

@@ -1,0 +1,926 @@
+/* openai: routes, request validation and the response shapes of the OpenAI API (openai.h).
+ * Sections: buffers and JSON writing -> field readers -> routing, auth and GET routes ->
+ * request parsing and submission -> events to text, stop strings and chunks -> errors. */
+#include "openai.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../base/util.h"
+
+#define API_POLL_EVENTS 16         /* events moved per engine_poll */
+
+/* ---- buffers and JSON writing ---- */
+
+static void buf_reserve(ApiBuf *b, size_t extra)
+{
+    if (b->len + extra + 1 <= b->cap) return;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->len + extra + 1) cap *= 2;
+    b->p = xrealloc(b->p, cap);
+    b->cap = cap;
+}
+
+void openai_buf_add(ApiBuf *b, const void *p, size_t n)
+{
+    buf_reserve(b, n);
+    memcpy(b->p + b->len, p, n);
+    b->len += n;
+    b->p[b->len] = 0;
+}
+
+static void buf_puts(ApiBuf *b, const char *s) { openai_buf_add(b, s, strlen(s)); }
+
+static void buf_printf(ApiBuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void buf_printf(ApiBuf *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    buf_reserve(b, (size_t)n);
+    va_start(ap, fmt);
+    vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+}
+
+static void buf_clear(ApiBuf *b)
+{
+    b->len = 0;
+    if (b->p) b->p[0] = 0;
+}
+
+void openai_buf_free(ApiBuf *b)
+{
+    free(b->p);
+    memset(b, 0, sizeof *b);
+}
+
+/* Length of the valid UTF-8 character at s[0..n), or 0 if it is not one (RFC 3629). */
+static int utf8_char_len(const unsigned char *s, size_t n)
+{
+    unsigned c = s[0];
+    int len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+    if (!len || (size_t)len > n) return 0;
+    for (int i = 1; i < len; i++)
+        if ((s[i] & 0xC0) != 0x80) return 0;
+    unsigned cp = len == 1 ? c : len == 2 ? c & 0x1F : len == 3 ? c & 0x0F : c & 0x07;
+    for (int i = 1; i < len; i++) cp = (cp << 6) | (s[i] & 0x3F);
+    static const unsigned min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < min_cp[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+    return len;
+}
+
+/* A JSON string: quotes, escapes, and U+FFFD for any byte that is not valid UTF-8. */
+static void buf_jstr(ApiBuf *b, const char *s, size_t n)
+{
+    buf_reserve(b, n + 2);
+    b->p[b->len++] = '"';
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        unsigned c = u[i];
+        if (c >= 0x20 && c < 0x80 && c != '"' && c != '\\') {
+            size_t j = i + 1; /* a run of plain ASCII */
+            while (j < n && u[j] >= 0x20 && u[j] < 0x80 && u[j] != '"' && u[j] != '\\') j++;
+            openai_buf_add(b, s + i, j - i);
+            i = j;
+            continue;
+        }
+        if (c < 0x80) {
+            char e[8];
+            const char *esc = c == '"' ? "\\\"" : c == '\\' ? "\\\\" : c == '\n' ? "\\n" : c == '\r' ? "\\r" : c == '\t' ? "\\t"
+                            : c == '\b' ? "\\b" : c == '\f' ? "\\f" : NULL;
+            if (!esc) { snprintf(e, sizeof e, "\\u%04x", c); esc = e; }
+            buf_puts(b, esc);
+            i++;
+            continue;
+        }
+        int len = utf8_char_len(u + i, n - i);
+        if (len) { openai_buf_add(b, s + i, (size_t)len); i += (size_t)len; }
+        else { buf_puts(b, "\xEF\xBF\xBD"); i++; }
+    }
+    openai_buf_add(b, "\"", 1);
+}
+
+/* A log-probability as JSON: finite, and -9999.0 for "very unlikely" as the OpenAI API does. */
+static void buf_logprob(ApiBuf *b, float lp)
+{
+    if (!isfinite(lp) || lp < -9999.0f) buf_puts(b, "-9999.0");
+    else buf_printf(b, "%.8g", (double)lp);
+}
+
+/* ---- field readers: 1 present, 0 absent or null, API_EINVAL wrong type (err set) ---- */
+
+static int bad_field(ApiErr *err, const char *key, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int bad_field(ApiErr *err, const char *key, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    va_end(ap);
+    err->param = key;
+    return API_EINVAL;
+}
+
+static int field_bool(json_t *o, const char *key, int *out, ApiErr *err)
+{
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_boolean(v)) return bad_field(err, key, "'%s' must be a boolean", key);
+    *out = json_is_true(v);
+    return 1;
+}
+
+static int field_int(json_t *o, const char *key, long long lo, long long hi, long long *out, ApiErr *err)
+{
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) return 0;
+    long long x;
+    if (json_is_integer(v)) x = json_integer_value(v);
+    else if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)) && fabs(json_real_value(v)) < 9e18)
+        x = (long long)json_real_value(v);
+    else return bad_field(err, key, "'%s' must be an integer", key);
+    if (x < lo || x > hi) {
+        if (hi == (long long)INT32_MAX) return bad_field(err, key, "'%s' must be at least %lld, got %lld", key, lo, x);
+        return bad_field(err, key, "'%s' must be in [%lld, %lld], got %lld", key, lo, hi, x);
+    }
+    *out = x;
+    return 1;
+}
+
+static int field_num(json_t *o, const char *key, float *out, ApiErr *err)
+{
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_number(v)) return bad_field(err, key, "'%s' must be a number", key);
+    double x = json_number_value(v);
+    if (!(fabs(x) <= 3.0e38)) return bad_field(err, key, "'%s' is out of range", key);
+    *out = (float)x;
+    return 1;
+}
+
+/* ---- routing, authentication, GET routes ---- */
+
+const char *openai_finish_name(FinishReason f)
+{
+    return f == FINISH_STOP ? "stop" : f == FINISH_LENGTH ? "length" : f == FINISH_ABORT ? "abort" : "null";
+}
+
+int openai_route(const char *method, const char *url, ApiRoute *route, const char **allow, ApiErr *err)
+{
+    static const struct { const char *path; ApiRoute route; int post; } routes[] = {
+        {"/v1/completions", ROUTE_COMPLETIONS, 1}, {"/v1/chat/completions", ROUTE_CHAT, 1},
+        {"/v1/models", ROUTE_MODELS, 0},           {"/health", ROUTE_HEALTH, 0},
+        {"/metrics", ROUTE_METRICS, 0},
+    };
+    *route = ROUTE_NONE;
+    int post = -1;
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
+        if (!strcmp(url, routes[i].path)) { *route = routes[i].route; post = routes[i].post; }
+    if (*route == ROUTE_NONE && !strncmp(url, "/v1/models/", 11) && url[11]) { *route = ROUTE_MODEL; post = 0; }
+    if (*route == ROUTE_NONE) {
+        errbuf_set(err->msg, sizeof err->msg, "Invalid URL (%s %.200s)", method, url);
+        return API_ENOROUTE;
+    }
+    int ok = post ? !strcmp(method, "POST") : (!strcmp(method, "GET") || !strcmp(method, "HEAD"));
+    *allow = post ? "POST" : "GET, HEAD";
+    if (!ok) {
+        errbuf_set(err->msg, sizeof err->msg, "Method %s is not allowed for %.200s (allowed: %s)", method, url, *allow);
+        return API_EMETHOD;
+    }
+    return API_OK;
+}
+
+int openai_auth(const Api *a, ApiRoute route, const char *authorization, ApiErr *err)
+{
+    if (!a->api_key || route == ROUTE_HEALTH || route == ROUTE_METRICS) return API_OK;
+    const char *key = NULL;
+    if (authorization && !strncasecmp(authorization, "Bearer ", 7)) {
+        key = authorization + 7;
+        while (*key == ' ') key++;
+    }
+    /* compare in time independent of where the first difference is */
+    size_t n = strlen(a->api_key), m = key ? strlen(key) : 0;
+    unsigned diff = key ? (unsigned)(n != m) : 1;
+    for (size_t i = 0; key && i < n; i++) diff |= (unsigned char)a->api_key[i] ^ (unsigned char)(i < m ? key[i] : 0);
+    if (!diff) return API_OK;
+    errbuf_set(err->msg, sizeof err->msg, key ? "Incorrect API key provided." :
+               "You didn't provide an API key. Pass it as 'Authorization: Bearer KEY'.");
+    err->code = "invalid_api_key";
+    return API_EAUTH;
+}
+
+static void model_object(const Api *a, ApiBuf *o)
+{
+    buf_puts(o, "{\"id\":");
+    buf_jstr(o, a->model_name, strlen(a->model_name));
+    buf_printf(o, ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"moeserve\",\"root\":", (long long)a->created);
+    buf_jstr(o, a->model_name, strlen(a->model_name));
+    buf_printf(o, ",\"parent\":null,\"max_model_len\":%d}", a->max_model_len);
+}
+
+static int model_known(const Api *a, const char *name)
+{
+    return !strcmp(name, a->model_name) || (a->model_alias && !strcmp(name, a->model_alias));
+}
+
+static int no_model(const char *name, ApiErr *err)
+{
+    errbuf_set(err->msg, sizeof err->msg, "The model `%.200s` does not exist.", name);
+    err->param = "model";
+    err->code = "model_not_found";
+    return API_ENOMODEL;
+}
+
+int openai_get(Api *a, ApiReq *r, const char *url, const char **content_type, ApiErr *err)
+{
+    buf_clear(&r->out);
+    r->out_off = 0;
+    *content_type = "application/json";
+    switch (r->route) {
+    case ROUTE_HEALTH:
+        buf_puts(&r->out, a->draining ? "{\"status\":\"draining\"}" : "{\"status\":\"ok\"}");
+        return a->draining ? 503 : 200;
+    case ROUTE_MODELS:
+        buf_puts(&r->out, "{\"object\":\"list\",\"data\":[");
+        model_object(a, &r->out);
+        buf_puts(&r->out, "]}");
+        return 200;
+    case ROUTE_MODEL:
+        if (!model_known(a, url + strlen("/v1/models/"))) return no_model(url + strlen("/v1/models/"), err);
+        model_object(a, &r->out);
+        return 200;
+    case ROUTE_METRICS: {
+        size_t n;
+        char *text = metrics_render(a->metrics, a->engine, &n);
+        openai_buf_add(&r->out, text, n);
+        free(text);
+        *content_type = "text/plain; version=0.0.4; charset=utf-8";
+        return 200;
+    }
+    default:
+        errbuf_set(err->msg, sizeof err->msg, "not a GET route");
+        return API_EINTERNAL;
+    }
+}
+
+/* ---- request parsing and submission ---- */
+
+void openai_req_reset(ApiReq *r)
+{
+    ApiBuf keep[6] = {r->text, r->out, r->lp, r->lp_off, r->head, r->stop_buf};
+    /* a request that needed a lot should not pin its memory for the slot's lifetime */
+    for (int i = 0; i < 6; i++)
+        if (keep[i].cap > (1u << 20)) openai_buf_free(&keep[i]);
+    memset(r, 0, sizeof *r);
+    r->text = keep[0];
+    r->out = keep[1];
+    r->lp = keep[2];
+    r->lp_off = keep[3];
+    r->head = keep[4];
+    r->stop_buf = keep[5];
+    buf_clear(&r->text);
+    buf_clear(&r->out);
+    buf_clear(&r->lp);
+    buf_clear(&r->lp_off);
+    buf_clear(&r->head);
+    buf_clear(&r->stop_buf);
+    r->logprobs = -1;
+    r->skip_special = 1;
+}
+
+void openai_req_free(ApiReq *r)
+{
+    openai_buf_free(&r->text);
+    openai_buf_free(&r->out);
+    openai_buf_free(&r->lp);
+    openai_buf_free(&r->lp_off);
+    openai_buf_free(&r->head);
+    openai_buf_free(&r->stop_buf);
+}
+
+static const char *stop_str(const ApiReq *r, int i) { return r->stop_buf.p + r->stop_off[i]; }
+
+static int add_stop(ApiReq *r, json_t *v, ApiErr *err)
+{
+    if (!json_is_string(v)) return bad_field(err, "stop", "'stop' must be a string or a list of strings");
+    size_t n = json_string_length(v);
+    if (n == 0) return 0; /* an empty stop string could never be meant: ignored */
+    if (n > API_MAX_STOP_LEN) return bad_field(err, "stop", "a stop string is longer than %d bytes", API_MAX_STOP_LEN);
+    if (r->n_stops == API_MAX_STOPS) return bad_field(err, "stop", "at most %d stop strings", API_MAX_STOPS);
+    r->stop_off[r->n_stops] = (int)r->stop_buf.len;
+    r->stop_len[r->n_stops++] = (int)n;
+    openai_buf_add(&r->stop_buf, json_string_value(v), n + 1); /* with its NUL */
+    return 0;
+}
+
+/* The prompt of /v1/completions: a string, token ids, or a list of one of those. */
+static int parse_prompt(Api *a, ApiReq *r, json_t *p, int **ids, int *n, ApiErr *err)
+{
+    if (!p || json_is_null(p)) return bad_field(err, "prompt", "'prompt' is required");
+    if (json_is_array(p) && json_array_size(p) == 1 && (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
+        p = json_array_get(p, 0);
+    if (json_is_string(p)) {
+        char e[256];
+        *n = tokenizer_encode(a->text->tok, json_string_value(p), json_string_length(p), 1, ids, e, sizeof e);
+        if (*n < 0) return bad_field(err, "prompt", "the prompt could not be tokenized: %s", e);
+        if (r->echo) openai_buf_add(&r->text, json_string_value(p), json_string_length(p));
+        return 0;
+    }
+    if (!json_is_array(p)) return bad_field(err, "prompt", "'prompt' must be a string or an array of token ids");
+    size_t len = json_array_size(p);
+    if (len == 0) return bad_field(err, "prompt", "the prompt is empty");
+    if (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0)))
+        return bad_field(err, "prompt", "a list of %zu prompts was sent; batched prompts are not supported: send one per request", len);
+    if (len > (size_t)a->max_model_len) {
+        *n = (int)len; /* the context check names it */
+        return 0;
+    }
+    *ids = xmalloc(len * sizeof(int));
+    for (size_t i = 0; i < len; i++) {
+        json_t *v = json_array_get(p, i);
+        if (!json_is_integer(v)) return bad_field(err, "prompt", "'prompt' must be a string or an array of token ids (integers)");
+        long long t = json_integer_value(v);
+        if (t < 0 || t >= a->vocab) return bad_field(err, "prompt", "token id %lld is outside the vocabulary [0, %d)", t, a->vocab);
+        (*ids)[i] = (int)t;
+    }
+    *n = (int)len;
+    if (r->echo) {
+        char *text;
+        size_t tl;
+        tokenizer_decode(a->text->tok, *ids, *n, 0, &text, &tl);
+        openai_buf_add(&r->text, text, tl);
+        free(text);
+    }
+    return 0;
+}
+
+/* messages -> a normalized copy the template can render: content as one string (text parts
+ * joined by newlines, as vLLM does), "developer" as "system". */
+static int parse_messages(json_t *m, json_t **out, ApiErr *err)
+{
+    if (!m || json_is_null(m)) return bad_field(err, "messages", "'messages' is required");
+    if (!json_is_array(m)) return bad_field(err, "messages", "'messages' must be an array");
+    if (json_array_size(m) == 0) return bad_field(err, "messages", "'messages' must not be empty");
+    json_t *msgs = json_array();
+    *out = msgs;
+    for (size_t i = 0; i < json_array_size(m); i++) {
+        json_t *msg = json_array_get(m, i);
+        if (!json_is_object(msg)) return bad_field(err, "messages", "messages[%zu] must be an object", i);
+        json_t *role = json_object_get(msg, "role");
+        if (!json_is_string(role)) return bad_field(err, "messages", "messages[%zu].role must be a string", i);
+        const char *rs = json_string_value(role);
+        static const char *roles[] = {"system", "user", "assistant", "tool", "developer", "function"};
+        int known = 0;
+        for (size_t k = 0; k < sizeof roles / sizeof roles[0]; k++) known |= !strcmp(rs, roles[k]);
+        if (!known)
+            return bad_field(err, "messages", "messages[%zu].role '%.64s' is not one of system, user, assistant, tool, developer", i, rs);
+        json_t *copy = json_object();
+        json_array_append_new(msgs, copy);
+        json_object_update(copy, msg);
+        if (!strcmp(rs, "developer")) json_object_set_new(copy, "role", json_string("system"));
+        json_t *c = json_object_get(msg, "content");
+        if (!c || json_is_null(c)) {
+            if (strcmp(rs, "assistant") != 0) return bad_field(err, "messages", "messages[%zu].content is required", i);
+            continue;
+        }
+        if (json_is_string(c)) continue;
+        if (!json_is_array(c)) return bad_field(err, "messages", "messages[%zu].content must be a string or an array of parts", i);
+        ApiBuf joined = {0};
+        buf_puts(&joined, "");
+        for (size_t k = 0; k < json_array_size(c); k++) {
+            json_t *part = json_array_get(c, k), *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
+            if (!json_is_object(part) || !json_is_string(type)) {
+                openai_buf_free(&joined);
+                return bad_field(err, "messages", "messages[%zu].content[%zu] must be an object with a 'type'", i, k);
+            }
+            if (strcmp(json_string_value(type), "text") != 0 || !json_is_string(text)) {
+                openai_buf_free(&joined);
+                return bad_field(err, "messages", "messages[%zu].content[%zu]: content of type '%.32s' is not supported (text only)",
+                                 i, k, json_string_value(type));
+            }
+            if (k) openai_buf_add(&joined, "\n", 1);
+            openai_buf_add(&joined, json_string_value(text), json_string_length(text));
+        }
+        json_object_set_new(copy, "content", json_stringn(joined.p, joined.len));
+        openai_buf_free(&joined);
+    }
+    return 0;
+}
+
+/* The first word of sampling_params_check's message names the field. */
+static const char *sampling_param_name(const char *msg)
+{
+    static const char *names[] = {"temperature", "top_p", "min_p", "top_k", "repetition_penalty",
+                                  "frequency_penalty", "presence_penalty", "top_logprobs", "logprobs"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strncmp(msg, names[i], strlen(names[i])) && msg[strlen(names[i])] == ' ') return names[i];
+    return NULL;
+}
+
+static uint64_t request_serial(void)
+{
+    static atomic_uint_fast64_t counter;
+    static uint64_t base;
+    uint64_t c = atomic_fetch_add(&counter, 1);
+    if (c == 0) base = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid() << 32;
+    uint64_t z = base + c * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 31)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 29);
+}
+
+/* id, created, and the common start of every streamed chunk */
+static void begin_response(Api *a, ApiReq *r)
+{
+    snprintf(r->rid, sizeof r->rid, "%s-%016llx%08x", r->chat ? "chatcmpl" : "cmpl", (unsigned long long)request_serial(),
+             (unsigned)(request_serial() & 0xffffffffu));
+    r->created = (int64_t)time(NULL);
+    buf_clear(&r->head);
+    buf_printf(&r->head, "{\"id\":\"%s\",\"object\":\"%s\",\"created\":%lld,\"model\":", r->rid,
+               r->chat ? "chat.completion.chunk" : "text_completion", (long long)r->created);
+    buf_jstr(&r->head, a->model_name, strlen(a->model_name));
+    buf_puts(&r->head, ",\"choices\":[");
+}
+
+/* Everything but the engine call; *ids (malloc'ed) and *params on success. */
+static int parse_request(Api *a, ApiReq *r, json_t *root, int **ids, RequestParams *rp, int *stop_ids, ApiErr *err)
+{
+    long long x;
+    int rc;
+    /* one choice per request */
+    if ((rc = field_int(root, "n", 1, INT32_MAX, &x, err)) < 0) return rc;
+    if (rc && x != 1) return bad_field(err, "n", "n = %lld is not supported: only one choice per request (n = 1)", x);
+    if ((rc = field_int(root, "best_of", 1, INT32_MAX, &x, err)) < 0) return rc;
+    if (rc && x != 1) return bad_field(err, "best_of", "best_of = %lld is not supported (only 1)", x);
+    if ((rc = field_bool(root, "stream", &r->stream, err)) < 0) return rc;
+    json_t *so = json_object_get(root, "stream_options");
+    if (so && !json_is_null(so)) {
+        if (!json_is_object(so)) return bad_field(err, "stream_options", "'stream_options' must be an object");
+        if (!r->stream) return bad_field(err, "stream_options", "'stream_options' is only allowed with \"stream\": true");
+        if ((rc = field_bool(so, "include_usage", &r->include_usage, err)) < 0) return rc;
+    }
+    if (!r->chat && (rc = field_bool(root, "echo", &r->echo, err)) < 0) return rc;
+    if ((rc = field_bool(root, "skip_special_tokens", &r->skip_special, err)) < 0) return rc;
+    json_t *suffix = json_object_get(root, "suffix");
+    if (suffix && !json_is_null(suffix) && !(json_is_string(suffix) && json_string_length(suffix) == 0))
+        return bad_field(err, "suffix", "'suffix' is not supported");
+    json_t *bias = json_object_get(root, "logit_bias");
+    if (bias && !json_is_null(bias) && !(json_is_object(bias) && json_object_size(bias) == 0))
+        return bad_field(err, "logit_bias", "'logit_bias' is not supported");
+    json_t *rf = json_object_get(root, "response_format");
+    if (rf && !json_is_null(rf)) {
+        json_t *t = json_object_get(rf, "type");
+        if (!json_is_object(rf) || !json_is_string(t)) return bad_field(err, "response_format", "'response_format' must be an object with a 'type'");
+        if (strcmp(json_string_value(t), "text") != 0)
+            return bad_field(err, "response_format", "response_format '%.64s' is not supported (only 'text')", json_string_value(t));
+    }
+    json_t *user = json_object_get(root, "user");
+    if (user && !json_is_null(user) && !json_is_string(user)) return bad_field(err, "user", "'user' must be a string");
+
+    /* sampling: the model's defaults, then the request's values */
+    SamplingParams sp = a->text->defaults;
+    if ((rc = field_num(root, "temperature", &sp.temperature, err)) < 0) return rc;
+    if ((rc = field_num(root, "top_p", &sp.top_p, err)) < 0) return rc;
+    if ((rc = field_num(root, "min_p", &sp.min_p, err)) < 0) return rc;
+    if ((rc = field_num(root, "repetition_penalty", &sp.repetition_penalty, err)) < 0) return rc;
+    if ((rc = field_num(root, "frequency_penalty", &sp.frequency_penalty, err)) < 0) return rc;
+    if ((rc = field_num(root, "presence_penalty", &sp.presence_penalty, err)) < 0) return rc;
+    if ((rc = field_int(root, "top_k", -1, INT32_MAX, &x, err)) < 0) return rc;
+    if (rc) sp.top_k = (int)x;
+    if ((rc = field_int(root, "seed", INT64_MIN, INT64_MAX, &x, err)) < 0) return rc;
+    sp.seed = rc ? (int64_t)((uint64_t)x & (uint64_t)INT64_MAX) : -1; /* any int64 seeds; < 0 means the clock */
+    sp.logprobs = -1;
+    if (r->chat) {
+        int lp = 0;
+        if ((rc = field_bool(root, "logprobs", &lp, err)) < 0) return rc;
+        if ((rc = field_int(root, "top_logprobs", 0, SAMPLER_MAX_LOGPROBS, &x, err)) < 0) return rc;
+        if (rc && x > 0 && !lp) return bad_field(err, "top_logprobs", "'top_logprobs' needs \"logprobs\": true");
+        if (lp) sp.logprobs = rc ? (int)x : 0;
+    } else {
+        if ((rc = field_int(root, "logprobs", 0, SAMPLER_MAX_LOGPROBS, &x, err)) < 0) return rc;
+        if (rc) sp.logprobs = (int)x;
+    }
+    r->logprobs = sp.logprobs;
+    const char *bad = sampling_params_check(&sp);
+    if (bad) {
+        errbuf_set(err->msg, sizeof err->msg, "%s", bad);
+        err->param = sampling_param_name(bad);
+        return API_EINVAL;
+    }
+
+    /* stops */
+    json_t *stop = json_object_get(root, "stop");
+    if (json_is_array(stop)) {
+        for (size_t i = 0; i < json_array_size(stop); i++)
+            if ((rc = add_stop(r, json_array_get(stop, i), err)) < 0) return rc;
+    } else if (stop && !json_is_null(stop) && (rc = add_stop(r, stop, err)) < 0) return rc;
+    int n_stop_ids = 0;
+    json_t *sti = json_object_get(root, "stop_token_ids");
+    if (sti && !json_is_null(sti)) {
+        if (!json_is_array(sti)) return bad_field(err, "stop_token_ids", "'stop_token_ids' must be an array of token ids");
+        if (json_array_size(sti) > API_MAX_STOP_IDS) return bad_field(err, "stop_token_ids", "at most %d stop_token_ids", API_MAX_STOP_IDS);
+        for (size_t i = 0; i < json_array_size(sti); i++) {
+            json_t *v = json_array_get(sti, i);
+            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= a->vocab)
+                return bad_field(err, "stop_token_ids", "stop_token_ids[%zu] is not a token id in [0, %d)", i, a->vocab);
+            stop_ids[n_stop_ids++] = (int)json_integer_value(v);
+        }
+    }
+    int ignore_eos = 0;
+    if ((rc = field_bool(root, "ignore_eos", &ignore_eos, err)) < 0) return rc;
+
+    /* output length: max_completion_tokens wins over max_tokens */
+    long long max_tokens = -1;
+    if ((rc = field_int(root, "max_tokens", 1, INT32_MAX, &max_tokens, err)) < 0) return rc;
+    if (r->chat && (rc = field_int(root, "max_completion_tokens", 1, INT32_MAX, &max_tokens, err)) < 0) return rc;
+
+    /* the model, after the body's own checks (as vLLM: 400 before 404) */
+    json_t *model = json_object_get(root, "model");
+    if (model && !json_is_null(model)) {
+        if (!json_is_string(model)) return bad_field(err, "model", "'model' must be a string");
+        if (!model_known(a, json_string_value(model))) return no_model(json_string_value(model), err);
+    }
+
+    /* the prompt's tokens */
+    int n = 0;
+    if (r->chat) {
+        json_t *msgs = NULL, *kwargs = json_object_get(root, "chat_template_kwargs"), *tools = json_object_get(root, "tools");
+        int add_gen = 1;
+        if (kwargs && !json_is_null(kwargs) && !json_is_object(kwargs))
+            return bad_field(err, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+        if (tools && !json_is_null(tools) && !json_is_array(tools)) return bad_field(err, "tools", "'tools' must be an array");
+        if ((rc = field_bool(root, "add_generation_prompt", &add_gen, err)) < 0) return rc;
+        rc = parse_messages(json_object_get(root, "messages"), &msgs, err);
+        char *text = NULL, e[512];
+        if (rc == 0 && model_text_render(a->text, msgs, json_is_array(tools) ? tools : NULL, json_is_object(kwargs) ? kwargs : NULL,
+                                         add_gen, &text, e, sizeof e) < 0)
+            rc = bad_field(err, "messages", "the chat template refused the messages: %s", e);
+        json_decref(msgs);
+        if (rc < 0) return rc;
+        n = tokenizer_encode(a->text->tok, text, strlen(text), 0, ids, e, sizeof e);
+        free(text);
+        if (n < 0) return bad_field(err, "messages", "the messages could not be tokenized: %s", e);
+    } else if ((rc = parse_prompt(a, r, json_object_get(root, "prompt"), ids, &n, err)) < 0) return rc;
+    r->gen_start = r->text.len;
+    const char *what = r->chat ? "messages" : "prompt";
+    if (n == 0) return bad_field(err, what, "the prompt is empty (it encodes to no tokens)");
+    if (max_tokens < 0) max_tokens = r->chat ? (long long)a->max_model_len - n : 16;
+    if (n >= a->max_model_len || n + max_tokens > a->max_model_len) {
+        errbuf_set(err->msg, sizeof err->msg, "This model's maximum context length is %d tokens. However, you requested %lld tokens "
+                   "(%d in the %s, %lld in the completion). Please reduce the length of the %s or completion.",
+                   a->max_model_len, n + (max_tokens > 0 ? max_tokens : 1), n, what, max_tokens > 0 ? max_tokens : 1, what);
+        err->param = what;
+        err->code = "context_length_exceeded";
+        return API_EINVAL;
+    }
+    r->n_prompt = n;
+    *rp = (RequestParams){.prompt = *ids, .n_prompt = n, .sampling = sp, .max_tokens = (int)max_tokens,
+                          .ignore_eos = ignore_eos, .stop_ids = stop_ids, .n_stop_ids = n_stop_ids};
+    return 0;
+}
+
+static void emit_chunk_start(ApiReq *r)
+{
+    buf_puts(&r->out, "data: ");
+    openai_buf_add(&r->out, r->head.p, r->head.len);
+}
+
+int openai_start(Api *a, ApiReq *r, const char *body, size_t len, EngineNotify notify, void *user, ApiErr *err)
+{
+    r->chat = r->route == ROUTE_CHAT;
+    if (len == 0) return bad_field(err, NULL, "the request body is empty: expected a JSON object");
+    json_error_t je;
+    json_t *root = json_loadb(body, len, JSON_ALLOW_NUL, &je);
+    if (!root) {
+        if (json_error_code(&je) == json_error_invalid_utf8)
+            errbuf_set(err->msg, sizeof err->msg, "the request body is not valid JSON: invalid UTF-8 at byte %d", je.position);
+        else
+            errbuf_set(err->msg, sizeof err->msg, "the request body is not valid JSON: %s (line %d, column %d)", je.text, je.line,
+                       je.column);
+        return API_EINVAL;
+    }
+    int *ids = NULL, stop_ids[API_MAX_STOP_IDS];
+    RequestParams rp;
+    int rc = json_is_object(root) ? parse_request(a, r, root, &ids, &rp, stop_ids, err)
+                                  : bad_field(err, NULL, "the request body must be a JSON object");
+    json_decref(root);
+    if (rc < 0) {
+        free(ids);
+        return rc;
+    }
+    if (a->draining) {
+        free(ids);
+        errbuf_set(err->msg, sizeof err->msg, "the server is shutting down");
+        return API_EBUSY;
+    }
+    detok_init(&r->dt, a->text->tok, r->skip_special);
+    begin_response(a, r);
+    char e[256];
+    r->id = engine_submit(a->engine, &rp, notify, user, e, sizeof e);
+    free(ids);
+    if (!r->id) {
+        /* everything the engine checks was checked above: what is left is a full queue or a stop */
+        errbuf_set(err->msg, sizeof err->msg, "the server is overloaded: %s; try again later", e);
+        return API_EBUSY;
+    }
+    if (r->stream && r->chat) {
+        emit_chunk_start(r);
+        buf_puts(&r->out, "{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n");
+    }
+    if (r->stream && r->gen_start > 0) { /* the echoed prompt */
+        emit_chunk_start(r);
+        buf_puts(&r->out, "{\"index\":0,\"text\":");
+        buf_jstr(&r->out, r->text.p, r->gen_start);
+        buf_puts(&r->out, ",\"logprobs\":null,\"finish_reason\":null}]}\n\n");
+        r->sent = r->gen_start;
+    }
+    return API_OK;
+}
+
+void openai_cancel(Api *a, ApiReq *r)
+{
+    if (r->id && !r->finished) engine_cancel(a->engine, r->id);
+    r->finished = 1;
+}
+
+/* ---- events to text, stop strings and chunks ---- */
+
+/* The earliest stop string in the generated text that ends after byte old_len (earlier text
+ * was searched before); its start, or -1. */
+static long stop_find(const ApiReq *r, size_t old_len)
+{
+    long best = -1;
+    for (int i = 0; i < r->n_stops; i++) {
+        size_t L = (size_t)r->stop_len[i], from = old_len > L - 1 ? old_len - (L - 1) : 0;
+        if (from < r->gen_start) from = r->gen_start;
+        if (from >= r->text.len) continue;
+        const char *p = memmem(r->text.p + from, r->text.len - from, stop_str(r, i), L);
+        if (p && (best < 0 || p - r->text.p < best)) best = p - r->text.p;
+    }
+    return best;
+}
+
+/* Bytes at the end of the text that could still grow into a stop string (the longest suffix
+ * that is a proper prefix of one); they are not streamed yet. */
+static size_t stop_holdback(const ApiReq *r)
+{
+    size_t hold = 0, gen = r->text.len - r->gen_start;
+    for (int i = 0; i < r->n_stops; i++) {
+        const char *s = stop_str(r, i);
+        size_t L = (size_t)r->stop_len[i], kmax = L - 1 < gen ? L - 1 : gen;
+        for (size_t k = kmax; k > hold; k--)
+            if (r->text.p[r->text.len - k] == s[0] && !memcmp(r->text.p + r->text.len - k, s, k)) {
+                hold = k;
+                break;
+            }
+    }
+    return hold;
+}
+
+/* A token's text for logprobs (special tokens included, as decoded alone). */
+static void token_json(Api *a, ApiBuf *o, int id, int with_bytes)
+{
+    char *s;
+    size_t n;
+    tokenizer_decode(a->text->tok, &id, 1, 0, &s, &n);
+    buf_jstr(o, s, n);
+    if (with_bytes) {
+        buf_puts(o, ",\"bytes\":[");
+        for (size_t i = 0; i < n; i++) buf_printf(o, "%s%u", i ? "," : "", (unsigned char)s[i]);
+        buf_puts(o, "]");
+    }
+    free(s);
+}
+
+/* The logprobs object of the tokens recorded in r->lp (OpenAI's completions or chat shape). */
+static void emit_logprobs(Api *a, ApiReq *r)
+{
+    const EngineEvent *ev = (const EngineEvent *)r->lp.p;
+    const size_t *off = (const size_t *)r->lp_off.p;
+    size_t n = r->lp.len / sizeof(EngineEvent);
+    ApiBuf *o = &r->out;
+    if (r->chat) {
+        buf_puts(o, "{\"content\":[");
+        for (size_t i = 0; i < n; i++) {
+            buf_puts(o, i ? ",{\"token\":" : "{\"token\":");
+            token_json(a, o, ev[i].token, 1);
+            buf_puts(o, ",\"logprob\":");
+            buf_logprob(o, ev[i].logprob);
+            buf_puts(o, ",\"top_logprobs\":[");
+            for (int k = 0; k < ev[i].n_top; k++) {
+                buf_puts(o, k ? ",{\"token\":" : "{\"token\":");
+                token_json(a, o, ev[i].top_ids[k], 1);
+                buf_puts(o, ",\"logprob\":");
+                buf_logprob(o, ev[i].top_logprobs[k]);
+                buf_puts(o, "}");
+            }
+            buf_puts(o, "]}");
+        }
+        buf_puts(o, "]}");
+        return;
+    }
+    buf_puts(o, "{\"tokens\":[");
+    for (size_t i = 0; i < n; i++) {
+        if (i) buf_puts(o, ",");
+        token_json(a, o, ev[i].token, 0);
+    }
+    buf_puts(o, "],\"token_logprobs\":[");
+    for (size_t i = 0; i < n; i++) {
+        if (i) buf_puts(o, ",");
+        buf_logprob(o, ev[i].logprob);
+    }
+    buf_puts(o, "],\"top_logprobs\":[");
+    for (size_t i = 0; i < n; i++) {
+        /* a dict keyed by token text: the first of equal texts wins (keys must be unique) */
+        buf_puts(o, i ? ",{" : "{");
+        int ids[SAMPLER_MAX_LOGPROBS];
+        int nk = 0;
+        for (int k = 0; k < ev[i].n_top; k++) {
+            char *s, *t;
+            size_t sl, tl;
+            int dup = 0;
+            tokenizer_decode(a->text->tok, &ev[i].top_ids[k], 1, 0, &s, &sl);
+            for (int j = 0; j < nk && !dup; j++) {
+                tokenizer_decode(a->text->tok, &ids[j], 1, 0, &t, &tl);
+                dup = tl == sl && !memcmp(s, t, sl);
+                free(t);
+            }
+            if (!dup) {
+                if (nk) buf_puts(o, ",");
+                buf_jstr(o, s, sl);
+                buf_puts(o, ":");
+                buf_logprob(o, ev[i].top_logprobs[k]);
+                ids[nk++] = ev[i].top_ids[k];
+            }
+            free(s);
+        }
+        buf_puts(o, "}");
+    }
+    buf_puts(o, "],\"text_offset\":[");
+    for (size_t i = 0; i < n; i++) buf_printf(o, "%s%zu", i ? "," : "", off[i]);
+    buf_puts(o, "]}");
+}
+
+static void emit_usage(ApiReq *r)
+{
+    buf_printf(&r->out, "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d}", r->n_prompt,
+               r->completion_tokens, r->n_prompt + r->completion_tokens);
+}
+
+/* One SSE chunk: text[sent..upto) and the pending logprobs; the finish reason on the last. */
+static void emit_stream_chunk(Api *a, ApiReq *r, size_t upto, int final)
+{
+    size_t n = upto > r->sent ? upto - r->sent : 0;
+    int has_lp = r->logprobs >= 0 && r->lp.len > 0;
+    if (!n && !has_lp && !final) return; /* nothing to say (a character or a stop prefix held back) */
+    emit_chunk_start(r);
+    if (r->chat) {
+        buf_puts(&r->out, "{\"index\":0,\"delta\":{");
+        if (n) {
+            buf_puts(&r->out, "\"content\":");
+            buf_jstr(&r->out, r->text.p + r->sent, n);
+        }
+        buf_puts(&r->out, "}");
+    } else {
+        buf_puts(&r->out, "{\"index\":0,\"text\":");
+        buf_jstr(&r->out, r->text.p + r->sent, n);
+    }
+    buf_puts(&r->out, ",\"logprobs\":");
+    if (has_lp) emit_logprobs(a, r);
+    else buf_puts(&r->out, "null");
+    buf_clear(&r->lp);
+    buf_clear(&r->lp_off);
+    if (final) buf_printf(&r->out, ",\"finish_reason\":\"%s\"}]}\n\n", openai_finish_name(r->finish));
+    else buf_puts(&r->out, ",\"finish_reason\":null}]}\n\n");
+    r->sent = upto;
+}
+
+/* The whole response of a non-streaming request. */
+static void emit_body(Api *a, ApiReq *r)
+{
+    ApiBuf *o = &r->out;
+    buf_printf(o, "{\"id\":\"%s\",\"object\":\"%s\",\"created\":%lld,\"model\":", r->rid,
+               r->chat ? "chat.completion" : "text_completion", (long long)r->created);
+    buf_jstr(o, a->model_name, strlen(a->model_name));
+    if (r->chat) {
+        buf_puts(o, ",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":");
+        buf_jstr(o, r->text.p, r->text.len);
+        buf_puts(o, ",\"refusal\":null},\"logprobs\":");
+    } else {
+        buf_puts(o, ",\"choices\":[{\"index\":0,\"text\":");
+        buf_jstr(o, r->text.p, r->text.len);
+        buf_puts(o, ",\"logprobs\":");
+    }
+    if (r->logprobs >= 0) emit_logprobs(a, r);
+    else buf_puts(o, "null");
+    buf_printf(o, ",\"finish_reason\":\"%s\"}],", openai_finish_name(r->finish));
+    emit_usage(r);
+    buf_puts(o, "}");
+}
+
+static void text_append(ApiReq *r, const char *s, size_t n)
+{
+    size_t old = r->text.len;
+    openai_buf_add(&r->text, s, n);
+    if (r->n_stops == 0 || r->stopped) return;
+    long at = stop_find(r, old);
+    if (at >= 0) {
+        r->text.len = (size_t)at; /* the stop string and what follows are not returned */
+        r->text.p[at] = 0;
+        r->stopped = 1;
+    }
+}
+
+static void handle_event(Api *a, ApiReq *r, const EngineEvent *ev)
+{
+    int final = ev->finish != FINISH_NONE;
+    if (ev->token >= 0 && !r->stopped) {
+        r->n_gen++;
+        metrics_req_token(&r->mr);
+        if (r->logprobs >= 0) {
+            size_t off = r->text.len;
+            openai_buf_add(&r->lp, ev, sizeof *ev);
+            openai_buf_add(&r->lp_off, &off, sizeof off);
+        }
+        /* an eos or stop token id ends the text without adding to it (its text is not returned) */
+        if (!(final && ev->finish == FINISH_STOP)) {
+            char piece[4096];
+            int n = detok_push(&r->dt, ev->token, piece, sizeof piece);
+            if (n > 0) text_append(r, piece, (size_t)n);
+        }
+        if (r->stopped && !final) engine_finish(a->engine, r->id);
+    }
+    if (final) {
+        r->finished = 1;
+        if (!r->stopped) {
+            char tail[16];
+            int n = detok_flush(&r->dt, tail, sizeof tail);
+            if (n > 0) text_append(r, tail, (size_t)n);
+        }
+        r->finish = r->stopped ? FINISH_STOP : ev->finish;
+        /* usage: the engine's count, or ours when a stop string cut the output short */
+        r->completion_tokens = r->stopped ? r->n_gen : ev->completion_tokens;
+    }
+    if (!r->stream) return;
+    size_t upto = r->finished || r->stopped ? r->text.len : r->text.len - stop_holdback(r);
+    emit_stream_chunk(a, r, upto, r->finished);
+    if (r->finished) {
+        if (r->include_usage) {
+            emit_chunk_start(r);
+            buf_puts(&r->out, "],");
+            emit_usage(r);
+            buf_puts(&r->out, "}\n\n");
+        }
+        buf_puts(&r->out, "data: [DONE]\n\n");
+    }
+}
+
+int openai_pump(Api *a, ApiReq *r)
+{
+    if (r->done) return 1;
+    EngineEvent ev[API_POLL_EVENTS];
+    while (!r->finished) {
+        int n = engine_poll(a->engine, r->id, ev, API_POLL_EVENTS);
+        for (int i = 0; i < n && !r->finished; i++) handle_event(a, r, &ev[i]);
+        if (n < API_POLL_EVENTS) break;
+    }
+    if (!r->finished) return 0;
+    if (!r->stream) emit_body(a, r);
+    r->done = 1;
+    return 1;
+}
+
+/* ---- errors ---- */
+
+int openai_error(int rc, const ApiErr *err, ApiBuf *out)
+{
+    static const struct { int rc, status; const char *type; } map[] = {
+        {API_EINVAL, 400, "invalid_request_error"}, {API_EAUTH, 401, "invalid_request_error"},
+        {API_ENOROUTE, 404, "invalid_request_error"}, {API_ENOMODEL, 404, "invalid_request_error"},
+        {API_EMETHOD, 405, "invalid_request_error"}, {API_ETOOBIG, 413, "invalid_request_error"},
+        {API_EBUSY, 503, "server_error"}, {API_EINTERNAL, 500, "server_error"},
+    };
+    int status = 500;
+    const char *type = "server_error";
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+        if (map[i].rc == rc) { status = map[i].status; type = map[i].type; }
+    buf_clear(out);
+    buf_puts(out, "{\"error\":{\"message\":");
+    const char *msg = err && err->msg[0] ? err->msg : "internal error";
+    buf_jstr(out, msg, strlen(msg));
+    buf_printf(out, ",\"type\":\"%s\",\"param\":", type);
+    if (err && err->param) buf_jstr(out, err->param, strlen(err->param));
+    else buf_puts(out, "null");
+    buf_puts(out, ",\"code\":");
+    if (err && err->code) buf_jstr(out, err->code, strlen(err->code));
+    else buf_puts(out, "null");
+    buf_puts(out, "}}");
+    return status;
+}

@@ -1,0 +1,122 @@
+/* openai: the OpenAI-compatible API on top of the engine (DESIGN.md §1, server/): routing,
+ * authentication, request parsing and validation (jansson; every size a client controls is
+ * bounded before anything is allocated for it), tokenization and chat templates, submission to
+ * the engine, and the responses: one JSON body, or SSE chunks one token each, in the shapes of
+ * the OpenAI API (../shared/assets/openai/openapi.yaml: CreateCompletionResponse,
+ * CreateChatCompletionResponse, CreateChatCompletionStreamResponse, ErrorResponse). Stop strings are matched on the
+ * detokenized text; text that could still become a stop string is held back, so a stop string
+ * is never streamed, not even partly. http.c moves the bytes; this file knows no sockets.
+ *
+ * Client-caused errors are negative ApiError codes with an ApiErr; openai_error is the one place
+ * where one becomes an HTTP status and an OpenAI error object. */
+#ifndef MOESERVE_OPENAI_H
+#define MOESERVE_OPENAI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../engine/engine.h"
+#include "../format/model_text.h"
+#include "metrics.h"
+
+typedef enum {
+    API_OK = 0,
+    API_EINVAL = -1,           /* 400 invalid_request_error */
+    API_EAUTH = -2,            /* 401 invalid_request_error, code invalid_api_key */
+    API_ENOROUTE = -3,         /* 404 invalid_request_error */
+    API_ENOMODEL = -4,         /* 404 invalid_request_error, code model_not_found */
+    API_EMETHOD = -5,          /* 405 invalid_request_error */
+    API_ETOOBIG = -6,          /* 413 invalid_request_error */
+    API_EBUSY = -7,            /* 503 server_error (engine queue full, shutting down, no connection slot) */
+    API_EINTERNAL = -8,        /* 500 server_error (never from a request: a bug) */
+} ApiError;
+
+typedef struct {
+    char msg[512];
+    const char *param;         /* the offending field, or NULL */
+    const char *code;          /* a machine-readable code, or NULL */
+} ApiErr;
+
+typedef struct {
+    char *p;
+    size_t len, cap;
+} ApiBuf;
+
+void openai_buf_add(ApiBuf *b, const void *p, size_t n); /* grows as needed; keeps a NUL after the end */
+void openai_buf_free(ApiBuf *b);
+
+typedef enum {
+    ROUTE_NONE, ROUTE_COMPLETIONS, ROUTE_CHAT, ROUTE_MODELS, ROUTE_MODEL, ROUTE_HEALTH, ROUTE_METRICS
+} ApiRoute;
+
+typedef struct {
+    Engine *engine;            /* borrowed */
+    const ModelText *text;     /* borrowed: tokenizer, chat template, eos ids, sampling defaults */
+    const char *model_name;    /* --served-model-name, as /v1/models lists it */
+    const char *model_alias;   /* another name accepted in requests (the model directory's base name), or NULL */
+    const char *api_key;       /* NULL: no authentication */
+    int max_model_len;         /* prompt + output tokens, as the engine enforces it */
+    int vocab;                 /* V */
+    int64_t created;           /* unix seconds of start-up (GET /v1/models) */
+    Metrics *metrics;          /* borrowed */
+    volatile int draining;     /* shutting down: /health says 503, new generations are refused */
+} Api;
+
+#define API_MAX_STOPS 16           /* stop strings per request */
+#define API_MAX_STOP_LEN 512       /* bytes per stop string */
+#define API_MAX_STOP_IDS 64        /* stop_token_ids per request */
+
+/* One request's state; kept by a connection slot and reused (its buffers stay allocated). */
+typedef struct {
+    ApiRoute route;
+    /* options */
+    int chat, stream, include_usage, echo, skip_special;
+    int logprobs;              /* top alternatives per token; -1: no logprobs */
+    ApiBuf stop_buf;              /* the stop strings, back to back */
+    int stop_off[API_MAX_STOPS], stop_len[API_MAX_STOPS], n_stops;
+    /* generation */
+    uint64_t id;               /* the engine's request id; 0: none */
+    int n_prompt, n_gen;       /* prompt tokens; tokens received */
+    int finished;              /* the final event was received (the engine has forgotten id) */
+    int stopped;               /* a stop string was found: later tokens are ignored */
+    int done;                  /* everything to send is in out */
+    FinishReason finish;
+    int completion_tokens;
+    Detokenizer dt;
+    ApiBuf text;                  /* the returned text: echo, then complete generated characters */
+    size_t gen_start;          /* where the generated part of text starts (after an echo) */
+    size_t sent;               /* bytes of text already streamed */
+    ApiBuf out;                   /* bytes for the client */
+    size_t out_off;            /* bytes of out already handed to the client */
+    ApiBuf lp;                    /* non-streaming logprobs: EngineEvent records */
+    ApiBuf lp_off;                /* and the text offset of each (size_t) */
+    ApiBuf head;                  /* streaming: the common start of every chunk, up to "choices":[ */
+    char rid[48];              /* "cmpl-..." / "chatcmpl-..." */
+    int64_t created;
+    MetricsReq mr;
+} ApiReq;
+
+void openai_req_reset(ApiReq *r);  /* for a new request, keeping the buffers */
+void openai_req_free(ApiReq *r);
+
+/* method + url -> route; API_ENOROUTE or API_EMETHOD (*allow: the methods the route takes). */
+int openai_route(const char *method, const char *url, ApiRoute *route, const char **allow, ApiErr *err);
+/* --api-key: /v1/ routes need "Authorization: Bearer KEY" (authorization may be NULL). */
+int openai_auth(const Api *a, ApiRoute route, const char *authorization, ApiErr *err);
+/* GET routes: the body into r->out; *content_type set. Returns the HTTP status (200, or 503 for
+ * /health while draining) or an ApiError. */
+int openai_get(Api *a, ApiReq *r, const char *url, const char **content_type, ApiErr *err);
+/* POST routes: parse and validate body[0..len), tokenize, submit to the engine (notify(user, id)
+ * is called from the engine thread when events wait). Returns API_OK or an ApiError. */
+int openai_start(Api *a, ApiReq *r, const char *body, size_t len, EngineNotify notify, void *user, ApiErr *err);
+/* Move the request's pending engine events into r->out (SSE chunks, or at the end the JSON
+ * body). Never blocks. Returns 1 once everything is in out (r->done), else 0. */
+int openai_pump(Api *a, ApiReq *r);
+/* The client is gone before the end: the engine forgets the request. */
+void openai_cancel(Api *a, ApiReq *r);
+/* The one place an error becomes a response: the OpenAI error object into out (replacing its
+ * content); returns the HTTP status. */
+int openai_error(int rc, const ApiErr *err, ApiBuf *out);
+const char *openai_finish_name(FinishReason f);
+
+#endif

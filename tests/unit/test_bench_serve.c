@@ -1,0 +1,666 @@
+/* test_bench_serve: `moeserve bench serve` and `bench plot` against a fake OpenAI server whose
+ * timing is known exactly. The server (below, threads of this test process on a loopback port)
+ * streams /v1/completions and /v1/chat/completions as SSE over chunked HTTP/1.1 with keep-alive:
+ * the first token TTFT after the request is read, then one token every GAP, each at an absolute
+ * deadline (clock_nanosleep TIMER_ABSTIME, so lateness never accumulates), max_tokens tokens in
+ * all, then a usage chunk and [DONE]. The chat stream opens with an empty role chunk at once, as
+ * real servers do: TTFT must not count it. It can fail every k-th request with HTTP 500, split
+ * events across writes and interleave SSE comments.
+ * Truth for R requests at concurrency C (R a multiple of C, rate inf): E2E = TTFT + (N-1) GAP,
+ * TPOT = ITL = GAP, duration = (R/C) E2E, throughputs = totals / duration. Timings are coarse
+ * (200 ms, 20 ms) so that scheduling noise on 2 cores stays far below the 3% tolerance. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "../test.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/util.h"
+#include "format/tokenizer.h"
+
+/* ---- the fake server ---- */
+
+typedef struct {
+    double ttft, gap;          /* s */
+    int fail_every;            /* every k-th completion request answers 500 (0: none) */
+    int split;                 /* write each event in two pieces, and an SSE comment between tokens */
+    int port, fd;
+    pthread_t acceptor;
+    atomic_int posts, active, peak_active, failed;
+    atomic_int min_prompt, max_prompt;
+    atomic_long prompt_tokens;
+} Fake;
+
+typedef struct { Fake *f; int fd; } Conn;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void sleep_until(double t)
+{
+    struct timespec ts = {(time_t)t, (long)((t - (time_t)t) * 1e9)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {}
+}
+
+static int write_all(int fd, const char *p, size_t n)
+{
+    while (n) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        if (w <= 0) { if (w < 0 && errno == EINTR) continue; return -1; }
+        p += w, n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* One SSE event as one HTTP chunk (or two, split). */
+static int send_event(Conn *c, const char *data)
+{
+    char buf[4096];
+    int n = snprintf(buf, sizeof buf, "data: %s\n\n", data);
+    char hdr[32];
+    if (!c->f->split) {
+        char all[4200];
+        int m = snprintf(all, sizeof all, "%x\r\n%s\r\n", n, buf);
+        return write_all(c->fd, all, (size_t)m);
+    }
+    int half = n / 2;
+    int h = snprintf(hdr, sizeof hdr, "%x\r\n", half);
+    if (write_all(c->fd, hdr, (size_t)h) || write_all(c->fd, buf, (size_t)half) || write_all(c->fd, "\r\n", 2)) return -1;
+    usleep(300);
+    h = snprintf(hdr, sizeof hdr, "%x\r\n", n - half);
+    if (write_all(c->fd, hdr, (size_t)h) || write_all(c->fd, buf + half, (size_t)(n - half)) || write_all(c->fd, "\r\n", 2)) return -1;
+    return 0;
+}
+
+static int words(const char *s)
+{
+    int n = 0, in = 0;
+    for (; *s; s++) {
+        if (*s == ' ' || *s == '\n') in = 0;
+        else if (!in) in = 1, n++;
+    }
+    return n;
+}
+
+static void atomic_min(atomic_int *a, int v) { int o = atomic_load(a); while (v < o && !atomic_compare_exchange_weak(a, &o, v)) {} }
+static void atomic_max(atomic_int *a, int v) { int o = atomic_load(a); while (v > o && !atomic_compare_exchange_weak(a, &o, v)) {} }
+
+static int stream(Conn *c, json_t *req, int chat)
+{
+    Fake *f = c->f;
+    double t0 = now_s();
+    int n = (int)json_integer_value(json_object_get(req, "max_tokens"));
+    if (n <= 0) n = 16;
+    json_t *p = json_object_get(req, "prompt");
+    int pt = json_is_array(p) ? (int)json_array_size(p) : json_is_string(p) ? words(json_string_value(p)) : 0;
+    if (chat) {
+        json_t *msgs = json_object_get(req, "messages");
+        pt = words(json_string_value(json_object_get(json_array_get(msgs, json_array_size(msgs) - 1), "content")) ?: "");
+    }
+    atomic_min(&f->min_prompt, pt);
+    atomic_max(&f->max_prompt, pt);
+    atomic_fetch_add(&f->prompt_tokens, pt);
+    int usage = json_is_true(json_object_get(json_object_get(req, "stream_options"), "include_usage"));
+    const char *hdr = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+                      "Transfer-Encoding: chunked\r\n\r\n";
+    if (write_all(c->fd, hdr, strlen(hdr))) return -1;
+    char ev[1024];
+    if (chat && send_event(c, "{\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"model\":\"fake-model\","
+                              "\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}]}"))
+        return -1;
+    for (int i = 0; i < n; i++) {
+        sleep_until(t0 + f->ttft + i * f->gap);
+        const char *fin = i == n - 1 ? "\"length\"" : "null";
+        if (chat)
+            snprintf(ev, sizeof ev, "{\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"model\":\"fake-model\","
+                     "\"choices\":[{\"index\":0,\"delta\":{\"content\":\" w\\u00e9%d\\n\"},\"finish_reason\":%s}]}", i, fin);
+        else
+            snprintf(ev, sizeof ev, "{\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"model\":\"fake-model\","
+                     "\"choices\":[{\"index\":0,\"text\":\" w%d\",\"logprobs\":null,\"finish_reason\":%s}],\"usage\":null}", i, fin);
+        if (send_event(c, ev)) return -1;
+        if (f->split && write_all(c->fd, "8\r\n: ping\n\n\r\n", 13)) return -1;
+    }
+    if (usage) {
+        snprintf(ev, sizeof ev, "{\"id\":\"x\",\"object\":\"%s\",\"model\":\"fake-model\",\"choices\":[],"
+                 "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d}}",
+                 chat ? "chat.completion.chunk" : "text_completion", pt, n, pt + n);
+        if (send_event(c, ev)) return -1;
+    }
+    if (send_event(c, "[DONE]")) return -1;
+    return write_all(c->fd, "0\r\n\r\n", 5);
+}
+
+static int respond(Conn *c, int status, const char *body)
+{
+    char hdr[256];
+    int n = snprintf(hdr, sizeof hdr, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
+                     status, status == 200 ? "OK" : status == 500 ? "Internal Server Error" : "Not Found", strlen(body));
+    return write_all(c->fd, hdr, (size_t)n) || write_all(c->fd, body, strlen(body)) ? -1 : 0;
+}
+
+static void *conn_main(void *arg)
+{
+    Conn *c = arg;
+    Fake *f = c->f;
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        /* headers */
+        char *end;
+        while (!(end = memmem(buf, len, "\r\n\r\n", 4))) {
+            if (len + 1 >= cap) buf = realloc(buf, cap *= 2);
+            ssize_t r = recv(c->fd, buf + len, cap - len - 1, 0);
+            if (r <= 0) goto out;
+            len += (size_t)r;
+        }
+        size_t hlen = (size_t)(end - buf) + 4, clen = 0;
+        buf[hlen - 1] = 0;
+        char *cl = strcasestr(buf, "\r\nContent-Length:");
+        if (cl) clen = strtoul(cl + 17, NULL, 10);
+        while (len < hlen + clen) {
+            if (hlen + clen + 1 > cap) buf = realloc(buf, cap = hlen + clen + 1);
+            ssize_t r = recv(c->fd, buf + len, cap - len - 1, 0);
+            if (r <= 0) goto out;
+            len += (size_t)r;
+        }
+        int rc = 0;
+        if (!strncmp(buf, "GET /v1/models ", 15)) {
+            rc = respond(c, 200, "{\"object\":\"list\",\"data\":[{\"id\":\"fake-model\",\"object\":\"model\",\"owned_by\":\"test\"}]}");
+        } else if (!strncmp(buf, "POST /v1/completions ", 21) || !strncmp(buf, "POST /v1/chat/completions ", 26)) {
+            int k = atomic_fetch_add(&f->posts, 1) + 1;
+            json_t *req = json_loadb(buf + hlen, clen, 0, NULL);
+            if (!req) rc = respond(c, 400, "{\"error\":{\"message\":\"bad json\"}}");
+            else if (f->fail_every && k % f->fail_every == 0) {
+                atomic_fetch_add(&f->failed, 1);
+                rc = respond(c, 500, "{\"error\":{\"message\":\"fake overload\",\"type\":\"server_error\",\"code\":500}}");
+            } else {
+                int a = atomic_fetch_add(&f->active, 1) + 1;
+                atomic_max(&f->peak_active, a);
+                rc = stream(c, req, buf[6] == 'v' && buf[9] == 'c' && buf[10] == 'h');
+                atomic_fetch_sub(&f->active, 1);
+            }
+            json_decref(req);
+        } else {
+            rc = respond(c, 404, "{\"error\":{\"message\":\"not found\"}}");
+        }
+        if (rc) break;
+        memmove(buf, buf + hlen + clen, len - hlen - clen);
+        len -= hlen + clen;
+    }
+out:
+    free(buf);
+    close(c->fd);
+    free(c);
+    return NULL;
+}
+
+static void *accept_main(void *arg)
+{
+    Fake *f = arg;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setstacksize(&at, 256 << 10);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    for (;;) {
+        int fd = accept(f->fd, NULL, NULL);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            break;
+        }
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        Conn *c = malloc(sizeof *c);
+        c->f = f;
+        c->fd = fd;
+        pthread_t t;
+        if (pthread_create(&t, &at, conn_main, c)) { close(fd); free(c); }
+    }
+    pthread_attr_destroy(&at);
+    return NULL;
+}
+
+static int fake_start(Fake *f, double ttft, double gap)
+{
+    memset(f, 0, sizeof *f);
+    f->ttft = ttft;
+    f->gap = gap;
+    atomic_store(&f->min_prompt, 1 << 30);
+    f->fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    if (bind(f->fd, (struct sockaddr *)&a, sizeof a) || listen(f->fd, 4096) || getsockname(f->fd, (struct sockaddr *)&a, &al)) return -1;
+    f->port = ntohs(a.sin_port);
+    return pthread_create(&f->acceptor, NULL, accept_main, f);
+}
+
+static void fake_stop(Fake *f)
+{
+    shutdown(f->fd, SHUT_RDWR);
+    close(f->fd);
+    pthread_join(f->acceptor, NULL);
+}
+
+/* ---- helpers ---- */
+
+/* The number printed after label in a report ("Mean TTFT (ms):    200.13"), NAN if absent. */
+static double printed(const char *out, const char *label)
+{
+    const char *p = strstr(out, label);
+    return p ? strtod(p + strlen(label), NULL) : NAN;
+}
+
+/* The last line of a JSON-lines file, parsed. */
+static json_t *last_json(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return NULL;
+    char *line = NULL, *last = NULL;
+    size_t cap = 0;
+    while (getline(&line, &cap, f) > 0) { free(last); last = strdup(line); }
+    free(line);
+    fclose(f);
+    json_t *j = last ? json_loads(last, 0, NULL) : NULL;
+    free(last);
+    return j;
+}
+
+static double jnum(json_t *o, const char *k)
+{
+    json_t *v = json_object_get(o, k);
+    return json_is_number(v) ? json_number_value(v) : NAN;
+}
+
+/* got within 3% of truth; prints the measured error either way (the report quotes these lines) */
+#define NEAR3(name, got, truth, what) do { double _g = (got), _t = (truth); \
+    if (!(fabs(_g - _t) <= 0.03 * fabs(_t))) test_fail(__FILE__, __LINE__, "%s: %s = %.4f, truth %.4f (%+.2f%%)", what, name, _g, _t, 100 * (_g - _t) / _t); \
+    else fprintf(stderr, "    %-20s %-36s %10.3f  truth %10.3f  %+.2f%%\n", what, name, _g, _t, 100 * (_g - _t) / _t); } while (0)
+
+/* ---- accuracy: both APIs, both layouts ---- */
+
+TEST(bench_serve_accuracy)
+{
+    const double TTFT = 0.200, GAP = 0.020;
+    const int N = 20, IN = 64, R = 32, C = 16;
+    Fake f;
+    ASSERT(fake_start(&f, TTFT, GAP) == 0);
+    const double e2e = TTFT + (N - 1) * GAP, dur = (double)(R / C) * e2e;
+    const char *apis[2] = {"openai-completions", "openai-chat"}, *fmts[2] = {"sglang", "vllm"};
+    for (int a = 0; a < 2; a++)
+        for (int fm = 0; fm < 2; fm++) {
+            char file[512], cmd[2048], what[64];
+            snprintf(file, sizeof file, "%s/acc_%d_%d.jsonl", test_tmpdir(), a, fm);
+            snprintf(what, sizeof what, "%s/%s", a ? "chat" : "completions", fmts[fm]);
+            snprintf(cmd, sizeof cmd, "%s bench serve --base-url http://127.0.0.1:%d --backend %s --dataset-name random-ids "
+                     "--random-input-len %d --random-output-len %d --random-range-ratio 1 --num-prompts %d "
+                     "--max-concurrency %d --warmup-requests 1 --format %s --output-file %s --quiet",
+                     test_bin(), f.port, apis[a], IN, N, R, C, fmts[fm], file);
+            char *out = NULL;
+            int rc = test_run(cmd, &out);
+            if (rc != 0) { test_fail(__FILE__, __LINE__, "%s\n%s", cmd, out); free(out); continue; }
+            json_t *j = last_json(file);
+            if (!j) { test_fail(__FILE__, __LINE__, "no JSON line in %s", file); free(out); continue; }
+            int vllm = fm == 1;
+            EXPECT_EQ_INT(jnum(j, "completed"), R);
+            EXPECT_EQ_INT(jnum(j, "failed"), 0);
+            EXPECT_EQ_INT(jnum(j, "total_output_tokens"), R * N);
+            /* chat prompts without a tokenizer are words, counted by the fake server */
+            EXPECT_EQ_INT(jnum(j, "total_input_tokens"), (long)R * IN);
+            NEAR3("mean_ttft_ms", jnum(j, "mean_ttft_ms"), TTFT * 1e3, what);
+            NEAR3("median_ttft_ms", jnum(j, "median_ttft_ms"), TTFT * 1e3, what);
+            NEAR3("p99_ttft_ms", jnum(j, "p99_ttft_ms"), TTFT * 1e3, what);
+            NEAR3("mean_tpot_ms", jnum(j, "mean_tpot_ms"), GAP * 1e3, what);
+            NEAR3("p99_tpot_ms", jnum(j, "p99_tpot_ms"), GAP * 1e3, what);
+            NEAR3("mean_itl_ms", jnum(j, "mean_itl_ms"), GAP * 1e3, what);
+            NEAR3("median_itl_ms", jnum(j, "median_itl_ms"), GAP * 1e3, what);
+            NEAR3(vllm ? "mean_e2el_ms" : "mean_e2e_latency_ms", jnum(j, vllm ? "mean_e2el_ms" : "mean_e2e_latency_ms"), e2e * 1e3, what);
+            NEAR3(vllm ? "p99_e2el_ms" : "p99_e2e_latency_ms", jnum(j, vllm ? "p99_e2el_ms" : "p99_e2e_latency_ms"), e2e * 1e3, what);
+            NEAR3("duration", jnum(j, "duration"), dur, what);
+            NEAR3("request_throughput", jnum(j, "request_throughput"), R / dur, what);
+            NEAR3("output_throughput", jnum(j, "output_throughput"), R * N / dur, what);
+            NEAR3("input_throughput", jnum(j, "input_throughput"), R * IN / dur, what);
+            NEAR3(vllm ? "total_token_throughput" : "total_throughput", jnum(j, vllm ? "total_token_throughput" : "total_throughput"), R * (IN + N) / dur, what);
+            NEAR3("concurrency", jnum(j, "concurrency"), (double)C, what);
+            /* the busiest second: the first wave's 16 x 20 tokens and the second wave's 11 each */
+            NEAR3("max_output_tokens_per_s", jnum(j, "max_output_tokens_per_s"), C * N + C * 11.0, what);
+            /* vLLM: sweep-line, at most C at once; SGLang: per second, both waves touch second 0 */
+            EXPECT_EQ_INT(jnum(j, "max_concurrent_requests"), vllm ? C : R);
+            /* the printed layout carries the same numbers */
+            NEAR3("Mean TTFT (ms):", printed(out, "Mean TTFT (ms):"), TTFT * 1e3, what);
+            NEAR3("Mean TPOT (ms):", printed(out, "Mean TPOT (ms):"), GAP * 1e3, what);
+            NEAR3("Mean ITL (ms):", printed(out, "Mean ITL (ms):"), GAP * 1e3, what);
+            NEAR3(vllm ? "Mean E2EL (ms):" : "Mean E2E Latency (ms):", printed(out, vllm ? "Mean E2EL (ms):" : "Mean E2E Latency (ms):"), e2e * 1e3, what);
+            NEAR3("Output token throughput (tok/s):", printed(out, "Output token throughput (tok/s):"), R * N / dur, what);
+            NEAR3("Request throughput (req/s):", printed(out, "Request throughput (req/s):"), R / dur, what);
+            EXPECT(strstr(out, "Successful requests:") && strstr(out, "Peak output token throughput (tok/s):"));
+            if (vllm) EXPECT(strstr(out, "P99 TTFT (ms):") && !strstr(out, "Concurrency:") && strstr(out, "Maximum request concurrency:"));
+            else EXPECT(strstr(out, "Backend:") && strstr(out, "Concurrency:") && strstr(out, "P90 E2E Latency (ms):"));
+            EXPECT(strstr(out, "Client overhead:"));
+            if (test_failed_now()) fprintf(stderr, "%s\n%s\n", cmd, out);
+            json_decref(j);
+            free(out);
+        }
+    EXPECT(atomic_load(&f.peak_active) <= C);
+    fake_stop(&f);
+}
+
+/* ---- failures are counted with their reasons ---- */
+
+TEST(bench_serve_failures)
+{
+    Fake f;
+    ASSERT(fake_start(&f, 0.05, 0.01) == 0);
+    f.fail_every = 4;
+    f.split = 1;   /* events split across writes, SSE comments between them */
+    char file[512], cmd[2048];
+    snprintf(file, sizeof file, "%s/fail.jsonl", test_tmpdir());
+    snprintf(cmd, sizeof cmd, "%s bench serve --base-url http://127.0.0.1:%d/ --model fake-model --dataset-name random-ids "
+             "--random-input-len 16 --random-output-len 8 --random-range-ratio 1 --num-prompts 16 --max-concurrency 4 "
+             "--warmup-requests 0 --output-file %s", test_bin(), f.port, file);
+    char *out = NULL;
+    int rc = test_run(cmd, &out);
+    EXPECT_EQ_INT(rc, 0);
+    EXPECT_EQ_INT(printed(out, "Successful requests:"), 12);
+    EXPECT_EQ_INT(printed(out, "Failed requests:"), 4);
+    EXPECT(strstr(out, "HTTP 500: fake overload"), "the reason is printed");
+    json_t *j = last_json(file);
+    ASSERT(j);
+    EXPECT_EQ_INT(jnum(j, "failed"), 4);
+    EXPECT_EQ_INT(jnum(j, "total_output_tokens"), 12 * 8);
+    EXPECT_EQ_INT(json_integer_value(json_object_get(json_object_get(j, "failure_reasons"), "HTTP 500: fake overload")), 4);
+    NEAR3("mean_itl_ms", jnum(j, "mean_itl_ms"), 10.0 * 1.0, "split events");
+    if (test_failed_now()) fprintf(stderr, "%s\n", out);
+    json_decref(j);
+    free(out);
+    /* a server that is not there: the warm-up fails and says so */
+    snprintf(cmd, sizeof cmd, "%s bench serve --base-url http://127.0.0.1:1 --model m --num-prompts 2 --quiet", test_bin());
+    rc = test_run(cmd, &out);
+    EXPECT(rc != 0 && strstr(out, "warm-up failed"), "%s", out);
+    free(out);
+    fake_stop(&f);
+}
+
+/* ---- a sweep prints one table; lengths follow SGLang's or vLLM's range ---- */
+
+TEST(bench_serve_sweep)
+{
+    Fake f;
+    ASSERT(fake_start(&f, 0.05, 0.01) == 0);
+    char file[512], cmd[2048];
+    snprintf(file, sizeof file, "%s/sweep.jsonl", test_tmpdir());
+    snprintf(cmd, sizeof cmd, "%s bench serve --base-url http://127.0.0.1:%d --dataset-name random-ids --random-input-len 100 "
+             "--random-output-len 10 --random-range-ratio 0.5 --num-prompts 8 --max-concurrency 1,4,8 --warmup-requests 0 "
+             "--output-file %s --quiet", test_bin(), f.port, file);
+    char *out = NULL;
+    int rc = test_run(cmd, &out);
+    EXPECT_EQ_INT(rc, 0);
+    const char *t = strstr(out, "Sweep over --max-concurrency");
+    EXPECT(t && !strstr(t + 1, "Sweep over --max-concurrency"), "one table");
+    if (t) {
+        const char *rows = strstr(t, "tok/s/user");
+        int n = 0;
+        for (const char *p = rows; p && (p = strchr(p, '\n')) && p[1] && p[1] != '('; p++) n++;
+        EXPECT_EQ_INT(n, 3);
+    }
+    EXPECT(atomic_load(&f.min_prompt) >= 50 && atomic_load(&f.max_prompt) <= 100, "SGLang range [50, 100]: %d..%d",
+           atomic_load(&f.min_prompt), atomic_load(&f.max_prompt));
+    EXPECT_EQ_INT(atomic_load(&f.peak_active), 8);
+    FILE *fp = fopen(file, "r");
+    int lines = 0, levels[3] = {0};
+    char *line = NULL;
+    size_t cap = 0;
+    while (fp && getline(&line, &cap, fp) > 0) {
+        json_t *j = json_loads(line, 0, NULL);
+        if (j && lines < 3) levels[lines] = (int)json_integer_value(json_object_get(j, "max_concurrency"));
+        EXPECT(j && json_object_get(j, "mean_e2e_latency_ms") && json_object_get(j, "median_ttft_ms") &&
+               json_object_get(j, "p99_ttft_ms") && json_object_get(j, "total_output_tokens") && json_object_get(j, "concurrency"));
+        json_decref(j);
+        lines++;
+    }
+    free(line);
+    if (fp) fclose(fp);
+    EXPECT_EQ_INT(lines, 3);
+    EXPECT(levels[0] == 1 && levels[1] == 4 && levels[2] == 8);
+    if (test_failed_now()) fprintf(stderr, "%s\n", out);
+    free(out);
+
+    /* vLLM's range: [floor(100 * 0.5), ceil(100 * 1.5)], Poisson arrivals */
+    atomic_store(&f.min_prompt, 1 << 30);
+    atomic_store(&f.max_prompt, 0);
+    snprintf(cmd, sizeof cmd, "%s bench serve --base-url http://127.0.0.1:%d --dataset-name random-ids --random-input-len 100 "
+             "--random-output-len 4 --random-range-ratio 0.5 --random-range-vllm --num-prompts 40 --request-rate 200 "
+             "--warmup-requests 0 --format vllm --quiet", test_bin(), f.port);
+    rc = test_run(cmd, &out);
+    EXPECT_EQ_INT(rc, 0);
+    EXPECT(atomic_load(&f.min_prompt) >= 50 && atomic_load(&f.max_prompt) <= 150 && atomic_load(&f.max_prompt) > 100,
+           "vLLM range [50, 150]: %d..%d", atomic_load(&f.min_prompt), atomic_load(&f.max_prompt));
+    EXPECT(strstr(out, "Request rate configured (RPS):"), "%s", out);
+    free(out);
+    fake_stop(&f);
+}
+
+/* ---- datasets: ShareGPT and JSONL with prompt lengths from --tokenizer ---- */
+
+TEST(bench_serve_datasets)
+{
+    char err[256], sg[512], jl[512], tokp[512], cmd[4096];
+    snprintf(tokp, sizeof tokp, "%s/models/builtin", test_root());
+    Tokenizer *tok = tokenizer_load(tokp, err, sizeof err);
+    ASSERT(tok, "%s", err);
+    static const char *const prompts[] = {"How do I install a package with apt?", "What does dpkg --configure -a do?",
+                                          "Explain the Debian release cycle in a few sentences."};
+    snprintf(sg, sizeof sg, "%s/sharegpt.json", test_tmpdir());
+    snprintf(jl, sizeof jl, "%s/prompts.jsonl", test_tmpdir());
+    FILE *f1 = fopen(sg, "w"), *f2 = fopen(jl, "w");
+    ASSERT(f1 && f2);
+    fprintf(f1, "[");
+    long want = 0;
+    for (int i = 0; i < 3; i++) {
+        fprintf(f1, "%s{\"id\":\"%d\",\"conversations\":[{\"from\":\"human\",\"value\":\"%s\"},"
+                "{\"from\":\"gpt\",\"value\":\"It is done with the command line tools of the package manager.\"}]}",
+                i ? "," : "", i, prompts[i]);
+        fprintf(f2, "{\"prompt\":\"%s\",\"output_len\":5}\n", prompts[i]);
+        int *ids = NULL;
+        want += tokenizer_encode(tok, prompts[i], strlen(prompts[i]), 0, &ids, err, sizeof err);
+        free(ids);
+    }
+    fprintf(f1, ",{\"id\":\"short\",\"conversations\":[{\"from\":\"human\",\"value\":\"hi\"}]}]");
+    fclose(f1);
+    fclose(f2);
+    Fake f;
+    ASSERT(fake_start(&f, 0.01, 0.002) == 0);
+    const char *names[2] = {"sharegpt", "jsonl"}, *paths[2] = {sg, jl};
+    for (int d = 0; d < 2; d++) {
+        char file[512];
+        snprintf(file, sizeof file, "%s/ds_%d.jsonl", test_tmpdir(), d);
+        snprintf(cmd, sizeof cmd, "%s bench serve --base-url http://127.0.0.1:%d --backend %s --dataset-name %s --dataset-path %s "
+                 "--tokenizer %s --num-prompts 3 --warmup-requests 0 --output-len 6 --output-file %s --quiet",
+                 test_bin(), f.port, d ? "openai-chat" : "openai-completions", names[d], paths[d], tokp, file);
+        char *out = NULL;
+        EXPECT_EQ_INT(test_run(cmd, &out), 0);
+        json_t *j = last_json(file);
+        EXPECT(j, "%s", out);
+        /* SGLang layout: input tokens as the tokenizer measured them; output from usage */
+        EXPECT_EQ_INT(jnum(j, "total_input_tokens"), want);
+        EXPECT_EQ_INT(jnum(j, "total_output_tokens"), 18);
+        EXPECT(jnum(j, "total_output_tokens_retokenized") > 0);
+        EXPECT(strstr(out, "Total generated tokens (retokenized):"));
+        if (test_failed_now()) fprintf(stderr, "%s\n%s\n", cmd, out);
+        json_decref(j);
+        free(out);
+    }
+    /* random (text) needs a tokenizer; with one, prompts encode to the asked length */
+    snprintf(cmd, sizeof cmd, "%s bench serve --base-url http://127.0.0.1:%d --model m --dataset-name random --num-prompts 2 --quiet",
+             test_bin(), f.port);
+    char *out = NULL;
+    EXPECT(test_run(cmd, &out) != 0 && strstr(out, "needs --tokenizer"), "%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s bench serve --base-url http://127.0.0.1:%d --dataset-name random --tokenizer %s "
+             "--random-input-len 50 --random-output-len 3 --random-range-ratio 1 --num-prompts 4 --warmup-requests 0 --quiet",
+             test_bin(), f.port, tokp);
+    EXPECT_EQ_INT(test_run(cmd, &out), 0);
+    double tin = printed(out, "Total input tokens:");
+    EXPECT(tin >= 4 * 45 && tin <= 4 * 50, "%g", tin);
+    free(out);
+    fake_stop(&f);
+    tokenizer_free(tok);
+}
+
+/* ---- a thousand streams from one client thread ---- */
+
+TEST(bench_serve_many_streams)
+{
+    const double TTFT = 0.3, GAP = 0.05;
+    const int N = 12, R = 1000;
+    Fake f;
+    ASSERT(fake_start(&f, TTFT, GAP) == 0);
+    char file[512], cmd[2048];
+    snprintf(file, sizeof file, "%s/many.jsonl", test_tmpdir());
+    snprintf(cmd, sizeof cmd, "%s bench serve --base-url http://127.0.0.1:%d --dataset-name random-ids --random-input-len 32 "
+             "--random-output-len %d --random-range-ratio 1 --num-prompts %d --warmup-requests %d --output-file %s --quiet",
+             test_bin(), f.port, N, R, R, file);
+    char *out = NULL;
+    int rc = test_run(cmd, &out);
+    EXPECT_EQ_INT(rc, 0);
+    json_t *j = last_json(file);
+    ASSERT(j, "%s", out);
+    EXPECT_EQ_INT(jnum(j, "completed"), R);
+    EXPECT_EQ_INT(atomic_load(&f.peak_active) > R * 9 / 10, 1);
+    /* the warm-up opened the 1000 connections; the fake server's 1000 threads then share 2
+     * cores with the client, and all requests land at once: looser bounds than the 3% above */
+    EXPECT_NEAR(jnum(j, "mean_itl_ms"), GAP * 1e3, 0, 0.05);
+    EXPECT_NEAR(jnum(j, "mean_tpot_ms"), GAP * 1e3, 0, 0.05);
+    EXPECT_NEAR(jnum(j, "mean_ttft_ms"), TTFT * 1e3, 0, 0.15);
+    fprintf(stderr, "    %d streams: mean TTFT %.1f ms (truth %.0f), mean ITL %.2f ms (truth %.0f); client lag mean %.0f us, "
+            "p99 %.0f us; %.2f us CPU per chunk, %.1f%% of a core\n", R, jnum(j, "mean_ttft_ms"), TTFT * 1e3, jnum(j, "mean_itl_ms"),
+            GAP * 1e3, jnum(j, "client_lag_mean_us"), jnum(j, "client_lag_p99_us"), jnum(j, "client_cpu_us_per_chunk"),
+            100 * jnum(j, "client_cpu_util"));
+    json_decref(j);
+    free(out);
+    fake_stop(&f);
+}
+
+/* ---- plot ---- */
+
+TEST(bench_serve_plot)
+{
+    char file[512], svg[512], cmd[2048];
+    snprintf(file, sizeof file, "%s/plot.jsonl", test_tmpdir());
+    snprintf(svg, sizeof svg, "%s/plot.svg", test_tmpdir());
+    FILE *f = fopen(file, "w");
+    ASSERT(f);
+    int conc[4] = {1, 8, 64, 256};
+    for (int i = 0; i < 4; i++)
+        fprintf(f, "{\"backend\":\"openai-completions\",\"max_concurrency\":%d,\"output_throughput\":%g,\"total_throughput\":%g,"
+                "\"mean_tpot_ms\":%g,\"completed\":10}\n", conc[i], 50.0 * conc[i] / (1 + i), 60.0 * conc[i] / (1 + i), 20.0 * (1 + i));
+    fprintf(f, "{\"backend\":\"openai-chat\",\"max_concurrency\":4,\"output_throughput\":100,\"total_token_throughput\":150,"
+            "\"mean_tpot_ms\":25}\n");
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s bench plot %s --gpus 2 --output %s", test_bin(), file, svg);
+    char *out = NULL;
+    EXPECT_EQ_INT(test_run(cmd, &out), 0);
+    size_t n = 0;
+    char *s = file_read_all(svg, &n);
+    EXPECT(s && strstr(s, "<svg") && strstr(s, "</svg>") && strstr(s, "<polyline"), "%s", out);
+    EXPECT(s && strstr(s, "per GPU") && strstr(s, "concurrency"));
+    free(s);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s bench plot %s/missing.jsonl", test_bin(), test_tmpdir());
+    EXPECT(test_run(cmd, &out) != 0);
+    free(out);
+}
+
+/* ---- a sweep against `moeserve serve` on the CPU ---- */
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    int port = -1;
+    if (!bind(fd, (struct sockaddr *)&a, sizeof a) && !getsockname(fd, (struct sockaddr *)&a, &al)) port = ntohs(a.sin_port);
+    close(fd);
+    return port;
+}
+
+static int port_open(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    int ok = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    close(fd);
+    return ok;
+}
+
+TEST(bench_serve_moeserve)
+{
+    char *out = NULL;
+    char cmd[4096], dir[512], file[512], log[512];
+    snprintf(cmd, sizeof cmd, "%s serve --help", test_bin());
+    int rc = test_run(cmd, &out);
+    int have = rc == 0 && strstr(out, "usage") != NULL;
+    free(out);
+    if (!have) { test_skip("`moeserve serve` is not built"); return; }
+    snprintf(dir, sizeof dir, "%s/serve_tiny", test_tmpdir());
+    snprintf(cmd, sizeof cmd, "%s synth --arch glm4_moe --preset tiny --out %s", test_bin(), dir);
+    ASSERT(test_run(cmd, &out) == 0, "%s", out);
+    free(out);
+    int port = free_port();
+    ASSERT(port > 0);
+    snprintf(log, sizeof log, "%s/serve.log", test_tmpdir());
+    pid_t pid = fork();
+    ASSERT(pid >= 0);
+    if (pid == 0) {
+        char ps[16];
+        snprintf(ps, sizeof ps, "%d", port);
+        if (!freopen(log, "w", stdout) || !freopen(log, "a", stderr)) _exit(127);
+        execl(test_bin(), test_bin(), "serve", "--model", dir, "--device", "cpu", "--port", ps, (char *)NULL);
+        _exit(127);
+    }
+    int up = 0;
+    for (int i = 0; i < 300 && !up; i++) {   /* up to 30 s to load */
+        up = port_open(port);
+        if (!up) usleep(100000);
+    }
+    if (up) {
+        snprintf(file, sizeof file, "%s/moeserve.jsonl", test_tmpdir());
+        snprintf(cmd, sizeof cmd, "%s bench serve --base-url http://127.0.0.1:%d --dataset-name random-ids --random-input-len 32 "
+                 "--random-output-len 8 --random-range-ratio 1 --num-prompts 8 --max-concurrency 1,4 --output-file %s --quiet",
+                 test_bin(), port, file);
+        rc = test_run(cmd, &out);
+        EXPECT_EQ_INT(rc, 0);
+        EXPECT(strstr(out, "Sweep over --max-concurrency"), "%s", out);
+        json_t *j = last_json(file);
+        EXPECT(j, "%s", out);
+        EXPECT_EQ_INT(jnum(j, "completed"), 8);
+        EXPECT_EQ_INT(jnum(j, "total_output_tokens"), 8 * 8);
+        EXPECT_EQ_INT(jnum(j, "total_input_tokens"), 8 * 32);
+        EXPECT(jnum(j, "mean_ttft_ms") > 0 && jnum(j, "mean_itl_ms") > 0);
+        if (test_failed_now()) fprintf(stderr, "%s\n", out);
+        json_decref(j);
+        free(out);
+    } else {
+        char *l = file_read_all(log, NULL);
+        test_fail(__FILE__, __LINE__, "moeserve serve did not listen on %d:\n%s", port, l ? l : "");
+        free(l);
+    }
+    kill(pid, SIGTERM);
+    int st;
+    waitpid(pid, &st, 0);
+}
