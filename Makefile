@@ -61,9 +61,17 @@ $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -MD -MF $(@:.o=.d) -c $< -o $@
 
-# make test: CPU only; ends with "N passed, N failed".
+# make test: CPU only; every test, then the server tests again under ASan + UBSan (a server
+# must survive hostile input without memory errors); ends with "N passed, N failed".
 test: $(BUILD)/moeserve $(BUILD)/test_unit
 	MOESERVE_BIN=$(CURDIR)/$(BUILD)/moeserve ./$(BUILD)/test_unit $(FILTER)
+	$(if $(FILTER),,$(MAKE) test-server-asan)
+
+ASAN_FLAGS = BUILD=build-debug CUDA=0 OPT="-O1 -g -fno-omit-frame-pointer" \
+             SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined"
+test-server-asan:
+	$(MAKE) $(ASAN_FLAGS) build-debug/moeserve build-debug/test_unit
+	MOESERVE_BIN=$(CURDIR)/build-debug/moeserve ./build-debug/test_unit server
 
 # make run: the main job on the built-in default model (an 11 M-parameter GLM-4.5-style MoE
 # trained on Debian's documentation, NVFP4, in models/): continue a prompt on the CPU.
@@ -78,11 +86,11 @@ test-cuda: $(BUILD)/moeserve $(BUILD)/test_cuda
 
 # make debug: AddressSanitizer + UndefinedBehaviorSanitizer, CPU only, runs the tests.
 debug:
-	$(MAKE) BUILD=build-debug CUDA=0 OPT="-O1 -g -fno-omit-frame-pointer" \
-	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined" test
+	$(MAKE) $(ASAN_FLAGS) build-debug/moeserve build-debug/test_unit
+	MOESERVE_BIN=$(CURDIR)/build-debug/moeserve ./build-debug/test_unit $(FILTER)
 
 clean:
 	rm -rf build build-debug
 
-.PHONY: all run test test-cuda debug clean
+.PHONY: all run test test-server-asan test-cuda debug clean
 -include $(OBJ:.o=.d) $(TESTOBJ:.o=.d) $(CUTESTOBJ:.o=.d) $(BUILD)/src/cli/main.d
