@@ -101,6 +101,17 @@ const char *test_tmpdir(void)
     return dir;
 }
 
+const char *test_assets(void)
+{
+    static char dir[4200];
+    if (!dir[0]) {
+        const char *e = getenv("MOESERVE_ASSETS");
+        if (e && *e) snprintf(dir, sizeof dir, "%s", e);
+        else snprintf(dir, sizeof dir, "%s/../shared/assets", test_root());
+    }
+    return dir;
+}
+
 int test_run(const char *cmd, char **out)
 {
     char *full = NULL;

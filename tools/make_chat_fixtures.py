@@ -13,8 +13,8 @@ and tests/data/chat/snippets.jsonl: small templates on the edges of the Jinja su
 literals, operators, Undefined, loops, macros, filters, tests, methods, errors), each with "template".
 
 Templates (the test reads them from the same places):
-  glm45     <assets>/tokenizers/glm4/chat_template.jinja (GLM-4.5/4.6; not committed)
-  glm47     <assets>/tokenizers/glm4/chat_template_glm47_flash.jinja (GLM-4.7-Flash; not committed)
+  glm45     tests/data/chat/glm46.jinja (GLM-4.6's template, a copy of the assets' glm4/chat_template.jinja)
+  glm47     tests/data/chat/glm47.jinja (GLM-4.7-Flash's, a copy of glm4/chat_template_glm47_flash.jinja)
   qwen3     <assets>/tokenizers/qwen3/tokenizer_config.json "chat_template" (not committed)
   builtin, llama3_style, deepseek_style, features
             tests/data/chat/<name>.jinja (committed: written for moeserve, so CI always has cases)
@@ -352,8 +352,8 @@ def templates(assets):
     qwen = json.load(open(qcfg, encoding="utf-8"))["chat_template"] if os.path.exists(qcfg) else None
     local = lambda n: read(os.path.join(OUT, n + ".jinja"))
     return {
-        "glm45": (read(os.path.join(assets, "tokenizers/glm4/chat_template.jinja")), None, "<|endoftext|>"),
-        "glm47": (read(os.path.join(assets, "tokenizers/glm4/chat_template_glm47_flash.jinja")), None, "<|endoftext|>"),
+        "glm45": (local("glm46"), None, "<|endoftext|>"),
+        "glm47": (local("glm47"), None, "<|endoftext|>"),
         "qwen3": (qwen, None, "<|im_end|>"),
         "builtin": (local("builtin"), None, "<|endoftext|>"),
         "llama3_style": (local("llama3_style"), "<|begin_of_text|>", "<|eot_id|>"),

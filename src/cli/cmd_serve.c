@@ -2,7 +2,10 @@
  * (src/server/) over the engine (src/engine/): it loads the model, its tokenizer and chat
  * template, starts the engine thread and the HTTP threads, prints "listening on
  * http://HOST:PORT" once requests are accepted, and on SIGINT or SIGTERM stops accepting,
- * lets every accepted request finish (drain), and exits 0. --port 0 picks a free port. */
+ * lets every accepted request finish (drain), and exits 0. --port 0 picks a free port.
+ * --script-output FILE is a test hook, not for serving: every request's output is forced to be
+ * the tokenization of FILE's text (read at each request) then eos, whatever the model samples
+ * (tests/unit/test_server_tools.c scripts GLM tool calls with it). */
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -23,7 +26,7 @@
                     "[--api-key KEY] [--device cpu|cuda] [--threads N] [--max-running-requests N] [--max-batch-tokens N] " \
                     "[--chunked-prefill-size N] [--max-model-len N] [--kv-fraction F | --num-kv-blocks N] " \
                     "[--num-continuous-decode-steps N] [--no-prefix-caching] [--max-queue N] [--max-body MB] " \
-                    "[--max-connections N] [--http-threads N] [--drain-timeout S]"
+                    "[--max-connections N] [--http-threads N] [--drain-timeout S] [--script-output FILE]"
 
 /* Open files: a connection is a descriptor; raise the soft limit to the hard one. */
 static void raise_fd_limit(int want)
@@ -52,7 +55,7 @@ int cmd_serve(int argc, char **argv)
     http_options_default(&ho);
     EngineOptions eo;
     engine_options_default(&eo);
-    const char *name = NULL, *api_key = NULL, *device = NULL;
+    const char *name = NULL, *api_key = NULL, *device = NULL, *script = NULL;
     int threads = 0, help = 0, no_prefix = 0, max_body_mb = (int)(ho.max_body >> 20), drain_s = 60;
     double kv_fraction = -1;
     for (int i = 1; i < argc; i++) {
@@ -73,6 +76,7 @@ int cmd_serve(int argc, char **argv)
             opt_int(argc, argv, &i, "--max-connections", 1, 1 << 16, &ho.max_connections) ||
             opt_int(argc, argv, &i, "--http-threads", 1, 256, &ho.threads) ||
             opt_int(argc, argv, &i, "--drain-timeout", 0, 86400, &drain_s) ||
+            opt_str(argc, argv, &i, "--script-output", &script) ||
             opt_flag(argv, &i, "--help", &help))
             continue;
         opt_unknown("serve", argv[i], SERVE_USAGE);
@@ -114,7 +118,8 @@ int cmd_serve(int argc, char **argv)
     metrics_init(&metrics);
     int max_len = eo.max_model_len <= 0 || eo.max_model_len > m.cfg.max_position ? m.cfg.max_position : eo.max_model_len;
     Api api = {.engine = e, .text = &mt, .model_name = name, .model_alias = alias[0] ? alias : NULL, .api_key = api_key, .max_model_len = max_len,
-               .vocab = m.cfg.vocab, .created = (int64_t)time(NULL), .metrics = &metrics};
+               .vocab = m.cfg.vocab, .created = (int64_t)time(NULL), .metrics = &metrics, .script_path = script};
+    if (script) log_warn("serve: --script-output %s: every output is scripted (a test hook), not the model's", script);
     char err[512];
     HttpServer *h = http_start(&ho, &api, err, sizeof err);
     if (!h) fatal("serve: %s", err);

@@ -27,6 +27,7 @@ typedef struct Seq {
     int n_computed;            /* tokens whose KV is in the cache */
     int n_generated, max_tokens, ignore_eos;
     int *stop_ids, n_stop_ids;
+    int *forced, n_forced;     /* RequestParams.forced: generated tokens imposed (a test hook) */
     BlockTable bt;
     int n_hashed;              /* leading full blocks registered in the prefix cache */
     uint64_t last_hash;        /* chain hash of block n_hashed - 1 */
@@ -184,6 +185,7 @@ static void seq_free(Seq *s)
 {
     free(s->tokens);
     free(s->stop_ids);
+    free(s->forced);
     free(s->ev);
     sampler_free(&s->sampler);
     free(s);
@@ -287,6 +289,11 @@ uint64_t engine_submit(Engine *e, const RequestParams *p, EngineNotify notify, v
             errbuf_set(err, errlen, "token id %d is outside the vocabulary [0, %d)", p->prompt[i], c->vocab);
             return 0;
         }
+    for (int i = 0; i < p->n_forced; i++)
+        if (p->forced[i] < 0 || p->forced[i] >= c->vocab) {
+            errbuf_set(err, errlen, "forced token id %d is outside the vocabulary [0, %d)", p->forced[i], c->vocab);
+            return 0;
+        }
     const char *bad = sampling_params_check(&p->sampling);
     if (bad) { errbuf_set(err, errlen, "%s", bad); return 0; }
     if (p->max_tokens < 1) { errbuf_set(err, errlen, "max_tokens must be at least 1"); return 0; }
@@ -302,6 +309,11 @@ uint64_t engine_submit(Engine *e, const RequestParams *p, EngineNotify notify, v
         s->stop_ids = xmalloc(p->n_stop_ids * sizeof(int));
         memcpy(s->stop_ids, p->stop_ids, p->n_stop_ids * sizeof(int));
         s->n_stop_ids = p->n_stop_ids;
+    }
+    if (p->n_forced > 0) {
+        s->forced = xmalloc(p->n_forced * sizeof(int));
+        memcpy(s->forced, p->forced, p->n_forced * sizeof(int));
+        s->n_forced = p->n_forced;
     }
     sampler_init(&s->sampler, &p->sampling, c->vocab, p->prompt, p->n_prompt);
     s->notify = notify;
@@ -571,7 +583,13 @@ static void step(Engine *e)
         Seq *s = e->b_outseq[o];
         if (s->cancelled || s->done) continue;
         SampleResult r;
-        int t = sampler_sample(&s->sampler, e->logits + (size_t)o * V, &r);
+        int t;
+        if (s->n_generated < s->n_forced) {
+            t = s->forced[s->n_generated];
+            sampler_score(&s->sampler, e->logits + (size_t)o * V, t, &r);
+        } else {
+            t = sampler_sample(&s->sampler, e->logits + (size_t)o * V, &r);
+        }
         sampler_accept(&s->sampler, t);
         s->n_generated++;
         e->stats.generation_tokens++;

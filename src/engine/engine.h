@@ -45,6 +45,10 @@ typedef struct {
     int ignore_eos;
     const int *stop_ids;       /* extra stop token ids (copied), besides the model's eos */
     int n_stop_ids;
+    const int *forced;         /* a test hook (serve --script-output): the first n_forced generated
+                                  tokens are these (copied) instead of sampled ones; the forward,
+                                  stops, max_tokens and usage stay real. NULL: none */
+    int n_forced;
 } RequestParams;
 
 /* One sampled token, or the end of the request. */

@@ -232,3 +232,11 @@ int sampler_sample(Sampler *s, float *logits, SampleResult *res)
     if (raw) log_softmax_top(raw, V, p->logprobs, res, token);
     return token;
 }
+
+void sampler_score(const Sampler *s, const float *logits, int token, SampleResult *res)
+{
+    res->token = token;
+    res->n_top = 0;
+    res->logprob = 0;
+    if (s->p.logprobs >= 0) log_softmax_top(logits, s->vocab, s->p.logprobs, res, token);
+}

@@ -55,6 +55,9 @@ void sampler_init(Sampler *s, const SamplingParams *p, int vocab, const int *pro
 void sampler_free(Sampler *s);
 /* Sample from logits [vocab] (modified in place: penalties, temperature, filters). */
 int sampler_sample(Sampler *s, float *logits, SampleResult *res);
+/* A token chosen by the caller instead of sampled (serve --script-output): its log-probability
+ * and the top alternatives of the model's distribution, as sampler_sample reports them. */
+void sampler_score(const Sampler *s, const float *logits, int token, SampleResult *res);
 /* Record a generated token (for the penalties). */
 void sampler_accept(Sampler *s, int token);
 

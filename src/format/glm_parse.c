@@ -216,9 +216,9 @@ static int schema_is_string(json_t *sch)
     return 0;
 }
 
-/* The "properties" of the named function among the request's tools (entries either
- * {"type": "function", "function": {...}} or the bare function), or NULL. */
-static json_t *tool_properties(json_t *tools, const char *name, size_t name_len)
+/* The named function among the request's tools (entries either {"type": "function",
+ * "function": {...}} or the bare function), or NULL. */
+static json_t *tool_function(json_t *tools, const char *name, size_t name_len)
 {
     if (!json_is_array(tools)) return NULL;
     size_t i;
@@ -227,12 +227,17 @@ static json_t *tool_properties(json_t *tools, const char *name, size_t name_len)
         json_t *f = json_object_get(t, "function");
         if (!json_is_object(f)) f = t;
         json_t *nm = json_object_get(f, "name");
-        if (!json_is_string(nm) || json_string_length(nm) != name_len ||
-            memcmp(json_string_value(nm), name, name_len) != 0) continue;
-        json_t *props = json_object_get(json_object_get(f, "parameters"), "properties");
-        return json_is_object(props) ? props : NULL;
+        if (json_is_string(nm) && json_string_length(nm) == name_len && memcmp(json_string_value(nm), name, name_len) == 0)
+            return f;
     }
     return NULL;
+}
+
+/* The "properties" of the named function's parameters, or NULL. */
+static json_t *tool_properties(json_t *tools, const char *name, size_t name_len)
+{
+    json_t *props = json_object_get(json_object_get(tool_function(tools, name, name_len), "parameters"), "properties");
+    return json_is_object(props) ? props : NULL;
 }
 
 static int param_is_string(json_t *props, const char *key, size_t key_len)
@@ -257,6 +262,7 @@ static const char *parse_block(GlmParser *p, const char *s, size_t n, json_t **c
     while (b < end && !is_ws(*b) && *b != '<' && *b != '>' && !(end - b >= 2 && b[0] == '\\' && b[1] == 'n')) b++;
     size_t name_len = (size_t)(b - name);
     if (name_len == 0) return "no function name";
+    if (p->opt.known_only && !tool_function(p->opt.tools, name, name_len)) return "a function that is not among the tools";
     json_t *jname = json_stringn(name, name_len);
     if (!jname) return "function name is not UTF-8";
     json_t *props = tool_properties(p->opt.tools, name, name_len);
@@ -423,7 +429,14 @@ static int scan_text(GlmParser *p, size_t *off, int final)
         if (!is_ws(s[k])) nonws = 1;
     }
     if (!final) {
-        *off += emit_run(p, s, n);
+        size_t t = emit_run(p, s, n);
+        /* no tag can follow (content, no tools, past the place of a <think>): the whitespace
+         * is content for sure, and is sent now as a parser-less server would */
+        if (p->state == GLM_ST_CONTENT && !p->opt.parse_tools && !p->think_allowed && !p->after_call) {
+            emit(p, s + t, n - t);
+            t = n;
+        }
+        *off += t;
         return 0;
     }
     /* the end: trailing whitespace stays (unless it only follows a tool call) */

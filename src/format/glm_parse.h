@@ -23,9 +23,9 @@
  *   whitespace next to a tag goes with the tag (so "\n<think>R</think>\nHi\n<tool_call>..."
  *   gives "R" and "Hi"); output without markup passes through unchanged.
  * - Malformed markup (no </tool_call>, no name, a name with spaces, text between arguments, a
- *   key without a value, an empty key) never fails: the <tool_call> tag and the whitespace
- *   before it become content, one log_warn, and parsing goes on after the tag (so a good call
- *   nested after junk is still found). <think> counts only before any other text of an output
+ *   key without a value, an empty key; with known_only, a function not among the tools) never
+ *   fails: the <tool_call> tag and the whitespace before it become content, one log_warn, and
+ *   parsing goes on after the tag (so a good call nested after junk is still found). <think> counts only before any other text of an output
  *   that starts in content; an unterminated <think> leaves everything after it as reasoning. */
 #ifndef MOESERVE_GLM_PARSE_H
 #define MOESERVE_GLM_PARSE_H
@@ -47,6 +47,8 @@ typedef struct {
     int parse_tools;     /* 0: <tool_call> is plain content (no tools, or tool_choice "none") */
     json_t *tools;       /* borrowed: the request's "tools" array, or NULL; a parameter whose
                             schema type is "string" keeps its text even when it looks like JSON */
+    int known_only;      /* a call of a function that is not among tools is malformed (content, a
+                            warning), as the server wants; 0: returned as a call (vLLM's parser) */
     uint64_t id_seed;    /* tool call ids are "call_" + 24 hex digits of (id_seed, index):
                             the server draws one seed per request */
 } GlmParseOptions;

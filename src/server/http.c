@@ -338,7 +338,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     if (gen) {
         double now = clock_now();
         log_info("%s: %d, %d prompt + %d completion tokens, finish %s%s, ttft %.1f ms, %.1f ms", r->rid, status, r->n_prompt,
-                 completion, openai_finish_name(fin), vanished && toe != MHD_REQUEST_TERMINATED_COMPLETED_OK ? " (client gone)" : "",
+                 completion, gen && !vanished ? openai_req_finish_name(r) : openai_finish_name(fin), vanished && toe != MHD_REQUEST_TERMINATED_COMPLETED_OK ? " (client gone)" : "",
                  r->mr.t_first > 0 ? 1e3 * (r->mr.t_first - r->mr.t_start) : 0.0, 1e3 * (now - r->mr.t_start));
     } else if (s->mroute == METRICS_ROUTE_COMPLETIONS || s->mroute == METRICS_ROUTE_CHAT || status >= 400) {
         log_info("%s request: %d, %.1f ms", status == 499 ? "abandoned" : s->mroute == METRICS_ROUTE_OTHER ? "unrouted" : "refused", status,

@@ -173,6 +173,11 @@ const char *openai_finish_name(FinishReason f)
     return f == FINISH_STOP ? "stop" : f == FINISH_LENGTH ? "length" : f == FINISH_ABORT ? "abort" : "null";
 }
 
+const char *openai_req_finish_name(const ApiReq *r)
+{
+    return json_array_size(r->calls) > 0 ? "tool_calls" : openai_finish_name(r->finish);
+}
+
 int openai_route(const char *method, const char *url, ApiRoute *route, const char **allow, ApiErr *err)
 {
     static const struct { const char *path; ApiRoute route; int post; } routes[] = {
@@ -275,10 +280,16 @@ int openai_get(Api *a, ApiReq *r, const char *url, const char **content_type, Ap
 
 void openai_req_reset(ApiReq *r)
 {
-    ApiBuf keep[6] = {r->text, r->out, r->lp, r->lp_off, r->head, r->stop_buf};
+    enum { N_KEEP = 8 };
+    ApiBuf keep[N_KEEP] = {r->text, r->out, r->lp, r->lp_off, r->head, r->stop_buf, r->reasoning, r->content};
     /* a request that needed a lot should not pin its memory for the slot's lifetime */
-    for (int i = 0; i < 6; i++)
+    for (int i = 0; i < N_KEEP; i++) {
         if (keep[i].cap > (1u << 20)) openai_buf_free(&keep[i]);
+        buf_clear(&keep[i]);
+    }
+    glm_parse_free(&r->parser);
+    json_decref(r->tools);
+    json_decref(r->calls);
     memset(r, 0, sizeof *r);
     r->text = keep[0];
     r->out = keep[1];
@@ -286,12 +297,8 @@ void openai_req_reset(ApiReq *r)
     r->lp_off = keep[3];
     r->head = keep[4];
     r->stop_buf = keep[5];
-    buf_clear(&r->text);
-    buf_clear(&r->out);
-    buf_clear(&r->lp);
-    buf_clear(&r->lp_off);
-    buf_clear(&r->head);
-    buf_clear(&r->stop_buf);
+    r->reasoning = keep[6];
+    r->content = keep[7];
     r->logprobs = -1;
     r->skip_special = 1;
 }
@@ -304,6 +311,12 @@ void openai_req_free(ApiReq *r)
     openai_buf_free(&r->lp_off);
     openai_buf_free(&r->head);
     openai_buf_free(&r->stop_buf);
+    openai_buf_free(&r->reasoning);
+    openai_buf_free(&r->content);
+    glm_parse_free(&r->parser);
+    json_decref(r->tools);
+    json_decref(r->calls);
+    r->tools = r->calls = NULL;
 }
 
 static const char *stop_str(const ApiReq *r, int i) { return r->stop_buf.p + r->stop_off[i]; }
@@ -362,8 +375,45 @@ static int parse_prompt(Api *a, ApiReq *r, json_t *p, int **ids, int *n, ApiErr 
     return 0;
 }
 
+/* An assistant message's tool_calls, as the API returned them, into what the GLM templates
+ * render: each call's "arguments" JSON text parsed into an object (the templates iterate over
+ * its items). A copy in *out. */
+static int parse_tool_calls(json_t *calls, size_t i, json_t **out, ApiErr *err)
+{
+    if (!json_is_array(calls)) return bad_field(err, "messages", "messages[%zu].tool_calls must be an array", i);
+    *out = json_array();
+    for (size_t k = 0; k < json_array_size(calls); k++) {
+        json_t *c = json_array_get(calls, k), *f = json_object_get(c, "function");
+        json_t *name = json_object_get(f, "name"), *args = json_object_get(f, "arguments"), *obj = NULL;
+        if (!json_is_object(c) || !json_is_object(f) || !json_is_string(name))
+            return bad_field(err, "messages", "messages[%zu].tool_calls[%zu] must be {\"id\", \"type\": \"function\", "
+                             "\"function\": {\"name\", \"arguments\"}}", i, k);
+        if (json_is_string(args)) {
+            json_error_t je;
+            obj = json_loadb(json_string_value(args), json_string_length(args), 0, &je);
+            if (!json_is_object(obj)) {
+                json_decref(obj);
+                return bad_field(err, "messages", "messages[%zu].tool_calls[%zu].function.arguments is not a JSON object: '%.80s'", i, k,
+                                 json_string_value(args));
+            }
+        } else if (json_is_object(args)) {
+            obj = json_incref(args);
+        } else if (!args || json_is_null(args)) {
+            obj = json_object();
+        } else {
+            return bad_field(err, "messages", "messages[%zu].tool_calls[%zu].function.arguments must be a JSON object as a string", i, k);
+        }
+        json_t *fc = json_copy(f), *cc = json_copy(c);
+        json_object_set_new(fc, "arguments", obj);
+        json_object_set_new(cc, "function", fc);
+        json_array_append_new(*out, cc);
+    }
+    return 0;
+}
+
 /* messages -> a normalized copy the template can render: content as one string (text parts
- * joined by newlines, as vLLM does), "developer" as "system". */
+ * joined by newlines, as vLLM does), "developer" as "system", an assistant's null content as ""
+ * (the GLM templates would print "None"), its tool calls' arguments as objects. */
 static int parse_messages(json_t *m, json_t **out, ApiErr *err)
 {
     if (!m || json_is_null(m)) return bad_field(err, "messages", "'messages' is required");
@@ -386,9 +436,19 @@ static int parse_messages(json_t *m, json_t **out, ApiErr *err)
         json_array_append_new(msgs, copy);
         json_object_update(copy, msg);
         if (!strcmp(rs, "developer")) json_object_set_new(copy, "role", json_string("system"));
+        json_t *calls = json_object_get(msg, "tool_calls");
+        if (!strcmp(rs, "assistant") && calls && !json_is_null(calls)) {
+            json_t *norm = NULL;
+            int rc = parse_tool_calls(calls, i, &norm, err);
+            if (norm) json_object_set_new(copy, "tool_calls", norm);
+            if (rc < 0) return rc;
+        }
+        json_t *id = json_object_get(msg, "tool_call_id");
+        if (id && !json_is_null(id) && !json_is_string(id)) return bad_field(err, "messages", "messages[%zu].tool_call_id must be a string", i);
         json_t *c = json_object_get(msg, "content");
         if (!c || json_is_null(c)) {
             if (strcmp(rs, "assistant") != 0) return bad_field(err, "messages", "messages[%zu].content is required", i);
+            json_object_set_new(copy, "content", json_string(""));
             continue;
         }
         if (json_is_string(c)) continue;
@@ -449,8 +509,230 @@ static void begin_response(Api *a, ApiReq *r)
     buf_puts(&r->head, ",\"choices\":[");
 }
 
-/* Everything but the engine call; *ids (malloc'ed) and *params on success. */
-static int parse_request(Api *a, ApiReq *r, json_t *root, int **ids, RequestParams *rp, int *stop_ids, ApiErr *err)
+/* ---- chat: tools, tool_choice, reasoning ---- */
+
+typedef enum { TOOL_CHOICE_NONE, TOOL_CHOICE_AUTO, TOOL_CHOICE_REQUIRED, TOOL_CHOICE_NAMED } ToolChoice;
+
+static int is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+/* A function name the GLM markup can carry: 1 to API_MAX_TOOL_NAME bytes, none of them a
+ * space, a control character, '<' or '>' (the markup's delimiters) or '\' (the parser reads
+ * "\n" as a separator there). */
+static int tool_name_ok(const char *s, size_t n)
+{
+    if (n == 0 || n > API_MAX_TOOL_NAME) return 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c <= 0x20 || c == 0x7f || c == '<' || c == '>' || c == '\\') return 0;
+    }
+    return 1;
+}
+
+/* "tools": absent, null or [] (0), or an array of {"type": "function", "function": {"name",
+ * "description"?, "parameters"?, "strict"?}} with distinct names (1). */
+static int parse_tools(json_t *tools, ApiErr *err)
+{
+    if (!tools || json_is_null(tools)) return 0;
+    if (!json_is_array(tools)) return bad_field(err, "tools", "'tools' must be an array of {\"type\": \"function\", \"function\": {...}}");
+    size_t n = json_array_size(tools);
+    if (n > API_MAX_TOOLS) return bad_field(err, "tools", "at most %d tools per request, got %zu", API_MAX_TOOLS, n);
+    for (size_t i = 0; i < n; i++) {
+        json_t *t = json_array_get(tools, i), *type = json_object_get(t, "type"), *f = json_object_get(t, "function");
+        if (!json_is_object(t)) return bad_field(err, "tools", "tools[%zu] must be an object", i);
+        if (!json_is_string(type) || strcmp(json_string_value(type), "function") != 0)
+            return bad_field(err, "tools", "tools[%zu].type must be \"function\"", i);
+        if (!json_is_object(f)) return bad_field(err, "tools", "tools[%zu].function must be an object", i);
+        json_t *name = json_object_get(f, "name"), *desc = json_object_get(f, "description");
+        json_t *params = json_object_get(f, "parameters"), *strict = json_object_get(f, "strict");
+        if (!json_is_string(name)) return bad_field(err, "tools", "tools[%zu].function.name is required (a string)", i);
+        if (!tool_name_ok(json_string_value(name), json_string_length(name)))
+            return bad_field(err, "tools", "tools[%zu].function.name '%.80s' is not a valid function name: 1 to %d characters, "
+                             "without spaces, control characters, '<', '>' or '\\'", i, json_string_value(name), API_MAX_TOOL_NAME);
+        if (desc && !json_is_null(desc) && !json_is_string(desc))
+            return bad_field(err, "tools", "tools[%zu].function.description must be a string", i);
+        if (params && !json_is_null(params) && !json_is_object(params))
+            return bad_field(err, "tools", "tools[%zu].function.parameters must be a JSON schema (an object)", i);
+        if (strict && !json_is_null(strict) && !json_is_boolean(strict))
+            return bad_field(err, "tools", "tools[%zu].function.strict must be a boolean", i);
+        for (size_t k = 0; k < i; k++)
+            if (json_equal(json_object_get(json_object_get(json_array_get(tools, k), "function"), "name"), name))
+                return bad_field(err, "tools", "tools[%zu] and tools[%zu] are both named '%s'", k, i, json_string_value(name));
+    }
+    return n > 0;
+}
+
+/* "tool_choice": "none", "auto" (the default with tools), "required", or {"type": "function",
+ * "function": {"name"}} naming one of the tools (copied into name). */
+static int parse_tool_choice(json_t *tc, json_t *tools, ToolChoice *out, char *name, ApiErr *err)
+{
+    static const char usage[] = "'tool_choice' must be \"none\", \"auto\", \"required\" or "
+                                "{\"type\": \"function\", \"function\": {\"name\": ...}}";
+    *out = tools ? TOOL_CHOICE_AUTO : TOOL_CHOICE_NONE;
+    name[0] = 0;
+    if (!tc || json_is_null(tc)) return 0;
+    const char *what = "a named function";
+    json_t *nm = NULL;
+    if (json_is_string(tc)) {
+        what = json_string_value(tc);
+        if (!strcmp(what, "none")) { *out = TOOL_CHOICE_NONE; return 0; }
+        if (!strcmp(what, "auto")) *out = TOOL_CHOICE_AUTO;
+        else if (!strcmp(what, "required")) *out = TOOL_CHOICE_REQUIRED;
+        else return bad_field(err, "tool_choice", "%s; got \"%.64s\"", usage, what);
+    } else {
+        json_t *type = json_object_get(tc, "type"), *f = json_object_get(tc, "function");
+        nm = json_object_get(f, "name");
+        if (!json_is_object(tc) || !json_is_string(type) || strcmp(json_string_value(type), "function") || !json_is_string(nm))
+            return bad_field(err, "tool_choice", "%s", usage);
+        *out = TOOL_CHOICE_NAMED;
+    }
+    if (!tools) return bad_field(err, "tool_choice", "'tool_choice' %s%s%s needs 'tools'", nm ? "" : "\"", what, nm ? "" : "\"");
+    if (!nm) return 0;
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t) if (json_equal(json_object_get(json_object_get(t, "function"), "name"), nm)) {
+        snprintf(name, API_MAX_TOOL_NAME + 1, "%s", json_string_value(nm));
+        return 0;
+    }
+    return bad_field(err, "tool_choice", "'tool_choice' names the function '%.80s', which is not among the tools", json_string_value(nm));
+}
+
+/* The opening of a tool call (of function name, or of any function when name is NULL) to append
+ * to prompt, as this template writes calls: read off a probe conversation with one call, the
+ * whitespace before <tool_call> (GLM-4.5/4.6: "\n", unless the prompt ends with it; GLM-4.7:
+ * none) and between the name and the first argument (GLM-4.5/4.6: "\n"; GLM-4.7: none). Nothing
+ * when the template writes no <tool_call>. */
+static void call_prefill(Api *a, json_t *tools, json_t *kwargs, const char *prompt, const char *name, ApiBuf *out)
+{
+    static const char probe[] = "<tool_call>moeserve_probe";
+    json_t *msgs = json_pack("[{s:s, s:s}, {s:s, s:s, s:[{s:s, s:s, s:{s:s, s:{s:s}}}]}]", "role", "user", "content", "?",
+                             "role", "assistant", "content", "", "tool_calls", "id", "call_0", "type", "function", "function",
+                             "name", "moeserve_probe", "arguments", "moeserve_key", "v");
+    char *text = NULL, e[256];
+    const char *at = NULL;
+    if (model_text_render(a->text, msgs, tools, kwargs, 0, &text, e, sizeof e) == 0) at = strstr(text, probe);
+    if (at) {
+        const char *lead = at, *sep = at + strlen(probe), *sep_end = sep;
+        while (lead > text && is_space(lead[-1])) lead--;
+        while (is_space(*sep_end)) sep_end++;
+        size_t nl = (size_t)(at - lead), np = strlen(prompt);
+        if (np < nl || memcmp(prompt + np - nl, lead, nl) != 0) openai_buf_add(out, lead, nl);
+        buf_puts(out, "<tool_call>");
+        if (name) {
+            buf_puts(out, name);
+            openai_buf_add(out, sep, (size_t)(sep_end - sep));
+        }
+    }
+    free(text);
+    json_decref(msgs);
+}
+
+/* Feed the parser the next piece of generated text (and end it when final): the reasoning and
+ * content it completes go to r->reasoning and r->content, its tool calls to r->calls, except
+ * calls of another function than tool_choice names (logged and dropped). */
+static void parse_text(ApiReq *r, const char *s, size_t n, int final)
+{
+    for (int pass = 0; pass < 1 + final; pass++) {
+        GlmParseDelta d;
+        if (pass == 0) glm_parse_feed(&r->parser, s, n, &d);
+        else glm_parse_finish(&r->parser, &d);
+        openai_buf_add(&r->reasoning, d.reasoning, d.reasoning_len);
+        openai_buf_add(&r->content, d.content, d.content_len);
+        size_t i;
+        json_t *c;
+        json_array_foreach(d.tool_calls, i, c) {
+            const char *name = json_string_value(json_object_get(json_object_get(c, "function"), "name"));
+            if (r->tool_name[0] && strcmp(name, r->tool_name) != 0) {
+                log_warn("%s: tool_choice names %s but the model called %s: call dropped", r->rid, r->tool_name, name);
+                continue;
+            }
+            if (!r->calls) r->calls = json_array();
+            json_array_append(r->calls, c);
+        }
+    }
+    if (final && r->call_required && json_array_size(r->calls) == 0)
+        log_warn("%s: tool_choice asks for a tool call but the reply has none", r->rid);
+}
+
+/* The chat prompt: the messages (and the tools, unless tool_choice is "none") through the chat
+ * template with chat_template_kwargs; for tool_choice "required" or a named function the
+ * opening of a call after it (thinking off, unless the request sets enable_thinking: a call
+ * cannot be prefilled before the thinking ends). Sets up r's parser for the output, the
+ * prefilled opening fed first. *text malloc'ed. */
+static int chat_prompt(Api *a, ApiReq *r, json_t *root, char **text, ApiErr *err)
+{
+    json_t *kwargs = json_object_get(root, "chat_template_kwargs"), *tools = json_object_get(root, "tools");
+    int add_gen = 1, rc;
+    if (kwargs && !json_is_null(kwargs) && !json_is_object(kwargs))
+        return bad_field(err, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    if ((rc = field_bool(root, "add_generation_prompt", &add_gen, err)) < 0) return rc;
+    int has_tools = parse_tools(tools, err);
+    if (has_tools < 0) return has_tools;
+    ToolChoice choice;
+    if ((rc = parse_tool_choice(json_object_get(root, "tool_choice"), has_tools ? tools : NULL, &choice, r->tool_name, err)) < 0)
+        return rc;
+    json_t *msgs = NULL;
+    if ((rc = parse_messages(json_object_get(root, "messages"), &msgs, err)) < 0) {
+        json_decref(msgs);
+        return rc;
+    }
+    int force = r->call_required = choice == TOOL_CHOICE_REQUIRED || choice == TOOL_CHOICE_NAMED;
+    json_t *kw = json_is_object(kwargs) ? json_copy(kwargs) : json_object();
+    if (force && !json_object_get(kw, "enable_thinking")) json_object_set_new(kw, "enable_thinking", json_false());
+    if (json_object_size(kw) == 0) {
+        json_decref(kw);
+        kw = NULL;
+    }
+    if (choice != TOOL_CHOICE_NONE) r->tools = json_incref(tools);
+    char e[512];
+    rc = model_text_render(a->text, msgs, r->tools, kw, add_gen, text, e, sizeof e);
+    json_decref(msgs);
+    if (rc < 0) {
+        json_decref(kw);
+        return bad_field(err, "messages", "the chat template refused the messages: %s", e);
+    }
+    GlmParseOptions po = {.start = glm_parse_start_of(*text), .parse_tools = choice != TOOL_CHOICE_NONE, .tools = r->tools,
+                          .known_only = 1, .id_seed = request_serial()};
+    glm_parse_init(&r->parser, &po);
+    if (force && po.start == GLM_PARSE_START_AFTER_THINK) {
+        ApiBuf pre = {0};
+        call_prefill(a, r->tools, kw, *text, r->tool_name[0] ? r->tool_name : NULL, &pre);
+        if (pre.len) {
+            size_t n = strlen(*text);
+            *text = xrealloc(*text, n + pre.len + 1);
+            memcpy(*text + n, pre.p, pre.len + 1);
+            parse_text(r, pre.p, pre.len, 0);
+        }
+        openai_buf_free(&pre);
+    }
+    json_decref(kw);
+    return 0;
+}
+
+/* serve --script-output: the output every request is made to generate, the tokenization of the
+ * file's text then the model's first eos (*ids malloc'ed). */
+static int script_tokens(Api *a, int **ids, int *n, ApiErr *err)
+{
+    size_t len;
+    char *text = file_read_all(a->script_path, &len), e[256];
+    if (!text) {
+        errbuf_set(err->msg, sizeof err->msg, "--script-output %s cannot be read", a->script_path);
+        return API_EINTERNAL;
+    }
+    *n = tokenizer_encode(a->text->tok, text, len, 0, ids, e, sizeof e);
+    free(text);
+    if (*n < 0) {
+        errbuf_set(err->msg, sizeof err->msg, "--script-output %s cannot be tokenized: %s", a->script_path, e);
+        return API_EINTERNAL;
+    }
+    if (a->text->n_eos > 0) {
+        *ids = xrealloc(*ids, (size_t)(*n + 1) * sizeof(int));
+        (*ids)[(*n)++] = a->text->eos_ids[0];
+    }
+    return 0;
+}
+
+/* Everything but the engine call; *ids and *forced (malloc'ed) and *params on success. */
+static int parse_request(Api *a, ApiReq *r, json_t *root, int **ids, int **forced, RequestParams *rp, int *stop_ids, ApiErr *err)
 {
     long long x;
     int rc;
@@ -551,19 +833,8 @@ static int parse_request(Api *a, ApiReq *r, json_t *root, int **ids, RequestPara
     /* the prompt's tokens */
     int n = 0;
     if (r->chat) {
-        json_t *msgs = NULL, *kwargs = json_object_get(root, "chat_template_kwargs"), *tools = json_object_get(root, "tools");
-        int add_gen = 1;
-        if (kwargs && !json_is_null(kwargs) && !json_is_object(kwargs))
-            return bad_field(err, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
-        if (tools && !json_is_null(tools) && !json_is_array(tools)) return bad_field(err, "tools", "'tools' must be an array");
-        if ((rc = field_bool(root, "add_generation_prompt", &add_gen, err)) < 0) return rc;
-        rc = parse_messages(json_object_get(root, "messages"), &msgs, err);
         char *text = NULL, e[512];
-        if (rc == 0 && model_text_render(a->text, msgs, json_is_array(tools) ? tools : NULL, json_is_object(kwargs) ? kwargs : NULL,
-                                         add_gen, &text, e, sizeof e) < 0)
-            rc = bad_field(err, "messages", "the chat template refused the messages: %s", e);
-        json_decref(msgs);
-        if (rc < 0) return rc;
+        if ((rc = chat_prompt(a, r, root, &text, err)) < 0) return rc;
         n = tokenizer_encode(a->text->tok, text, strlen(text), 0, ids, e, sizeof e);
         free(text);
         if (n < 0) return bad_field(err, "messages", "the messages could not be tokenized: %s", e);
@@ -581,8 +852,11 @@ static int parse_request(Api *a, ApiReq *r, json_t *root, int **ids, RequestPara
         return API_EINVAL;
     }
     r->n_prompt = n;
+    int n_forced = 0;
+    if (a->script_path && (rc = script_tokens(a, forced, &n_forced, err)) < 0) return rc;
     *rp = (RequestParams){.prompt = *ids, .n_prompt = n, .sampling = sp, .max_tokens = (int)max_tokens,
-                          .ignore_eos = ignore_eos, .stop_ids = stop_ids, .n_stop_ids = n_stop_ids};
+                          .ignore_eos = ignore_eos, .stop_ids = stop_ids, .n_stop_ids = n_stop_ids,
+                          .forced = *forced, .n_forced = n_forced};
     return 0;
 }
 
@@ -606,25 +880,27 @@ int openai_start(Api *a, ApiReq *r, const char *body, size_t len, EngineNotify n
                        je.column);
         return API_EINVAL;
     }
-    int *ids = NULL, stop_ids[API_MAX_STOP_IDS];
+    int *ids = NULL, *forced = NULL, stop_ids[API_MAX_STOP_IDS];
     RequestParams rp;
-    int rc = json_is_object(root) ? parse_request(a, r, root, &ids, &rp, stop_ids, err)
+    int rc = json_is_object(root) ? parse_request(a, r, root, &ids, &forced, &rp, stop_ids, err)
                                   : bad_field(err, NULL, "the request body must be a JSON object");
     json_decref(root);
+    if (rc == 0 && a->draining) {
+        errbuf_set(err->msg, sizeof err->msg, "the server is shutting down");
+        rc = API_EBUSY;
+    }
     if (rc < 0) {
         free(ids);
+        free(forced);
         return rc;
     }
-    if (a->draining) {
-        free(ids);
-        errbuf_set(err->msg, sizeof err->msg, "the server is shutting down");
-        return API_EBUSY;
-    }
-    detok_init(&r->dt, a->text->tok, r->skip_special);
+    /* chat output keeps its special tokens for the parser; drop_token applies skip_special */
+    detok_init(&r->dt, a->text->tok, r->chat ? 0 : r->skip_special);
     begin_response(a, r);
     char e[256];
     r->id = engine_submit(a->engine, &rp, notify, user, e, sizeof e);
     free(ids);
+    free(forced);
     if (!r->id) {
         /* everything the engine checks was checked above: what is left is a full queue or a stop */
         errbuf_set(err->msg, sizeof err->msg, "the server is overloaded: %s; try again later", e);
@@ -774,19 +1050,68 @@ static void emit_usage(ApiReq *r)
                r->completion_tokens, r->n_prompt + r->completion_tokens);
 }
 
-/* One SSE chunk: text[sent..upto) and the pending logprobs; the finish reason on the last. */
+/* A parsed tool call: {"index" (when index >= 0: a streamed delta), "id", "type", "function"}. */
+static void emit_call(ApiBuf *o, json_t *c, long index)
+{
+    json_t *id = json_object_get(c, "id"), *f = json_object_get(c, "function");
+    json_t *name = json_object_get(f, "name"), *args = json_object_get(f, "arguments");
+    buf_puts(o, "{");
+    if (index >= 0) buf_printf(o, "\"index\":%ld,", index);
+    buf_puts(o, "\"id\":");
+    buf_jstr(o, json_string_value(id), json_string_length(id));
+    buf_puts(o, ",\"type\":\"function\",\"function\":{\"name\":");
+    buf_jstr(o, json_string_value(name), json_string_length(name));
+    buf_puts(o, ",\"arguments\":");
+    buf_jstr(o, json_string_value(args), json_string_length(args));
+    buf_puts(o, "}}");
+}
+
+/* The fields of a chat delta, in the shape of glm_parse_delta_json: the parsed reasoning and
+ * content not yet sent, the tool calls not yet sent; then they count as sent. */
+static void emit_delta(ApiReq *r)
+{
+    const char *sep = "";
+    if (r->reasoning.len) {
+        buf_puts(&r->out, "\"reasoning_content\":");
+        buf_jstr(&r->out, r->reasoning.p, r->reasoning.len);
+        sep = ",";
+    }
+    if (r->content.len) {
+        buf_printf(&r->out, "%s\"content\":", sep);
+        buf_jstr(&r->out, r->content.p, r->content.len);
+        sep = ",";
+    }
+    size_t n_calls = json_array_size(r->calls);
+    if (n_calls > r->calls_sent) {
+        buf_printf(&r->out, "%s\"tool_calls\":[", sep);
+        for (size_t i = r->calls_sent; i < n_calls; i++) {
+            if (i > r->calls_sent) buf_puts(&r->out, ",");
+            emit_call(&r->out, json_array_get(r->calls, i), (long)i);
+        }
+        buf_puts(&r->out, "]");
+    }
+    buf_clear(&r->reasoning);
+    buf_clear(&r->content);
+    r->calls_sent = n_calls;
+}
+
+/* One SSE chunk: text[sent..upto) (chat: what the parser makes of it) and the pending logprobs;
+ * the finish reason on the last. */
 static void emit_stream_chunk(Api *a, ApiReq *r, size_t upto, int final)
 {
     size_t n = upto > r->sent ? upto - r->sent : 0;
     int has_lp = r->logprobs >= 0 && r->lp.len > 0;
-    if (!n && !has_lp && !final) return; /* nothing to say (a character or a stop prefix held back) */
+    if (r->chat && !r->parsed) {
+        r->parsed = final || r->stopped; /* a stop string ends the text before the final event */
+        parse_text(r, r->text.p + r->sent, n, r->parsed);
+        r->sent = upto;
+    }
+    if (r->chat) n = r->reasoning.len + r->content.len + (json_array_size(r->calls) - r->calls_sent);
+    if (!n && !has_lp && !final) return; /* nothing to say (a character, a stop prefix or markup held back) */
     emit_chunk_start(r);
     if (r->chat) {
         buf_puts(&r->out, "{\"index\":0,\"delta\":{");
-        if (n) {
-            buf_puts(&r->out, "\"content\":");
-            buf_jstr(&r->out, r->text.p + r->sent, n);
-        }
+        emit_delta(r);
         buf_puts(&r->out, "}");
     } else {
         buf_puts(&r->out, "{\"index\":0,\"text\":");
@@ -797,7 +1122,7 @@ static void emit_stream_chunk(Api *a, ApiReq *r, size_t upto, int final)
     else buf_puts(&r->out, "null");
     buf_clear(&r->lp);
     buf_clear(&r->lp_off);
-    if (final) buf_printf(&r->out, ",\"finish_reason\":\"%s\"}]}\n\n", openai_finish_name(r->finish));
+    if (final) buf_printf(&r->out, ",\"finish_reason\":\"%s\"}]}\n\n", openai_req_finish_name(r));
     else buf_puts(&r->out, ",\"finish_reason\":null}]}\n\n");
     r->sent = upto;
 }
@@ -810,8 +1135,23 @@ static void emit_body(Api *a, ApiReq *r)
                r->chat ? "chat.completion" : "text_completion", (long long)r->created);
     buf_jstr(o, a->model_name, strlen(a->model_name));
     if (r->chat) {
+        /* content is null when the reply is only reasoning and tool calls */
+        size_t n_calls = json_array_size(r->calls);
         buf_puts(o, ",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":");
-        buf_jstr(o, r->text.p, r->text.len);
+        if (r->content.len || (!r->reasoning.len && !n_calls)) buf_jstr(o, r->content.p ? r->content.p : "", r->content.len);
+        else buf_puts(o, "null");
+        if (r->reasoning.len) {
+            buf_puts(o, ",\"reasoning_content\":");
+            buf_jstr(o, r->reasoning.p, r->reasoning.len);
+        }
+        if (n_calls) {
+            buf_puts(o, ",\"tool_calls\":[");
+            for (size_t i = 0; i < n_calls; i++) {
+                if (i) buf_puts(o, ",");
+                emit_call(o, json_array_get(r->calls, i), -1);
+            }
+            buf_puts(o, "]");
+        }
         buf_puts(o, ",\"refusal\":null},\"logprobs\":");
     } else {
         buf_puts(o, ",\"choices\":[{\"index\":0,\"text\":");
@@ -820,7 +1160,7 @@ static void emit_body(Api *a, ApiReq *r)
     }
     if (r->logprobs >= 0) emit_logprobs(a, r);
     else buf_puts(o, "null");
-    buf_printf(o, ",\"finish_reason\":\"%s\"}],", openai_finish_name(r->finish));
+    buf_printf(o, ",\"finish_reason\":\"%s\"}],", openai_req_finish_name(r));
     emit_usage(r);
     buf_puts(o, "}");
 }
@@ -838,6 +1178,20 @@ static void text_append(ApiReq *r, const char *s, size_t n)
     }
 }
 
+/* Chat output is detokenized with its special tokens (the parser needs <think>, <tool_call> and
+ * the argument tags, special tokens of the GLM tokenizers); skip_special_tokens drops the others
+ * here, as the detokenizer would have. */
+static int drop_token(const Api *a, const ApiReq *r, int id)
+{
+    static const char *const markup[] = {"<think>", "</think>", "<tool_call>", "</tool_call>",
+                                         "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"};
+    if (!r->chat || !r->skip_special || !tokenizer_is_special(a->text->tok, id)) return 0;
+    const char *s = tokenizer_token(a->text->tok, id);
+    for (size_t i = 0; s && i < sizeof markup / sizeof markup[0]; i++)
+        if (!strcmp(s, markup[i])) return 0;
+    return 1;
+}
+
 static void handle_event(Api *a, ApiReq *r, const EngineEvent *ev)
 {
     int final = ev->finish != FINISH_NONE;
@@ -850,7 +1204,7 @@ static void handle_event(Api *a, ApiReq *r, const EngineEvent *ev)
             openai_buf_add(&r->lp_off, &off, sizeof off);
         }
         /* an eos or stop token id ends the text without adding to it (its text is not returned) */
-        if (!(final && ev->finish == FINISH_STOP)) {
+        if (!(final && ev->finish == FINISH_STOP) && !drop_token(a, r, ev->token)) {
             char piece[4096];
             int n = detok_push(&r->dt, ev->token, piece, sizeof piece);
             if (n > 0) text_append(r, piece, (size_t)n);
@@ -868,7 +1222,10 @@ static void handle_event(Api *a, ApiReq *r, const EngineEvent *ev)
         /* usage: the engine's count, or ours when a stop string cut the output short */
         r->completion_tokens = r->stopped ? r->n_gen : ev->completion_tokens;
     }
-    if (!r->stream) return;
+    if (!r->stream) {
+        if (r->finished && r->chat) parse_text(r, r->text.p, r->text.len, r->parsed = 1);
+        return;
+    }
     size_t upto = r->finished || r->stopped ? r->text.len : r->text.len - stop_holdback(r);
     emit_stream_chunk(a, r, upto, r->finished);
     if (r->finished) {

@@ -7,6 +7,12 @@
  * detokenized text; text that could still become a stop string is held back, so a stop string
  * is never streamed, not even partly. http.c moves the bytes; this file knows no sockets.
  *
+ * Chat completions also carry GLM reasoning and tool calls (docs/USAGE.md): `tools` and
+ * `tool_choice` are validated and rendered by the chat template, the generated text (stop
+ * strings already cut) goes through the GLM parser (../format/glm_parse.h), and its
+ * reasoning_content, content and tool_calls are returned as vLLM does; `tool_choice` "required"
+ * or a named function prefills the opening of a call after the prompt.
+ *
  * Client-caused errors are negative ApiError codes with an ApiErr; openai_error is the one place
  * where one becomes an HTTP status and an OpenAI error object. */
 #ifndef MOESERVE_OPENAI_H
@@ -16,6 +22,7 @@
 #include <stdint.h>
 
 #include "../engine/engine.h"
+#include "../format/glm_parse.h"
 #include "../format/model_text.h"
 #include "metrics.h"
 
@@ -55,6 +62,9 @@ typedef struct {
     const char *model_name;    /* --served-model-name, as /v1/models lists it */
     const char *model_alias;   /* another name accepted in requests (the model directory's base name), or NULL */
     const char *api_key;       /* NULL: no authentication */
+    const char *script_path;   /* serve --script-output FILE, a test hook, else NULL: every
+                                  completion is the tokenization of FILE's text (read at each
+                                  request) then the model's first eos, forced on the engine */
     int max_model_len;         /* prompt + output tokens, as the engine enforces it */
     int vocab;                 /* V */
     int64_t created;           /* unix seconds of start-up (GET /v1/models) */
@@ -65,6 +75,8 @@ typedef struct {
 #define API_MAX_STOPS 16           /* stop strings per request */
 #define API_MAX_STOP_LEN 512       /* bytes per stop string */
 #define API_MAX_STOP_IDS 64        /* stop_token_ids per request */
+#define API_MAX_TOOLS 128          /* tools per request */
+#define API_MAX_TOOL_NAME 64       /* bytes of a function name, as the OpenAI API allows */
 
 /* One request's state; kept by a connection slot and reused (its buffers stay allocated). */
 typedef struct {
@@ -91,6 +103,15 @@ typedef struct {
     ApiBuf lp;                    /* non-streaming logprobs: EngineEvent records */
     ApiBuf lp_off;                /* and the text offset of each (size_t) */
     ApiBuf head;                  /* streaming: the common start of every chunk, up to "choices":[ */
+    /* chat: reasoning and tool calls */
+    GlmParser parser;          /* the generated text, stop strings cut, goes through it */
+    int parsed;                /* the parser has seen the end of the text */
+    json_t *tools;             /* the request's tools (a reference, for the parser's schemas), or NULL */
+    int call_required;         /* tool_choice is "required" or names a function */
+    char tool_name[API_MAX_TOOL_NAME + 1]; /* tool_choice names this function; "" otherwise */
+    ApiBuf reasoning, content;    /* parsed text: not yet streamed, or (not streaming) all of it */
+    json_t *calls;             /* parsed tool calls ({"id", "type", "function"}), or NULL */
+    size_t calls_sent;         /* streaming: calls already sent */
     char rid[48];              /* "cmpl-..." / "chatcmpl-..." */
     int64_t created;
     MetricsReq mr;
@@ -118,5 +139,8 @@ void openai_cancel(Api *a, ApiReq *r);
  * content); returns the HTTP status. */
 int openai_error(int rc, const ApiErr *err, ApiBuf *out);
 const char *openai_finish_name(FinishReason f);
+/* The finish_reason of a finished request: "tool_calls" when its reply has any, else its
+ * FinishReason's name. */
+const char *openai_req_finish_name(const ApiReq *r);
 
 #endif

@@ -1,9 +1,10 @@
 /* test_chat_template: src/format/chat_template.c against the text transformers' apply_chat_template
  * renders (fixtures from tools/make_chat_fixtures.py in tests/data/chat/): every case byte for
- * byte, or an error where transformers raised. Templates of real models come from the shared
- * assets (../shared/assets or $MOESERVE_ASSETS; skipped when absent); the built-in template and
- * the test templates written for moeserve are in tests/data/chat/ and always run. Also: load
- * errors for unsupported constructs, runtime errors, loading from a model directory, speed. */
+ * byte, or an error where transformers raised. The templates are in tests/data/chat/ and always
+ * run: GLM-4.6's and GLM-4.7-Flash's own, the built-in one and those written for these tests;
+ * Qwen3's comes from the shared assets (../shared/assets or $MOESERVE_ASSETS; skipped when
+ * absent). Also: load errors for unsupported constructs, runtime errors, loading from a model
+ * directory, speed. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -17,15 +18,6 @@
 #include "format/chat_template.h"
 
 /* ---- helpers ---- */
-
-static const char *assets_dir(void)
-{
-    static char dir[4200];
-    const char *e = getenv("MOESERVE_ASSETS");
-    if (e) snprintf(dir, sizeof dir, "%s", e);
-    else snprintf(dir, sizeof dir, "%s/../shared/assets", test_root());
-    return dir;
-}
 
 static ChatTemplate *parse_file(const char *path, char *err, size_t n)
 {
@@ -119,15 +111,18 @@ static void run_fixtures(const char *name, ChatTemplate *t)
     EXPECT_EQ_INT(pass, n);
 }
 
-static void run_local(const char *name)
+/* The cases of tests/data/chat/<fixtures>.jsonl with the template tests/data/chat/<name>.jinja. */
+static void run_local_as(const char *name, const char *fixtures)
 {
     char rel[128], err[512];
     snprintf(rel, sizeof rel, "chat/%s.jinja", name);
     ChatTemplate *t = parse_file(test_data(rel), err, sizeof err);
     ASSERT(t, "%s: %s", rel, err);
-    run_fixtures(name, t);
+    run_fixtures(fixtures, t);
     chat_template_free(t);
 }
+
+static void run_local(const char *name) { run_local_as(name, name); }
 
 /* ---- fixtures: templates written for moeserve (always run) ---- */
 
@@ -137,34 +132,17 @@ TEST(chat_deepseek_style) { run_local("deepseek_style"); }
 TEST(chat_features) { run_local("features"); }
 TEST(chat_snippets) { run_fixtures("snippets", NULL); }
 
-/* ---- fixtures: real model templates from the shared assets ---- */
+/* ---- fixtures: real model templates ---- */
 
-TEST(chat_glm45)
-{
-    char dir[4400], err[512];
-    snprintf(dir, sizeof dir, "%s/tokenizers/glm4", assets_dir());
-    if (!file_exists(dir)) { test_skip("no %s (set MOESERVE_ASSETS)", dir); return; }
-    ChatTemplate *t = chat_template_load(dir, err, sizeof err); /* its chat_template.jinja: GLM-4.6 */
-    ASSERT(t, "%s", err);
-    run_fixtures("glm45", t);
-    chat_template_free(t);
-}
+/* GLM-4.6's and GLM-4.7-Flash's own templates, committed in tests/data/chat/ (README.md there). */
+TEST(chat_glm45) { run_local_as("glm46", "glm45"); }
+TEST(chat_glm47) { run_local_as("glm47", "glm47"); }
 
-TEST(chat_glm47)
-{
-    char path[4400], err[512];
-    snprintf(path, sizeof path, "%s/tokenizers/glm4/chat_template_glm47_flash.jinja", assets_dir());
-    if (!file_exists(path)) { test_skip("no %s (set MOESERVE_ASSETS)", path); return; }
-    ChatTemplate *t = parse_file(path, err, sizeof err);
-    ASSERT(t, "%s", err);
-    run_fixtures("glm47", t);
-    chat_template_free(t);
-}
-
+/* Qwen3's comes from the shared assets (skipped when absent). */
 TEST(chat_qwen3)
 {
     char dir[4400], err[512];
-    snprintf(dir, sizeof dir, "%s/tokenizers/qwen3", assets_dir());
+    snprintf(dir, sizeof dir, "%s/tokenizers/qwen3", test_assets());
     if (!file_exists(dir)) { test_skip("no %s (set MOESERVE_ASSETS)", dir); return; }
     ChatTemplate *t = chat_template_load(dir, err, sizeof err); /* tokenizer_config.json, string form */
     ASSERT(t, "%s", err);
@@ -371,18 +349,12 @@ TEST(chat_load_dir)
     EXPECT(strstr(err, "chat_template.jinja") && strstr(err, "wordwrap"), "%s", err);
 }
 
-/* ---- speed: a GLM template (the real one when the assets are there) on 20 messages ---- */
+/* ---- speed: GLM-4.6's template on 20 messages ---- */
 
 TEST(chat_speed)
 {
-    char path[4400], err[512];
-    snprintf(path, sizeof path, "%s/tokenizers/glm4/chat_template.jinja", assets_dir());
-    const char *which = "glm45";
-    ChatTemplate *t = file_exists(path) ? parse_file(path, err, sizeof err) : NULL;
-    if (!t) {
-        which = "builtin";
-        t = parse_file(test_data("chat/builtin.jinja"), err, sizeof err);
-    }
+    char err[512];
+    ChatTemplate *t = parse_file(test_data("chat/glm46.jinja"), err, sizeof err);
     ASSERT(t, "%s", err);
     json_t *m = json_array();
     json_array_append_new(m, json_pack("{s:s, s:s}", "role", "system", "content", "You are a helpful assistant."));
@@ -403,7 +375,7 @@ TEST(chat_speed)
         free(out);
     }
     double us = (clock_now() - t0) / iters * 1e6;
-    fprintf(stderr, "    %s template, 20 messages: %.1f us per render (%zu bytes)\n", which, us, total / (size_t)iters);
+    fprintf(stderr, "    glm46 template, 20 messages: %.1f us per render (%zu bytes)\n", us, total / (size_t)iters);
     EXPECT(us < 2000, "%.1f us per render", us); /* bound loose enough for sanitizer builds */
     json_decref(m);
     chat_template_free(t);

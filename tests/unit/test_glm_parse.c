@@ -2,9 +2,9 @@
  * markup): reasoning, content and tool calls against hand-written answers; the streaming parser
  * fed one byte at a time, split at every position, and in seeded random chunkings, whose merged
  * deltas must equal the whole-text parse; malformed markup falling back to content; random
- * markup-free text passing through; and a round trip through the real chat templates (the
- * GLM-4.6 and GLM-4.7 templates from ../shared/assets or $MOESERVE_ASSETS, skipped when absent;
- * the built-in template always): render a conversation, parse the assistant turn back. */
+ * markup-free text passing through; and a round trip through the real chat templates (GLM-4.6's
+ * and GLM-4.7-Flash's, committed in tests/data/chat/, and the built-in one): render a
+ * conversation, parse the assistant turn back. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -449,6 +449,45 @@ TEST(glm_parse_streaming_matches_whole)
     log_level = quiet;
 }
 
+/* known_only (as the server parses): a call of a function that is not among the tools is
+ * malformed, whole and streamed; without it, string_typed_params returns one as vLLM does. */
+TEST(glm_parse_known_only)
+{
+    int quiet = log_level;
+    log_level = LOG_ERROR;
+    json_error_t je;
+    json_t *tools = json_loads(WEATHER_TOOLS, 0, &je);
+    const char *text = "Sure.\n<tool_call>launch_rocket\n<arg_key>target</arg_key>\n<arg_value>moon</arg_value>\n</tool_call>\n"
+                       "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n</tool_call>";
+    for (int known = 0; known < 2; known++) {
+        GlmParseOptions o = { .start = GLM_PARSE_START_CONTENT, .parse_tools = 1, .tools = tools, .known_only = known, .id_seed = 5 };
+        GlmParseResult r;
+        glm_parse_text(text, strlen(text), &o, &r);
+        const char *names[2] = { "launch_rocket", "get_weather" };
+        size_t want_calls = known ? 1 : 2;
+        const char *want_content = known ? "Sure.\n<tool_call>launch_rocket\n<arg_key>target</arg_key>\n<arg_value>moon</arg_value>\n"
+                                           "</tool_call>" : "Sure.";
+        EXPECT(strcmp(r.content, want_content) == 0, "known_only %d: content \"%s\"", known, show(r.content));
+        EXPECT(json_array_size(r.tool_calls) == want_calls, "known_only %d: %zu calls", known, json_array_size(r.tool_calls));
+        for (size_t i = 0; i < json_array_size(r.tool_calls) && i < want_calls; i++) {
+            const char *name = json_string_value(json_object_get(json_object_get(json_array_get(r.tool_calls, i), "function"), "name"));
+            EXPECT(name && strcmp(name, names[i + known]) == 0, "known_only %d: call %zu is %s", known, i, name ? name : "?");
+        }
+        EXPECT_EQ_INT(r.n_warnings, known);
+        EXPECT(streams_agree(known ? "known_only" : "any function", text, &o, &r, 77, 20));
+        glm_parse_result_free(&r);
+    }
+    /* with known_only and no tools, every call is unknown */
+    GlmParseOptions o = { .start = GLM_PARSE_START_AFTER_THINK, .parse_tools = 1, .known_only = 1 };
+    GlmParseResult r;
+    const char *one = "<tool_call>f\n</tool_call>";
+    glm_parse_text(one, strlen(one), &o, &r);
+    EXPECT(strcmp(r.content, one) == 0 && json_array_size(r.tool_calls) == 0, "content \"%s\"", show(r.content));
+    glm_parse_result_free(&r);
+    json_decref(tools);
+    log_level = quiet;
+}
+
 /* Markup split across pieces is held back, never leaked into content, and released as soon as
  * it is decided. */
 TEST(glm_parse_holds_back_partial_markup)
@@ -488,6 +527,28 @@ TEST(glm_parse_holds_back_partial_markup)
     EXPECT(glm_parse_delta_json(&d) == NULL);
     EXPECT_EQ_INT(glm_parse_n_calls(&p), 1);
     glm_parse_free(&p);
+}
+
+/* Without tools, once past the place of a <think>, no tag can follow content: its whitespace is
+ * sent at once, as a server without the parser sends it (plain chat streams keep their chunks). */
+TEST(glm_parse_no_tools_sends_whitespace)
+{
+    for (int tools = 0; tools < 2; tools++) {
+        GlmParseOptions o = { .start = GLM_PARSE_START_CONTENT, .parse_tools = tools };
+        GlmParser p;
+        GlmParseDelta d;
+        glm_parse_init(&p, &o);
+        glm_parse_feed(&p, "\n", 1, &d);
+        EXPECT(d.content_len == 0, "tools %d: leading whitespace before a possible <think>: \"%s\"", tools, show(d.content));
+        glm_parse_feed(&p, "Hi", 2, &d);
+        EXPECT(strcmp(d.content, "\nHi") == 0, "tools %d: content \"%s\"", tools, show(d.content));
+        glm_parse_feed(&p, " \n", 2, &d);
+        EXPECT(strcmp(d.content, tools ? "" : " \n") == 0, "tools %d: content \"%s\"", tools, show(d.content));
+        glm_parse_feed(&p, "there <tool_call>x", 18, &d);
+        EXPECT(strcmp(d.content, tools ? " \nthere" : "there <tool_call>x") == 0, "tools %d: content \"%s\"", tools, show(d.content));
+        glm_parse_finish(&p, &d);
+        glm_parse_free(&p);
+    }
 }
 
 TEST(glm_parse_start_of_prompt)
@@ -553,10 +614,10 @@ TEST(glm_parse_plain_text_property)
             n += k;
         }
         text[n] = 0;
-        int reasoning = iter & 1;
-        if (strstr(text, reasoning ? "</think>" : "<think>") || (!reasoning && strstr(text, "<tool_call>"))) continue;
+        int reasoning = iter & 1, tools = !((iter >> 1) & 1);
+        if (strstr(text, reasoning ? "</think>" : "<think>") || (!reasoning && tools && strstr(text, "<tool_call>"))) continue;
         GlmParseOptions o = { .start = reasoning ? GLM_PARSE_START_REASONING : GLM_PARSE_START_CONTENT,
-                              .parse_tools = 1, .id_seed = 1 };
+                              .parse_tools = tools, .id_seed = 1 };
         GlmParseResult w;
         glm_parse_text(text, n, &o, &w);
         const char *want = text;
@@ -678,15 +739,6 @@ TEST(glm_parse_random_calls_property)
 
 /* ---- round trip through the real chat templates ---- */
 
-static const char *assets_dir(void)
-{
-    static char dir[4200];
-    const char *e = getenv("MOESERVE_ASSETS");
-    if (e) snprintf(dir, sizeof dir, "%s", e);
-    else snprintf(dir, sizeof dir, "%s/../shared/assets", test_root());
-    return dir;
-}
-
 static const char RT_TOOLS[] =
     "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Weather for a city\","
     " \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"},"
@@ -800,13 +852,24 @@ static void round_trip(const char *label, ChatTemplate *t, int thinking)
     json_decref(tools);
 }
 
+/* The template tests/data/chat/<name>.jinja (GLM-4.6's, GLM-4.7-Flash's, the built-in one). */
+static ChatTemplate *rt_template(const char *name)
+{
+    char rel[64], err[512] = "";
+    snprintf(rel, sizeof rel, "chat/%s.jinja", name);
+    size_t len;
+    char *text = file_read_all(test_data(rel), &len);
+    if (!text) snprintf(err, sizeof err, "cannot read it");
+    ChatTemplate *t = text ? chat_template_parse(text, err, sizeof err) : NULL;
+    free(text);
+    if (!t) test_fail(__FILE__, __LINE__, "%s: %s", test_data(rel), err);
+    return t;
+}
+
 TEST(glm_parse_roundtrip_glm46)
 {
-    char dir[4400], err[512] = "";
-    snprintf(dir, sizeof dir, "%s/tokenizers/glm4", assets_dir());
-    if (!file_exists(dir)) { test_skip("no %s (set MOESERVE_ASSETS): GLM-4.6 round trip not run", dir); return; }
-    ChatTemplate *t = chat_template_load(dir, err, sizeof err);
-    ASSERT(t, "%s", err);
+    ChatTemplate *t = rt_template("glm46");
+    ASSERT(t);
     round_trip("glm46 thinking", t, 1);
     round_trip("glm46 no thinking", t, 0);
     chat_template_free(t);
@@ -814,14 +877,8 @@ TEST(glm_parse_roundtrip_glm46)
 
 TEST(glm_parse_roundtrip_glm47)
 {
-    char path[4400], err[512] = "";
-    snprintf(path, sizeof path, "%s/tokenizers/glm4/chat_template_glm47_flash.jinja", assets_dir());
-    if (!file_exists(path)) { test_skip("no %s (set MOESERVE_ASSETS): GLM-4.7 round trip not run", path); return; }
-    size_t len;
-    char *text = file_read_all(path, &len);
-    ChatTemplate *t = text ? chat_template_parse(text, err, sizeof err) : NULL;
-    free(text);
-    ASSERT(t, "%s", err);
+    ChatTemplate *t = rt_template("glm47");
+    ASSERT(t);
     round_trip("glm47 thinking", t, 1);
     round_trip("glm47 no thinking", t, 0);
     chat_template_free(t);
@@ -829,11 +886,8 @@ TEST(glm_parse_roundtrip_glm47)
 
 TEST(glm_parse_roundtrip_builtin)
 {
-    size_t len;
-    char err[512] = "", *text = file_read_all(test_data("chat/builtin.jinja"), &len);
-    ChatTemplate *t = text ? chat_template_parse(text, err, sizeof err) : NULL;
-    free(text);
-    ASSERT(t, "%s", err);
+    ChatTemplate *t = rt_template("builtin");
+    ASSERT(t);
     round_trip("builtin thinking", t, 1);
     chat_template_free(t);
 }

@@ -1,14 +1,16 @@
 /* test_server: `moeserve serve` over real loopback HTTP (src/server/, src/cli/cmd_serve.c) on the
  * CPU backend with a tiny synth checkpoint (built-in tokenizer and chat template). The server runs
  * as a child process on a free port (--port 0, the port read from its "listening on" line); a
- * small socket client in this file speaks HTTP/1.1 (Content-Length and chunked bodies, SSE).
+ * small socket client (tests/server_harness.c) speaks HTTP/1.1 (Content-Length and chunked
+ * bodies, SSE).
  * Covered: every endpoint and error path (status, error type, param, message), streaming and not
  * for both generation endpoints with exact usage, stop strings and stop token ids, max_tokens,
  * seeds, logprobs, abrupt disconnects, a very slow reader, a chunked body over the limit,
  * --api-key, a full queue (503), 256 concurrent streams, memory over 5,000 requests, the
  * official OpenAI Python client (tests/openai_client.py), and a draining SIGTERM that exits 0
  * (under ASan that also means no leak). Tests share one server, started on first use; names
- * carry a number so that they run in order. Run: make test FILTER=server. */
+ * carry a number so that they run in order. Tool calls and reasoning: test_server_tools.c.
+ * Run: make test FILTER=server. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -34,154 +36,7 @@
 #include "base/util.h"
 #include "format/model_text.h"
 #include "server/openai.h"
-
-#define SRV_CONTEXT 4096        /* the tiny preset's max_position_embeddings */
-#define SRV_IO_TIMEOUT_S 120    /* a socket read that takes longer is a hang */
-
-/* ---- the model and its tokenizer ---- */
-
-static const char *model_dir(void)
-{
-    static char dir[512];
-    if (!dir[0]) {
-        snprintf(dir, sizeof dir, "%s/server-tiny", test_tmpdir());
-        char cmd[1200], *out = NULL;
-        snprintf(cmd, sizeof cmd, "'%s' synth --arch glm4_moe --preset tiny --quant nvfp4 --out '%s'", test_bin(), dir);
-        if (test_run(cmd, &out) != 0) fprintf(stderr, "    $ %s\n%s", cmd, out ? out : "");
-        free(out);
-    }
-    return dir;
-}
-
-static ModelText *model_text(void)
-{
-    static ModelText mt;
-    static int loaded;
-    if (!loaded) {
-        model_text_open(&mt, model_dir(), NULL, 0);
-        loaded = 1;
-    }
-    return &mt;
-}
-
-/* Tokens of a completion prompt (with the tokenizer's special tokens, as the server does). */
-static int prompt_tokens(const char *text)
-{
-    int *ids = NULL;
-    char err[256];
-    int n = tokenizer_encode(model_text()->tok, text, strlen(text), 1, &ids, err, sizeof err);
-    free(ids);
-    return n;
-}
-
-/* Tokens of one user message through the chat template with the generation prompt. */
-static int chat_tokens(const char *user)
-{
-    json_t *msgs = json_pack("[{s:s, s:s}]", "role", "user", "content", user);
-    char *text = NULL, err[256];
-    int *ids = NULL, n = -1;
-    if (model_text_render(model_text(), msgs, NULL, NULL, 1, &text, err, sizeof err) == 0)
-        n = tokenizer_encode(model_text()->tok, text, strlen(text), 0, &ids, err, sizeof err);
-    json_decref(msgs);
-    free(text);
-    free(ids);
-    return n;
-}
-
-/* ---- the server process ---- */
-
-typedef struct {
-    pid_t pid;
-    int port;
-    char log[600];
-} Srv;
-
-static void srv_print_log(const Srv *s)
-{
-    char cmd[700], *out = NULL;
-    snprintf(cmd, sizeof cmd, "tail -n 30 '%s'", s->log);
-    test_run(cmd, &out);
-    fprintf(stderr, "    server log (%s):\n%s", s->log, out ? out : "");
-    free(out);
-}
-
-/* Start `moeserve serve` with extra arguments; 0 when it listens (its port in s->port). */
-static int srv_start(Srv *s, const char *name, const char *extra)
-{
-    static int serial;
-    memset(s, 0, sizeof *s);
-    snprintf(s->log, sizeof s->log, "%s/server-%s-%d.log", test_tmpdir(), name, serial++);
-    char cmd[2048];
-#ifdef __SANITIZE_ADDRESS__
-    /* a small quarantine, so that the memory test sees the server's own growth */
-    const char *env = "ASAN_OPTIONS=\"${ASAN_OPTIONS:+$ASAN_OPTIONS:}quarantine_size_mb=16\" ";
-#else
-    const char *env = "";
-#endif
-    snprintf(cmd, sizeof cmd, "%sexec '%s' serve --model '%s' --port 0 --device cpu --threads 1 %s 2>'%s'", env, test_bin(),
-             model_dir(), extra ? extra : "", s->log);
-    int fd[2];
-    if (pipe(fd) != 0) return -1;
-    pid_t pid = fork();
-    if (pid < 0) return -1;
-    if (pid == 0) {
-        dup2(fd[1], 1);
-        close(fd[0]);
-        close(fd[1]);
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    close(fd[1]);
-    s->pid = pid;
-    char line[256];
-    size_t n = 0;
-    struct pollfd p = {.fd = fd[0], .events = POLLIN};
-    while (n + 1 < sizeof line && poll(&p, 1, 120000) > 0) { /* loading under ASan takes a while */
-        ssize_t got = read(fd[0], line + n, 1);
-        if (got <= 0) break;
-        if (line[n++] == '\n') break;
-    }
-    line[n] = 0;
-    close(fd[0]);
-    const char *at = strstr(line, "listening on http://127.0.0.1:");
-    if (!at) {
-        fprintf(stderr, "    the server did not start: stdout '%s'\n", line);
-        srv_print_log(s);
-        kill(pid, SIGKILL);
-        waitpid(pid, NULL, 0);
-        s->pid = 0;
-        return -1;
-    }
-    s->port = atoi(at + strlen("listening on http://127.0.0.1:"));
-    return 0;
-}
-
-/* SIGTERM and wait (at most timeout_s); the exit status, or -1 if it had to be killed. */
-static int srv_stop(Srv *s, double timeout_s)
-{
-    if (!s->pid) return -1;
-    kill(s->pid, SIGTERM);
-    double t0 = clock_now();
-    int st = 0;
-    for (;;) {
-        pid_t r = waitpid(s->pid, &st, WNOHANG);
-        if (r == s->pid) break;
-        if (clock_now() - t0 > timeout_s) {
-            kill(s->pid, SIGKILL);
-            waitpid(s->pid, &st, 0);
-            s->pid = 0;
-            srv_print_log(s);
-            return -1;
-        }
-        usleep(20000);
-    }
-    s->pid = 0;
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || clock_now() - t0 > 10) {
-        fprintf(stderr, "    the server took %.1f s to stop\n", clock_now() - t0);
-        srv_print_log(s);
-    }
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
+#include "server_harness.h"
 
 static Srv shared;
 
@@ -212,339 +67,6 @@ static long srv_rss_kb(const Srv *s)
     return kb;
 }
 
-/* ---- an HTTP/1.1 client on plain sockets ---- */
-
-typedef struct {
-    int status;                /* 0: no response (connection closed or reset) */
-    char *head;                /* status line and headers */
-    char *body;                /* the body, de-chunked, NUL-terminated */
-    size_t body_len;
-} Resp;
-
-static void resp_free(Resp *r)
-{
-    free(r->head);
-    free(r->body);
-    memset(r, 0, sizeof *r);
-}
-
-static int hc_connect(int port, int rcvbuf)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return -1;
-    if (rcvbuf > 0) setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
-    struct timeval tv = {.tv_sec = SRV_IO_TIMEOUT_S};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    for (int tries = 0; connect(fd, (struct sockaddr *)&a, sizeof a) != 0; tries++) {
-        if (errno != EAGAIN && errno != ECONNREFUSED && errno != EINTR) { close(fd); return -1; }
-        if (tries == 50) { close(fd); return -1; }
-        usleep(20000);
-    }
-    return fd;
-}
-
-static int hc_send(int fd, const char *p, size_t n)
-{
-    while (n) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w <= 0) return -1;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-static int hc_send_request(int fd, const char *method, const char *path, const char *headers, const char *body, size_t len)
-{
-    char head[4096];
-    int n = snprintf(head, sizeof head, "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s", method, path,
-                     headers ? headers : "");
-    if (body) n += snprintf(head + n, sizeof head - n, "Content-Type: application/json\r\nContent-Length: %zu\r\n", len);
-    n += snprintf(head + n, sizeof head - n, "\r\n");
-    if (hc_send(fd, head, (size_t)n) != 0) return -1;
-    return body && len ? hc_send(fd, body, len) : 0;
-}
-
-/* Read to the end of the connection; returns the bytes (malloc'ed, NUL-terminated). */
-static char *hc_read_all(int fd, size_t *len)
-{
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    for (;;) {
-        if (n + 4096 + 1 > cap) buf = realloc(buf, cap *= 2);
-        ssize_t r = recv(fd, buf + n, cap - n - 1, 0);
-        if (r <= 0) break;
-        n += (size_t)r;
-    }
-    buf[n] = 0;
-    *len = n;
-    return buf;
-}
-
-static const char *header_value(const char *head, const char *name)
-{
-    size_t nl = strlen(name);
-    for (const char *p = strstr(head, "\r\n"); p && p[2]; p = strstr(p + 2, "\r\n"))
-        if (!strncasecmp(p + 2, name, nl) && p[2 + nl] == ':') {
-            const char *v = p + 3 + nl;
-            while (*v == ' ') v++;
-            return v;
-        }
-    return NULL;
-}
-
-static void hc_parse(char *raw, size_t n, Resp *r)
-{
-    memset(r, 0, sizeof *r);
-    char *end = strstr(raw, "\r\n\r\n");
-    if (!end || sscanf(raw, "HTTP/1.%*d %d", &r->status) != 1) {
-        r->status = 0;
-        r->body = calloc(1, 1);
-        r->head = calloc(1, 1);
-        return;
-    }
-    r->head = strndup(raw, (size_t)(end - raw) + 2);
-    char *b = end + 4;
-    size_t blen = n - (size_t)(b - raw);
-    const char *te = header_value(r->head, "Transfer-Encoding");
-    if (te && !strncasecmp(te, "chunked", 7)) {
-        char *out = malloc(blen + 1), *p = b;
-        size_t o = 0;
-        while (p < raw + n) {
-            size_t sz = strtoul(p, NULL, 16);
-            char *crlf = strstr(p, "\r\n");
-            if (!crlf || sz == 0) break;
-            p = crlf + 2;
-            if (p + sz > raw + n) sz = (size_t)(raw + n - p);
-            memcpy(out + o, p, sz);
-            o += sz;
-            p += sz + 2;
-        }
-        out[o] = 0;
-        r->body = out;
-        r->body_len = o;
-    } else {
-        r->body = strndup(b, blen);
-        r->body_len = blen;
-    }
-}
-
-/* One request on a fresh connection; 0 if a response came back. */
-static int http(int port, const char *method, const char *path, const char *headers, const char *body, Resp *r)
-{
-    memset(r, 0, sizeof *r);
-    int fd = hc_connect(port, 0);
-    if (fd < 0) return -1;
-    if (hc_send_request(fd, method, path, headers, body, body ? strlen(body) : 0) != 0) {
-        close(fd);
-        return -1;
-    }
-    size_t n;
-    char *raw = hc_read_all(fd, &n);
-    close(fd);
-    hc_parse(raw, n, r);
-    free(raw);
-    return r->status ? 0 : -1;
-}
-
-static int post(int port, const char *path, const char *body, Resp *r) { return http(port, "POST", path, NULL, body, r); }
-
-/* ---- response checks ---- */
-
-/* The body as JSON (NULL and a failure if it is not). */
-static json_t *body_json(const Resp *r)
-{
-    json_error_t e;
-    json_t *j = json_loads(r->body ? r->body : "", JSON_ALLOW_NUL, &e);
-    if (!j) test_fail(__FILE__, __LINE__, "response body is not JSON (%s): '%.300s'", e.text, r->body ? r->body : "");
-    return j;
-}
-
-/* The value at "a.b.0.c" (objects by key, arrays by index), or NULL. */
-static json_t *jget(json_t *o, const char *path)
-{
-    char buf[256], *save = NULL;
-    snprintf(buf, sizeof buf, "%s", path);
-    json_t *v = o;
-    for (char *tok = strtok_r(buf, ".", &save); tok && v; tok = strtok_r(NULL, ".", &save))
-        v = json_is_array(v) ? json_array_get(v, (size_t)atoi(tok)) : json_object_get(v, tok);
-    return v;
-}
-
-static const char *jstr(json_t *o, const char *path) { return json_string_value(jget(o, path)); }
-
-static long long jint(json_t *o, const char *path) { return json_integer_value(jget(o, path)); }
-
-/* An OpenAI error object with this status and type; msg_part must occur in the message, param
- * (if given) must be the param. Prints the request on failure. */
-static void expect_error(int line, const char *what, const Resp *r, int status, const char *type, const char *msg_part,
-                         const char *param)
-{
-    int fails = test_failed_now();
-    if (r->status != status) test_fail(__FILE__, line, "%s: status %d, expected %d; body '%.300s'", what, r->status, status, r->body);
-    json_t *j = json_loads(r->body ? r->body : "", 0, NULL);
-    const char *t = j ? jstr(j, "error.type") : NULL, *m = j ? jstr(j, "error.message") : NULL;
-    json_t *err = j ? json_object_get(j, "error") : NULL;
-    if (!t || !m || !json_object_get(err, "param") || !json_object_get(err, "code"))
-        test_fail(__FILE__, line, "%s: not an OpenAI error object: '%.300s'", what, r->body);
-    else {
-        if (strcmp(t, type)) test_fail(__FILE__, line, "%s: error type '%s', expected '%s'", what, t, type);
-        if (msg_part && !strcasestr(m, msg_part)) test_fail(__FILE__, line, "%s: message '%s' lacks '%s'", what, m, msg_part);
-        const char *p = jstr(j, "error.param");
-        if (param && (!p || strcmp(p, param))) test_fail(__FILE__, line, "%s: param '%s', expected '%s'", what, p ? p : "null", param);
-    }
-    if (!fails && test_failed_now()) fprintf(stderr, "    (request: %s)\n", what);
-    json_decref(j);
-}
-
-/* SSE: the data events of a stream, parsed; done: "[DONE]" came last. */
-typedef struct {
-    json_t *chunks;            /* array */
-    int done, bad;
-} Sse;
-
-static void sse_parse(const char *body, Sse *s)
-{
-    s->chunks = json_array();
-    s->done = s->bad = 0;
-    for (const char *p = body; p && *p;) {
-        const char *end = strstr(p, "\n\n");
-        if (!end) { s->bad = 1; break; }
-        if (strncmp(p, "data: ", 6) != 0) { s->bad = 1; break; }
-        if (s->done) s->bad = 1; /* nothing after [DONE] */
-        if (!strncmp(p + 6, "[DONE]\n\n", 8)) s->done = 1;
-        else {
-            json_t *j = json_loadb(p + 6, (size_t)(end - p - 6), JSON_ALLOW_NUL, NULL);
-            if (!j) { s->bad = 1; break; }
-            json_array_append_new(s->chunks, j);
-        }
-        p = end + 2;
-    }
-}
-
-/* A finished stream: texts concatenated, finish reason, usage (if sent); checks the shape of
- * every chunk. Returns 0 when well-formed. */
-typedef struct {
-    char text[65536];
-    char finish[16];
-    int prompt_tokens, completion_tokens, total_tokens, has_usage, n_chunks, n_role, n_empty;
-} Stream;
-
-static int stream_check(int line, const Resp *r, int chat, Stream *st)
-{
-    memset(st, 0, sizeof *st);
-    int fails = test_failed_now();
-    if (r->status != 200) test_fail(__FILE__, line, "stream status %d: '%.300s'", r->status, r->body);
-    const char *ct = r->head ? header_value(r->head, "Content-Type") : NULL;
-    if (r->status == 200 && (!ct || strncmp(ct, "text/event-stream", 17)))
-        test_fail(__FILE__, line, "stream content type '%.40s'", ct ? ct : "none");
-    Sse s;
-    sse_parse(r->body ? r->body : "", &s);
-    if (s.bad || !s.done) test_fail(__FILE__, line, "malformed SSE (bad %d, done %d): '%.300s'", s.bad, s.done, r->body);
-    const char *id0 = NULL;
-    size_t n = json_array_size(s.chunks);
-    for (size_t i = 0; i < n; i++) {
-        json_t *c = json_array_get(s.chunks, i);
-        const char *id = jstr(c, "id"), *obj = jstr(c, "object");
-        if (!id || !obj || !json_is_integer(jget(c, "created")) || !jstr(c, "model") || !json_is_array(jget(c, "choices")))
-            test_fail(__FILE__, line, "chunk %zu lacks id/object/created/model/choices", i);
-        if (id && !id0) id0 = id;
-        if (id && id0 && strcmp(id, id0)) test_fail(__FILE__, line, "chunk ids differ");
-        if (obj && strcmp(obj, chat ? "chat.completion.chunk" : "text_completion")) test_fail(__FILE__, line, "object '%s'", obj);
-        json_t *u = jget(c, "usage");
-        if (u && !json_is_null(u)) {
-            if (i + 1 != n || json_array_size(jget(c, "choices")) != 0) test_fail(__FILE__, line, "usage not in a last, choice-less chunk");
-            st->has_usage = 1;
-            st->prompt_tokens = (int)jint(c, "usage.prompt_tokens");
-            st->completion_tokens = (int)jint(c, "usage.completion_tokens");
-            st->total_tokens = (int)jint(c, "usage.total_tokens");
-            continue;
-        }
-        json_t *ch = jget(c, "choices.0");
-        if (!ch || jint(ch, "index") != 0 || !json_object_get(ch, "finish_reason") || !json_object_get(ch, "logprobs")) {
-            test_fail(__FILE__, line, "chunk %zu: bad choice", i);
-            continue;
-        }
-        const char *piece = chat ? jstr(ch, "delta.content") : jstr(ch, "text");
-        if (chat && jstr(ch, "delta.role")) {
-            st->n_role++;
-            if (i != 0 || strcmp(jstr(ch, "delta.role"), "assistant")) test_fail(__FILE__, line, "role not in the first chunk");
-        } else if (!piece || !*piece) {
-            st->n_empty++;
-        }
-        if (piece) strncat(st->text, piece, sizeof st->text - strlen(st->text) - 1);
-        const char *fin = jstr(ch, "finish_reason");
-        if (fin) {
-            if (st->finish[0]) test_fail(__FILE__, line, "two chunks with a finish_reason");
-            snprintf(st->finish, sizeof st->finish, "%s", fin);
-        }
-        st->n_chunks++;
-    }
-    if (!st->finish[0]) test_fail(__FILE__, line, "no finish_reason in the stream");
-    if (chat && st->n_role != 1) test_fail(__FILE__, line, "%d role chunks", st->n_role);
-    json_decref(s.chunks);
-    if (!fails && test_failed_now()) fprintf(stderr, "    (stream body: '%.500s')\n", r->body ? r->body : "");
-    return test_failed_now() && !fails ? -1 : 0;
-}
-
-/* A finished non-streaming response's text, finish reason and usage. */
-typedef struct {
-    char text[65536];
-    char finish[16];
-    int prompt_tokens, completion_tokens, total_tokens;
-} Full;
-
-static int full_check(int line, const Resp *r, int chat, Full *f)
-{
-    memset(f, 0, sizeof *f);
-    int fails = test_failed_now();
-    if (r->status != 200) {
-        test_fail(__FILE__, line, "status %d: '%.300s'", r->status, r->body);
-        return -1;
-    }
-    json_t *j = body_json(r);
-    if (!j) return -1;
-    const char *id = jstr(j, "id"), *obj = jstr(j, "object");
-    if (!id || strncmp(id, chat ? "chatcmpl-" : "cmpl-", chat ? 9 : 5)) test_fail(__FILE__, line, "id '%s'", id ? id : "none");
-    if (!obj || strcmp(obj, chat ? "chat.completion" : "text_completion")) test_fail(__FILE__, line, "object '%s'", obj ? obj : "none");
-    if (!json_is_integer(jget(j, "created")) || !jstr(j, "model")) test_fail(__FILE__, line, "no created/model");
-    if (json_array_size(jget(j, "choices")) != 1 || jint(j, "choices.0.index") != 0 || !jget(j, "choices.0.logprobs"))
-        test_fail(__FILE__, line, "bad choices");
-    const char *text = chat ? jstr(j, "choices.0.message.content") : jstr(j, "choices.0.text");
-    if (chat && (!jstr(j, "choices.0.message.role") || strcmp(jstr(j, "choices.0.message.role"), "assistant")))
-        test_fail(__FILE__, line, "message role");
-    if (!text) test_fail(__FILE__, line, "no text");
-    else snprintf(f->text, sizeof f->text, "%s", text);
-    const char *fin = jstr(j, "choices.0.finish_reason");
-    snprintf(f->finish, sizeof f->finish, "%s", fin ? fin : "");
-    f->prompt_tokens = (int)jint(j, "usage.prompt_tokens");
-    f->completion_tokens = (int)jint(j, "usage.completion_tokens");
-    f->total_tokens = (int)jint(j, "usage.total_tokens");
-    if (f->total_tokens != f->prompt_tokens + f->completion_tokens) test_fail(__FILE__, line, "total_tokens != prompt + completion");
-    json_decref(j);
-    if (!fails && test_failed_now()) fprintf(stderr, "    (body: '%.500s')\n", r->body);
-    return test_failed_now() && !fails ? -1 : 0;
-}
-
-/* A metric's value from /metrics (-1 if absent). */
-static double metric(int port, const char *name)
-{
-    Resp r;
-    double v = -1;
-    if (http(port, "GET", "/metrics", NULL, NULL, &r) == 0) {
-        size_t nl = strlen(name);
-        for (const char *p = r.body; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
-            if (!strncmp(p, name, nl) && p[nl] == ' ') v = atof(p + nl + 1);
-    }
-    resp_free(&r);
-    return v;
-}
-
-#define CHAT_BODY(user, extra) "{\"messages\":[{\"role\":\"user\",\"content\":\"" user "\"}]" extra "}"
-
 /* ---- tests ---- */
 
 TEST(server_01_endpoints)
@@ -571,7 +93,7 @@ TEST(server_01_endpoints)
     EXPECT_EQ_INT(r.status, 200);
     resp_free(&r);
     http(s->port, "GET", "/v1/models/gpt-4", NULL, NULL, &r);
-    expect_error(__LINE__, "GET /v1/models/gpt-4", &r, 404, "invalid_request_error", "does not exist", NULL);
+    expect_error(__FILE__, __LINE__, "GET /v1/models/gpt-4", &r, 404, "invalid_request_error", "does not exist", NULL);
     resp_free(&r);
 
     /* a completion first, so that the histograms have something */
@@ -592,20 +114,20 @@ TEST(server_01_endpoints)
 
     /* unknown routes and wrong methods */
     http(s->port, "GET", "/v2/completions", NULL, NULL, &r);
-    expect_error(__LINE__, "GET /v2/completions", &r, 404, "invalid_request_error", "Invalid URL", NULL);
+    expect_error(__FILE__, __LINE__, "GET /v2/completions", &r, 404, "invalid_request_error", "Invalid URL", NULL);
     resp_free(&r);
     post(s->port, "/v1/completion", "{}", &r);
-    expect_error(__LINE__, "POST /v1/completion", &r, 404, "invalid_request_error", "Invalid URL", NULL);
+    expect_error(__FILE__, __LINE__, "POST /v1/completion", &r, 404, "invalid_request_error", "Invalid URL", NULL);
     resp_free(&r);
     http(s->port, "GET", "/v1/chat/completions", NULL, NULL, &r);
-    expect_error(__LINE__, "GET /v1/chat/completions", &r, 405, "invalid_request_error", "not allowed", NULL);
+    expect_error(__FILE__, __LINE__, "GET /v1/chat/completions", &r, 405, "invalid_request_error", "not allowed", NULL);
     EXPECT(r.head && header_value(r.head, "Allow") && !strncmp(header_value(r.head, "Allow"), "POST", 4));
     resp_free(&r);
     post(s->port, "/health", "{}", &r);
-    expect_error(__LINE__, "POST /health", &r, 405, "invalid_request_error", "not allowed", NULL);
+    expect_error(__FILE__, __LINE__, "POST /health", &r, 405, "invalid_request_error", "not allowed", NULL);
     resp_free(&r);
     http(s->port, "DELETE", "/v1/models", NULL, NULL, &r);
-    expect_error(__LINE__, "DELETE /v1/models", &r, 405, "invalid_request_error", NULL, NULL);
+    expect_error(__FILE__, __LINE__, "DELETE /v1/models", &r, 405, "invalid_request_error", NULL, NULL);
     resp_free(&r);
 }
 
@@ -622,7 +144,7 @@ TEST(server_02_completions)
     snprintf(body, sizeof body, "{\"model\":\"%s\",\"prompt\":\"%s\",\"max_tokens\":12,\"temperature\":0,\"ignore_eos\":true,\"user\":\"u1\"}",
              model_dir(), prompt);
     post(s->port, "/v1/completions", body, &r);
-    full_check(__LINE__, &r, 0, &f);
+    full_check(__FILE__, __LINE__, &r, 0, &f);
     resp_free(&r);
     EXPECT_EQ_INT(f.prompt_tokens, np);
     EXPECT_EQ_INT(f.completion_tokens, 12);
@@ -639,7 +161,7 @@ TEST(server_02_completions)
     snprintf(body, sizeof body, "{\"model\":\"server-tiny\",\"prompt\":[%s],\"max_tokens\":12,\"temperature\":0,\"ignore_eos\":true}", idlist);
     Full g;
     post(s->port, "/v1/completions", body, &r);
-    full_check(__LINE__, &r, 0, &g);
+    full_check(__FILE__, __LINE__, &r, 0, &g);
     resp_free(&r);
     EXPECT_EQ_INT(g.prompt_tokens, np);
     EXPECT(!strcmp(g.text, f.text), "token-id prompt: '%s' vs '%s'", g.text, f.text);
@@ -649,7 +171,7 @@ TEST(server_02_completions)
              "\"stream_options\":{\"include_usage\":true}}", prompt);
     Stream st;
     post(s->port, "/v1/completions", body, &r);
-    stream_check(__LINE__, &r, 0, &st);
+    stream_check(__FILE__, __LINE__, &r, 0, &st);
     resp_free(&r);
     EXPECT(!strcmp(st.text, f.text), "stream '%s' vs '%s'", st.text, f.text);
     EXPECT(st.has_usage && st.prompt_tokens == np && st.completion_tokens == 12 && st.total_tokens == np + 12);
@@ -659,7 +181,7 @@ TEST(server_02_completions)
     /* without include_usage there is no usage chunk; echo returns the prompt first */
     snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":3,\"stream\":true,\"echo\":true}", prompt);
     post(s->port, "/v1/completions", body, &r);
-    stream_check(__LINE__, &r, 0, &st);
+    stream_check(__FILE__, __LINE__, &r, 0, &st);
     resp_free(&r);
     EXPECT(!st.has_usage);
     EXPECT(!strncmp(st.text, prompt, strlen(prompt)), "echo: '%s'", st.text);
@@ -667,7 +189,7 @@ TEST(server_02_completions)
     /* the default max_tokens of a completion is 16 */
     snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"ignore_eos\":true}", prompt);
     post(s->port, "/v1/completions", body, &r);
-    full_check(__LINE__, &r, 0, &f);
+    full_check(__FILE__, __LINE__, &r, 0, &f);
     resp_free(&r);
     EXPECT_EQ_INT(f.completion_tokens, 16);
 
@@ -697,7 +219,7 @@ TEST(server_03_chat)
     Resp r;
     Full f;
     post(s->port, "/v1/chat/completions", CHAT_BODY("What is apt?", ",\"max_completion_tokens\":10,\"temperature\":0,\"ignore_eos\":true"), &r);
-    full_check(__LINE__, &r, 1, &f);
+    full_check(__FILE__, __LINE__, &r, 1, &f);
     resp_free(&r);
     EXPECT_EQ_INT(f.prompt_tokens, np);
     EXPECT_EQ_INT(f.completion_tokens, 10);
@@ -706,7 +228,7 @@ TEST(server_03_chat)
     Stream st;
     post(s->port, "/v1/chat/completions",
          CHAT_BODY("What is apt?", ",\"max_tokens\":10,\"temperature\":0,\"ignore_eos\":true,\"stream\":true,\"stream_options\":{\"include_usage\":true}"), &r);
-    stream_check(__LINE__, &r, 1, &st);
+    stream_check(__FILE__, __LINE__, &r, 1, &st);
     resp_free(&r);
     EXPECT(!strcmp(st.text, f.text), "stream '%s' vs '%s'", st.text, f.text);
     EXPECT(st.has_usage && st.prompt_tokens == np && st.completion_tokens == 10);
@@ -738,7 +260,7 @@ TEST(server_04_stop)
     char body[2048];
     snprintf(body, sizeof body, "%s}", base);
     post(s->port, "/v1/completions", body, &r);
-    full_check(__LINE__, &r, 0, &f);
+    full_check(__FILE__, __LINE__, &r, 0, &f);
     resp_free(&r);
     size_t len = strlen(f.text);
     ASSERT(len >= 12, "text '%s' too short to cut", f.text);
@@ -758,7 +280,7 @@ TEST(server_04_stop)
 
     snprintf(body, sizeof body, "%s,\"stop\":%s}", base, jstop);
     post(s->port, "/v1/completions", body, &r);
-    full_check(__LINE__, &r, 0, &g);
+    full_check(__FILE__, __LINE__, &r, 0, &g);
     resp_free(&r);
     EXPECT(strlen(g.text) == cut && !strncmp(g.text, f.text, cut), "stop %s: '%s', expected the first %zu bytes of '%s'", jstop, g.text,
            cut, f.text);
@@ -769,7 +291,7 @@ TEST(server_04_stop)
     snprintf(body, sizeof body, "%s,\"stop\":[\"zzzz-never\",%s],\"stream\":true,\"stream_options\":{\"include_usage\":true}}", base, jstop);
     Stream st;
     post(s->port, "/v1/completions", body, &r);
-    stream_check(__LINE__, &r, 0, &st);
+    stream_check(__FILE__, __LINE__, &r, 0, &st);
     resp_free(&r);
     EXPECT(!strcmp(st.text, g.text), "stream '%s' vs '%s'", st.text, g.text);
     EXPECT(!strcmp(st.finish, "stop"));
@@ -778,7 +300,7 @@ TEST(server_04_stop)
     /* chat with a stop string */
     Full c, d;
     post(s->port, "/v1/chat/completions", CHAT_BODY("Hello", ",\"max_tokens\":16,\"temperature\":0,\"ignore_eos\":true"), &r);
-    full_check(__LINE__, &r, 1, &c);
+    full_check(__FILE__, __LINE__, &r, 1, &c);
     resp_free(&r);
     if (strlen(c.text) >= 6) {
         char cs[4] = {c.text[3], c.text[4], 0, 0};
@@ -788,7 +310,7 @@ TEST(server_04_stop)
             json_decref(js);
             snprintf(body, sizeof body, CHAT_BODY("Hello", ",\"max_tokens\":16,\"temperature\":0,\"ignore_eos\":true,\"stop\":%s"), jcs);
             post(s->port, "/v1/chat/completions", body, &r);
-            full_check(__LINE__, &r, 1, &d);
+            full_check(__FILE__, __LINE__, &r, 1, &d);
             resp_free(&r);
             size_t ccut = (size_t)(strstr(c.text, cs) - c.text);
             EXPECT(strlen(d.text) == ccut && !strcmp(d.finish, "stop"), "chat stop '%s': '%s' from '%s'", cs, d.text, c.text);
@@ -813,7 +335,7 @@ TEST(server_04_stop)
         for (size_t i = 0; i < k; i++) strncat(prefix, json_string_value(json_array_get(toks, i)), sizeof prefix - strlen(prefix) - 1);
         snprintf(body, sizeof body, "%s,\"stop_token_ids\":[%d]}", base, ids[0]);
         post(s->port, "/v1/completions", body, &r);
-        full_check(__LINE__, &r, 0, &g);
+        full_check(__FILE__, __LINE__, &r, 0, &g);
         resp_free(&r);
         EXPECT(!strcmp(g.text, prefix) && !strcmp(g.finish, "stop"), "stop_token_ids [%d] ('%s'): '%s' (%s), expected '%s'", ids[0],
                t3, g.text, g.finish, prefix);
@@ -834,16 +356,16 @@ TEST(server_05_seed)
     Full a, b;
     const char *body = "{\"prompt\":\"Random text:\",\"max_tokens\":16,\"temperature\":1.0,\"top_p\":0.95,\"seed\":1234,\"ignore_eos\":true}";
     post(s->port, "/v1/completions", body, &r);
-    full_check(__LINE__, &r, 0, &a);
+    full_check(__FILE__, __LINE__, &r, 0, &a);
     resp_free(&r);
     post(s->port, "/v1/completions", body, &r);
-    full_check(__LINE__, &r, 0, &b);
+    full_check(__FILE__, __LINE__, &r, 0, &b);
     resp_free(&r);
     EXPECT(!strcmp(a.text, b.text), "same seed, different text: '%s' vs '%s'", a.text, b.text);
     Stream st;
     post(s->port, "/v1/completions",
          "{\"prompt\":\"Random text:\",\"max_tokens\":16,\"temperature\":1.0,\"top_p\":0.95,\"seed\":1234,\"ignore_eos\":true,\"stream\":true}", &r);
-    stream_check(__LINE__, &r, 0, &st);
+    stream_check(__FILE__, __LINE__, &r, 0, &st);
     resp_free(&r);
     EXPECT(!strcmp(st.text, a.text), "same seed streamed: '%s' vs '%s'", st.text, a.text);
     /* a large or negative int64 seed is a seed too */
@@ -922,7 +444,7 @@ TEST(server_06_errors)
         post(s->port, cases[i].path, cases[i].body, &r);
         char what[600];
         snprintf(what, sizeof what, "POST %s %s", cases[i].path, cases[i].body);
-        expect_error(__LINE__, what, &r, cases[i].status, "invalid_request_error", cases[i].msg, cases[i].param);
+        expect_error(__FILE__, __LINE__, what, &r, cases[i].status, "invalid_request_error", cases[i].msg, cases[i].param);
         resp_free(&r);
     }
 
@@ -934,10 +456,10 @@ TEST(server_06_errors)
 
     /* invalid UTF-8 inside a JSON string */
     post(s->port, "/v1/completions", "{\"prompt\": \"ab\xff\xfe\"}", &r);
-    expect_error(__LINE__, "invalid UTF-8", &r, 400, "invalid_request_error", "UTF-8", NULL);
+    expect_error(__FILE__, __LINE__, "invalid UTF-8", &r, 400, "invalid_request_error", "UTF-8", NULL);
     resp_free(&r);
     post(s->port, "/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"\xc3\x28\"}]}", &r);
-    expect_error(__LINE__, "invalid UTF-8 in chat", &r, 400, "invalid_request_error", "UTF-8", NULL);
+    expect_error(__FILE__, __LINE__, "invalid UTF-8 in chat", &r, 400, "invalid_request_error", "UTF-8", NULL);
     resp_free(&r);
 
     /* a prompt longer than the context, as ids and as text */
@@ -946,7 +468,7 @@ TEST(server_06_errors)
     for (int i = 0; i < SRV_CONTEXT + 10; i++) openai_buf_add(&big, i ? ",17" : "17", i ? 3 : 2);
     openai_buf_add(&big, "]}", 2);
     post(s->port, "/v1/completions", big.p, &r);
-    expect_error(__LINE__, "prompt of 4106 ids", &r, 400, "invalid_request_error", "maximum context length", "prompt");
+    expect_error(__FILE__, __LINE__, "prompt of 4106 ids", &r, 400, "invalid_request_error", "maximum context length", "prompt");
     json_t *j = json_loads(r.body, 0, NULL);
     EXPECT(j && jstr(j, "error.code") && !strcmp(jstr(j, "error.code"), "context_length_exceeded"));
     json_decref(j);
@@ -956,7 +478,7 @@ TEST(server_06_errors)
     for (int i = 0; i < SRV_CONTEXT + 10; i++) openai_buf_add(&big, " apt", 4);
     openai_buf_add(&big, "\"}]}", 4);
     post(s->port, "/v1/chat/completions", big.p, &r);
-    expect_error(__LINE__, "chat of 4106 words", &r, 400, "invalid_request_error", "maximum context length", "messages");
+    expect_error(__FILE__, __LINE__, "chat of 4106 words", &r, 400, "invalid_request_error", "maximum context length", "messages");
     resp_free(&r);
     openai_buf_free(&big);
 
@@ -970,7 +492,7 @@ TEST(server_06_errors)
     close(fd);
     hc_parse(raw, n, &r);
     free(raw);
-    expect_error(__LINE__, "5 MB body", &r, 413, "invalid_request_error", "limit", NULL);
+    expect_error(__FILE__, __LINE__, "5 MB body", &r, 413, "invalid_request_error", "limit", NULL);
     resp_free(&r);
 
     /* a chunked body that passes the limit: the connection is closed, nothing is answered 200 */
@@ -1070,7 +592,7 @@ TEST(server_07_disconnect)
     EXPECT(metric(s->port, "moeserve_request_finish_total{reason=\"abort\"}") >= aborted0 + 6);
     Full f;
     post(s->port, "/v1/completions", "{\"prompt\":\"After the storm\",\"max_tokens\":6,\"ignore_eos\":true}", &r);
-    full_check(__LINE__, &r, 0, &f);
+    full_check(__FILE__, __LINE__, &r, 0, &f);
     resp_free(&r);
     EXPECT_EQ_INT(f.completion_tokens, 6);
 }
@@ -1117,12 +639,12 @@ TEST(server_08_slow_reader)
     Resp r;
     Full f;
     post(s->port, "/v1/chat/completions", CHAT_BODY("quick?", ",\"max_tokens\":4,\"ignore_eos\":true"), &r);
-    full_check(__LINE__, &r, 1, &f);
+    full_check(__FILE__, __LINE__, &r, 1, &f);
     resp_free(&r);
     double quick = clock_now() - t0;
     pthread_join(t, NULL);
     Stream st;
-    stream_check(__LINE__, &a.r, 0, &st);
+    stream_check(__FILE__, __LINE__, &a.r, 0, &st);
     EXPECT(st.has_usage && st.completion_tokens == 300, "slow reader: usage %d", st.completion_tokens);
     EXPECT(quick < a.seconds, "a quick request took %.2f s while the slow reader took %.2f s", quick, a.seconds);
     fprintf(stderr, "    slow reader: %zu bytes in %.2f s; a quick request meanwhile: %.3f s\n", a.r.body_len, a.seconds, quick);
@@ -1260,19 +782,19 @@ TEST(server_11_api_key)
     ASSERT(srv_start(&k, "apikey", "--api-key sk-test-123 --served-model-name tiny") == 0);
     Resp r;
     post(k.port, "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":1}", &r);
-    expect_error(__LINE__, "no key", &r, 401, "invalid_request_error", "API key", NULL);
+    expect_error(__FILE__, __LINE__, "no key", &r, 401, "invalid_request_error", "API key", NULL);
     resp_free(&r);
     http(k.port, "POST", "/v1/completions", "Authorization: Bearer sk-wrong\r\n", "{\"prompt\":\"x\",\"max_tokens\":1}", &r);
-    expect_error(__LINE__, "wrong key", &r, 401, "invalid_request_error", "Incorrect API key", NULL);
+    expect_error(__FILE__, __LINE__, "wrong key", &r, 401, "invalid_request_error", "Incorrect API key", NULL);
     resp_free(&r);
     http(k.port, "GET", "/v1/models", "Authorization: Basic c2stdGVzdC0xMjM=\r\n", NULL, &r);
-    expect_error(__LINE__, "basic auth", &r, 401, "invalid_request_error", NULL, NULL);
+    expect_error(__FILE__, __LINE__, "basic auth", &r, 401, "invalid_request_error", NULL, NULL);
     resp_free(&r);
     http(k.port, "POST", "/v1/completions", "Authorization: Bearer sk-test-123\r\n", "{\"model\":\"tiny\",\"prompt\":\"x\",\"max_tokens\":1}", &r);
     EXPECT_EQ_INT(r.status, 200);
     resp_free(&r);
     http(k.port, "POST", "/v1/completions", "Authorization: Bearer sk-test-123\r\n", "{\"model\":\"server-tiny\",\"prompt\":\"x\"}", &r);
-    expect_error(__LINE__, "the directory name is no alias under --served-model-name", &r, 404, "invalid_request_error", NULL, "model");
+    expect_error(__FILE__, __LINE__, "the directory name is no alias under --served-model-name", &r, 404, "invalid_request_error", NULL, "model");
     resp_free(&r);
     http(k.port, "GET", "/v1/models", "Authorization: bearer sk-test-123\r\n", NULL, &r);
     EXPECT_EQ_INT(r.status, 200);
@@ -1307,7 +829,7 @@ TEST(server_12_queue_full)
     usleep(200000);
     Resp r;
     post(q.port, "/v1/completions", "{\"prompt\":\"one more\",\"max_tokens\":2}", &r);
-    expect_error(__LINE__, "third request", &r, 503, "server_error", "overloaded", NULL);
+    expect_error(__FILE__, __LINE__, "third request", &r, 503, "server_error", "overloaded", NULL);
     EXPECT(r.head && header_value(r.head, "Retry-After"));
     resp_free(&r);
     struct linger lg = {.l_onoff = 1, .l_linger = 0};
@@ -1332,12 +854,9 @@ TEST(server_13_openai_python)
 {
     Srv *s = srv();
     ASSERT(s);
-    if (test_run("python3 -c 'import openai'", NULL) != 0) {
-        fprintf(stderr, "    the openai package is missing: trying pip install --user openai\n");
-        if (test_run("python3 -m pip install --user --quiet --retries 1 --timeout 20 openai", NULL) != 0 || test_run("python3 -c 'import openai'", NULL) != 0) {
-            test_skip("the official OpenAI Python client is not available (python3 -m pip install openai failed)");
-            return;
-        }
+    if (!openai_python_ok()) {
+        test_skip("the official OpenAI Python client is not available (python3 -m pip install openai failed)");
+        return;
     }
     char cmd[1200], *out = NULL;
     snprintf(cmd, sizeof cmd, "python3 '%s/tests/openai_client.py' http://127.0.0.1:%d/v1 '%s'", test_root(), s->port, model_dir());
@@ -1374,7 +893,7 @@ TEST(server_99_shutdown)
     pthread_join(t, NULL);
     EXPECT_EQ_INT(rc, 0);
     Stream st;
-    stream_check(__LINE__, &a.r, 1, &st);
+    stream_check(__FILE__, __LINE__, &a.r, 1, &st);
     EXPECT(st.has_usage && st.completion_tokens == 200, "the drained stream has %d tokens", st.completion_tokens);
     resp_free(&a.r);
     char cmd[700], *out = NULL;

@@ -20,15 +20,6 @@
 
 /* ---- helpers ---- */
 
-static const char *assets_dir(void)
-{
-    static char dir[4200];
-    const char *e = getenv("MOESERVE_ASSETS");
-    if (e && *e) snprintf(dir, sizeof dir, "%s", e);
-    else snprintf(dir, sizeof dir, "%s/../shared/assets", test_root());
-    return dir;
-}
-
 /* Where the tokenizer.json of a fixture vocabulary is, or NULL (with the places looked at). */
 static const char *vocab_path(const char *name, char *where, size_t wn)
 {
@@ -42,7 +33,7 @@ static const char *vocab_path(const char *name, char *where, size_t wn)
         snprintf(p, sizeof p, "%s/%s/tokenizer.json", env, name);
         if (file_exists(p)) return p;
     }
-    snprintf(p, sizeof p, "%s/tokenizers/%s/tokenizer.json", assets_dir(), name);
+    snprintf(p, sizeof p, "%s/tokenizers/%s/tokenizer.json", test_assets(), name);
     if (file_exists(p)) return p;
     if (env && *env) snprintf(where, wn, "%s nor %s/%s/tokenizer.json", p, env, name);
     else snprintf(where, wn, "%s, and $MOESERVE_TOKENIZERS is unset", p);
@@ -158,12 +149,12 @@ static void datasets_load(void)
     ds.tried = 1;
     char p[4400];
     json_error_t je;
-    snprintf(p, sizeof p, "%s/datasets/ShareGPT_V3_filtered_1000.json", assets_dir());
+    snprintf(p, sizeof p, "%s/datasets/ShareGPT_V3_filtered_1000.json", test_assets());
     ds.sharegpt = json_load_file(p, 0, &je);
     const char *names[2] = {"arena-hard-v0.1-question.jsonl", "mt_bench_question.jsonl"};
     json_t **dst[2] = {&ds.arena, &ds.mtbench};
     for (int k = 0; k < 2; k++) {
-        snprintf(p, sizeof p, "%s/datasets/%s", assets_dir(), names[k]);
+        snprintf(p, sizeof p, "%s/datasets/%s", test_assets(), names[k]);
         size_t n;
         char *s = file_read_all(p, &n);
         if (!s) continue;
@@ -406,10 +397,10 @@ TEST(tokenizer_variants)
 static void llamacpp_vectors(const char *gguf, const char *vocab)
 {
     char inp[4400], outp[4400], where[9000];
-    snprintf(inp, sizeof inp, "%s/tokenizers/llama.cpp-vectors/ggml-vocab-%s.gguf.inp", assets_dir(), gguf);
-    snprintf(outp, sizeof outp, "%s/tokenizers/llama.cpp-vectors/ggml-vocab-%s.gguf.out", assets_dir(), gguf);
+    snprintf(inp, sizeof inp, "%s/tokenizers/llama.cpp-vectors/ggml-vocab-%s.gguf.inp", test_assets(), gguf);
+    snprintf(outp, sizeof outp, "%s/tokenizers/llama.cpp-vectors/ggml-vocab-%s.gguf.out", test_assets(), gguf);
     const char *p = vocab_path(vocab, where, sizeof where);
-    if (!p || !file_exists(inp)) { test_skip("no llama.cpp vectors or %s tokenizer in %s", vocab, assets_dir()); return; }
+    if (!p || !file_exists(inp)) { test_skip("no llama.cpp vectors or %s tokenizer in %s", vocab, test_assets()); return; }
     size_t ni, no;
     char *in = file_read_all(inp, &ni), *out = file_read_all(outp, &no);
     Tokenizer *t = load(p);
@@ -772,7 +763,7 @@ TEST(tokenizer_cli)
 TEST(tokenizer_speed)
 {
     datasets_load();
-    if (!ds.sharegpt) { test_skip("no ShareGPT dataset in %s/datasets", assets_dir()); return; }
+    if (!ds.sharegpt) { test_skip("no ShareGPT dataset in %s/datasets", test_assets()); return; }
     size_t cap = 1 << 20, n = 0;
     char *text = xmalloc(cap);
     size_t i;
