@@ -117,6 +117,10 @@ typedef struct {
     void (*graph_launch)(Backend *be, void *graph);
     void (*graph_free)(Backend *be, void *graph);
     size_t (*mem_free)(Backend *be);               /* bytes free for the KV pool and the rest */
+    /* optional: NVFP4 codes [N, K/2] and scales [N, K/16] (backend memory) rearranged into the
+     * backend's kernel layout at dst (the same N*K/2 + N*K/16 bytes); see model_upload */
+    void (*pack_nvfp4)(Backend *be, uint8_t *dst, const uint8_t *codes, const uint8_t *scales,
+                       int64_t N, int64_t K);
 } BackendOps;
 
 struct Backend {

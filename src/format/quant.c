@@ -254,6 +254,7 @@ void qtensor_decode(const QTensor *w, int64_t row, int64_t k0, int64_t k1, float
         decode_fp8_block(w, row, k0, k1, out);
         break;
     case QF_NVFP4:
+        CHECK(!w->packed, "qtensor_decode %s: a packed (device) tensor", w->name ? w->name : "?");
         CHECK(k0 % 16 == 0 && k1 % 16 == 0, "qtensor_decode %s: nvfp4 cols [%lld, %lld) not multiples of 16",
               w->name ? w->name : "?", (long long)k0, (long long)k1);
         decode_nvfp4(w, row, k0, k1, out);

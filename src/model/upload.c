@@ -17,6 +17,10 @@ typedef struct {
     uint8_t *base;   /* NULL in the counting pass */
     size_t off;
     uint64_t seed;   /* dummy weights: advanced once per filled buffer */
+    int pack;        /* NVFP4 goes through be->ops->pack_nvfp4 (the backend's kernel layout) */
+    uint8_t *stage;  /* backend memory for one tensor's checkpoint layout before packing */
+    size_t stage_need;  /* counting pass: the largest tensor packed */
+    int n_packed;       /* tensors packed (copy pass) */
 } Up;
 
 static void *up_bytes(Up *u, const void *src, size_t n)
@@ -55,6 +59,41 @@ static void *up_fill(Up *u, size_t bytes, size_t n, FillKind kind, float a, floa
     return u->base + at;
 }
 
+/* An NVFP4 tensor the backend packs: N % 16 == 0 and K % 256 == 0 (the W4P records of
+ * src/backend/cuda/w4.cuh), unless MOESERVE_W4=0 keeps the checkpoint layout. */
+static int up_packs(const Up *u, const QTensor *w)
+{
+    return u->pack && w->fmt == QF_NVFP4 && w->rows > 0 && w->rows % 16 == 0 && w->cols % 256 == 0;
+}
+
+/* NVFP4 into the backend's layout: the checkpoint's codes and scales (copied, or for a dummy
+ * tensor filled with the seeds up_fill would use, so the values are the same either way) go
+ * to the stage, then pack_nvfp4 writes the same number of bytes at the final place. */
+static void up_nvfp4_packed(Up *u, QTensor *dst, const QTensor *src)
+{
+    size_t n = (size_t)src->rows * src->cols, bytes = n / 2 + n / 16;
+    if (bytes > u->stage_need) u->stage_need = bytes;
+    size_t at = u->off;
+    u->off += (bytes + UP_ALIGN - 1) / UP_ALIGN * UP_ALIGN;
+    if (!u->base) return;
+    uint8_t *codes = u->stage, *scales = u->stage + n / 2;
+    if (!src->data) {
+        u->seed = u->seed * 6364136223846793005ull + 1442695040888963407ull;
+        be_fill(u->be, codes, n / 2, FILL_U8_RANDOM, 0, 0, u->seed);
+        u->seed = u->seed * 6364136223846793005ull + 1442695040888963407ull;
+        be_fill(u->be, scales, n / 16, FILL_U8_CONST, 0x38, 0, u->seed);
+        dst->gscale = 1.0f / sqrtf((float)src->cols) / 2.9257f;
+    } else {
+        be_to_device(u->be, codes, src->data, n / 2);
+        be_to_device(u->be, scales, src->scale, n / 16);
+    }
+    u->be->ops->pack_nvfp4(u->be, u->base + at, codes, scales, src->rows, src->cols);
+    u->n_packed++;
+    dst->data = u->base + at;
+    dst->scale = NULL;
+    dst->packed = 1;
+}
+
 /* Random weights with std about 1/sqrt(K) in the skeleton's format: NVFP4 codes uniform over
  * the 16 E2M1 values (std 2.93) with block scale 1.0 (E4M3 0x38) and a global scale to match. */
 static void up_dummy(Up *u, QTensor *dst, const QTensor *src)
@@ -78,6 +117,10 @@ static void up_qtensor(Up *u, QTensor *dst, const QTensor *src)
 {
     *dst = *src;
     if (!src->rows) return; /* absent (e.g. no indexer on a shared layer) */
+    if (up_packs(u, src)) {
+        up_nvfp4_packed(u, dst, src);
+        return;
+    }
     if (!src->data) { /* a dummy skeleton */
         up_dummy(u, dst, src);
         return;
@@ -152,19 +195,23 @@ void model_upload(Model *dst, const Model *src, Backend *be)
 {
     *dst = *src;
     memset(&dst->st, 0, sizeof dst->st); /* the mapping stays src's */
-    Up u = {.be = be};
+    const char *w4 = getenv("MOESERVE_W4");
+    int pack = be->ops->pack_nvfp4 && !(w4 && !strcmp(w4, "0"));
+    Up u = {.be = be, .pack = pack};
     up_model(&u, dst, src);
-    size_t total = u.off, avail = be_mem_free(be);
+    size_t stage = u.stage_need, total = u.off + stage, avail = be_mem_free(be);
     /* the weights must leave room for activations and the KV cache: say so before copying anything */
     if (total > avail)
         fatal("the model does not fit: its weights take %.2f GiB and %s has %.2f GiB free (%d layers; with "
               "--dummy-weights, --num-layers N keeps fewer)",
               total / 1073741824.0, be->name, avail / 1073741824.0, src->cfg.n_layers);
     log_info("upload: %.2f GiB of weights to %s (%.2f GiB free)", total / 1073741824.0, be->name, avail / 1073741824.0);
-    dst->dev_buffer = be_alloc(be, total);
+    dst->dev_buffer = be_alloc(be, total - stage);
     dst->layers = xcalloc(src->cfg.n_layers, sizeof(LayerWeights));
-    u = (Up){.be = be, .base = dst->dev_buffer, .seed = 20261202};
+    u = (Up){.be = be, .base = dst->dev_buffer, .seed = 20261202, .pack = pack, .stage = stage ? be_alloc(be, stage) : NULL};
     up_model(&u, dst, src);
+    if (u.stage) be_free(be, u.stage);
+    if (u.n_packed) log_info("upload: %d NVFP4 tensors repacked for the W4A16 kernels", u.n_packed);
 }
 
 void model_upload_free(Model *m, Backend *be)

@@ -10,10 +10,13 @@
 #include "backend/cpu/cpu.h"
 #include "base/util.h"
 #include "backend/cuda/cuda.h"
+#include "backend/cuda/w4.h"
 #include "test.h"
 
 #define TOL_F32 1e-5   /* float32 on both sides, different summation order */
 #define TOL_SPLIT 1e-4 /* BF16 weights: activations split into two BF16 halves (2^-17 each) */
+#define TOL_W4 TOL_SPLIT /* W4A16 (NVFP4 weights): the activations, and the MoE's SwiGLU output,
+                            enter the tensor cores as two BF16 halves, like TOL_SPLIT */
 
 static Backend cpu, gpu;
 static int ready;
@@ -278,6 +281,100 @@ TEST(cuda_embed)
     }
 }
 
+/* The NVFP4 weight of tw_make repacked on the device into the W4P layout (w4.cuh). */
+static TW tw_make_w4(Rng *r, int N, int K)
+{
+    TW t = tw_make(r, QF_NVFP4, N, K);
+    void *packed = be_alloc(&gpu, (size_t)N * K / 2 + (size_t)N * K / 16);
+    gpu.ops->pack_nvfp4(&gpu, packed, t.dbuf, t.dscale, N, K);
+    be_free(&gpu, t.dbuf);
+    be_free(&gpu, t.dscale);
+    t.dbuf = packed;
+    t.dscale = NULL;
+    t.dev.data = packed;
+    t.dev.scale = NULL;
+    t.dev.packed = 1;
+    return t;
+}
+
+/* Every scale byte (positive, negative, subnormal, zero; NaN excluded) and every code through
+ * the repack and the kernel: x = identity gives W^T, exact (one product per output). */
+TEST(cuda_w4_pack_exact)
+{
+    NEED_GPU();
+    Rng r;
+    rng_seed(&r, 21);
+    int N = 32, K = 256, T = K;
+    size_t n = (size_t)N * K;
+    uint8_t *codes = malloc(n / 2), *scales = malloc(n / 16);
+    for (size_t i = 0; i < n / 2; i++) codes[i] = (uint8_t)rng_u64(&r);
+    for (size_t i = 0; i < n / 16; i++) scales[i] = (uint8_t)(i & 0x7f) == 0x7f ? 0x7e : (uint8_t)i;
+    QTensor h = {.fmt = QF_NVFP4, .rows = N, .cols = K, .data = codes, .scale = scales, .gscale = 0.75f};
+    TW t = {.host = h, .dev = h};
+    t.dbuf = up(codes, n / 2);
+    t.dscale = up(scales, n / 16);
+    void *packed = be_alloc(&gpu, n / 2 + n / 16);
+    gpu.ops->pack_nvfp4(&gpu, packed, t.dbuf, t.dscale, N, K);
+    t.dev.data = packed;
+    t.dev.scale = NULL;
+    t.dev.packed = 1;
+    float *x = calloc((size_t)T * K, 4), *ref = malloc((size_t)T * N * 4);
+    for (int i = 0; i < T; i++) x[(size_t)i * K + i] = 1.0f;
+    for (int row = 0; row < N; row++) {
+        float wrow[256];
+        qtensor_decode(&h, row, 0, K, wrow);
+        for (int k = 0; k < K; k++) ref[(size_t)k * N + row] = wrow[k];
+    }
+    float *dx = up(x, (size_t)T * K * 4), *dout = be_alloc(&gpu, (size_t)T * N * 4);
+    be_matmul(&gpu, OP_GEMM_MLP, dout, N, dx, K, T, &t.dev, NULL);
+    float *got = down(dout, (size_t)T * N);
+    size_t bad = 0;
+    for (size_t i = 0; i < (size_t)T * N; i++)
+        if (got[i] != ref[i] && bad++ < 5) fprintf(stderr, "      W[%zu, %zu]: got %g, want %g\n", i % N, i / N, got[i], ref[i]);
+    EXPECT(bad == 0, "%zu of %zu weights differ after the W4P repack", bad, (size_t)T * N);
+    free(got); free(x); free(ref); free(codes); free(scales);
+    be_free(&gpu, dx); be_free(&gpu, dout); be_free(&gpu, t.dbuf); be_free(&gpu, t.dscale); be_free(&gpu, packed);
+}
+
+TEST(cuda_w4_matmul)
+{
+    NEED_GPU();
+    Rng r;
+    rng_seed(&r, 22);
+    int shapes[][3] = {/* T, N, K */ {1, 64, 256}, {5, 160, 512}, {8, 576, 6144}, {9, 2048, 512}, {16, 96, 2048},
+                       {17, 512, 1024}, {33, 2048, 512}, {300, 96, 256}, {4096, 64, 256}, {1, 6144, 2048}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int T = shapes[s][0], N = shapes[s][1], K = shapes[s][2], ldx = K + 16, ldo = N + 8;
+        TW w = tw_make_w4(&r, N, K);
+        float *x = rnd(&r, (size_t)T * ldx, 1), *bias = rnd(&r, N, 1);
+        float *ref = calloc((size_t)T * ldo, 4);
+        matmul_cpu(&cpu, ref, ldo, x, ldx, T, &w.host, bias);
+        float *dx = up(x, (size_t)T * ldx * 4), *db = up(bias, N * 4), *dout = be_alloc(&gpu, (size_t)T * ldo * 4);
+        for (int tile = -1; tile < W4_N_TILES; tile++) { /* the built-in choice, then every tile that fits */
+            if (tile >= 0 && !w4_tile_fits(w4_tiles[tile], w4_smem_budget(0), NULL, 0)) continue;
+            w4_set_config((W4Config){tile, 0});
+            be_matmul(&gpu, OP_GEMM_MLP, dout, ldo, dx, ldx, T, &w.dev, db);
+            float *got = down(dout, (size_t)T * ldo);
+            EXPECT_CLOSE(got, ref, (size_t)T * ldo, TOL_W4, "w4 matmul T %d N %d K %d tile %d", T, N, K, tile);
+            free(got);
+        }
+        w4_set_config((W4Config){-1, 0});
+        /* plain BF16 activations (MOESERVE_W4_ACT=bf16): the twin on BF16-rounded activations */
+        float *xr = malloc((size_t)T * ldx * 4 + 1);
+        for (size_t q = 0; q < (size_t)T * ldx; q++) xr[q] = bf16_to_f32(f32_to_bf16(x[q]));
+        matmul_cpu(&cpu, ref, ldo, xr, ldx, T, &w.host, bias);
+        w4_set_act_split(0);
+        be_matmul(&gpu, OP_GEMM_MLP, dout, ldo, dx, ldx, T, &w.dev, db);
+        w4_set_act_split(-1);
+        float *got = down(dout, (size_t)T * ldo);
+        EXPECT_CLOSE(got, ref, (size_t)T * ldo, TOL_F32, "w4 matmul, BF16 activations, T %d N %d K %d", T, N, K);
+        free(got); free(xr);
+        free(x); free(bias); free(ref);
+        be_free(&gpu, dx); be_free(&gpu, db); be_free(&gpu, dout);
+        tw_free(&w);
+    }
+}
+
 /* ---- router and MoE ---- */
 
 static ModelConfig moe_cfg(int E, int K, int G, int TG, int D, int F, int softmax)
@@ -329,10 +426,15 @@ TEST(cuda_moe)
     NEED_GPU();
     Rng r;
     rng_seed(&r, 17);
-    int cases[][5] = {/* T, E, K, D, F */ {1, 16, 4, 128, 32}, {7, 8, 2, 96, 48}, {64, 32, 8, 256, 64}, {4096, 16, 4, 64, 32}};
-    QFormat fmts[] = {QF_BF16, QF_NVFP4};
+    int cases[][5] = {/* T, E, K, D, F */ {1, 16, 4, 128, 32}, {7, 8, 2, 96, 48}, {64, 32, 8, 256, 64}, {4096, 16, 4, 64, 32},
+                      /* W4P shapes (D, F multiples of 256) */
+                      {1, 16, 4, 256, 256}, {7, 8, 2, 512, 256}, {64, 32, 8, 256, 512}, {300, 64, 8, 256, 256},
+                      {2048, 16, 4, 256, 256}};
+    QFormat fmts[] = {QF_BF16, QF_NVFP4, QF_NVFP4};
     for (size_t cs = 0; cs < sizeof cases / sizeof cases[0]; cs++)
-        for (int f = 0; f < 2; f++) {
+        for (int f = 0; f < 3; f++) {
+            int w4 = f == 2;
+            if (w4 && (cases[cs][3] % 256 || cases[cs][4] % 256)) continue;
             int T = cases[cs][0], E = cases[cs][1], K = cases[cs][2], D = cases[cs][3], F = cases[cs][4];
             ModelConfig c = moe_cfg(E, K, 1, 1, D, F, 0);
             TW *ws = malloc(3 * E * sizeof(TW));
@@ -344,7 +446,8 @@ TEST(cuda_moe)
             dl.exp_up = dl.exp_gate + E;
             dl.exp_down = dl.exp_gate + 2 * E;
             for (int i = 0; i < 3 * E; i++) {
-                ws[i] = tw_make(&r, fmts[f], i < 2 * E ? F : D, i < 2 * E ? D : F);
+                ws[i] = w4 ? tw_make_w4(&r, i < 2 * E ? F : D, i < 2 * E ? D : F)
+                           : tw_make(&r, fmts[f], i < 2 * E ? F : D, i < 2 * E ? D : F);
                 hl.exp_gate[i] = ws[i].host;
                 dl.exp_gate[i] = ws[i].dev;
             }
@@ -358,10 +461,17 @@ TEST(cuda_moe)
             moe_cpu(&cpu, ref, x, idx, wts, T, &hl, &c);
             float *dx = up(x, (size_t)T * D * 4), *dwts = up(wts, (size_t)T * K * 4), *dout = be_alloc(&gpu, (size_t)T * D * 4);
             int *didx = up(idx, (size_t)T * K * 4);
-            be_moe(&gpu, dout, dx, didx, dwts, T, &dl, &c);
-            float *got = down(dout, (size_t)T * D);
-            EXPECT_CLOSE(got, ref, (size_t)T * D, TOL_F32, "moe %s T %d E %d K %d D %d F %d", qformat_name(fmts[f]), T, E, K, D, F);
-            free(got); free(ref); free(x); free(idx); free(wts);
+            for (int tile = -1; tile < (w4 ? W4_N_TILES : 0); tile++) { /* W4P: the choice, then every tile */
+                if (tile >= 0 && !w4_tile_fits(w4_tiles[tile], w4_smem_budget(0), NULL, 0)) continue;
+                w4_set_config((W4Config){tile, 0});
+                be_moe(&gpu, dout, dx, didx, dwts, T, &dl, &c);
+                float *got = down(dout, (size_t)T * D);
+                EXPECT_CLOSE(got, ref, (size_t)T * D, w4 ? TOL_W4 : TOL_F32, "moe %s%s T %d E %d K %d D %d F %d tile %d",
+                             qformat_name(fmts[f]), w4 ? " (W4P)" : "", T, E, K, D, F, tile);
+                free(got);
+            }
+            w4_set_config((W4Config){-1, 0});
+            free(ref); free(x); free(idx); free(wts);
             be_free(&gpu, dx); be_free(&gpu, dwts); be_free(&gpu, dout); be_free(&gpu, didx);
             be_free(&gpu, (void *)dl.exp_table);
             for (int i = 0; i < 3 * E; i++) tw_free(&ws[i]);
@@ -519,4 +629,49 @@ TEST(cuda_attention_mla_and_indexer)
         tw_free(&wkvb);
         tb_free(&b);
     }
+}
+
+/* The W4P repack of real checkpoint tensors through model_upload: every packed linear of the
+ * NVFP4 fixtures against the CPU twin on the same (BF16-rounded) activations. */
+#include "model/model.h"
+
+TEST(cuda_w4_checkpoint_weights)
+{
+    NEED_GPU();
+    const char *names[] = {"glm4moe-nvfp4", "glm5-nvfp4"};
+    Rng r;
+    rng_seed(&r, 23);
+    int checked = 0;
+    for (size_t f = 0; f < 2; f++) {
+        char dir[4300];
+        snprintf(dir, sizeof dir, "%s/%s", test_data("golden"), names[f]);
+        Model m, dm;
+        model_load(&m, dir);
+        model_upload(&dm, &m, &gpu);
+        for (int l = 0; l < m.cfg.n_layers; l++) {
+            const LayerWeights *hl = &m.layers[l], *dl = &dm.layers[l];
+            const QTensor *hs[] = {&hl->wq, &hl->wk, &hl->wv, &hl->wo, &hl->wq_a, &hl->wq_b, &hl->wkv_a, &hl->wkv_b,
+                                   &hl->w_gate, &hl->w_up, &hl->w_down, &hl->sh_gate, &hl->sh_up, &hl->sh_down};
+            const QTensor *ds[] = {&dl->wq, &dl->wk, &dl->wv, &dl->wo, &dl->wq_a, &dl->wq_b, &dl->wkv_a, &dl->wkv_b,
+                                   &dl->w_gate, &dl->w_up, &dl->w_down, &dl->sh_gate, &dl->sh_up, &dl->sh_down};
+            for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++) {
+                if (!ds[i]->packed) continue;
+                int T = 5, N = (int)hs[i]->rows, K = (int)hs[i]->cols;
+                float *x = rnd(&r, (size_t)T * K, 1), *ref = calloc((size_t)T * N, 4);
+                matmul_cpu(&cpu, ref, N, x, K, T, hs[i], NULL);
+                float *dx = up(x, (size_t)T * K * 4), *dout = be_alloc(&gpu, (size_t)T * N * 4);
+                be_matmul(&gpu, OP_GEMM_MLP, dout, N, dx, K, T, ds[i], NULL);
+                float *got = down(dout, (size_t)T * N);
+                EXPECT_CLOSE(got, ref, (size_t)T * N, TOL_W4, "%s layer %d tensor %zu (%s) %d x %d", names[f], l, i,
+                             hs[i]->name ? hs[i]->name : "?", N, K);
+                checked++;
+                free(x); free(ref); free(got);
+                be_free(&gpu, dx); be_free(&gpu, dout);
+            }
+        }
+        model_upload_free(&dm, &gpu);
+        model_free(&m);
+    }
+    EXPECT(checked > 0, "no packed tensor in the fixtures");
+    fprintf(stderr, "    %d packed checkpoint tensors checked\n", checked);
 }

@@ -42,7 +42,7 @@ static inline cudaStream_t cuda_stream(Backend *be) { return cuda_state(be)->str
 /* A grow-only device buffer for one op's temporaries (slots are per op file, see cuda.cu). */
 void *cuda_scratch(Backend *be, int slot, size_t bytes);
 enum { SCR_MM_X = 0, SCR_MM_Y, SCR_MOE_COUNT, SCR_MOE_ROWS, SCR_MOE_H, SCR_MOE_U, SCR_MOE_Y, SCR_MOE_TILES,
-       SCR_IDX_SCORES, SCR_MOE_TABLE };
+       SCR_IDX_SCORES, SCR_MOE_TABLE, SCR_W4_X, SCR_W4_PART };
 
 static inline int cdiv(long a, long b) { return (int)((a + b - 1) / b); }
 
@@ -66,6 +66,30 @@ __device__ __forceinline__ float e2m1_dec(int code)
     return (code & 8) ? -v : v;
 }
 
+/* The W4P layout of NVFP4 weights: see w4.cuh. */
+#define W4_REC 2304     /* bytes of a 16 x 256 record */
+#define W4_KG 256       /* columns per record */
+
+__device__ __forceinline__ float w4_scale_dec(uint8_t b)
+{
+    return b ? ldexpf(1.f + (b & 7) * 0.125f, (b >> 3) - 10) : 0.f;
+}
+
+/* W[r, k] of a packed NVFP4 tensor, the W4P layout of w4.cuh (the twin of qtensor_decode). */
+__device__ __forceinline__ float w4_elem(const QTensor &w, int64_t r, int64_t k)
+{
+    int64_t i = r >> 4;
+    int rr = (int)(r & 15), g = rr & 7, hi = rr >> 3;
+    int64_t G = k >> 8;
+    int c = (int)(k >> 6) & 3, t = (int)(k >> 4) & 3, j = (int)(k >> 2) & 3, q = (int)k & 3;
+    const uint8_t *rec = w.data + (i * (w.cols >> 8) + G) * W4_REC;
+    int lane = g * 4 + t;
+    uint32_t word = *(const uint32_t *)(rec + c * 512 + lane * 16 + j * 4);
+    int nib = (q & 1) * 4 + (q >> 1) * 2 + hi;
+    int code = (word >> (4 * nib)) & 15;
+    return e2m1_dec(code) * (w4_scale_dec(rec[2048 + lane * 8 + 2 * c + hi]) * w.gscale);
+}
+
 /* W[r, k] of a QTensor whose pointers are device pointers. */
 __device__ __forceinline__ float qt_elem(const QTensor &w, int64_t r, int64_t k)
 {
@@ -82,6 +106,7 @@ __device__ __forceinline__ float qt_elem(const QTensor &w, int64_t r, int64_t k)
         return e4m3_dec(w.data[r * K + k]) * s;
     }
     case QF_NVFP4: {
+        if (w.packed) return w4_elem(w, r, k);
         uint8_t byte = w.data[r * (K / 2) + k / 2];
         float bs = e4m3_dec(w.scale[r * (K / 16) + k / 16]);
         return e2m1_dec((k & 1) ? byte >> 4 : byte & 15) * (bs * w.gscale);
@@ -178,6 +203,12 @@ void attention_mla_cuda(Backend *be, float *out, const float *q, const KVLayer *
                         const int *topk, int ktop, const Batch *b, const ModelConfig *c);
 void indexer_cuda(Backend *be, int *topk, const float *q, const float *w, const KVLayer *kv, const Batch *b,
                   const ModelConfig *c);
-/* Grouped GEMM of the MoE path over a device tile schedule (moe.cu uses matmul.cu's tile code). */
+/* out[t, :] = sum_k wts[t, k] * y[t*K + k, :] in k order: the MoE combine (moe.cu). */
+void moe_combine_cuda(Backend *be, float *out, const float *y, const float *wts, int T, int K, int D);
+/* The W4A16 kernels for packed NVFP4 weights (w4.cu). */
+void w4_pack_cuda(Backend *be, uint8_t *dst, const uint8_t *codes, const uint8_t *scales, int64_t N, int64_t K);
+void w4_matmul_cuda(Backend *be, float *out, int ldo, const float *x, int ldx, int T, const QTensor *w, const float *bias);
+int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const float *wts, int T, const LayerWeights *lw,
+                const ModelConfig *c);
 
 #endif

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common.cuh"
+#include "w4.h"
 
 extern "C" int cuda_device_count(void)
 {
@@ -121,7 +122,7 @@ static const BackendOps cuda_ops = {
     cuda_alloc, cuda_free, cuda_destroy, fill_cuda, embed_cuda, rmsnorm_cuda, layernorm_cuda, rope_cuda, add_cuda,
     get_rows_cuda, cuda_to_host, cuda_to_device, swiglu_cuda, kv_write_cuda, matmul_cuda, router_cuda,
     moe_cuda, attention_gqa_cuda, attention_mla_cuda, indexer_cuda, argmax_cuda, cuda_reserve, cuda_graph_begin,
-    cuda_graph_end, cuda_graph_launch, cuda_graph_free, cuda_mem_free,
+    cuda_graph_end, cuda_graph_launch, cuda_graph_free, cuda_mem_free, w4_pack_cuda,
 };
 
 extern "C" void backend_cuda_init(Backend *be, int device)
@@ -144,6 +145,7 @@ extern "C" void backend_cuda_init(Backend *be, int device)
     be->impl = s;
     const char *sy = getenv("MOESERVE_SYNC");
     s->sync = sy && *sy == '1';
+    w4_load_cached(device);
 }
 
 /* ---- graphs and scratch reservation ---- */
@@ -190,12 +192,18 @@ static void cuda_reserve(Backend *be, const ModelConfig *c, int T, int max_out, 
     cuda_scratch(be, SCR_MM_Y, (size_t)2 * max_out * c->vocab * 4 > (size_t)2 * T * nmax * 4
                                    ? (size_t)2 * max_out * c->vocab * 4 : (size_t)2 * T * nmax * 4);
     if (c->n_experts > 0) {
-        int E = c->n_experts, P = T * c->n_experts_per_tok, QMT = 16;
-        cuda_scratch(be, SCR_MOE_COUNT, (size_t)(4 * E + 1 + 2 * (P / QMT + E)) * 4);
+        int E = c->n_experts, P = T * c->n_experts_per_tok;
+        cuda_scratch(be, SCR_MOE_COUNT, (size_t)(4 * E + 1 + 2 * (P + E)) * 4);
         cuda_scratch(be, SCR_MOE_ROWS, (size_t)P * 4);
         cuda_scratch(be, SCR_MOE_H, (size_t)P * c->moe_intermediate * 4);
         cuda_scratch(be, SCR_MOE_U, (size_t)P * c->moe_intermediate * 4);
         cuda_scratch(be, SCR_MOE_Y, (size_t)P * c->hidden * 4);
     }
+    /* the W4A16 kernels: BF16 activations, and split-K partials (w4_dense_choice keeps
+     * splits x T x N under 2 x 16 x SMs x 512 floats) */
+    int sms = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, cuda_state(be)->device));
+    cuda_scratch(be, SCR_W4_X, (size_t)2 * rows * imax(kmax, c->hidden) * 2); /* hi and lo halves */
+    cuda_scratch(be, SCR_W4_PART, (size_t)2 * 16 * sms * 512 * 4);
     if (c->index_n_heads > 0) cuda_scratch(be, SCR_IDX_SCORES, (size_t)T * max_ctx * 4);
 }

@@ -6,6 +6,7 @@
  * two halves are added: the error is that of a 16-bit mantissa, 2^-17 relative, instead of
  * bf16's 2^-9, which would flip near-tied router and indexer top-k choices. */
 #include "qgemm.cuh"
+#include "w4.h"
 
 static __global__ void qgemm_dense_kernel(float *out, int ldo, const float *x, int ldx, int T, QTensor w, const float *bias)
 {
@@ -90,6 +91,9 @@ void matmul_cuda(Backend *be, float *out, int ldo, const float *x, int ldx, int 
         lt_matmul(be, y, N, xb, CUDA_R_16BF, K, w->data, CUDA_R_16BF, 2 * T, N, K);
         join_halves_kernel<<<cdiv(m, 256) < 65535 ? cdiv(m, 256) : 65535, 256, 0, st>>>(out, ldo, y, bias, T, N);
         LAUNCH_CHECK("join_halves_kernel");
+        return;
+    } else if (w->fmt == QF_NVFP4 && w->packed) {
+        w4_matmul_cuda(be, out, ldo, x, ldx, T, w, bias);
         return;
     } else if (w->fmt == QF_F32) {
         lt_matmul(be, out, ldo, x, CUDA_R_32F, ldx, w->data, CUDA_R_32F, T, N, K);

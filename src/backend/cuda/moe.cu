@@ -5,6 +5,7 @@
  * row. Combine: each token adds its K rows weighted, in k order, so the result does not depend
  * on the order the atomics listed the pairs in. */
 #include "qgemm.cuh"
+#include "w4.h"
 
 static __global__ void moe_count_kernel(int *count, const int *idx, int n)
 {
@@ -67,12 +68,20 @@ static __global__ void moe_combine_kernel(float *out, const float *y, const floa
     }
 }
 
+void moe_combine_cuda(Backend *be, float *out, const float *y, const float *wts, int T, int K, int D)
+{
+    int64_t n = (int64_t)T * D;
+    moe_combine_kernel<<<cdiv(n, 256) < 65535 ? cdiv(n, 256) : 65535, 256, 0, cuda_stream(be)>>>(out, y, wts, T, K, D);
+    LAUNCH_CHECK("moe_combine_kernel");
+}
+
 int moe_cuda(Backend *be, float *out, const float *x, const int *idx, const float *wts, int T, const LayerWeights *lw,
              const ModelConfig *c)
 {
     int E = c->n_experts, K = c->n_experts_per_tok, D = c->hidden, F = c->moe_intermediate, P = T * K;
     if (!T) return 0;
     CHECK(lw->exp_table, "moe_cuda: the layer's expert table is not on the device");
+    if (w4_moe_ready(lw, c)) return w4_moe_cuda(be, out, x, idx, wts, T, lw, c);
     cudaStream_t st = cuda_stream(be);
     int max_tiles = P / QM + E;
     int *ibuf = (int *)cuda_scratch(be, SCR_MOE_COUNT, (size_t)(4 * E + 1 + 2 * max_tiles) * sizeof(int));
@@ -98,8 +107,6 @@ int moe_cuda(Backend *be, float *out, const float *x, const int *idx, const floa
     swiglu_cuda(be, g, g, u, P, F);
     moe_gemm_kernel<<<gd, QTHREADS, 0, st>>>(y, D, g, F, lw->exp_table, 2, count, offset, rows, tile_e, tile_m0, n_tiles, K, E, 1);
     LAUNCH_CHECK("moe_gemm_kernel(down)");
-    int64_t n = (int64_t)T * D;
-    moe_combine_kernel<<<cdiv(n, 256) < 65535 ? cdiv(n, 256) : 65535, 256, 0, st>>>(out, y, wts, T, K, D);
-    LAUNCH_CHECK("moe_combine_kernel");
+    moe_combine_cuda(be, out, y, wts, T, K, D);
     return -1;
 }

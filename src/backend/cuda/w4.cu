@@ -1,0 +1,521 @@
+/* w4: NVFP4 weights streamed at the memory roof (issue #5). The W4P repack at upload, the dense
+ * W4A16 GEMM (split-K when the row tiles alone cannot fill the GPU) and the grouped MoE GEMMs
+ * (gate and up in one pass with SwiGLU in the epilogue, then down), all on w4_warp (w4.cuh).
+ * Activations enter as BF16 (one conversion per op); accumulation is float32; outputs are
+ * float32 except the SwiGLU output h, which is the down projection's BF16 input. */
+#include "w4.cuh"
+#include "w4.h"
+
+#define W4_WARPS 4      /* warps per block: 4 row tiles of 16 */
+
+/* ---- repack ---- */
+
+/* E4M3 scale byte -> the unsigned E5M3 byte of the W4P layout (0 for zero). NaN saturates. */
+__device__ __forceinline__ uint8_t w4_scale_enc(uint8_t s)
+{
+    int e = (s >> 3) & 15, m = s & 7, E, mant;
+    if (e == 15 && m == 7) return (uint8_t)((18 << 3) | 7);
+    if (e == 0) {
+        if (!m) return 0;
+        int p = m >= 4 ? 2 : m >= 2 ? 1 : 0;
+        E = p - 9;
+        mant = (m << (3 - p)) & 7;
+    } else {
+        E = e - 7;
+        mant = m;
+    }
+    return (uint8_t)(((E + 10) << 3) | mant);
+}
+
+/* thread (record, lane): its 64 code bytes and 8 scale bytes */
+static __global__ void w4_pack_kernel(uint8_t *dst, const uint8_t *codes, const uint8_t *scales, int64_t N, int64_t K)
+{
+    int64_t ng = K / W4_KG, items = (N / 16) * ng * 32;
+    for (int64_t it = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; it < items; it += (int64_t)gridDim.x * blockDim.x) {
+        int lane = (int)(it & 31), g = lane >> 2, t = lane & 3;
+        int64_t rec = it >> 5, G = rec % ng, i = rec / ng;
+        uint8_t *out = dst + rec * W4_REC;
+        for (int c = 0; c < 4; c++) {
+            int64_t k0 = G * W4_KG + c * 64 + t * 16;
+            int zero[2], neg[2];
+            for (int hi = 0; hi < 2; hi++) {
+                uint8_t s = scales[(16 * i + g + 8 * hi) * (K / 16) + k0 / 16];
+                uint8_t b = w4_scale_enc(s & 0x7f);
+                zero[hi] = b == 0;
+                neg[hi] = (s & 0x80) != 0;
+                out[2048 + lane * 8 + 2 * c + hi] = b;
+            }
+            uint32_t words[4];
+            for (int j = 0; j < 4; j++) {
+                uint32_t w = 0;
+                for (int q = 0; q < 4; q++)
+                    for (int hi = 0; hi < 2; hi++) {
+                        int64_t k = k0 + 4 * j + q, row = 16 * i + g + 8 * hi;
+                        uint8_t byte = codes[row * (K / 2) + k / 2];
+                        uint32_t code = (k & 1) ? byte >> 4 : byte & 15;
+                        if (zero[hi]) code = 0;
+                        if (neg[hi]) code ^= 8;
+                        w |= code << (4 * ((q & 1) * 4 + (q >> 1) * 2 + hi));
+                    }
+                words[j] = w;
+            }
+            *(uint4 *)(out + c * 512 + lane * 16) = make_uint4(words[0], words[1], words[2], words[3]);
+        }
+    }
+}
+
+extern "C" int w4_packable(const QTensor *w)
+{
+    return w->fmt == QF_NVFP4 && !w->packed && w->rows > 0 && w->rows % 16 == 0 && w->cols % W4_KG == 0;
+}
+
+void w4_pack_cuda(Backend *be, uint8_t *dst, const uint8_t *codes, const uint8_t *scales, int64_t N, int64_t K)
+{
+    int64_t items = (N / 16) * (K / W4_KG) * 32;
+    int nb = cdiv(items, 256) < 65535 ? cdiv(items, 256) : 65535;
+    w4_pack_kernel<<<nb, 256, 0, cuda_stream(be)>>>(dst, codes, scales, N, K);
+    LAUNCH_CHECK("w4_pack_kernel");
+}
+
+/* ---- activations to BF16 ---- */
+
+/* y[i] = bf16(x) and, with split, y[T*K + i] = bf16(x - bf16(x)) (see w4_loadb) */
+__device__ __forceinline__ void w4_split_store(__nv_bfloat16 *y, int64_t i, int64_t n, float v, int split)
+{
+    __nv_bfloat16 h = __float2bfloat16(v);
+    y[i] = h;
+    if (split) y[n + i] = __float2bfloat16(v - __bfloat162float(h));
+}
+
+static __global__ void to_bf16_kernel(__nv_bfloat16 *y, const float *x, int ldx, int T, int K, int split)
+{
+    int64_t n = (int64_t)T * K;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        w4_split_store(y, i, n, x[(i / K) * ldx + i % K], split);
+}
+
+static void to_bf16(Backend *be, __nv_bfloat16 *y, const float *x, int ldx, int T, int K, int split)
+{
+    int64_t n = (int64_t)T * K;
+    to_bf16_kernel<<<cdiv(n, 256) < 65535 ? cdiv(n, 256) : 65535, 256, 0, cuda_stream(be)>>>(y, x, ldx, T, K, split);
+    LAUNCH_CHECK("to_bf16_kernel");
+}
+
+/* Activations as two BF16 halves (the default), or plain BF16 (MOESERVE_W4_ACT=bf16: half the
+ * tensor-core work at prefill, and the rounding of other engines' W4A16 kernels). */
+static int w4_split_force = -1;
+
+extern "C" void w4_set_act_split(int on) { w4_split_force = on; }
+
+static int w4_split_act(void)
+{
+    static int v = -1;
+    if (w4_split_force >= 0) return w4_split_force;
+    if (v < 0) {
+        const char *e = getenv("MOESERVE_W4_ACT");
+        v = !(e && !strcmp(e, "bf16"));
+    }
+    return v;
+}
+
+/* ---- dense ---- */
+
+/* block: W4_WARPS row tiles x 8 NT tokens x one K split. splits == 1: out = acc * gscale + bias;
+ * else part[split][T][N] = acc * gscale (w4_reduce_kernel adds the splits and the bias). */
+template <int NT, int ST, int KS, bool XF, bool SP>
+static __global__ void __launch_bounds__(W4_WARPS * 32) w4_dense_kernel(float *out, int ldo, float *part,
+                                                                         const void *x, int ldx, size_t lo, int T,
+                                                                         QTensor w, const float *bias, int splits)
+{
+    extern __shared__ __align__(16) __nv_bfloat16 w4_sx[];
+    __shared__ const void *rowp[8 * NT];
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int N = (int)w.rows, K = (int)w.cols, ng = K / W4_KG;
+    __shared__ float red[KS > 1 ? (KS - 1) * NT * 4 * 32 : 1];
+    int i = blockIdx.x * (W4_WARPS / KS) + (threadIdx.x >> 5) / KS, active = i < N / 16;
+    if (ST == 0 && !active) return; /* KS > 1: the whole block */
+    int m0 = blockIdx.y * 8 * NT, m = min(8 * NT, T - m0), split = blockIdx.z;
+    int g0 = (int)((int64_t)split * ng / splits), g1 = (int)((int64_t)(split + 1) * ng / splits);
+    w4_krange<KS>(g0, g1);
+    if (threadIdx.x < 8 * NT) {
+        size_t r = (size_t)(m0 + min((int)threadIdx.x, m - 1)) * ldx;
+        rowp[threadIdx.x] = XF ? (const void *)((const float *)x + r) : (const void *)((const __nv_bfloat16 *)x + r);
+    }
+    __syncthreads();
+    const uint8_t *rec[1] = {w.data + (size_t)(active ? i : 0) * ng * W4_REC};
+    float acc[1][NT][4];
+    w4_tile<NT, 1, ST, XF, SP>(acc, rec, active, rowp, lo, (m + 7) / 8, g0, g1, w4_sx);
+    if (!w4_kreduce<1, NT, KS>(acc, red) || !active) return;
+    float sc = w.gscale * 512.f;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int slot = nt * 8 + 2 * t + (e & 1), row = 16 * i + g + 8 * (e >> 1);
+            if (slot >= m) continue;
+            float v = acc[0][nt][e] * sc;
+            if (splits == 1) out[(size_t)(m0 + slot) * ldo + row] = v + (bias ? bias[row] : 0.f);
+            else part[((size_t)split * T + m0 + slot) * N + row] = v;
+        }
+}
+
+static __global__ void w4_reduce_kernel(float *out, int ldo, const float *part, const float *bias, int T, int N, int splits)
+{
+    int64_t n = (int64_t)T * N;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float v = bias ? bias[i % N] : 0.f;
+        for (int s = 0; s < splits; s++) v += part[s * n + i];
+        out[(i / N) * ldo + i % N] = v;
+    }
+}
+
+/* ---- configuration: forced, tuned or built-in; never a tile over the shared memory budget ---- */
+
+static W4Config w4_force = {-1, 0};
+static size_t w4_budget_sim = 0;
+static W4Table w4_table;
+static int w4_have_table = 0;
+
+extern "C" void w4_set_config(W4Config c) { w4_force = c; }
+extern "C" void w4_set_smem_budget(size_t bytes) { w4_budget_sim = bytes; }
+extern "C" void w4_use_table(const W4Table *t)
+{
+    w4_have_table = t != NULL;
+    if (t) w4_table = *t;
+}
+
+extern "C" size_t w4_smem_budget(int device)
+{
+    if (w4_budget_sim) return w4_budget_sim;
+    int optin = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    return (size_t)optin;
+}
+
+extern "C" void w4_device_key(int device, char *buf, size_t n)
+{
+    cudaDeviceProp p;
+    CUDA_CHECK(cudaGetDeviceProperties(&p, device));
+    int drv = 0;
+    cudaDriverGetVersion(&drv);
+    snprintf(buf, n, "%s|%d SMs|%zu B smem|driver %d", p.name, p.multiProcessorCount, p.sharedMemPerBlockOptin, drv);
+}
+
+extern "C" int w4_load_cached(int device)
+{
+    char path[4096], err[512], key[256];
+    w4_table_path(path, sizeof path);
+    W4Table t;
+    if (!file_exists(path) || w4_table_load(&t, path, err, sizeof err) < 0) return 0;
+    w4_device_key(device, key, sizeof key);
+    if (strcmp(key, t.device) != 0) {
+        log_info("w4: %s was tuned on another device (%s), not taken", path, t.device);
+        return 0;
+    }
+    w4_use_table(&t);
+    log_info("w4: tile table from %s", path);
+    return 1;
+}
+
+/* The tile for an op with `tokens` rows (dense) or tokens (MoE, rows_per_weight pairs per expert) */
+static int w4_pick(Backend *be, W4Kind kind, int tokens, double rows_per_weight)
+{
+    size_t budget = w4_smem_budget(cuda_state(be)->device);
+    int tile = w4_force.tile;
+    if (tile < 0 && w4_have_table) tile = w4_table.tile[kind][w4_bucket(tokens)];
+    if (tile >= 0) {
+        char why[256];
+        if (!w4_tile_fits(w4_tiles[tile], budget, why, sizeof why))
+            die("w4: tile %d (nt %d, st %d, ks %d) %s", tile, w4_tiles[tile].nt, w4_tiles[tile].st, w4_tiles[tile].ks, why);
+        return tile;
+    }
+    return w4_default_tile(kind, rows_per_weight, budget);
+}
+
+static int sm_count(Backend *be)
+{
+    static int n = 0;
+    if (!n) CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, cuda_state(be)->device));
+    return n;
+}
+
+/* Splits of K so that about 16 warps per SM stream weights (at most 16, at most the groups). */
+static int w4_splits(int T, int N, int K, int nt, int ks, int sms)
+{
+    if (w4_force.splits > 0) return w4_force.splits < K / W4_KG ? w4_force.splits : K / W4_KG;
+    int ng = K / W4_KG;
+    int64_t warps = (int64_t)(N / 16) * cdiv(T, 8 * nt) * ks;
+    int s = (int)((16L * sms + warps - 1) / warps);
+    return s < 1 ? 1 : s > ng ? ng : s > 16 ? 16 : s;
+}
+
+/* Launch kernel template K<NT, ST> for tile index `tile`, with its dynamic shared memory
+ * (raising the kernel's limit the first time it needs more than 48 KB). */
+#define W4_SET_SMEM(KER, NTV, STV, KSV, SPV)                                                                           \
+    do {                                                                                                               \
+        static int done_ = 0;                                                                                          \
+        if (!done_ && W4_SMEM(NTV, STV) > 48 * 1024) {                                                                 \
+            CUDA_CHECK(cudaFuncSetAttribute(KER<NTV, STV, KSV, SPV>, cudaFuncAttributeMaxDynamicSharedMemorySize,       \
+                                            W4_SMEM(NTV, STV)));                                                       \
+            done_ = 1;                                                                                                 \
+        }                                                                                                              \
+    } while (0)
+#define W4_SET_SMEM2(KER, NTV, STV, KSV, XFV, SPV)                                                                     \
+    do {                                                                                                               \
+        static int done_ = 0;                                                                                          \
+        if (!done_ && W4_SMEM(NTV, STV) > 48 * 1024) {                                                                 \
+            CUDA_CHECK(cudaFuncSetAttribute(KER<NTV, STV, KSV, XFV, SPV>, cudaFuncAttributeMaxDynamicSharedMemorySize,  \
+                                            W4_SMEM(NTV, STV)));                                                       \
+            done_ = 1;                                                                                                 \
+        }                                                                                                              \
+    } while (0)
+#define W4_DISPATCH(tile, LAUNCH)                                                                                      \
+    switch (tile) {                                                                                                    \
+    case 0: LAUNCH(1, 0, 1); break;                                                                                    \
+    case 1: LAUNCH(2, 0, 1); break;                                                                                    \
+    case 2: LAUNCH(4, 0, 1); break;                                                                                    \
+    case 3: LAUNCH(2, 2, 1); break;                                                                                    \
+    case 4: LAUNCH(4, 2, 1); break;                                                                                    \
+    case 5: LAUNCH(4, 3, 1); break;                                                                                    \
+    case 6: LAUNCH(4, 4, 1); break;                                                                                    \
+    case 7: LAUNCH(8, 2, 1); break;                                                                                    \
+    case 8: LAUNCH(8, 3, 1); break;                                                                                    \
+    case 9: LAUNCH(8, 4, 1); break;                                                                                    \
+    case 10: LAUNCH(1, 0, 4); break;                                                                                   \
+    default: LAUNCH(2, 0, 4); break;                                                                                   \
+    }
+
+void w4_matmul_cuda(Backend *be, float *out, int ldo, const float *x, int ldx, int T, const QTensor *w, const float *bias)
+{
+    int N = (int)w->rows, K = (int)w->cols;
+    cudaStream_t st = cuda_stream(be);
+    int tile = w4_pick(be, W4_DENSE, T, T), nt = w4_tiles[tile].nt;
+    int splits = w4_splits(T, N, K, nt, w4_tiles[tile].ks, sm_count(be));
+    /* tiles reading activations from global memory round the float32 rows themselves */
+    int xf = w4_tiles[tile].st == 0 && ldx % 4 == 0 && ((uintptr_t)x & 15) == 0, split = w4_split_act();
+    const void *xa = x;
+    int lda = ldx;
+    size_t lo = split; /* XF: a flag */
+    if (!xf) {
+        __nv_bfloat16 *xb = (__nv_bfloat16 *)cuda_scratch(be, SCR_W4_X, (size_t)2 * T * K * sizeof(__nv_bfloat16));
+        to_bf16(be, xb, x, ldx, T, K, split);
+        xa = xb;
+        lda = K;
+        lo = split ? (size_t)T * K : 0;
+    }
+    float *part = splits > 1 ? (float *)cuda_scratch(be, SCR_W4_PART, (size_t)splits * T * N * sizeof(float)) : NULL;
+    dim3 grid(cdiv(N / 16, W4_WARPS / w4_tiles[tile].ks), cdiv(T, 8 * nt), splits);
+#define LAUNCH_DENSE_SP(NTV, STV, KSV, SPV)                                                                           \
+    if (STV == 0 && xf)                                                                                                \
+        w4_dense_kernel<NTV, STV, KSV, true, SPV><<<grid, W4_WARPS * 32, 0, st>>>(out, ldo, part, xa, lda, lo, T, *w,   \
+                                                                                  bias, splits);                       \
+    else {                                                                                                             \
+        W4_SET_SMEM2(w4_dense_kernel, NTV, STV, KSV, false, SPV);                                                      \
+        w4_dense_kernel<NTV, STV, KSV, false, SPV><<<grid, W4_WARPS * 32, W4_SMEM(NTV, STV), st>>>(                    \
+            out, ldo, part, xa, lda, lo, T, *w, bias, splits);                                                         \
+    }
+#define LAUNCH_DENSE_T(NTV, STV, KSV) LAUNCH_DENSE_SP(NTV, STV, KSV, true)
+#define LAUNCH_DENSE_F(NTV, STV, KSV) LAUNCH_DENSE_SP(NTV, STV, KSV, false)
+    if (split) {
+        W4_DISPATCH(tile, LAUNCH_DENSE_T)
+    } else {
+        W4_DISPATCH(tile, LAUNCH_DENSE_F)
+    }
+#undef LAUNCH_DENSE_T
+#undef LAUNCH_DENSE_F
+#undef LAUNCH_DENSE_SP
+    LAUNCH_CHECK("w4_dense_kernel");
+    if (splits > 1) {
+        int64_t n = (int64_t)T * N;
+        w4_reduce_kernel<<<cdiv(n, 256) < 65535 ? cdiv(n, 256) : 65535, 256, 0, st>>>(out, ldo, part, bias, T, N, splits);
+        LAUNCH_CHECK("w4_reduce_kernel");
+    }
+}
+
+/* ---- grouped MoE ---- */
+
+/* The dispatch in one launch: block 0 (1024 threads, E <= 1024) counts the pairs per expert in
+ * shared memory, scans them into offsets and the tile list (tile (e, m0) for every MT pairs of
+ * expert e, in expert order) and lists each expert's pairs (rows); the other blocks convert x
+ * to BF16 meanwhile. The order of the pairs inside an expert's list depends on the atomics, but
+ * each pair's result does not (every token column of the MMA is computed alone). */
+static __global__ void w4_route_kernel(int *offset, int *count_out, int *rows, int *tile_e, int *tile_m0, int *n_tiles,
+                                       const int *idx, int P, int E, int MT, __nv_bfloat16 *xb, const float *x, int64_t nx,
+                                       int split)
+{
+    if (blockIdx.x > 0) {
+        for (int64_t i = (blockIdx.x - 1) * (int64_t)blockDim.x + threadIdx.x; i < nx; i += (int64_t)(gridDim.x - 1) * blockDim.x)
+            w4_split_store(xb, i, nx, x[i], split);
+        return;
+    }
+    __shared__ int cnt[1024], sc[1024], st[1024], fill[1024];
+    int e = threadIdx.x;
+    cnt[e] = 0;
+    fill[e] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < P; i += blockDim.x) atomicAdd(&cnt[idx[i]], 1);
+    __syncthreads();
+    int c = e < E ? cnt[e] : 0, nt = (c + MT - 1) / MT;
+    sc[e] = c;
+    st[e] = nt;
+    __syncthreads();
+    for (int d = 1; d < 1024; d <<= 1) {
+        int a = e >= d ? sc[e - d] : 0, b = e >= d ? st[e - d] : 0;
+        __syncthreads();
+        sc[e] += a;
+        st[e] += b;
+        __syncthreads();
+    }
+    int off = sc[e] - c;
+    if (e < E) {
+        offset[e] = off;
+        count_out[e] = c;
+        int t0 = st[e] - nt;
+        for (int k = 0; k < nt; k++) {
+            tile_e[t0 + k] = e;
+            tile_m0[t0 + k] = k * MT;
+        }
+    }
+    if (e == 1023) *n_tiles = st[1023];
+    sc[e] = off; /* exclusive offsets, for the listing */
+    __syncthreads();
+    for (int i = threadIdx.x; i < P; i += blockDim.x) {
+        int x_e = idx[i];
+        rows[sc[x_e] + atomicAdd(&fill[x_e], 1)] = i;
+    }
+}
+
+/* gate and up of expert e for one tile of its pairs: h[pos, f] = silu(gate) * up (BF16), pos the
+ * pair's place in the sorted list. Row tiles of F along blockIdx.y. */
+template <int NT, int ST, int KS, bool SP>
+static __global__ void __launch_bounds__(W4_WARPS * 32) w4_moe_gateup_kernel(
+    __nv_bfloat16 *h, const __nv_bfloat16 *xb, const QTensor *table, int E, int topk, const int *count,
+    const int *offset, const int *rows, const int *tile_e, const int *tile_m0, const int *n_tiles, int F, int K,
+    size_t xlo, size_t hlo)
+{
+    extern __shared__ __align__(16) __nv_bfloat16 w4_sx[];
+    __shared__ const void *rowp[8 * NT];
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int tile = blockIdx.x;
+    if (tile >= *n_tiles) return;
+    __shared__ float red[KS > 1 ? (KS - 1) * 2 * NT * 4 * 32 : 1];
+    int i = blockIdx.y * (W4_WARPS / KS) + (threadIdx.x >> 5) / KS, active = i < F / 16;
+    if (ST == 0 && !active) return;
+    int e = tile_e[tile], m0 = tile_m0[tile], m = min(8 * NT, count[e] - m0), base = offset[e] + m0;
+    const QTensor &wg = table[e], &wu = table[E + e];
+    int ng = K / W4_KG;
+    if (threadIdx.x < 8 * NT) rowp[threadIdx.x] = xb + (size_t)(rows[base + min((int)threadIdx.x, m - 1)] / topk) * K;
+    __syncthreads();
+    int ia = active ? i : 0;
+    const uint8_t *rec[2] = {wg.data + (size_t)ia * ng * W4_REC, wu.data + (size_t)ia * ng * W4_REC};
+    float acc[2][NT][4];
+    int g0 = 0, g1 = ng;
+    w4_krange<KS>(g0, g1);
+    w4_tile<NT, 2, ST, false, SP>(acc, rec, active, rowp, xlo, (m + 7) / 8, g0, g1, w4_sx);
+    if (!w4_kreduce<2, NT, KS>(acc, red) || !active) return;
+    float sg = wg.gscale * 512.f, su = wu.gscale * 512.f;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            int slot = nt * 8 + 2 * t + (q & 1), f = 16 * i + g + 8 * (q >> 1);
+            if (slot >= m) continue;
+            float gv = acc[0][nt][q] * sg, uv = acc[1][nt][q] * su;
+            size_t at = (size_t)(base + slot) * F + f;
+            float hv = gv / (1.f + __expf(-gv)) * uv;
+            __nv_bfloat16 hh = __float2bfloat16(hv);
+            h[at] = hh;
+            if (SP) h[hlo + at] = __float2bfloat16(hv - __bfloat162float(hh));
+        }
+}
+
+/* down of expert e: y[pair, d] = h[pos] . W_down[d] */
+template <int NT, int ST, int KS, bool SP>
+static __global__ void __launch_bounds__(W4_WARPS * 32) w4_moe_down_kernel(
+    float *y, const __nv_bfloat16 *h, const QTensor *table, int E, const int *count, const int *offset,
+    const int *rows, const int *tile_e, const int *tile_m0, const int *n_tiles, int D, int F, size_t hlo)
+{
+    extern __shared__ __align__(16) __nv_bfloat16 w4_sx[];
+    __shared__ const void *rowp[8 * NT];
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int tile = blockIdx.x;
+    if (tile >= *n_tiles) return;
+    __shared__ float red[KS > 1 ? (KS - 1) * NT * 4 * 32 : 1];
+    int i = blockIdx.y * (W4_WARPS / KS) + (threadIdx.x >> 5) / KS, active = i < D / 16;
+    if (ST == 0 && !active) return;
+    int e = tile_e[tile], m0 = tile_m0[tile], m = min(8 * NT, count[e] - m0), base = offset[e] + m0;
+    const QTensor &wd = table[2 * E + e];
+    int ng = F / W4_KG;
+    if (threadIdx.x < 8 * NT) rowp[threadIdx.x] = h + (size_t)(base + min((int)threadIdx.x, m - 1)) * F;
+    __syncthreads();
+    const uint8_t *rec[1] = {wd.data + (size_t)(active ? i : 0) * ng * W4_REC};
+    float acc[1][NT][4];
+    int g0 = 0, g1 = ng;
+    w4_krange<KS>(g0, g1);
+    w4_tile<NT, 1, ST, false, SP>(acc, rec, active, rowp, hlo, (m + 7) / 8, g0, g1, w4_sx);
+    if (!w4_kreduce<1, NT, KS>(acc, red) || !active) return;
+    float sd = wd.gscale * 512.f;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            int slot = nt * 8 + 2 * t + (q & 1), d = 16 * i + g + 8 * (q >> 1);
+            if (slot >= m) continue;
+            y[(size_t)rows[base + slot] * D + d] = acc[0][nt][q] * sd;
+        }
+}
+
+int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const float *wts, int T, const LayerWeights *lw,
+                const ModelConfig *c)
+{
+    int E = c->n_experts, K = c->n_experts_per_tok, D = c->hidden, F = c->moe_intermediate, P = T * K;
+    cudaStream_t st = cuda_stream(be);
+    CHECK(E <= 1024, "w4_moe_cuda: %d experts (at most 1024)", E);
+    int tile = w4_pick(be, W4_MOE, T, (double)T * K / E), NT = w4_tiles[tile].nt, MT = 8 * NT;
+    int max_tiles = P / MT + (E < P ? E : P);
+    int *ibuf = (int *)cuda_scratch(be, SCR_MOE_COUNT, (size_t)(4 * E + 1 + 2 * (P + E)) * sizeof(int));
+    int *count = ibuf, *offset = count + E, *n_tiles = offset + E, *tile_e = n_tiles + 1,
+        *tile_m0 = tile_e + (P + E);
+    int *rows = (int *)cuda_scratch(be, SCR_MOE_ROWS, (size_t)P * sizeof(int));
+    int split = w4_split_act();
+    size_t xlo = split ? (size_t)T * D : 0, hlo = split ? (size_t)P * F : 0;
+    __nv_bfloat16 *xb = (__nv_bfloat16 *)cuda_scratch(be, SCR_W4_X, (size_t)2 * T * D * sizeof(__nv_bfloat16));
+    __nv_bfloat16 *h = (__nv_bfloat16 *)cuda_scratch(be, SCR_MOE_H, (size_t)2 * P * F * sizeof(__nv_bfloat16));
+    float *y = (float *)cuda_scratch(be, SCR_MOE_Y, (size_t)P * D * sizeof(float));
+    int64_t nx = (int64_t)T * D;
+    int nb = 1 + (int)(nx / 4096 < 512 ? (nx + 4095) / 4096 : 512);
+    w4_route_kernel<<<nb, 1024, 0, st>>>(offset, count, rows, tile_e, tile_m0, n_tiles, idx, P, E, MT, xb, x, nx, split);
+    LAUNCH_CHECK("w4_route_kernel");
+    int rpb = W4_WARPS / w4_tiles[tile].ks; /* row tiles per block */
+    dim3 gf(max_tiles, cdiv(F / 16, rpb)), gd(max_tiles, cdiv(D / 16, rpb));
+    const QTensor *tb = lw->exp_table;
+#define W4_MOE_SP(NTV, STV, KSV, SPV)                                                                                    \
+    W4_SET_SMEM(w4_moe_gateup_kernel, NTV, STV, KSV, SPV);                                                                  \
+    W4_SET_SMEM(w4_moe_down_kernel, NTV, STV, KSV, SPV);                                                                    \
+    w4_moe_gateup_kernel<NTV, STV, KSV, SPV><<<gf, W4_WARPS * 32, W4_SMEM(NTV, STV), st>>>(h, xb, tb, E, K, count, offset, rows,  \
+                                                                                 tile_e, tile_m0, n_tiles, F, D, xlo, hlo); \
+    LAUNCH_CHECK("w4_moe_gateup_kernel");                                                                              \
+    w4_moe_down_kernel<NTV, STV, KSV, SPV><<<gd, W4_WARPS * 32, W4_SMEM(NTV, STV), st>>>(y, h, tb, E, count, offset, rows,        \
+                                                                               tile_e, tile_m0, n_tiles, D, F, hlo);   \
+    LAUNCH_CHECK("w4_moe_down_kernel");
+#define W4_MOE_T(NTV, STV, KSV) W4_MOE_SP(NTV, STV, KSV, true)
+#define W4_MOE_F(NTV, STV, KSV) W4_MOE_SP(NTV, STV, KSV, false)
+    if (split) {
+        W4_DISPATCH(tile, W4_MOE_T)
+    } else {
+        W4_DISPATCH(tile, W4_MOE_F)
+    }
+#undef W4_MOE_T
+#undef W4_MOE_F
+#undef W4_MOE_SP
+    moe_combine_cuda(be, out, y, wts, T, K, D);
+    return -1;
+}
+
+extern "C" int w4_moe_ready(const LayerWeights *lw, const ModelConfig *c)
+{
+    if (!lw->exp_gate || c->hidden % W4_KG || c->moe_intermediate % W4_KG || c->n_experts > 1024) return 0;
+    for (int e = 0; e < c->n_experts; e++)
+        if (!lw->exp_gate[e].packed || !lw->exp_up[e].packed || !lw->exp_down[e].packed) return 0;
+    return 1;
+}

@@ -1,0 +1,112 @@
+/* w4.h: the NVFP4 W4A16 kernels (w4.cu), seen from C: which tensors they take, their tile
+ * configurations and the shared memory each needs, the tuned table (`moeserve tune`), and
+ * `moeserve bench kernels`. The tile logic (w4_tiles.c) is plain C, built and tested without a
+ * GPU. */
+#ifndef MOESERVE_W4_H
+#define MOESERVE_W4_H
+
+#include <stddef.h>
+
+#include "../backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A tile configuration: nt n8 token tiles per block (8 nt tokens), st activation groups
+ * staged in shared memory (cp.async ring; 0: each lane reads its activations from global
+ * memory), ks warps splitting one row tile's K inside the block (1, or 4 with st 0: more warps
+ * streaming at small batches, their sums added in shared memory). Every block is 4 warps. */
+typedef struct {
+    int nt, st, ks;
+} W4Tile;
+
+#define W4_N_TILES 12
+extern const W4Tile w4_tiles[W4_N_TILES];     /* the parameter space, by index */
+
+/* Shared memory a block of this tile needs: the dynamic staging ring plus the static row
+ * pointers (bytes). */
+size_t w4_tile_smem(W4Tile t);
+/* 1 if the tile fits budget bytes of shared memory per block; else 0 and why says by how much. */
+int w4_tile_fits(W4Tile t, size_t budget, char *why, size_t n);
+
+/* What an op runs: a tile index (-1: the built-in choice) and, for dense GEMMs, the K splits
+ * (0: enough warps to fill the GPU). */
+typedef struct {
+    int tile;
+    int splits;
+} W4Config;
+
+typedef enum { W4_DENSE, W4_MOE, W4_KINDS } W4Kind;
+#define W4_BUCKETS 15   /* token count buckets: 1, 2, 3-4, 5-8, ..., 8193+ (w4_bucket) */
+int w4_bucket(int tokens);
+int w4_bucket_tokens(int b);                /* the bucket's upper end (its representative) */
+
+/* The built-in choice for tokens (the rows of a dense GEMM; for MoE, pairs per expert on
+ * average is tokens * top-k / experts) among the tiles that fit budget. */
+int w4_default_tile(W4Kind kind, double rows_per_weight, size_t budget);
+
+/* The tuned table: a tile per (kind, bucket), -1 where untuned. */
+typedef struct {
+    char device[256];          /* the device key it was measured on (w4_device_key) */
+    int tile[W4_KINDS][W4_BUCKETS];
+} W4Table;
+
+void w4_table_clear(W4Table *t);
+/* JSON: {"device": KEY, "dense": {"1": tile, ...}, "moe": {...}}; 0 ok, -1 with err */
+int w4_table_save(const W4Table *t, const char *path, char *err, size_t n);
+int w4_table_load(W4Table *t, const char *path, char *err, size_t n);
+/* $MOESERVE_TUNE_CACHE, else $XDG_CACHE_HOME/moeserve/w4-tune.json, else ~/.cache/... */
+void w4_table_path(char *buf, size_t n);
+
+/* ---- the CUDA side (w4.cu) ---- */
+
+/* An NVFP4 tensor the W4P layout can hold: N % 16 == 0, K % 256 == 0. */
+int w4_packable(const QTensor *w);
+/* Every expert of the layer is packed and the shapes fit the grouped kernels. */
+int w4_moe_ready(const LayerWeights *lw, const ModelConfig *c);
+/* Force a configuration for the next ops (bench, tune, tests); {-1, 0} returns to the choice. */
+void w4_set_config(W4Config c);
+/* Activations into the tensor cores as two BF16 halves (1, the default: float32-like accuracy)
+ * or one (0: MOESERVE_W4_ACT=bf16, as other engines' W4A16 kernels); -1: the environment's. */
+void w4_set_act_split(int on);
+/* The shared memory budget per block: the device's opt-in limit, or a simulated one (tests:
+ * the 99 KB and 101 KB of sm_120 parts); 0 restores the device's. */
+void w4_set_smem_budget(size_t bytes);
+size_t w4_smem_budget(int device);
+/* Use this tuned table (copied), or none (NULL). */
+void w4_use_table(const W4Table *t);
+/* "NVIDIA H200|132 SMs|232448 B smem|driver 13000": what a tuned table is valid for */
+void w4_device_key(int device, char *buf, size_t n);
+/* Load the cached table at start-up if it was tuned on this device; 1 if one was taken. */
+int w4_load_cached(int device);
+
+/* `moeserve tune`: time every tile that fits on the GLM-5 shapes per bucket, print the table
+ * (rejected tiles with their reason), save the winners to path (NULL: don't). */
+typedef struct {
+    int device, iters;
+    const char *path;
+    size_t budget;             /* 0: the device's */
+    int quick;                 /* fewer buckets and smaller shapes (tests) */
+    W4Table *out;              /* the result, if wanted */
+} W4TuneOpts;
+int cuda_w4_tune(const W4TuneOpts *o);
+
+/* `moeserve bench kernels` (bench_kernels.cu; the options are parsed in src/bench/). */
+typedef struct {
+    int device, iters;
+    const int *tokens; int n_tokens;   /* MoE token counts */
+    const int *rows; int n_rows;       /* dense GEMM rows */
+    int random, skewed;                /* routings */
+    int no_moe, no_dense, v0;          /* v0: also the first (correctness) kernels */
+    const char *torch_path;            /* tools/bench_torch_moe.py JSON lines, or NULL */
+    const char *json_path;             /* results appended as JSON lines, or NULL */
+    int tile, splits;                  /* W4Config override (-1, 0: the choice) */
+} BenchKernelsOpts;
+int cuda_bench_kernels(const BenchKernelsOpts *o);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,164 @@
+/* w4_tiles: the tile configurations of the W4A16 kernels (w4.h), what shared memory each
+ * needs, which fit a budget, the built-in choice, and the tuned table's file. Plain C: the
+ * budget logic is tested without a GPU (tests/unit/test_w4_tiles.c). */
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "../../base/util.h"
+#include "w4.h"
+
+/* kept in step with w4.cuh: W4_XS = 264 elements per staged row, 2 bytes each, and each token
+ * staged twice (the high and low BF16 halves of the activation) */
+#define XS_BYTES (264 * 2)
+
+const W4Tile w4_tiles[W4_N_TILES] = {
+    {1, 0, 1}, {2, 0, 1}, {4, 0, 1},              /* activations from global memory (L1): small batches */
+    {2, 2, 1}, {4, 2, 1}, {4, 3, 1}, {4, 4, 1},   /* staged through shared memory */
+    {8, 2, 1}, {8, 3, 1}, {8, 4, 1},              /* 64 tokens a block: prefill */
+    {1, 0, 4}, {2, 0, 4},                         /* K split over the block's 4 warps: decode */
+};
+
+size_t w4_tile_smem(W4Tile t)
+{
+    size_t dyn = (size_t)t.st * 2 * 8 * t.nt * XS_BYTES, rowp = (size_t)8 * t.nt * sizeof(void *);
+    size_t red = t.ks > 1 ? (size_t)(t.ks - 1) * 2 * t.nt * 4 * 32 * sizeof(float) : 0; /* 2: gate and up */
+    return dyn + rowp + red;
+}
+
+int w4_tile_fits(W4Tile t, size_t budget, char *why, size_t n)
+{
+    size_t need = w4_tile_smem(t);
+    if (need <= budget) return 1;
+    if (why)
+        snprintf(why, n, "needs %zu B of shared memory (%d stages x %d tokens x 2 halves x %d B, row pointers, K-split sums), "
+                 "%zu B over the %zu B budget", need, t.st, 8 * t.nt, XS_BYTES, need - budget, budget);
+    return 0;
+}
+
+int w4_bucket(int tokens)
+{
+    int b = 0;
+    while (b < W4_BUCKETS - 1 && (1 << b) < tokens) b++;
+    return b;
+}
+
+int w4_bucket_tokens(int b) { return 1 << b; }
+
+static int first_fit(const int *prefs, int n, size_t budget)
+{
+    for (int i = 0; i < n; i++)
+        if (w4_tile_fits(w4_tiles[prefs[i]], budget, NULL, 0)) return prefs[i];
+    return 0; /* {1, 0} needs 64 bytes */
+}
+
+/* From `moeserve tune` on the H200 (docs/PERFORMANCE.md): dense, up to 8 rows the K split over
+ * the block (tile 10), 16 rows 2 staged groups of 16 tokens (3), 64 rows 32 tokens (4), more 64
+ * tokens (7); MoE by pairs per expert: up to 8 the 8-token tile (0), up to 24 tile 4, more 7.
+ * Each falls back to smaller tiles when the budget is short. */
+int w4_default_tile(W4Kind kind, double rows, size_t budget)
+{
+    static const int big[] = {7, 4, 3, 0}, mid[] = {4, 3, 0}, d16[] = {3, 0};
+    if (kind == W4_MOE) {
+        if (rows <= 8) return first_fit((const int[]){0}, 1, budget);
+        if (rows <= 24) return first_fit(mid, 3, budget);
+        return first_fit(big, 4, budget);
+    }
+    if (rows <= 8) return first_fit((const int[]){10, 0}, 2, budget);
+    if (rows <= 16) return first_fit(d16, 2, budget);
+    if (rows <= 64) return first_fit(mid, 3, budget);
+    return first_fit(big, 4, budget);
+}
+
+void w4_table_clear(W4Table *t)
+{
+    memset(t, 0, sizeof *t);
+    for (int k = 0; k < W4_KINDS; k++)
+        for (int b = 0; b < W4_BUCKETS; b++) t->tile[k][b] = -1;
+}
+
+static const char *const kind_key[W4_KINDS] = {"dense", "moe"};
+
+int w4_table_save(const W4Table *t, const char *path, char *err, size_t n)
+{
+    json_t *root = json_object();
+    json_object_set_new(root, "device", json_string(t->device));
+    for (int k = 0; k < W4_KINDS; k++) {
+        json_t *m = json_object();
+        for (int b = 0; b < W4_BUCKETS; b++)
+            if (t->tile[k][b] >= 0) {
+                char key[16];
+                snprintf(key, sizeof key, "%d", w4_bucket_tokens(b));
+                W4Tile w = w4_tiles[t->tile[k][b]];
+                json_object_set_new(m, key, json_pack("{s:i, s:i, s:i, s:i}", "tile", t->tile[k][b], "nt", w.nt, "st", w.st, "ks", w.ks));
+            }
+        json_object_set_new(root, kind_key[k], m);
+    }
+    /* the directory, then a temporary file renamed over the old one */
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    for (char *p = dir + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            mkdir(dir, 0755);
+            *p = '/';
+        }
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int rc = json_dump_file(root, tmp, JSON_INDENT(1) | JSON_SORT_KEYS);
+    json_decref(root);
+    if (rc != 0 || rename(tmp, path) != 0) {
+        errbuf_set(err, n, "cannot write %s: %s", path, strerror(errno));
+        remove(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+int w4_table_load(W4Table *t, const char *path, char *err, size_t n)
+{
+    w4_table_clear(t);
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    if (!root) {
+        errbuf_set(err, n, "%s: %s", path, je.text);
+        return -1;
+    }
+    const char *dev = json_string_value(json_object_get(root, "device"));
+    if (!dev) {
+        json_decref(root);
+        errbuf_set(err, n, "%s: no \"device\"", path);
+        return -1;
+    }
+    snprintf(t->device, sizeof t->device, "%s", dev);
+    for (int k = 0; k < W4_KINDS; k++) {
+        json_t *m = json_object_get(root, kind_key[k]);
+        const char *key;
+        json_t *v;
+        json_object_foreach(m, key, v) {
+            char *end;
+            long tok = strtol(key, &end, 10);
+            json_t *ti = json_object_get(v, "tile");
+            long tile = json_is_integer(ti) ? (long)json_integer_value(ti) : -1;
+            if (*end || tok < 1 || tile < 0 || tile >= W4_N_TILES) {
+                json_decref(root);
+                errbuf_set(err, n, "%s: %s bucket \"%s\": expected {\"tile\": 0..%d}", path, kind_key[k], key, W4_N_TILES - 1);
+                return -1;
+            }
+            t->tile[k][w4_bucket((int)tok)] = (int)tile;
+        }
+    }
+    json_decref(root);
+    return 0;
+}
+
+void w4_table_path(char *buf, size_t n)
+{
+    const char *e = getenv("MOESERVE_TUNE_CACHE"), *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
+    if (e && *e) snprintf(buf, n, "%s", e);
+    else if (x && *x) snprintf(buf, n, "%s/moeserve/w4-tune.json", x);
+    else snprintf(buf, n, "%s/.cache/moeserve/w4-tune.json", h && *h ? h : "/tmp");
+}
