@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../base/util.h"
+#include "kv_elem.h"
 
 static const struct { const char *name; OpCategory cat; } op_info[OP_COUNT] = {
     [OP_EMBED] = {"embed", CAT_ELEMENTWISE},
@@ -119,11 +120,11 @@ void be_swiglu(Backend *be, float *out, const float *gate, const float *up, int 
     count(be, OP_SWIGLU, 6.0 * T * F, 12.0 * T * F);
 }
 
-void be_kv_write(Backend *be, float *cache, int width, int off, const float *src, int ld, int n,
-                 const int *slot, int T)
+void be_kv_write(Backend *be, void *cache, KVDtype dt, float scale, int width, int off,
+                 const float *src, int ld, int n, const int *slot, int T)
 {
-    be->ops->kv_write(be, cache, width, off, src, ld, n, slot, T);
-    count(be, OP_KV_WRITE, 0, 8.0 * T * n);
+    be->ops->kv_write(be, cache, dt, scale, width, off, src, ld, n, slot, T);
+    count(be, OP_KV_WRITE, 0, (4.0 + kv_elem_size(dt)) * T * n);
 }
 
 void be_matmul(Backend *be, OpId op, float *out, int ldo, const float *x, int ldx, int T,
@@ -177,7 +178,7 @@ void be_attention_gqa(Backend *be, float *out, const float *q, const KVLayer *kv
     be->ops->attention_gqa(be, out, q, kv, db, c);
     double keys = batch_keys(b, 0), H = c->n_heads, Dh = c->head_dim;
     count(be, OP_ATTENTION, 4.0 * H * Dh * keys + 5.0 * H * keys,
-          4.0 * batch_ctx(b) * kv->kv_width + 8.0 * b->n_tokens * H * Dh);
+          (double)kv_elem_size(kv->dtype) * batch_ctx(b) * kv->kv_width + 8.0 * b->n_tokens * H * Dh);
 }
 
 void be_attention_mla(Backend *be, float *out, const float *q, const KVLayer *kv,
@@ -191,7 +192,8 @@ void be_attention_mla(Backend *be, float *out, const float *q, const KVLayer *kv
     double flops = 2.0 * T * H * (Dn + Dv) * C            /* absorb q, expand the output */
                    + 2.0 * H * keys * (C + Dr) + 2.0 * H * keys * C + 5.0 * H * keys;
     count(be, OP_ATTENTION, flops,
-          qtensor_bytes(wkv_b) + 4.0 * batch_ctx(b) * kv->kv_width + 4.0 * T * H * (Dn + Dr + Dv));
+          qtensor_bytes(wkv_b) + (double)kv_elem_size(kv->dtype) * batch_ctx(b) * kv->kv_width +
+              4.0 * T * H * (Dn + Dr + Dv));
 }
 
 void be_indexer(Backend *be, int *topk, const float *q, const float *w, const KVLayer *kv,
@@ -200,7 +202,8 @@ void be_indexer(Backend *be, int *topk, const float *q, const float *w, const KV
     be->ops->indexer(be, topk, q, w, kv, db, c);
     double keys = batch_keys(b, 0), Hi = c->index_n_heads, Di = c->index_head_dim;
     count(be, OP_INDEXER, 2.0 * Hi * Di * keys + 3.0 * Hi * keys,
-          4.0 * batch_ctx(b) * Di + 4.0 * b->n_tokens * (Hi * Di + Hi) + 4.0 * b->n_tokens * c->index_topk);
+          (double)kv_elem_size(kv->dtype) * batch_ctx(b) * Di + 4.0 * b->n_tokens * (Hi * Di + Hi) +
+              4.0 * b->n_tokens * c->index_topk);
 }
 
 void backend_free(Backend *be)

@@ -51,13 +51,17 @@ const char *op_name(OpId op);
 OpCategory op_category(OpId op);
 const char *op_category_name(OpCategory c);
 
-/* The paged KV cache of one layer, as the attention ops see it. */
+/* The paged KV cache of one layer, as the attention ops see it. Elements are of type dtype
+ * (kv_elem.h: kv_write rounds to it, the ops read it back as float32). */
 typedef struct {
-    float *kv;           /* [n_blocks * block_size, kv_width]: GQA [k Hkv*Dh | v Hkv*Dh];
+    void *kv;            /* [n_blocks * block_size, kv_width] dtype: GQA [k Hkv*Dh | v Hkv*Dh];
                             MLA [latent C | roped k_pe Dr] */
-    float *idx;          /* [n_blocks * block_size, Di] indexer keys (roped, normed), or NULL */
+    void *idx;           /* [n_blocks * block_size, Di] dtype indexer keys (roped, normed), or NULL */
     int block_size;
     int kv_width, idx_width;
+    KVDtype dtype;       /* of kv and idx; never KV_DTYPE_AUTO */
+    float k_scale;       /* FP8: GQA k, MLA the whole row (x = code * scale); 1 otherwise */
+    float v_scale;       /* FP8: GQA v; 1 otherwise. The indexer keys use scale 1 */
 } KVLayer;
 
 typedef struct Backend Backend;
@@ -90,8 +94,8 @@ typedef struct {
     void (*to_host)(Backend *be, void *dst, const void *src, size_t bytes);
     void (*to_device)(Backend *be, void *dst, const void *src, size_t bytes);
     void (*swiglu)(Backend *be, float *out, const float *gate, const float *up, int T, int F);
-    void (*kv_write)(Backend *be, float *cache, int width, int off, const float *src, int ld,
-                     int n, const int *slot, int T);
+    void (*kv_write)(Backend *be, void *cache, KVDtype dt, float scale, int width, int off,
+                     const float *src, int ld, int n, const int *slot, int T);
     void (*matmul)(Backend *be, float *out, int ldo, const float *x, int ldx, int T,
                    const QTensor *w, const float *bias);
     void (*router)(Backend *be, int *idx, float *wts, const float *logits, const float *bias,
@@ -111,10 +115,12 @@ typedef struct {
      * no allocation happens later (inside a captured graph above all) */
     void (*reserve)(Backend *be, const ModelConfig *c, int max_tokens, int max_out, int max_ctx);
     /* optional: capture the ops issued between graph_begin and graph_end into a graph that
-     * graph_launch replays with the same buffers */
+     * graph_launch replays with the same buffers; graph_launch returns -1 (and runs nothing)
+     * when a buffer the graph captured has been replaced since (a scratch buffer grew): the
+     * caller captures again */
     void (*graph_begin)(Backend *be);
     void *(*graph_end)(Backend *be);
-    void (*graph_launch)(Backend *be, void *graph);
+    int (*graph_launch)(Backend *be, void *graph);
     void (*graph_free)(Backend *be, void *graph);
     size_t (*mem_free)(Backend *be);               /* bytes free for the KV pool and the rest */
     /* optional: NVFP4 codes [N, K/2] and scales [N, K/16] (backend memory) rearranged into the
@@ -166,9 +172,10 @@ void be_to_host(Backend *be, void *dst, const void *src, size_t bytes);
 void be_to_device(Backend *be, void *dst, const void *src, size_t bytes);
 /* out[T, F] = silu(gate) * up */
 void be_swiglu(Backend *be, float *out, const float *gate, const float *up, int T, int F);
-/* cache[slot[t], off + 0..n) = src[t, 0..n) for t < T (cache rows are width floats) */
-void be_kv_write(Backend *be, float *cache, int width, int off, const float *src, int ld, int n,
-                 const int *slot, int T);
+/* cache[slot[t], off + 0..n) = src[t, 0..n) rounded to dt (kv_elem_store with scale) for t < T;
+ * cache rows are width elements of dt; a negative slot is padding and writes nothing. */
+void be_kv_write(Backend *be, void *cache, KVDtype dt, float scale, int width, int off,
+                 const float *src, int ld, int n, const int *slot, int T);
 /* out[T, N] = x[T, K] W^T (+ bias[N]); W in its stored format. op picks the counter. */
 void be_matmul(Backend *be, OpId op, float *out, int ldo, const float *x, int ldx, int T,
                const QTensor *w, const float *bias);

@@ -75,7 +75,7 @@ int bench_model_main(int argc, char **argv)
     device_model(&dm, &m, &be);
     int per_seq = (in_len + out_len + bs - 1) / bs;
     KVCache kv;
-    kv_cache_init(&kv, c, &be, bs, maxB * per_seq);
+    kv_cache_init(&kv, &dm.cfg, &be, bs, maxB * per_seq);
     int max_tok = max_bt > maxB ? max_bt : maxB;
     Forward f;
     forward_init(&f, &dm, &be, max_tok, maxB, maxB, per_seq);
@@ -92,6 +92,7 @@ int bench_model_main(int argc, char **argv)
     for (long i = 0; i < (long)maxB * in_len; i++) prompts[i] = (int)(rng_u64(&rng) % V);
     BlockTable *bt = xcalloc(maxB, sizeof(BlockTable));
 
+    if (!as_json) printf("KV cache %s\n", model_kv_dtype_name(kv.dtype));
     if (!as_json)
         printf("%-6s %12s %12s %10s %12s %10s\n", "batch", "prefill t/s", "decode t/s", "TPOT ms", "decode GB/s",
                roof > 0 ? "% of roof" : "");
@@ -161,8 +162,9 @@ int bench_model_main(int argc, char **argv)
         double pre_tps = (double)B * in_len / t_pre, dec_tps = (double)B * out_len / t_dec;
         if (as_json)
             printf("{\"batch\": %d, \"input_len\": %d, \"output_len\": %d, \"prefill_tok_s\": %.1f, \"decode_tok_s\": %.1f, "
-                   "\"tpot_ms\": %.3f, \"decode_gbs\": %.1f, \"device\": \"%s\"}\n",
-                   B, in_len, out_len, pre_tps, dec_tps, t_dec / out_len * 1e3, gbs, be.name);
+                   "\"tpot_ms\": %.3f, \"decode_gbs\": %.1f, \"device\": \"%s\", \"kv_cache_dtype\": \"%s\"}\n",
+                   B, in_len, out_len, pre_tps, dec_tps, t_dec / out_len * 1e3, gbs, be.name,
+                   model_kv_dtype_name(kv.dtype));
         else if (roof > 0)
             printf("%-6d %12.1f %12.1f %10.3f %12.1f %9.1f%%\n", B, pre_tps, dec_tps, t_dec / out_len * 1e3, gbs, 100 * gbs / roof);
         else

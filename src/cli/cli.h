@@ -26,16 +26,22 @@ void device_model(Model *dev, const Model *host, Backend *be);
 void device_model_free(Model *dev, Backend *be);
 
 /* Where the weights come from: --model DIR, and --dummy-weights [--dummy-quant nvfp4|fp8|bf16]
- * [--num-layers N] for random weights from DIR's config.json alone (vLLM's --load-format dummy). */
+ * [--num-layers N] for random weights from DIR's config.json alone (vLLM's --load-format dummy);
+ * and the KV cache's element type, --kv-cache-dtype (model.h KVDtype, model_kv_dtype). */
 typedef struct {
     const char *dir;
     int dummy;
     const char *dummy_quant;
     int num_layers;
+    KVDtype kv_dtype;          /* --kv-cache-dtype; KV_DTYPE_AUTO when not given */
 } ModelOpts;
-#define MODEL_OPTS_USAGE "--model DIR [--dummy-weights [--dummy-quant nvfp4|fp8|bf16] [--num-layers N]]"
+#define KV_DTYPE_USAGE "[--kv-cache-dtype auto|float32|bf16|fp8]"
+#define MODEL_OPTS_USAGE "--model DIR [--dummy-weights [--dummy-quant nvfp4|fp8|bf16] [--num-layers N]] " KV_DTYPE_USAGE
 int opt_model(int argc, char **argv, int *i, ModelOpts *o);
+/* Load (or make, --dummy-weights) the model with the command's KV cache dtype in its config. */
 void model_open(Model *m, const ModelOpts *o);
+/* --kv-cache-dtype VALUE; a value that is none of MODEL_KV_DTYPES is a fatal error listing them. */
+int opt_kv_cache_dtype(int argc, char **argv, int *i, KVDtype *out);
 
 /* Option parsing: opt_* look at argv[*i]; if it is `--name` they consume its value
  * (argv[*i + 1]), store it and return 1; a missing or malformed value is a fatal error naming

@@ -18,7 +18,7 @@
 #define GEN_USAGE "moeserve generate --model DIR (--prompt S | --chat S [--system S]) [--max-tokens N] " \
                   "[--temperature T] [--top-k K] [--top-p P] [--min-p P] [--repetition-penalty R] " \
                   "[--frequency-penalty F] [--presence-penalty P] [--seed N] [--stop S]... [--stop-token-ids ID,...] [--ignore-eos] " \
-                  "[--device cpu|cuda] [--threads N] [--chunk N] [--no-graphs]"
+                  "[--device cpu|cuda] [--threads N] [--chunk N] [--no-graphs] " KV_DTYPE_USAGE
 #define GEN_MAX_STOPS 8
 
 /* First index where one of the stop strings occurs in text[0..n), or -1. */
@@ -39,6 +39,7 @@ int cmd_generate(int argc, char **argv)
     int n_stops = 0, max_tokens = 128, threads = 0, chunk = 256, ignore_eos = 0, help = 0, no_graphs = 0;
     double temperature = -1, top_p = -1, min_p = -1, rep = -1, freq = 0, pres = 0;
     int top_k = -2, seed = -1;
+    KVDtype kv_dtype = KV_DTYPE_AUTO;
     for (int i = 1; i < argc; i++) {
         const char *stop;
         if (opt_str(argc, argv, &i, "--stop", &stop)) {
@@ -62,7 +63,7 @@ int cmd_generate(int argc, char **argv)
             opt_double(argc, argv, &i, "--frequency-penalty", -2, 2, &freq) ||
             opt_double(argc, argv, &i, "--presence-penalty", -2, 2, &pres) ||
             opt_int(argc, argv, &i, "--seed", 0, 2147483647, &seed) || opt_flag(argv, &i, "--ignore-eos", &ignore_eos) ||
-            opt_flag(argv, &i, "--no-graphs", &no_graphs) ||
+            opt_flag(argv, &i, "--no-graphs", &no_graphs) || opt_kv_cache_dtype(argc, argv, &i, &kv_dtype) ||
             opt_flag(argv, &i, "--help", &help))
             continue;
         opt_unknown("generate", argv[i], GEN_USAGE);
@@ -77,6 +78,7 @@ int cmd_generate(int argc, char **argv)
     char err[1024];
     Model m;
     model_load(&m, dir);
+    m.cfg.kv_dtype = kv_dtype;
     ModelText mt;
     model_text_open(&mt, dir, m.cfg.eos_ids, m.cfg.n_eos);
     const Tokenizer *tok = mt.tok;

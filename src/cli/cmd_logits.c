@@ -86,8 +86,8 @@ int cmd_logits(int argc, char **argv)
             fatal("logits: writing %s: %s", out_path, strerror(errno));
     }
     if (fclose(out) != 0) fatal("logits: writing %s: %s", out_path, strerror(errno));
-    log_info("logits: %d tokens (chunk %d) in %.3f s on %s, %d threads -> %s", T, chunk, clock_now() - t0,
-             be.name, be.n_threads, out_path);
+    log_info("logits: %d tokens (chunk %d) in %.3f s on %s, %d threads, KV cache %s -> %s", T, chunk, clock_now() - t0,
+             be.name, be.n_threads, model_kv_dtype_name(run.kv.dtype), out_path);
 
     free(logits);
     free(ids);

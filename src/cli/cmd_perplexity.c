@@ -15,18 +15,19 @@
 #include "cli.h"
 
 #define PPL_USAGE "moeserve perplexity --model DIR --text-file F [--ctx N] [--max-windows N] [--device cpu|cuda] " \
-                  "[--threads N] [--json]"
+                  "[--threads N] [--json] " KV_DTYPE_USAGE
 
 int cmd_perplexity(int argc, char **argv)
 {
     const char *dir = NULL, *file = NULL, *device = NULL;
     int ctx = 512, max_windows = 0, threads = 0, as_json = 0, help = 0;
+    KVDtype kv_dtype = KV_DTYPE_AUTO;
     for (int i = 1; i < argc; i++) {
         if (opt_str(argc, argv, &i, "--model", &dir) || opt_str(argc, argv, &i, "--text-file", &file) ||
             opt_str(argc, argv, &i, "--device", &device) || opt_int(argc, argv, &i, "--ctx", 2, 1 << 20, &ctx) ||
             opt_int(argc, argv, &i, "--max-windows", 0, 1 << 30, &max_windows) ||
             opt_int(argc, argv, &i, "--threads", 1, 4096, &threads) || opt_flag(argv, &i, "--json", &as_json) ||
-            opt_flag(argv, &i, "--help", &help))
+            opt_kv_cache_dtype(argc, argv, &i, &kv_dtype) || opt_flag(argv, &i, "--help", &help))
             continue;
         opt_unknown("perplexity", argv[i], PPL_USAGE);
     }
@@ -41,6 +42,7 @@ int cmd_perplexity(int argc, char **argv)
     char err[1024];
     Model m;
     model_load(&m, dir);
+    m.cfg.kv_dtype = kv_dtype;
     if (ctx > m.cfg.max_position) fatal("perplexity: --ctx %d exceeds the context length %d", ctx, m.cfg.max_position);
     Tokenizer *tok = tokenizer_load(dir, err, sizeof err);
     if (!tok) fatal("%s", err);
@@ -82,12 +84,15 @@ int cmd_perplexity(int argc, char **argv)
         windows++;
     }
     double secs = clock_now() - t0, ppl = exp(nll / count);
+    const char *kvd = model_kv_dtype_name(run.kv.dtype);
     if (as_json)
-        printf("{\"perplexity\": %.6f, \"nll\": %.8f, \"tokens\": %ld, \"windows\": %d, \"ctx\": %d, \"seconds\": %.3f}\n",
-               ppl, nll / count, count, windows, ctx, secs);
+        printf("{\"perplexity\": %.6f, \"nll\": %.8f, \"tokens\": %ld, \"windows\": %d, \"ctx\": %d, \"seconds\": %.3f, "
+               "\"kv_cache_dtype\": \"%s\"}\n",
+               ppl, nll / count, count, windows, ctx, secs, kvd);
     else
-        printf("perplexity %.4f (mean NLL %.5f nats) over %ld predicted tokens in %d windows of up to %d; %.1f tok/s on %s\n",
-               ppl, nll / count, count, windows, ctx, (count + windows) / secs, be.name);
+        printf("perplexity %.4f (mean NLL %.5f nats) over %ld predicted tokens in %d windows of up to %d; %.1f tok/s on %s, "
+               "KV cache %s\n",
+               ppl, nll / count, count, windows, ctx, (count + windows) / secs, be.name, kvd);
 
     free(logits);
     free(ids);

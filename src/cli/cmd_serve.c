@@ -26,7 +26,7 @@
                     "[--api-key KEY] [--device cpu|cuda] [--threads N] [--max-running-requests N] [--max-batch-tokens N] " \
                     "[--chunked-prefill-size N] [--max-model-len N] [--kv-fraction F | --num-kv-blocks N] " \
                     "[--num-continuous-decode-steps N] [--no-prefix-caching] [--max-queue N] [--max-body MB] " \
-                    "[--max-connections N] [--http-threads N] [--drain-timeout S] [--script-output FILE]"
+                    "[--max-connections N] [--http-threads N] [--drain-timeout S] [--disable-cuda-graph] [--script-output FILE]"
 
 /* Open files: a connection is a descriptor; raise the soft limit to the hard one. */
 static void raise_fd_limit(int want)
@@ -77,6 +77,7 @@ int cmd_serve(int argc, char **argv)
             opt_int(argc, argv, &i, "--http-threads", 1, 256, &ho.threads) ||
             opt_int(argc, argv, &i, "--drain-timeout", 0, 86400, &drain_s) ||
             opt_str(argc, argv, &i, "--script-output", &script) ||
+            opt_flag(argv, &i, "--disable-cuda-graph", &eo.no_graphs) ||
             opt_flag(argv, &i, "--help", &help))
             continue;
         opt_unknown("serve", argv[i], SERVE_USAGE);

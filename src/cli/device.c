@@ -1,4 +1,5 @@
-/* device: choosing and opening the backend for a command (--device cpu|cuda). The default is
+/* device: choosing and opening the backend for a command (--device cpu|cuda), and the model
+ * options the commands share (--model, --dummy-weights, --kv-cache-dtype). The default device is
  * cuda when this build has the CUDA backend and a GPU is present, else cpu. */
 #include <omp.h>
 #include <stdlib.h>
@@ -47,6 +48,7 @@ void device_model(Model *dev, const Model *host, Backend *be)
 {
     if (be->host_memory && !host->dummy) {
         *dev = *host;
+        dev->cfg.kv_dtype = model_kv_dtype(&host->cfg, 1);
         return;
     }
     model_upload(dev, host, be);
@@ -58,11 +60,20 @@ void device_model_free(Model *dev, Backend *be)
     model_upload_free(dev, be);
 }
 
+int opt_kv_cache_dtype(int argc, char **argv, int *i, KVDtype *out)
+{
+    const char *v = NULL;
+    if (!opt_str(argc, argv, i, "--kv-cache-dtype", &v)) return 0;
+    if (model_kv_dtype_parse(v, out) < 0) fatal("option --kv-cache-dtype: '%s' is not one of %s", v, MODEL_KV_DTYPES);
+    return 1;
+}
+
 int opt_model(int argc, char **argv, int *i, ModelOpts *o)
 {
     return opt_str(argc, argv, i, "--model", &o->dir) || opt_flag(argv, i, "--dummy-weights", &o->dummy) ||
            opt_str(argc, argv, i, "--dummy-quant", &o->dummy_quant) ||
-           opt_int(argc, argv, i, "--num-layers", 1, MODEL_MAX_LAYERS, &o->num_layers);
+           opt_int(argc, argv, i, "--num-layers", 1, MODEL_MAX_LAYERS, &o->num_layers) ||
+           opt_kv_cache_dtype(argc, argv, i, &o->kv_dtype);
 }
 
 void model_open(Model *m, const ModelOpts *o)
@@ -70,10 +81,12 @@ void model_open(Model *m, const ModelOpts *o)
     if (!o->dummy) {
         if (o->dummy_quant || o->num_layers) fatal("--dummy-quant and --num-layers go with --dummy-weights");
         model_load(m, o->dir);
+        m->cfg.kv_dtype = o->kv_dtype;
         return;
     }
     const char *q = o->dummy_quant ? o->dummy_quant : "nvfp4";
     QFormat fmt = !strcmp(q, "nvfp4") ? QF_NVFP4 : !strcmp(q, "fp8") ? QF_FP8 : !strcmp(q, "bf16") ? QF_BF16 : QF_COUNT;
     if (fmt == QF_COUNT) fatal("--dummy-quant '%s': expected nvfp4, fp8 or bf16", q);
     model_load_dummy(m, o->dir, fmt, o->num_layers);
+    m->cfg.kv_dtype = o->kv_dtype;
 }

@@ -78,6 +78,7 @@ struct Engine {
     int *b_tokens, *b_pos, *b_seq, *b_slot, *b_start, *b_ntok, *b_ctx, *b_out, *b_table;
     Seq **b_seqs, **b_outseq;
     float *logits;             /* [max_running, V] host */
+    int *d_ids, *h_ids;        /* [max_running] argmax ids: backend memory, host copy */
     EngineStats stats;
 };
 
@@ -250,6 +251,9 @@ Engine *engine_create(const Model *m, Backend *be, const EngineOptions *o, const
     log_info("engine: KV cache %d blocks x %d tokens = %d tokens (%.2f GiB); max %d running, %d tokens per step",
              nb, bs, nb * bs, (double)nb * per_block / 1073741824.0, e->o.max_running, e->o.max_batch_tokens);
     forward_init(&e->f, m, be, e->o.max_batch_tokens, e->o.max_running, e->o.max_running, e->max_blocks_per_seq);
+    /* decode steps (every running sequence one token) replayed as graphs on backends that have
+     * them, one per padded batch size, captured on first use */
+    if (!e->o.no_graphs) forward_enable_graphs(&e->f, e->max_blocks_per_seq * bs);
     int T = e->o.max_batch_tokens, S = e->o.max_running;
     int **bufs[] = {&e->b_tokens, &e->b_pos, &e->b_seq, &e->b_slot};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) *bufs[i] = xcalloc(T, sizeof(int));
@@ -261,6 +265,8 @@ Engine *engine_create(const Model *m, Backend *be, const EngineOptions *o, const
     e->b_seqs = xcalloc(S, sizeof(Seq *));
     e->b_outseq = xcalloc(S, sizeof(Seq *));
     e->logits = xmalloc((size_t)S * c->vocab * sizeof(float));
+    e->d_ids = be_alloc(be, (size_t)S * sizeof(int));
+    e->h_ids = xcalloc(S, sizeof(int));
     e->running = xcalloc(S, sizeof(Seq *));
     e->pm.cap = 1;
     while (e->pm.cap < 2 * nb + 2) e->pm.cap *= 2;
@@ -568,9 +574,19 @@ static void step(Engine *e)
                .n_seqs = S, .seq_start = e->b_start, .seq_ntok = e->b_ntok, .ctx_len = e->b_ctx,
                .block_table = e->b_table, .bt_stride = e->max_blocks_per_seq, .n_out = O, .out_idx = e->b_out};
     for (int i = 0; i < S; i++) b.max_ctx = e->b_ctx[i] > b.max_ctx ? e->b_ctx[i] : b.max_ctx;
+    /* every output row plain greedy: argmax on the backend, only the ids cross (no V floats a row) */
+    int argmax = O > 0;
+    for (int o = 0; o < O && argmax; o++) {
+        Seq *s = e->b_outseq[o];
+        argmax = sampler_is_argmax(&s->sampler) && s->n_generated >= s->n_forced;
+    }
     /* the sequences of this batch are only touched by this thread: run without the lock */
     pthread_mutex_unlock(&e->mu);
-    forward_run(&e->f, &b, &e->kv, O ? e->logits : NULL);
+    forward_run(&e->f, &b, &e->kv, O && !argmax ? e->logits : NULL);
+    if (argmax) {
+        be_argmax(e->be, e->d_ids, e->f.logits, O, V);
+        be_to_host(e->be, e->h_ids, e->d_ids, (size_t)O * sizeof(int));
+    }
     pthread_mutex_lock(&e->mu);
     e->stats.steps++;
     for (int i = 0; i < S; i++) {
@@ -584,7 +600,10 @@ static void step(Engine *e)
         if (s->cancelled || s->done) continue;
         SampleResult r;
         int t;
-        if (s->n_generated < s->n_forced) {
+        if (argmax) {
+            t = e->h_ids[o];
+            r = (SampleResult){.token = t};
+        } else if (s->n_generated < s->n_forced) {
             t = s->forced[s->n_generated];
             sampler_score(&s->sampler, e->logits + (size_t)o * V, t, &r);
         } else {
@@ -662,9 +681,10 @@ void engine_free(Engine *e)
         if (e->block_hash[b]) kv_cache_release_block(&e->kv, b);
     forward_free(&e->f);
     kv_cache_free(&e->kv);
+    be_free(e->be, e->d_ids);
     void *p[] = {e->b_tokens, e->b_pos, e->b_seq, e->b_slot, e->b_start, e->b_ntok, e->b_ctx, e->b_out, e->b_table,
                  e->b_seqs, e->b_outseq, e->logits, e->running, e->waiting, e->all, e->pm.keys, e->pm.blocks,
-                 e->block_hash, e->block_tick};
+                 e->block_hash, e->block_tick, e->h_ids};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) free(p[i]);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);

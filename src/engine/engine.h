@@ -26,6 +26,7 @@ typedef struct {
     int decode_steps;          /* --num-continuous-decode-steps: decode steps per scheduling round */
     int prefix_caching;        /* 1: share full prompt blocks between requests */
     int max_queue;             /* waiting requests accepted before engine_submit refuses (busy) */
+    int no_graphs;             /* --disable-cuda-graph: decode steps eager (graphs: GPU backends) */
 } EngineOptions;
 
 void engine_options_default(EngineOptions *o);

@@ -3,11 +3,13 @@
 
 #include <stdlib.h>
 
+#include "../backend/kv_elem.h"
 #include "../base/util.h"
 
 size_t kv_cache_block_bytes(const ModelConfig *c, int block_size)
 {
-    return (size_t)block_size * (model_kv_width(c) + model_index_width(c)) * sizeof(float) * c->n_layers;
+    size_t es = kv_elem_size(model_kv_dtype(c, 1));
+    return (size_t)block_size * (model_kv_width(c) + model_index_width(c)) * es * c->n_layers;
 }
 
 void kv_cache_init(KVCache *kv, const ModelConfig *c, Backend *be, int block_size, int n_blocks)
@@ -18,18 +20,23 @@ void kv_cache_init(KVCache *kv, const ModelConfig *c, Backend *be, int block_siz
     kv->n_layers = c->n_layers;
     kv->kv_width = model_kv_width(c);
     kv->idx_width = model_index_width(c);
+    kv->dtype = model_kv_dtype(c, be->host_memory);
     kv->be = be;
     kv->layers = xcalloc(c->n_layers, sizeof *kv->layers);
-    size_t slots = (size_t)n_blocks * block_size;
+    size_t slots = (size_t)n_blocks * block_size, es = kv_elem_size(kv->dtype);
     for (int l = 0; l < c->n_layers; l++) {
         KVLayer *L = &kv->layers[l];
         L->block_size = block_size;
         L->kv_width = kv->kv_width;
         L->idx_width = kv->idx_width;
-        L->kv = be_alloc(be, slots * kv->kv_width * sizeof(float));
+        L->dtype = kv->dtype;
+        int fp8 = kv->dtype == KV_DTYPE_FP8;
+        L->k_scale = fp8 && c->kv_scale[l][0] > 0 ? c->kv_scale[l][0] : 1.0f;
+        L->v_scale = fp8 && c->kv_scale[l][1] > 0 ? c->kv_scale[l][1] : 1.0f;
+        L->kv = be_alloc(be, slots * kv->kv_width * es);
         /* a "shared" indexer layer keeps no keys of its own */
         if (kv->idx_width && c->layer_indexer[l] == INDEXER_FULL)
-            L->idx = be_alloc(be, slots * kv->idx_width * sizeof(float));
+            L->idx = be_alloc(be, slots * kv->idx_width * es);
     }
     kv->free_list = xmalloc(n_blocks * sizeof(int));
     kv->refcount = xcalloc(n_blocks, sizeof(int));

@@ -12,7 +12,8 @@ typedef struct {
     int block_size;            /* tokens per block */
     int n_blocks;
     int n_layers;
-    int kv_width, idx_width;   /* floats per token per layer (model_kv_width / model_index_width) */
+    int kv_width, idx_width;   /* elements per token per layer (model_kv_width / model_index_width) */
+    KVDtype dtype;             /* of every layer's kv and idx (model_kv_dtype) */
     KVLayer *layers;           /* [L] storage in backend memory */
     int *free_list;            /* [n_blocks] stack of free block ids */
     int n_free;
@@ -20,8 +21,11 @@ typedef struct {
     Backend *be;               /* borrowed */
 } KVCache;
 
-/* Bytes one block takes across all layers. */
+/* Bytes one block takes across all layers, in the cache dtype of c: c is the config of the model
+ * in backend memory (model_upload resolved its KV_DTYPE_AUTO; a host model's AUTO is the cpu's). */
 size_t kv_cache_block_bytes(const ModelConfig *c, int block_size);
+/* The pool, its elements of model_kv_dtype(c, be->host_memory); FP8 layers take the checkpoint's
+ * k_scale / v_scale (c->kv_scale), else 1. */
 void kv_cache_init(KVCache *kv, const ModelConfig *c, Backend *be, int block_size, int n_blocks);
 void kv_cache_free(KVCache *kv);
 int kv_cache_alloc_block(KVCache *kv);   /* block id, or -1 when the pool is exhausted */

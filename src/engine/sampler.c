@@ -240,3 +240,10 @@ void sampler_score(const Sampler *s, const float *logits, int token, SampleResul
     res->logprob = 0;
     if (s->p.logprobs >= 0) log_softmax_top(logits, s->vocab, s->p.logprobs, res, token);
 }
+
+int sampler_is_argmax(const Sampler *s)
+{
+    const SamplingParams *p = &s->p;
+    return p->temperature == 0 && p->logprobs < 0 && p->repetition_penalty == 1.0f && p->frequency_penalty == 0 &&
+           p->presence_penalty == 0;
+}

@@ -58,6 +58,9 @@ int sampler_sample(Sampler *s, float *logits, SampleResult *res);
 /* A token chosen by the caller instead of sampled (serve --script-output): its log-probability
  * and the top alternatives of the model's distribution, as sampler_sample reports them. */
 void sampler_score(const Sampler *s, const float *logits, int token, SampleResult *res);
+/* 1 if the next token is plain argmax of the logits (temperature 0, no penalties, no logprobs):
+ * the engine then takes it from the backend's argmax and copies no logits. */
+int sampler_is_argmax(const Sampler *s);
 /* Record a generated token (for the penalties). */
 void sampler_accept(Sampler *s, int token);
 

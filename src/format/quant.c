@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "base/util.h"
+#include "format/codec.h"
 
 /* Checkpoints are little-endian and the loads below are plain memcpy's into host integers. */
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -103,14 +104,7 @@ uint16_t load_u16(const void *p) { uint16_t h; memcpy(&h, p, 2); return h; }
 
 float bf16_to_f32(uint16_t h) { return f32_from_bits((uint32_t)h << 16); }
 
-uint16_t f32_to_bf16(float f)
-{
-    uint32_t u = f32_bits(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u)     /* NaN: keep sign and top payload, force quiet */
-        return (uint16_t)((u >> 16) | 0x0040u);
-    u += 0x7fffu + ((u >> 16) & 1);           /* round to nearest even; carries into the exponent */
-    return (uint16_t)(u >> 16);
-}
+uint16_t f32_to_bf16(float f) { return codec_f32_to_bf16(f); }
 
 float f16_to_f32(uint16_t h)
 {
@@ -140,20 +134,7 @@ uint16_t f32_to_f16(float f)
 
 float e4m3_to_f32(uint8_t b) { return e4m3_table[b]; }
 
-uint8_t f32_to_e4m3(float f)
-{
-    uint32_t u = f32_bits(f), s = (u >> 24) & 0x80u;
-    u &= 0x7fffffffu;
-    if (u > 0x7f800000u) return 0x7f;                   /* NaN */
-    if (u >= 0x43e00000u) return (uint8_t)(s | 0x7e);   /* >= 448, inf too: saturate (satfinite) */
-    if (u >= 0x3c800000u) {                             /* >= 2^-6: normal */
-        u += 0x7ffffu + ((u >> 20) & 1);                /* RNE to 3 mantissa bits; < 448 stays <= 448 */
-        return (uint8_t)(s | (u - 0x3c000000u) >> 20);  /* rebias 127 -> 7 (120 << 23) */
-    }
-    /* Subnormal m * 2^-9: 16384 has ulp 2^-9, so the addition rounds to nearest even; m = 8
-     * becomes code 0x08, the smallest normal. */
-    return (uint8_t)(s | (f32_bits(f32_from_bits(u) + 16384.0f) - 0x46800000u));
-}
+uint8_t f32_to_e4m3(float f) { return codec_f32_to_e4m3(f); }
 
 /* Round to E2M1 exactly as ModelOpt's _cast_fp4 (§3.5): searchsorted over the boundaries
  * 0.25 0.75 1.25 1.75 2.5 3.5 5, a value equal to 0.75, 1.75 or 3.5 goes up; i.e. round half to

@@ -187,23 +187,30 @@ static void forward_decode_graph(Forward *f, const Batch *b, KVCache *kv)
     f->dbuf.max_ctx = f->graph_ctx; /* baked into the graph: the indexer's score rows */
     int g = 0;
     while (g < f->n_graphs && f->graph_T[g] != P) g++;
-    if (g == f->n_graphs) {
-        CHECK(g < 16, "forward: more than 16 decode graphs");
-        OpStat before[OP_COUNT];
-        memcpy(before, be->stats, sizeof before);
-        be->ops->graph_begin(be);
-        forward_body(f, kv);
-        f->graph[g] = be->ops->graph_end(be);
-        f->graph_T[g] = P;
-        for (int i = 0; i < OP_COUNT; i++) {
-            f->graph_stats[g][i].flops = be->stats[i].flops - before[i].flops;
-            f->graph_stats[g][i].bytes = be->stats[i].bytes - before[i].bytes;
-            f->graph_stats[g][i].calls = be->stats[i].calls - before[i].calls;
+    for (;;) {
+        if (g == f->n_graphs) {
+            CHECK(g < 16, "forward: more than 16 decode graphs");
+            OpStat before[OP_COUNT];
+            memcpy(before, be->stats, sizeof before);
+            be->ops->graph_begin(be);
+            forward_body(f, kv);
+            f->graph[g] = be->ops->graph_end(be);
+            f->graph_T[g] = P;
+            for (int i = 0; i < OP_COUNT; i++) {
+                f->graph_stats[g][i].flops = be->stats[i].flops - before[i].flops;
+                f->graph_stats[g][i].bytes = be->stats[i].bytes - before[i].bytes;
+                f->graph_stats[g][i].calls = be->stats[i].calls - before[i].calls;
+            }
+            memcpy(be->stats, before, sizeof before);
+            f->n_graphs++;
         }
-        memcpy(be->stats, before, sizeof before);
-        f->n_graphs++;
+        if (be->ops->graph_launch(be, f->graph[g]) == 0) break;
+        /* a scratch buffer was replaced since the capture (an eager step needed more): every
+         * graph holds the old address; capture again */
+        log_info("forward: scratch grew; recapturing the decode graphs");
+        for (int k = 0; k < f->n_graphs; k++) be->ops->graph_free(be, f->graph[k]);
+        f->n_graphs = g = 0;
     }
-    be->ops->graph_launch(be, f->graph[g]);
     for (int i = 0; i < OP_COUNT; i++) {
         be->stats[i].flops += f->graph_stats[g][i].flops;
         be->stats[i].bytes += f->graph_stats[g][i].bytes;

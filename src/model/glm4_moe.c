@@ -24,8 +24,8 @@ void glm4_moe_attention(Forward *f, int layer, KVCache *kv)
     be_rope(be, f->k, kd, T, Hkv, Dh, 0, c->rotary_dim, db->pos, f->inv_freq, f->rope_scale, c->rope_interleave);
 
     KVLayer *L = &kv->layers[layer];
-    be_kv_write(be, L->kv, L->kv_width, 0, f->k, kd, kd, db->slot, T);
-    be_kv_write(be, L->kv, L->kv_width, kd, f->v, kd, kd, db->slot, T);
+    be_kv_write(be, L->kv, L->dtype, L->k_scale, L->kv_width, 0, f->k, kd, kd, db->slot, T);
+    be_kv_write(be, L->kv, L->dtype, L->v_scale, L->kv_width, kd, f->v, kd, kd, db->slot, T);
     be_attention_gqa(be, f->attn, f->q, L, b, db, c);
     be_matmul(be, OP_GEMM_ATTN, f->a, D, f->attn, qd, T, &w->wo, NULL);
     be_add(be, f->h, f->h, f->a, (size_t)T * D);

@@ -33,7 +33,7 @@ void glm5_attention(Forward *f, int layer, KVCache *kv)
     be_rmsnorm(be, f->k, kvd, f->k, kvd, w->kv_a_norm, T, C, MLA_NORM_EPS);
     be_rope(be, f->k, kvd, T, 1, kvd, C, Dr, db->pos, f->inv_freq, f->rope_scale, c->rope_interleave);
     KVLayer *L = &kv->layers[layer];
-    be_kv_write(be, L->kv, L->kv_width, 0, f->k, kvd, kvd, db->slot, T);
+    be_kv_write(be, L->kv, L->dtype, L->k_scale, L->kv_width, 0, f->k, kvd, kvd, db->slot, T);
 
     const int *topk = NULL;
     if (c->layer_indexer[layer] == INDEXER_FULL) {
@@ -43,7 +43,7 @@ void glm5_attention(Forward *f, int layer, KVCache *kv)
         be_matmul(be, OP_GEMM_INDEXER, f->ik, Di, f->a, D, T, &w->idx_wk, NULL);
         be_layernorm(be, f->ik, Di, f->ik, Di, w->idx_norm_w, w->idx_norm_b, T, Di, INDEXER_NORM_EPS);
         be_rope(be, f->ik, Di, T, 1, Di, 0, Dr, db->pos, f->inv_freq, f->rope_scale, c->indexer_rope_interleave);
-        be_kv_write(be, L->idx, L->idx_width, 0, f->ik, Di, Di, db->slot, T);
+        be_kv_write(be, L->idx, L->dtype, 1.0f, L->idx_width, 0, f->ik, Di, Di, db->slot, T);
         be_matmul(be, OP_GEMM_INDEXER, f->iw, Hi, f->a, D, T, &w->idx_wproj, NULL);
         be_indexer(be, f->topk, f->iq, f->iw, L, b, db, c);
         topk = f->topk;

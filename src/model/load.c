@@ -4,6 +4,7 @@
  * (mlp.experts.E.gate_proj) or fused 3-D (mlp.experts.gate_up_proj [E, 2F, D], down_proj
  * [E, D, F]). MTP layers (index >= num_hidden_layers) are recognised and skipped. A malformed
  * checkpoint stops with one line naming the file and the tensor. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -270,6 +271,45 @@ static int fused_experts(Loader *ld, LayerWeights *lw, const char *prefix, int E
     return 1;
 }
 
+/* The FP8 KV cache scales of layer l (ModelOpt: x = code * scale): k_scale and v_scale under the
+ * names vLLM reads (weight_utils.maybe_remap_kv_scale_name): self_attn.{k,v}_proj.{k,v}_scale,
+ * self_attn.{k,v}_scale, self_attn.attn.{k,v}_scale; MLA keeps one latent row, so only k_scale
+ * (also under kv_a_proj_with_mqa). Absent: 0 (the cache uses 1). */
+static void kv_scales(Loader *ld, int l)
+{
+    if (ld->dummy != QF_COUNT) return;
+    static const char *fmt[2][4] = {
+        {"self_attn.k_proj.k_scale", "self_attn.k_scale", "self_attn.attn.k_scale",
+         "self_attn.kv_a_proj_with_mqa.k_scale"},
+        {"self_attn.v_proj.v_scale", "self_attn.v_scale", "self_attn.attn.v_scale", NULL},
+    };
+    for (int kv = 0; kv < 2; kv++)
+        for (int i = 0; i < 4 && fmt[kv][i]; i++) {
+            char name[600];
+            snprintf(name, sizeof name, "model.layers.%d.%s", l, fmt[kv][i]);
+            const StTensor *t = safetensors_find(&ld->m->st, name);
+            if (!t) continue;
+            if (t->numel != 1 || (t->dtype != DT_F32 && t->dtype != DT_BF16 && t->dtype != DT_F16))
+                fatal("%s: tensor '%s': expected a float scalar", safetensors_file_of(&ld->m->st, t), name);
+            float v = scalar_of(t);
+            if (!(v > 0 && v < INFINITY))
+                fatal("%s: tensor '%s': KV cache scale %g is not a positive finite number",
+                      safetensors_file_of(&ld->m->st, t), name, v);
+            ld->m->cfg.kv_scale[l][kv] = v;
+            ld->used[t - ld->m->st.tensors] = 1;
+            break;
+        }
+}
+
+/* kv_cache_quant_algo (§3.1): "FP8" asks for an FP8 KV cache; anything else moeserve cannot honour. */
+static void kv_cache_request(Loader *ld)
+{
+    const char *a = ld->qc.kv_cache_algo;
+    ld->m->cfg.kv_cache_fp8 = !strcmp(a, "FP8");
+    if (a[0] && !ld->m->cfg.kv_cache_fp8)
+        log_warn("%s: kv_cache_quant_algo %s is not supported; the KV cache uses its default dtype", ld->dir, a);
+}
+
 static void load_layer(Loader *ld, int l)
 {
     Model *m = ld->m;
@@ -279,6 +319,7 @@ static void load_layer(Loader *ld, int l)
     char p[256], q[1024];
 #define PFX(...) (snprintf(q, sizeof q, "%s." __VA_ARGS__), q)
     snprintf(p, sizeof p, "model.layers.%d", l);
+    kv_scales(ld, l);
     w->attn_norm = vec(ld, PFX("input_layernorm.weight", p), D, 0);
     w->ffn_norm = vec(ld, PFX("post_attention_layernorm.weight", p), D, 0);
 
@@ -387,6 +428,7 @@ void model_load_dummy(Model *m, const char *dir, QFormat fmt, int n_layers)
     if (fmt != QF_BF16 && fmt != QF_NVFP4 && fmt != QF_FP8) fatal("dummy weights: format %s is not offered", qformat_name(fmt));
     Loader ld = {.m = m, .dir = dir, .dummy = fmt};
     if (quant_config_load(&ld.qc, dir, err, sizeof err) < 0) fatal("%s", err);
+    kv_cache_request(&ld);
     load_all(&ld);
     m->dummy = 1;
     quant_config_free(&ld.qc);
@@ -403,6 +445,7 @@ void model_load(Model *m, const char *dir)
     if (safetensors_open_dir(&m->st, dir, err, sizeof err) < 0) fatal("%s", err);
     Loader ld = {.m = m, .dir = dir, .used = xcalloc(m->st.n_tensors + 1, 1), .dummy = QF_COUNT};
     if (quant_config_load(&ld.qc, dir, err, sizeof err) < 0) fatal("%s", err);
+    kv_cache_request(&ld);
     const ModelConfig *c = &m->cfg;
     load_all(&ld);
 

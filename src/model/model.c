@@ -1,5 +1,5 @@
-/* model: facts derived from a ModelConfig alone: KV entry widths and the parameter count
- * (SPEC-models.md §1.7, §2.3). The count is exact integer arithmetic (held in double, exact
+/* model: facts derived from a ModelConfig alone: KV entry widths, the KV cache dtype and the
+ * parameter count (SPEC-models.md §1.7, §2.3). The count is exact integer arithmetic (held in double, exact
  * below 2^53) over the tensors a release checkpoint stores:
  *
  *   attention (GQA)  q H*Dh*D + k,v 2*Hkv*Dh*D + o D*H*Dh
@@ -22,6 +22,8 @@
  * GLM-5: MLA 165,022,208; indexer 9,371,904; norms 12,288; MoE 9,702,998,272; dense 226,492,416;
  * total 743,911,218,432 (743.91 B), with MTP 753,864,139,008, active 39,881,563,392. */
 #include "model.h"
+
+#include <string.h>
 
 /* ---- helpers: parameters of one piece, int64 ---- */
 
@@ -84,6 +86,30 @@ int model_kv_width(const ModelConfig *c)
 int model_index_width(const ModelConfig *c)
 {
     return c->arch == ARCH_GLM5 || c->arch == ARCH_DEEPSEEK_V32 ? c->index_head_dim : 0;
+}
+
+KVDtype model_kv_dtype(const ModelConfig *c, int host_memory)
+{
+    if (c->kv_dtype != KV_DTYPE_AUTO) return c->kv_dtype;
+    if (c->kv_cache_fp8) return KV_DTYPE_FP8;
+    return host_memory ? KV_DTYPE_F32 : KV_DTYPE_BF16;
+}
+
+static const struct { const char *name; KVDtype t; } kv_dtype_names[] = {
+    {"auto", KV_DTYPE_AUTO}, {"float32", KV_DTYPE_F32}, {"bf16", KV_DTYPE_BF16}, {"bfloat16", KV_DTYPE_BF16},
+    {"fp8", KV_DTYPE_FP8}, {"fp8_e4m3", KV_DTYPE_FP8},
+};
+
+int model_kv_dtype_parse(const char *s, KVDtype *out)
+{
+    for (size_t i = 0; i < sizeof kv_dtype_names / sizeof kv_dtype_names[0]; i++)
+        if (!strcmp(s, kv_dtype_names[i].name)) { *out = kv_dtype_names[i].t; return 0; }
+    return -1;
+}
+
+const char *model_kv_dtype_name(KVDtype t)
+{
+    return t == KV_DTYPE_F32 ? "float32" : t == KV_DTYPE_BF16 ? "bf16" : t == KV_DTYPE_FP8 ? "fp8_e4m3" : "auto";
 }
 
 void model_count_params(const ModelConfig *c, ParamCount *out)

@@ -29,6 +29,14 @@ typedef enum {
 } Arch;
 
 typedef enum { SCORE_SIGMOID, SCORE_SOFTMAX } ScoringFunc;
+
+/* Element type of the paged KV cache (engine/kv_cache.h; backend/kv_elem.h is the codec). */
+typedef enum {
+    KV_DTYPE_AUTO,    /* not chosen: see model_kv_dtype */
+    KV_DTYPE_F32,
+    KV_DTYPE_BF16,    /* rounded to nearest even */
+    KV_DTYPE_FP8,     /* float8_e4m3fn of x / scale, saturating at +-448; read back as code * scale */
+} KVDtype;
 typedef enum { INDEXER_NONE, INDEXER_FULL, INDEXER_SHARED } IndexerType;
 
 typedef struct {
@@ -84,12 +92,26 @@ typedef struct {
     int bos_id, pad_id;        /* -1 when absent */
     int eos_ids[MODEL_MAX_EOS], n_eos;
     float attn_scale;          /* softmax scale: head size^-0.5 (x mscale^2 under YaRN) */
+    /* KV cache: what the checkpoint asks for (model_load) and what the command chose */
+    int kv_cache_fp8;          /* 1: the quantization config's kv_cache_quant_algo is "FP8" */
+    KVDtype kv_dtype;          /* --kv-cache-dtype; KV_DTYPE_AUTO: see model_kv_dtype */
+    float kv_scale[MODEL_MAX_LAYERS][2]; /* FP8 cache: per layer the checkpoint's k_scale and
+                                            v_scale (ModelOpt, x = code * scale); 0: absent, 1 used */
 } ModelConfig;
 
 /* A token's KV entry width (floats per token per layer) and the indexer key width. */
 int model_kv_width(const ModelConfig *c);
 int model_index_width(const ModelConfig *c);
 int model_is_mla(const ModelConfig *c);
+/* The KV cache dtype of c on a backend: c->kv_dtype when chosen; KV_DTYPE_AUTO: FP8 when the
+ * checkpoint asks for it, else float32 on the cpu (host_memory: the reference) and BF16 on a
+ * GPU. model_upload stores the answer in the uploaded config, so that the config of a model in
+ * backend memory names its cache dtype; a host model left at AUTO gets the cpu's. */
+KVDtype model_kv_dtype(const ModelConfig *c, int host_memory);
+/* --kv-cache-dtype spellings (vLLM's): auto, float32, bf16 (bfloat16), fp8 (fp8_e4m3); 0 ok, -1 not one */
+int model_kv_dtype_parse(const char *s, KVDtype *out);
+const char *model_kv_dtype_name(KVDtype t); /* "float32", "bf16", "fp8_e4m3", "auto" */
+#define MODEL_KV_DTYPES "auto, float32, bf16 (bfloat16) or fp8 (fp8_e4m3)"
 
 /* Parameters counted from the config alone (§1.7, §2.3). */
 typedef struct {

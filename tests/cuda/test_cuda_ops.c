@@ -2,8 +2,10 @@
  * shapes (ragged batches, odd sizes, contexts from 1 to 32k for attention, 1 to 4096 tokens for
  * GEMM and MoE). Pass iff ||cuda - cpu|| / ||cpu|| <= tol, tol named per op with its reason:
  * float32 ops 1e-5 (re-association only); GEMMs on BF16 weights 1e-4 (activations split into
- * two BF16 halves for the tensor cores); top-k selections must be identical. Needs a GPU:
- * `make test-cuda`. */
+ * two BF16 halves for the tensor cores); top-k selections must be identical. The KV cache ops
+ * run for every cache dtype (float32, BF16, FP8 with a per-tensor scale): kv_write must store
+ * the same bytes as kv_write_cpu, and attention / the indexer read the same decoded values, so
+ * they keep the float32 tolerances. Needs a GPU: `make test-cuda`. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,6 +35,11 @@ static int setup(void)
 }
 
 #define NEED_GPU() do { if (!setup()) { test_fail(__FILE__, __LINE__, "no CUDA device"); return; } } while (0)
+
+/* the KV cache dtypes, and the FP8 scales the tests use (k | v differ, neither a power of 2) */
+static const KVDtype kv_dtypes[3] = {KV_DTYPE_F32, KV_DTYPE_BF16, KV_DTYPE_FP8};
+#define KV_KSCALE 0.05f
+#define KV_VSCALE 0.03f
 
 static float *rnd(Rng *r, size_t n, float scale)
 {
@@ -157,17 +164,25 @@ TEST(cuda_elementwise)
     got = down(dout, 5 * D);
     EXPECT_CLOSE(got, gr, 5 * D, 0, "get_rows");
     free(got);
-    int slots[4] = {9, 2, 31, 0};
-    float *cache = calloc(32 * 50, 4);
-    kv_write_cpu(&cpu, cache, 50, 7, g, F, 40, slots, 4);
-    float *dcache = be_alloc(&gpu, 32 * 50 * 4);
+    /* kv_write in every cache dtype: the same bytes (one codec, kv_elem.h); slot -1 is padding */
+    int slots[5] = {9, 2, 31, -1, 0};
     int *dslots = up(slots, sizeof slots);
-    be_kv_write(&gpu, dcache, 50, 7, dg, F, 40, dslots, 4);
-    got = down(dcache, 32 * 50);
-    EXPECT_CLOSE(got, cache, 32 * 50, 0, "kv_write");
-    free(got);
-    free(g); free(u); free(ref); free(ref2); free(gr); free(cache);
-    be_free(&gpu, dg); be_free(&gpu, du); be_free(&gpu, dout); be_free(&gpu, drows); be_free(&gpu, dcache); be_free(&gpu, dslots);
+    for (int d = 0; d < 3; d++)
+        for (int si = 0; si < 2; si++) {
+            KVDtype dt = kv_dtypes[d];
+            float scale = si ? KV_KSCALE : 1.0f;
+            size_t bytes = 32 * 50 * kv_elem_size(dt);
+            uint8_t *cache = calloc(bytes, 1), *hgot = malloc(bytes);
+            kv_write_cpu(&cpu, cache, dt, scale, 50, 7, g, F, 40, slots, 5);
+            void *dcache = be_alloc(&gpu, bytes);
+            be_kv_write(&gpu, dcache, dt, scale, 50, 7, dg, F, 40, dslots, 5);
+            be_to_host(&gpu, hgot, dcache, bytes);
+            EXPECT(!memcmp(hgot, cache, bytes), "kv_write %s scale %g: bytes differ", model_kv_dtype_name(dt), scale);
+            free(cache); free(hgot);
+            be_free(&gpu, dcache);
+        }
+    free(g); free(u); free(ref); free(ref2); free(gr);
+    be_free(&gpu, dg); be_free(&gpu, du); be_free(&gpu, dout); be_free(&gpu, drows); be_free(&gpu, dslots);
 }
 
 /* ---- weights in every stored format ---- */
@@ -481,6 +496,19 @@ TEST(cuda_moe)
 
 /* ---- attention and the indexer over a paged cache ---- */
 
+/* x [slots, W] float32 stored as a cache of dt through kv_write_cpu: columns [0, split) with
+ * scale ks, the rest with vs (host memory, kv_elem_size(dt) bytes per element) */
+static void *kv_store(const float *x, int slots, int W, KVDtype dt, float ks, float vs, int split)
+{
+    int *all = malloc(slots * sizeof(int));
+    for (int s = 0; s < slots; s++) all[s] = s;
+    void *c = malloc((size_t)slots * W * kv_elem_size(dt));
+    kv_write_cpu(&cpu, c, dt, ks, W, 0, x, W, split, all, slots);
+    if (split < W) kv_write_cpu(&cpu, c, dt, vs, W, split, x + split, W, W - split, all, slots);
+    free(all);
+    return c;
+}
+
 /* A batch of S sequences: seq s has ctx[s] tokens in the cache and its last ntok[s] are the
  * batch's tokens; blocks of size bs assigned in a shuffled order. */
 typedef struct {
@@ -560,18 +588,25 @@ TEST(cuda_attention_gqa)
         ModelConfig c = {0};
         c.n_heads = H; c.n_kv_heads = Hkv; c.head_dim = Dh; c.attn_scale = 1.0f / sqrtf((float)Dh);
         int W = 2 * Hkv * Dh, T = b.h.n_tokens;
-        float *cache = rnd(&r, (size_t)b.n_slots * W, 1), *q = rnd(&r, (size_t)T * H * Dh, 1);
-        KVLayer hk = {.kv = cache, .block_size = bs, .kv_width = W};
-        KVLayer dk = hk;
-        dk.kv = up(cache, (size_t)b.n_slots * W * 4);
+        float *x = rnd(&r, (size_t)b.n_slots * W, 1), *q = rnd(&r, (size_t)T * H * Dh, 1);
         float *ref = malloc((size_t)T * H * Dh * 4), *dq = up(q, (size_t)T * H * Dh * 4);
         float *dout = be_alloc(&gpu, (size_t)T * H * Dh * 4);
-        attention_gqa_cpu(&cpu, ref, q, &hk, &b.h, &c);
-        be_attention_gqa(&gpu, dout, dq, &dk, &b.h, &b.d, &c);
-        float *got = down(dout, (size_t)T * H * Dh);
-        EXPECT_CLOSE(got, ref, (size_t)T * H * Dh, TOL_F32, "gqa case %zu", cs);
-        free(got); free(ref); free(cache); free(q);
-        be_free(&gpu, dk.kv); be_free(&gpu, dq); be_free(&gpu, dout);
+        for (int d = 0; d < 3; d++) {
+            KVDtype dt = kv_dtypes[d];
+            float ks = dt == KV_DTYPE_FP8 ? KV_KSCALE : 1, vs = dt == KV_DTYPE_FP8 ? KV_VSCALE : 1;
+            void *cache = kv_store(x, b.n_slots, W, dt, ks, vs, Hkv * Dh);
+            KVLayer hk = {.kv = cache, .block_size = bs, .kv_width = W, .dtype = dt, .k_scale = ks, .v_scale = vs};
+            KVLayer dk = hk;
+            dk.kv = up(cache, (size_t)b.n_slots * W * kv_elem_size(dt));
+            attention_gqa_cpu(&cpu, ref, q, &hk, &b.h, &c);
+            be_attention_gqa(&gpu, dout, dq, &dk, &b.h, &b.d, &c);
+            float *got = down(dout, (size_t)T * H * Dh);
+            EXPECT_CLOSE(got, ref, (size_t)T * H * Dh, TOL_F32, "gqa case %zu, %s cache", cs, model_kv_dtype_name(dt));
+            free(got); free(cache);
+            be_free(&gpu, dk.kv);
+        }
+        free(ref); free(x); free(q);
+        be_free(&gpu, dq); be_free(&gpu, dout);
         tb_free(&b);
     }
 }
@@ -602,30 +637,38 @@ TEST(cuda_attention_mla_and_indexer)
             for (int s = 0; s < b.n_slots; s++) memcpy(icache + (size_t)s * Di, icache + (size_t)(s % 4) * Di, Di * 4);
         float *q = rnd(&r, (size_t)T * H * (Dn + Dr), 1), *iq = rnd(&r, (size_t)T * Hi * Di, 1), *iw = rnd(&r, (size_t)T * Hi, 1);
         TW wkvb = tw_make(&r, QF_NVFP4, H * (Dn + Dv), C);
-        KVLayer hk = {.kv = cache, .idx = icache, .block_size = bs, .kv_width = W, .idx_width = Di};
-        KVLayer dk = hk;
-        dk.kv = up(cache, (size_t)b.n_slots * W * 4);
-        dk.idx = up(icache, (size_t)b.n_slots * Di * 4);
-        int *topk = malloc((size_t)T * Ki * 4);
-        indexer_cpu(&cpu, topk, iq, iw, &hk, &b.h, &c);
         float *diq = up(iq, (size_t)T * Hi * Di * 4), *diw = up(iw, (size_t)T * Hi * 4);
-        int *dtopk = be_alloc(&gpu, (size_t)T * Ki * 4);
-        be_indexer(&gpu, dtopk, diq, diw, &dk, &b.h, &b.d, &c);
-        int *gtopk = (int *)down(dtopk, (size_t)T * Ki);
-        int same = !memcmp(gtopk, topk, (size_t)T * Ki * 4);
-        EXPECT(same, "indexer case %zu: selections differ", cs);
-        for (int use_topk = 0; use_topk < 2; use_topk++) {
-            float *ref = malloc((size_t)T * H * Dv * 4), *dq = up(q, (size_t)T * H * (Dn + Dr) * 4);
-            float *dout = be_alloc(&gpu, (size_t)T * H * Dv * 4);
-            attention_mla_cpu(&cpu, ref, q, &hk, &wkvb.host, use_topk ? topk : NULL, Ki, &b.h, &c);
-            be_attention_mla(&gpu, dout, dq, &dk, &wkvb.dev, use_topk ? dtopk : NULL, Ki, &b.h, &b.d, &c);
-            float *got = down(dout, (size_t)T * H * Dv);
-            EXPECT_CLOSE(got, ref, (size_t)T * H * Dv, TOL_F32, "mla case %zu topk %d", cs, use_topk);
-            free(got); free(ref);
-            be_free(&gpu, dq); be_free(&gpu, dout);
+        int *topk = malloc((size_t)T * Ki * 4), *dtopk = be_alloc(&gpu, (size_t)T * Ki * 4);
+        for (int d = 0; d < 3; d++) {
+            KVDtype dt = kv_dtypes[d];
+            float ks = dt == KV_DTYPE_FP8 ? KV_KSCALE : 1; /* MLA: one scale for the row; indexer keys: 1 */
+            void *hkv = kv_store(cache, b.n_slots, W, dt, ks, ks, W), *hidx = kv_store(icache, b.n_slots, Di, dt, 1, 1, Di);
+            KVLayer hk = {.kv = hkv, .idx = hidx, .block_size = bs, .kv_width = W, .idx_width = Di, .dtype = dt,
+                          .k_scale = ks, .v_scale = 1};
+            KVLayer dk = hk;
+            dk.kv = up(hkv, (size_t)b.n_slots * W * kv_elem_size(dt));
+            dk.idx = up(hidx, (size_t)b.n_slots * Di * kv_elem_size(dt));
+            indexer_cpu(&cpu, topk, iq, iw, &hk, &b.h, &c);
+            be_indexer(&gpu, dtopk, diq, diw, &dk, &b.h, &b.d, &c);
+            int *gtopk = (int *)down(dtopk, (size_t)T * Ki);
+            int same = !memcmp(gtopk, topk, (size_t)T * Ki * 4);
+            EXPECT(same, "indexer case %zu, %s cache: selections differ", cs, model_kv_dtype_name(dt));
+            for (int use_topk = 0; use_topk < 2; use_topk++) {
+                float *ref = malloc((size_t)T * H * Dv * 4), *dq = up(q, (size_t)T * H * (Dn + Dr) * 4);
+                float *dout = be_alloc(&gpu, (size_t)T * H * Dv * 4);
+                attention_mla_cpu(&cpu, ref, q, &hk, &wkvb.host, use_topk ? topk : NULL, Ki, &b.h, &c);
+                be_attention_mla(&gpu, dout, dq, &dk, &wkvb.dev, use_topk ? dtopk : NULL, Ki, &b.h, &b.d, &c);
+                float *got = down(dout, (size_t)T * H * Dv);
+                EXPECT_CLOSE(got, ref, (size_t)T * H * Dv, TOL_F32, "mla case %zu topk %d, %s cache", cs, use_topk,
+                             model_kv_dtype_name(dt));
+                free(got); free(ref);
+                be_free(&gpu, dq); be_free(&gpu, dout);
+            }
+            free(gtopk); free(hkv); free(hidx);
+            be_free(&gpu, dk.kv); be_free(&gpu, dk.idx);
         }
-        free(cache); free(icache); free(q); free(iq); free(iw); free(topk); free(gtopk);
-        be_free(&gpu, dk.kv); be_free(&gpu, dk.idx); be_free(&gpu, diq); be_free(&gpu, diw); be_free(&gpu, dtopk);
+        free(cache); free(icache); free(q); free(iq); free(iw); free(topk);
+        be_free(&gpu, diq); be_free(&gpu, diw); be_free(&gpu, dtopk);
         tw_free(&wkvb);
         tb_free(&b);
     }

@@ -3,7 +3,9 @@
  * MLA (GLM-5, §1.5.3), absorbed form: the cache holds the normed latent c [C] and the roped
  * k_pe [Dr]; per head, q_nope is absorbed through W_UK (rows 0..Dn of the head's block of
  * kv_b_proj), scores are (q_abs . c + q_pe . k_pe) * scale, the output latent is expanded
- * through W_UV (rows Dn..Dn+Dv). Softmax in float32 with the maximum subtracted. */
+ * through W_UV (rows Dn..Dn+Dv). Softmax in float32 with the maximum subtracted. The cache is
+ * read in its dtype and converted to float32 a row at a time (cpu_kv_row; FP8: GQA k with
+ * k_scale, v with v_scale, the MLA row with k_scale). */
 #include <math.h>
 #include <string.h>
 
@@ -30,16 +32,18 @@ void attention_gqa_cpu(Backend *be, float *out, const float *q, const KVLayer *k
         for (int h = 0; h < H; h++) {
             int s = b->seq[t], n = b->pos[t] + 1, kh = h / group;
             float *z = cpu_scratch(7, (size_t)n * sizeof(float));
+            float *buf = cpu_scratch(6, (size_t)Dh * sizeof(float)); /* a decoded k or v row */
             const float *qh = q + ((int64_t)t * H + h) * Dh;
             for (int j = 0; j < n; j++) {
-                const float *k = kv->kv + (int64_t)cpu_slot(b, s, j, bs) * W + kh * Dh;
+                const float *k = cpu_kv_row(kv->kv, kv->dtype, kv->k_scale, cpu_slot(b, s, j, bs), W, kh * Dh, Dh, buf);
                 z[j] = cpu_dot(qh, k, Dh) * scale;
             }
             softmax_inplace(z, n);
             float *o = out + ((int64_t)t * H + h) * Dh;
             memset(o, 0, Dh * sizeof(float));
             for (int j = 0; j < n; j++) {
-                const float *v = kv->kv + (int64_t)cpu_slot(b, s, j, bs) * W + (Hkv + kh) * Dh;
+                const float *v = cpu_kv_row(kv->kv, kv->dtype, kv->v_scale, cpu_slot(b, s, j, bs), W, (Hkv + kh) * Dh,
+                                            Dh, buf);
                 for (int d = 0; d < Dh; d++) o[d] += z[j] * v[d];
             }
         }
@@ -63,6 +67,7 @@ void attention_mla_cpu(Backend *be, float *out, const float *q, const KVLayer *k
         float *ol = qa + C;                        /* [C] output latent */
         float *z = ol + C;                         /* [n] scores */
         int *keys = (int *)(z + max_ctx);          /* [n] positions attended */
+        float *buf = cpu_scratch(6, (size_t)W * sizeof(float)); /* a decoded cache row */
         for (int r = 0; r < Dn + Dv; r++) qtensor_decode(wkv_b, (int64_t)h * (Dn + Dv) + r, 0, C, wh + (size_t)r * C);
         for (int t = 0; t < T; t++) {
             int s = b->seq[t], n = 0;
@@ -81,13 +86,15 @@ void attention_mla_cpu(Backend *be, float *out, const float *q, const KVLayer *k
                 for (int i = 0; i < C; i++) qa[i] += qd * wr[i];
             }
             for (int j = 0; j < n; j++) {
-                const float *row = kv->kv + (int64_t)cpu_slot(b, s, keys[j], bs) * W;
+                int64_t slot = cpu_slot(b, s, keys[j], bs);
+                const float *row = cpu_kv_row(kv->kv, kv->dtype, kv->k_scale, slot, W, 0, W, buf);
                 z[j] = (cpu_dot(qa, row, C) + cpu_dot(qp, row + C, Dr)) * scale;
             }
             softmax_inplace(z, n);
             memset(ol, 0, C * sizeof(float));
             for (int j = 0; j < n; j++) {
-                const float *row = kv->kv + (int64_t)cpu_slot(b, s, keys[j], bs) * W;
+                int64_t slot = cpu_slot(b, s, keys[j], bs);
+                const float *row = cpu_kv_row(kv->kv, kv->dtype, kv->k_scale, slot, W, 0, C, buf); /* the latent */
                 for (int i = 0; i < C; i++) ol[i] += z[j] * row[i];
             }
             /* out_h[v] = sum_c W_UV[v][c] o_lat[c] */

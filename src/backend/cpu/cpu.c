@@ -106,8 +106,11 @@ static const BackendOps cpu_ops = {
     .mem_free = cpu_mem_free,
 };
 
+float cpu_e4m3[256];
+
 void backend_cpu_init(Backend *be, int n_threads)
 {
+    for (int i = 0; i < 256; i++) cpu_e4m3[i] = codec_e4m3_to_f32((uint8_t)i);
     *be = (Backend){0};
     be->name = "cpu";
     be->host_memory = 1;

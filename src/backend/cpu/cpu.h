@@ -5,6 +5,7 @@
 #define MOESERVE_CPU_H
 
 #include "../backend.h"
+#include "../kv_elem.h"
 
 /* A growable per-thread scratch buffer (slot 0..CPU_SCRATCH_SLOTS-1): grows, never shrinks,
  * so steady-state steps do not allocate. */
@@ -24,8 +25,8 @@ void rope_cpu(Backend *be, float *x, int ld, int T, int n_heads, int head_stride
 void add_cpu(Backend *be, float *out, const float *a, const float *b, size_t n);
 void get_rows_cpu(Backend *be, float *out, const float *x, int ld, const int *rows, int n, int dim);
 void swiglu_cpu(Backend *be, float *out, const float *gate, const float *up, int T, int F);
-void kv_write_cpu(Backend *be, float *cache, int width, int off, const float *src, int ld, int n,
-                  const int *slot, int T);
+void kv_write_cpu(Backend *be, void *cache, KVDtype dt, float scale, int width, int off,
+                  const float *src, int ld, int n, const int *slot, int T);
 void matmul_cpu(Backend *be, float *out, int ldo, const float *x, int ldx, int T,
                 const QTensor *w, const float *bias);
 void router_cpu(Backend *be, int *idx, float *wts, const float *logits, const float *bias, int T,
@@ -39,6 +40,27 @@ void attention_mla_cpu(Backend *be, float *out, const float *q, const KVLayer *k
                        const ModelConfig *c);
 void indexer_cpu(Backend *be, int *topk, const float *q, const float *w, const KVLayer *kv,
                  const Batch *b, const ModelConfig *c);
+
+/* codec_e4m3_to_f32 of every code, as a table (backend_cpu_init fills it) */
+extern float cpu_e4m3[256];
+
+/* Elements [off, off + n) of row `row` of a KV cache (rows of width elements of dt) as float32:
+ * a pointer into the cache itself when it is float32, else the row decoded into buf [n]. */
+static inline const float *cpu_kv_row(const void *cache, KVDtype dt, float scale, int64_t row, int width,
+                                      int off, int n, float *buf)
+{
+    int64_t i0 = row * width + off;
+    if (dt == KV_DTYPE_F32) return (const float *)cache + i0;
+    /* one loop per dtype (kv_elem_load's cases) so that each vectorises */
+    if (dt == KV_DTYPE_BF16) {
+        const uint16_t *p = (const uint16_t *)cache + i0;
+        for (int i = 0; i < n; i++) buf[i] = codec_bf16_to_f32(p[i]);
+    } else {
+        const uint8_t *p = (const uint8_t *)cache + i0;
+        for (int i = 0; i < n; i++) buf[i] = cpu_e4m3[p[i]] * scale;
+    }
+    return buf;
+}
 
 /* Slot of position p of sequence s in the batch's paged cache. */
 static inline int cpu_slot(const Batch *b, int s, int p, int block_size)

@@ -95,12 +95,19 @@ void swiglu_cpu(Backend *be, float *out, const float *gate, const float *up, int
     }
 }
 
-void kv_write_cpu(Backend *be, float *cache, int width, int off, const float *src, int ld, int n,
-                  const int *slot, int T)
+void kv_write_cpu(Backend *be, void *cache, KVDtype dt, float scale, int width, int off,
+                  const float *src, int ld, int n, const int *slot, int T)
 {
     (void)be;
-    for (int t = 0; t < T; t++)
-        memcpy(cache + (int64_t)slot[t] * width + off, src + (int64_t)t * ld, n * sizeof(float));
+    for (int t = 0; t < T; t++) {
+        if (slot[t] < 0) continue; /* padding */
+        int64_t o = (int64_t)slot[t] * width + off;
+        if (dt == KV_DTYPE_F32) {
+            memcpy((float *)cache + o, src + (int64_t)t * ld, n * sizeof(float));
+            continue;
+        }
+        for (int i = 0; i < n; i++) kv_elem_store(cache, dt, o + i, src[(int64_t)t * ld + i], scale);
+    }
 }
 
 /* element i of the fill (backend/fill.h) */

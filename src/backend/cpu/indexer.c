@@ -1,7 +1,8 @@
 /* indexer: the DSA lightning indexer's scores and top-k on the CPU (§1.5.4):
  * I(s,t) = sum_h w[s,h] Hi^-0.5 * relu(q[s,h] . k[t] * Di^-0.5) over cached keys t <= pos(s),
  * then the positions of the min(Ki, pos+1) best scores, ties to the lowest position, listed in
- * increasing position order and padded with -1. */
+ * increasing position order and padded with -1. The keys are read in the cache dtype (FP8 with
+ * scale 1) and converted to float32. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -34,9 +35,10 @@ void indexer_cpu(Backend *be, int *topk, const float *q, const float *w, const K
             continue;
         }
         Scored *sc = cpu_scratch(7, (size_t)n * sizeof(Scored));
+        float *buf = cpu_scratch(6, (size_t)Di * sizeof(float)); /* a decoded key */
         const float *qt = q + (int64_t)t * Hi * Di, *wt = w + (int64_t)t * Hi;
         for (int j = 0; j < n; j++) {
-            const float *k = kv->idx + (int64_t)cpu_slot(b, s, j, bs) * Wd;
+            const float *k = cpu_kv_row(kv->idx, kv->dtype, 1.0f, cpu_slot(b, s, j, bs), Wd, 0, Di, buf);
             float acc = 0;
             for (int h = 0; h < Hi; h++) {
                 float d = cpu_dot(qt + (int64_t)h * Di, k, Di) * kscale;

@@ -48,10 +48,10 @@ double time_graph(Backend *be, int iters, F issue)
     void *g = be->ops->graph_end(be);
     Timer tm;
     std::vector<double> t;
-    for (int i = 0; i < 3; i++) be->ops->graph_launch(be, g);
+    for (int i = 0; i < 3; i++) CHECK(be->ops->graph_launch(be, g) == 0, "bench: a scratch buffer grew inside the timing");
     for (int i = 0; i < iters; i++) {
         CUDA_CHECK(cudaEventRecord(tm.a, st));
-        be->ops->graph_launch(be, g);
+        CHECK(be->ops->graph_launch(be, g) == 0, "bench: a scratch buffer grew inside the timing");
         CUDA_CHECK(cudaEventRecord(tm.b, st));
         CUDA_CHECK(cudaEventSynchronize(tm.b));
         float ms = 0;

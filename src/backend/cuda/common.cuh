@@ -1,5 +1,6 @@
 /* common.cuh: what every CUDA op file shares: error checks, the backend's private state, the
- * device decode of a QTensor element (the twin of qtensor_decode), block reductions. */
+ * device decode of a QTensor element (the twin of qtensor_decode), the KV cache's element codec
+ * (kv_elem.h), block reductions. */
 #ifndef MOESERVE_CUDA_COMMON_CUH
 #define MOESERVE_CUDA_COMMON_CUH
 
@@ -14,6 +15,7 @@ extern "C" {
 #include "../backend.h"
 #include "cuda.h"
 }
+#include "../kv_elem.h" /* the KV cache's element codec, shared with the cpu (inline, host and device) */
 
 #define CUDA_CHECK(call) do { cudaError_t e_ = (call); \
     if (e_ != cudaSuccess) die("CUDA: %s: %s", #call, cudaGetErrorString(e_)); } while (0)
@@ -35,6 +37,7 @@ typedef struct {
     void *scratch[CUDA_SCRATCH_SLOTS];    /* grow-only scratch buffers */
     size_t scratch_cap[CUDA_SCRATCH_SLOTS];
     int sync;                             /* MOESERVE_SYNC=1 */
+    unsigned scratch_epoch;               /* +1 whenever a scratch buffer is replaced */
 } CudaState;
 
 static inline CudaState *cuda_state(Backend *be) { return (CudaState *)be->impl; }
@@ -193,7 +196,8 @@ void rope_cuda(Backend *be, float *x, int ld, int T, int n_heads, int head_strid
 void add_cuda(Backend *be, float *out, const float *a, const float *b, size_t n);
 void get_rows_cuda(Backend *be, float *out, const float *x, int ld, const int *rows, int n, int dim);
 void swiglu_cuda(Backend *be, float *out, const float *gate, const float *up, int T, int F);
-void kv_write_cuda(Backend *be, float *cache, int width, int off, const float *src, int ld, int n, const int *slot, int T);
+void kv_write_cuda(Backend *be, void *cache, KVDtype dt, float scale, int width, int off, const float *src, int ld,
+                   int n, const int *slot, int T);
 void matmul_cuda(Backend *be, float *out, int ldo, const float *x, int ldx, int T, const QTensor *w, const float *bias);
 void router_cuda(Backend *be, int *idx, float *wts, const float *logits, const float *bias, int T, const ModelConfig *c);
 int moe_cuda(Backend *be, float *out, const float *x, const int *idx, const float *wts, int T,

@@ -53,6 +53,7 @@ void *cuda_scratch(Backend *be, int slot, size_t bytes)
         size_t cap = bytes + bytes / 4 + 256;
         CUDA_CHECK(cudaMalloc(&s->scratch[slot], cap));
         s->scratch_cap[slot] = cap;
+        s->scratch_epoch++; /* graphs captured on the old buffer must not run */
     }
     return s->scratch[slot];
 }
@@ -107,7 +108,7 @@ static void cuda_destroy(Backend *be)
 static void cuda_reserve(Backend *be, const ModelConfig *c, int T, int max_out, int max_ctx);
 static void cuda_graph_begin(Backend *be);
 static void *cuda_graph_end(Backend *be);
-static void cuda_graph_launch(Backend *be, void *graph);
+static int cuda_graph_launch(Backend *be, void *graph);
 static void cuda_graph_free(Backend *be, void *graph);
 
 static size_t cuda_mem_free(Backend *be)
@@ -155,26 +156,37 @@ static void cuda_graph_begin(Backend *be)
     CUDA_CHECK(cudaStreamBeginCapture(cuda_stream(be), cudaStreamCaptureModeThreadLocal));
 }
 
+typedef struct {
+    cudaGraphExec_t x;
+    unsigned epoch;        /* the scratch epoch it was captured in */
+} CudaGraph;
+
 static void *cuda_graph_end(Backend *be)
 {
     cudaGraph_t g;
-    cudaGraphExec_t x;
+    CudaGraph *cg = (CudaGraph *)xcalloc(1, sizeof *cg);
     CUDA_CHECK(cudaStreamEndCapture(cuda_stream(be), &g));
-    CUDA_CHECK(cudaGraphInstantiate(&x, g, 0));
+    CUDA_CHECK(cudaGraphInstantiate(&cg->x, g, 0));
     CUDA_CHECK(cudaGraphDestroy(g));
-    return (void *)x;
+    cg->epoch = cuda_state(be)->scratch_epoch;
+    return cg;
 }
 
-static void cuda_graph_launch(Backend *be, void *graph)
+static int cuda_graph_launch(Backend *be, void *graph)
 {
-    CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)graph, cuda_stream(be)));
+    CudaGraph *cg = (CudaGraph *)graph;
+    if (cg->epoch != cuda_state(be)->scratch_epoch) return -1;
+    CUDA_CHECK(cudaGraphLaunch(cg->x, cuda_stream(be)));
     if (cuda_state(be)->sync) CUDA_CHECK(cudaStreamSynchronize(cuda_stream(be)));
+    return 0;
 }
 
 static void cuda_graph_free(Backend *be, void *graph)
 {
+    CudaGraph *cg = (CudaGraph *)graph;
     cudaStreamSynchronize(cuda_stream(be));
-    cudaGraphExecDestroy((cudaGraphExec_t)graph);
+    cudaGraphExecDestroy(cg->x);
+    free(cg);
 }
 
 static int imax(int a, int b) { return a > b ? a : b; }

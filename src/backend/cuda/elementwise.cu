@@ -112,18 +112,23 @@ void swiglu_cuda(Backend *be, float *out, const float *gate, const float *up, in
     LAUNCH_CHECK("swiglu_kernel");
 }
 
-/* block t writes token t's row into its cache slot (a negative slot is padding: skipped) */
-static __global__ void kv_write_kernel(float *cache, int width, int off, const float *src, int ld, int n, const int *slot)
+/* block t writes token t's row into its cache slot, rounded to the cache dtype (kv_elem.h, the
+ * codec kv_write_cpu uses); thread i owns elements i, i + blockDim, ... (a negative slot is
+ * padding: skipped) */
+static __global__ void kv_write_kernel(void *cache, KVDtype dt, float scale, int width, int off, const float *src,
+                                       int ld, int n, const int *slot)
 {
     int t = blockIdx.x, s = slot[t];
     if (s < 0) return;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) cache[(int64_t)s * width + off + i] = src[(int64_t)t * ld + i];
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        kv_elem_store(cache, dt, (int64_t)s * width + off + i, src[(int64_t)t * ld + i], scale);
 }
 
-void kv_write_cuda(Backend *be, float *cache, int width, int off, const float *src, int ld, int n, const int *slot, int T)
+void kv_write_cuda(Backend *be, void *cache, KVDtype dt, float scale, int width, int off, const float *src, int ld,
+                   int n, const int *slot, int T)
 {
     if (!T) return;
-    kv_write_kernel<<<T, 256, 0, cuda_stream(be)>>>(cache, width, off, src, ld, n, slot);
+    kv_write_kernel<<<T, 256, 0, cuda_stream(be)>>>(cache, dt, scale, width, off, src, ld, n, slot);
     LAUNCH_CHECK("kv_write_kernel");
 }
 

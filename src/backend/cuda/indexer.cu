@@ -3,14 +3,16 @@
  * relu(q[s,h] . k[t] Di^-0.5). Top-k: block per query, an exact radix select over the scores
  * as order-preserving 32-bit keys finds the k-th largest value; every larger score is kept and,
  * of those equal to it, the lowest positions; the selection is written in increasing position
- * order, -1 padded. Queries with no more than Ki causal keys take them all. */
+ * order, -1 padded. Queries with no more than Ki causal keys take them all. The keys are read
+ * in the cache dtype (FP8 with scale 1) and converted to float32, as indexer_cpu does. */
 #include "common.cuh"
 
 #define IDX_THREADS 256
 
-static __global__ void indexer_scores_kernel(float *scores, int ld, const float *q, const float *w, const float *kcache,
-                                             int Wd, int bs, const int *seq, const int *pos, const int *block_table,
-                                             int bt_stride, int Hi, int Di, int Ki, float kscale, float hscale)
+static __global__ void indexer_scores_kernel(float *scores, int ld, const float *q, const float *w, const void *kcache,
+                                             KVDtype dt, int Wd, int bs, const int *seq, const int *pos,
+                                             const int *block_table, int bt_stride, int Hi, int Di, int Ki, float kscale,
+                                             float hscale)
 {
     extern __shared__ float qs[]; /* [Hi * Di] then [Hi] */
     int t = blockIdx.x, n = pos[t] + 1, s = seq[t];
@@ -20,11 +22,11 @@ static __global__ void indexer_scores_kernel(float *scores, int ld, const float 
     for (int i = threadIdx.x; i < Hi; i += blockDim.x) ws[i] = w[(int64_t)t * Hi + i] * hscale;
     __syncthreads();
     for (int j = threadIdx.x; j < n; j += blockDim.x) {
-        const float *k = kcache + (int64_t)batch_slot(block_table, bt_stride, s, j, bs) * Wd;
+        int64_t k0 = (int64_t)batch_slot(block_table, bt_stride, s, j, bs) * Wd;
         float acc = 0.f;
         for (int h = 0; h < Hi; h++) {
             float d = 0.f;
-            for (int i = 0; i < Di; i++) d += qs[h * Di + i] * k[i];
+            for (int i = 0; i < Di; i++) d += qs[h * Di + i] * kv_elem_load(kcache, dt, k0 + i, 1.0f);
             d *= kscale;
             acc += ws[h] * (d > 0.f ? d : 0.f);
         }
@@ -121,9 +123,9 @@ void indexer_cuda(Backend *be, int *topk, const float *q, const float *w, const 
     size_t smem = (size_t)(Hi * Di + Hi) * sizeof(float);
     if (smem > 48 * 1024) die("indexer_cuda: %d heads x %d exceed the kernel's shared memory", Hi, Di);
     cudaStream_t st = cuda_stream(be);
-    indexer_scores_kernel<<<T, IDX_THREADS, smem, st>>>(scores, ld, q, w, kv->idx, kv->idx_width, kv->block_size, b->seq,
-                                                      b->pos, b->block_table, b->bt_stride, Hi, Di, Ki,
-                                                      1.0f / sqrtf((float)Di), 1.0f / sqrtf((float)Hi));
+    indexer_scores_kernel<<<T, IDX_THREADS, smem, st>>>(scores, ld, q, w, kv->idx, kv->dtype, kv->idx_width,
+                                                      kv->block_size, b->seq, b->pos, b->block_table, b->bt_stride,
+                                                      Hi, Di, Ki, 1.0f / sqrtf((float)Di), 1.0f / sqrtf((float)Hi));
     LAUNCH_CHECK("indexer_scores_kernel");
     indexer_topk_kernel<<<T, IDX_THREADS, 0, st>>>(topk, scores, ld, b->pos, Ki);
     LAUNCH_CHECK("indexer_topk_kernel");
