@@ -248,8 +248,9 @@ Engine *engine_create(const Model *m, Backend *be, const EngineOptions *o, const
               "%d needs %d; lower --max-model-len or give the cache more memory (--kv-fraction, --num-kv-blocks)",
               nb, bs, per_block / 1048576.0, e->o.max_model_len, e->max_blocks_per_seq);
     kv_cache_init(&e->kv, c, be, bs, nb);
-    log_info("engine: KV cache %d blocks x %d tokens = %d tokens (%.2f GiB); max %d running, %d tokens per step",
-             nb, bs, nb * bs, (double)nb * per_block / 1073741824.0, e->o.max_running, e->o.max_batch_tokens);
+    log_info("engine: KV cache (%s) %d blocks x %d tokens = %d tokens (%.2f GiB); max %d running, %d tokens per step",
+             model_kv_dtype_name(e->kv.dtype), nb, bs, nb * bs, (double)nb * per_block / 1073741824.0, e->o.max_running,
+             e->o.max_batch_tokens);
     forward_init(&e->f, m, be, e->o.max_batch_tokens, e->o.max_running, e->o.max_running, e->max_blocks_per_seq);
     /* decode steps (every running sequence one token) replayed as graphs on backends that have
      * them, one per padded batch size, captured on first use */

@@ -206,7 +206,11 @@ extern "C" int w4_load_cached(int device)
     char path[4096], err[512], key[256];
     w4_table_path(path, sizeof path);
     W4Table t;
-    if (!file_exists(path) || w4_table_load(&t, path, err, sizeof err) < 0) return 0;
+    if (!file_exists(path)) return 0;
+    if (w4_table_load(&t, path, err, sizeof err) < 0) {
+        log_warn("w4: tuned table not taken (%s); the built-in tile choice is used: run `moeserve tune` again", err);
+        return 0;
+    }
     w4_device_key(device, key, sizeof key);
     if (strcmp(key, t.device) != 0) {
         log_info("w4: %s was tuned on another device (%s), not taken", path, t.device);
