@@ -207,6 +207,10 @@ void attention_mla_cuda(Backend *be, float *out, const float *q, const KVLayer *
                         const int *topk, int ktop, const Batch *b, const ModelConfig *c);
 void indexer_cuda(Backend *be, int *topk, const float *q, const float *w, const KVLayer *kv, const Batch *b,
                   const ModelConfig *c);
+/* Row-major out[T, N] (float32, ld ldo) = X[T, K] W[N, K]^T through cuBLASLt, X and W of types
+ * xt and wt (matmul.cu). */
+void lt_matmul(Backend *be, float *out, int ldo, const void *x, cudaDataType xt, int ldx, const void *w, cudaDataType wt,
+               int T, int N, int K);
 /* out[t, :] = sum_k wts[t, k] * y[t*K + k, :] in k order: the MoE combine (moe.cu). */
 void moe_combine_cuda(Backend *be, float *out, const float *y, const float *wts, int T, int K, int D);
 /* The W4A16 kernels for packed NVFP4 weights (w4.cu). */

@@ -46,7 +46,7 @@ static __global__ void add_bias_kernel(float *out, int ldo, const float *bias, i
 
 /* Row-major out[T, N] (ld ldo) = X[T, K] (ld ldx) W[N, K]^T: in cuBLAS's column-major view,
  * C (N x T) = op(A) B with A = W as a K x N matrix (transposed) and B = X as K x T. */
-static void lt_matmul(Backend *be, float *out, int ldo, const void *x, cudaDataType xt, int ldx, const void *w,
+void lt_matmul(Backend *be, float *out, int ldo, const void *x, cudaDataType xt, int ldx, const void *w,
                       cudaDataType wt, int T, int N, int K)
 {
     CudaState *s = cuda_state(be);
