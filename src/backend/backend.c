@@ -28,12 +28,18 @@ static const struct { const char *name; OpCategory cat; } op_info[OP_COUNT] = {
     [OP_ATTENTION] = {"attention", CAT_ATTENTION},
     [OP_INDEXER] = {"indexer", CAT_INDEXER},
     [OP_SAMPLE] = {"sample", CAT_SAMPLE},
+    [OP_ALL_REDUCE] = {"all_reduce", CAT_ALL_REDUCE},
+    [OP_ALL_GATHER] = {"all_gather", CAT_ALL_REDUCE},
+    [OP_ALL_TO_ALL] = {"all_to_all", CAT_ALL_TO_ALL},
+    [OP_PP_SEND] = {"pp_send", CAT_PP},
+    [OP_PP_RECV] = {"pp_recv", CAT_PP},
 };
 
 static const char *cat_names[CAT_COUNT] = {
     [CAT_GEMM] = "dense GEMM", [CAT_MOE] = "MoE GEMM", [CAT_ATTENTION] = "attention",
     [CAT_INDEXER] = "indexer", [CAT_ELEMENTWISE] = "norms and elementwise",
     [CAT_ROUTER] = "router and dispatch", [CAT_SAMPLE] = "sampling",
+    [CAT_ALL_REDUCE] = "all-reduce", [CAT_ALL_TO_ALL] = "all-to-all", [CAT_PP] = "pipeline send/receive",
 };
 
 const char *op_name(OpId op) { return op_info[op].name; }
@@ -48,6 +54,10 @@ static void count(Backend *be, OpId op, double flops, double bytes)
     be->stats[op].bytes += bytes;
     be->stats[op].calls++;
 }
+
+void be_op_begin(Backend *be) { (void)be; }
+
+void be_count(Backend *be, OpId op, double flops, double bytes) { count(be, op, flops, bytes); }
 
 void *be_alloc(Backend *be, size_t bytes) { return be->ops->alloc(be, bytes); }
 

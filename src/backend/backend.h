@@ -35,11 +35,17 @@ typedef enum {
     OP_ATTENTION,    /* GQA / MLA attention over the paged cache */
     OP_INDEXER,      /* DSA scores + top-k */
     OP_SAMPLE,       /* sampling on the device */
+    /* communication (src/dist): counted and timed like the other ops, bytes = bytes a rank sends */
+    OP_ALL_REDUCE,   /* tensor-parallel sums (attention output, FFN output) */
+    OP_ALL_GATHER,   /* vocabulary-split lm_head logits */
+    OP_ALL_TO_ALL,   /* expert-parallel exchange */
+    OP_PP_SEND,      /* pipeline: hidden state to the next stage */
+    OP_PP_RECV,      /* pipeline: from the previous stage (includes waiting for it: the bubble) */
     OP_COUNT
 } OpId;
 
 typedef enum { CAT_GEMM, CAT_MOE, CAT_ATTENTION, CAT_INDEXER, CAT_ELEMENTWISE, CAT_ROUTER,
-               CAT_SAMPLE, CAT_COUNT } OpCategory;
+               CAT_SAMPLE, CAT_ALL_REDUCE, CAT_ALL_TO_ALL, CAT_PP, CAT_COUNT } OpCategory;
 
 typedef struct {
     double flops;    /* floating-point operations (a multiply-add counts 2) */
@@ -134,11 +140,17 @@ struct Backend {
     int host_memory;           /* 1: backend memory is host memory (cpu) */
     const BackendOps *ops;
     OpStat stats[OP_COUNT];    /* accumulated since the last backend_reset_stats */
+    void *prof;                /* diag/profile: non-NULL while a step is being timed op by op */
     int n_threads;             /* cpu: OpenMP threads */
     void *impl;                /* backend-private state */
 };
 
 void backend_cpu_init(Backend *be, int n_threads);
+/* For ops implemented outside the backend (the collectives of src/dist): be_op_begin before
+ * the work, be_count after it, exactly as the be_* wrappers below do around theirs (the
+ * profiler times what lies between). */
+void be_op_begin(Backend *be);
+void be_count(Backend *be, OpId op, double flops, double bytes);
 void backend_free(Backend *be);
 void backend_reset_stats(Backend *be);
 
