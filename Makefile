@@ -8,11 +8,11 @@ CUDA     ?= $(shell test -x "$(NVCC)" && ls src/backend/cuda/*.cu >/dev/null 2>&
 CUDA_ARCH ?= -gencode=arch=compute_90a,code=sm_90a
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 
-PKGS     := jansson libpcre2-8 libutf8proc libmicrohttpd libcurl
+PKGS     := jansson libpcre2-8 libutf8proc libmicrohttpd libcurl ompi-c
 OPT      ?= -O2 -g
 SAN      ?=
 CFLAGS   := $(OPT) $(SAN) -std=c11 -Wall -Wextra -Wno-format-zero-length -D_GNU_SOURCE -fopenmp -Isrc -Itests $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-LDLIBS   += $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lcurl) -fopenmp -lm -lpthread
+LDLIBS   += $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lcurl -lmpi) -fopenmp -lm -lpthread -ldl
 NVFLAGS  ?= -O3 -g -lineinfo
 NVFLAGS  += -std=c++17 $(CUDA_ARCH) -Isrc -Itests -Xcompiler -Wall,-fPIC
 
@@ -22,6 +22,8 @@ OBJ      := $(SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/builtin_assets.o
 ifeq ($(CUDA),1)
   OBJ    += $(CUSRC:%.cu=$(BUILD)/%.o)
   CFLAGS += -DMOESERVE_CUDA
+  # nccl.h and cuda_runtime.h for src/dist/comm_nccl.c (libnccl itself is opened at run time)
+  $(BUILD)/src/dist/comm_nccl.o: CFLAGS += -I$(CUDA_HOME)/include
   # the CUDA runtime statically (it finds the driver itself; no libcuda link), cuBLASLt shared
   LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart_static -ldl -lrt -lstdc++
 endif

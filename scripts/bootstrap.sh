@@ -5,7 +5,7 @@
 #   scripts/bootstrap.sh test    build and run the tests (what CI runs)
 set -eu
 cd "$(dirname "$0")/.."
-PKGS="gcc make pkg-config libjansson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libcurl4-openssl-dev libgomp1"
+PKGS="gcc make pkg-config libjansson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libcurl4-openssl-dev libgomp1 libopenmpi-dev openmpi-bin"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -88,6 +88,11 @@ int srv_start(Srv *s, const char *name, const char *extra) { return srv_start_mo
 
 int srv_start_model(Srv *s, const char *name, const char *dir, const char *extra)
 {
+    return srv_start_launched(s, name, dir, "", extra);
+}
+
+int srv_start_launched(Srv *s, const char *name, const char *dir, const char *launcher, const char *extra)
+{
     static int serial;
     memset(s, 0, sizeof *s);
     snprintf(s->log, sizeof s->log, "%s/server-%s-%d.log", test_tmpdir(), name, serial++);
@@ -98,8 +103,8 @@ int srv_start_model(Srv *s, const char *name, const char *dir, const char *extra
 #else
     const char *env = "";
 #endif
-    snprintf(cmd, sizeof cmd, "%sexec '%s' serve --model '%s' --port 0 --device cpu --threads 1 %s 2>'%s'", env, test_bin(),
-             dir, extra ? extra : "", s->log);
+    snprintf(cmd, sizeof cmd, "%sexec %s '%s' serve --model '%s' --port 0 --device cpu --threads 1 %s </dev/null 2>'%s'", env,
+             launcher, test_bin(), dir, extra ? extra : "", s->log);
     int fd[2];
     if (pipe(fd) != 0) return -1;
     pid_t pid = fork();
@@ -108,6 +113,10 @@ int srv_start_model(Srv *s, const char *name, const char *dir, const char *extra
         dup2(fd[1], 1);
         close(fd[0]);
         close(fd[1]);
+        sigset_t none; /* a launcher (mpirun) must see the SIGTERM of srv_stop */
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        signal(SIGPIPE, SIG_DFL);
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
         _exit(127);
     }
@@ -141,6 +150,12 @@ int srv_stop(Srv *s, double timeout_s)
 {
     if (!s->pid) return -1;
     kill(s->pid, SIGTERM);
+    return srv_wait(s, timeout_s);
+}
+
+int srv_wait(Srv *s, double timeout_s)
+{
+    if (!s->pid) return -1;
     double t0 = clock_now();
     int st = 0;
     for (;;) {

@@ -41,8 +41,12 @@ typedef struct {
 int srv_start(Srv *s, const char *name, const char *extra);
 /* The same on another model directory. */
 int srv_start_model(Srv *s, const char *name, const char *dir, const char *extra);
+/* The same started through a launcher command (e.g. "mpirun -np 2"); stopping signals it. */
+int srv_start_launched(Srv *s, const char *name, const char *dir, const char *launcher, const char *extra);
 /* SIGTERM and wait (at most timeout_s); the exit status, or -1 if it had to be killed. */
 int srv_stop(Srv *s, double timeout_s);
+/* Wait without signalling (someone else asked it to stop); as srv_stop. */
+int srv_wait(Srv *s, double timeout_s);
 void srv_print_log(const Srv *s);
 
 /* ---- an HTTP/1.1 client on plain sockets ---- */

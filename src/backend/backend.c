@@ -156,9 +156,14 @@ void be_moe(Backend *be, float *out, const float *x, const int *idx, const float
             const LayerWeights *lw, const ModelConfig *c)
 {
     int touched = be->ops->moe(be, out, x, idx, wts, T, lw, c);
-    double E = c->n_experts, K = c->n_experts_per_tok;
+    double E = c->n_experts, K = c->n_experts_per_tok, share = 1;
+    if (c->ep > 1) { /* c holds this rank's experts: about K / ep of each token's pairs land here */
+        share = 1.0 / c->ep;
+        E *= c->ep;
+    }
     /* expected distinct experts under uniform routing when the backend cannot say */
-    double n_exp = touched >= 0 ? touched : E * (1.0 - pow(1.0 - K / E, T));
+    double n_exp = touched >= 0 ? touched : share * E * (1.0 - pow(1.0 - K / E, T));
+    K *= share;
     double expert_bytes = qtensor_bytes(&lw->exp_gate[0]) + qtensor_bytes(&lw->exp_up[0]) +
                           qtensor_bytes(&lw->exp_down[0]);
     double F = c->moe_intermediate, D = c->hidden;

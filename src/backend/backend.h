@@ -133,6 +133,8 @@ typedef struct {
      * backend's kernel layout at dst (the same N*K/2 + N*K/16 bytes); see model_upload */
     void (*pack_nvfp4)(Backend *be, uint8_t *dst, const uint8_t *codes, const uint8_t *scales,
                        int64_t N, int64_t K);
+    /* optional: make the calling thread use this backend's device (the engine thread) */
+    void (*bind_thread)(Backend *be);
 } BackendOps;
 
 struct Backend {

@@ -14,6 +14,13 @@
 
 int log_level = LOG_INFO;
 int log_rank = -1;
+void (*util_exit_hook)(int code);
+
+static void __attribute__((noreturn)) util_exit(int code)
+{
+    if (util_exit_hook) util_exit_hook(code); /* several ranks: stop them all (src/dist) */
+    exit(code);
+}
 
 static void util_vprint(const char *prefix, const char *fmt, va_list ap)
 {
@@ -31,7 +38,7 @@ void fatal(const char *fmt, ...)
     va_start(ap, fmt);
     util_vprint("error: ", fmt, ap);
     va_end(ap);
-    exit(1);
+    util_exit(1);
 }
 
 void util_die(const char *file, int line, const char *fmt, ...)
@@ -42,7 +49,7 @@ void util_die(const char *file, int line, const char *fmt, ...)
     va_start(ap, fmt);
     util_vprint(prefix, fmt, ap);
     va_end(ap);
-    exit(1);
+    util_exit(1);
 }
 
 void log_msg(int level, const char *fmt, ...)

@@ -26,6 +26,8 @@ void *xmalloc_aligned(size_t n);
 enum { LOG_ERROR, LOG_WARN, LOG_INFO, LOG_DEBUG };
 extern int log_level;
 extern int log_rank; /* >= 0 under several ranks: lines are prefixed "[rank r]" */
+/* Called by fatal() and die() before exit (src/dist: stop every rank, not just this one). */
+extern void (*util_exit_hook)(int code);
 void log_msg(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 #define log_error(...) log_msg(LOG_ERROR, __VA_ARGS__)
 #define log_warn(...)  log_msg(LOG_WARN, __VA_ARGS__)

@@ -20,6 +20,7 @@ int cmd_serve(int argc, char **argv);
  * else cpu), and the model's weights where that backend reads them (device_model: the host
  * model itself on the cpu, an uploaded copy on a GPU). */
 #include "../backend/backend.h"
+#include "../dist/plan.h"
 const char *device_default(void);
 void device_open(Backend *be, const char *device, int threads);
 void device_model(Model *dev, const Model *host, Backend *be);
@@ -34,12 +35,21 @@ typedef struct {
     const char *dummy_quant;
     int num_layers;
     KVDtype kv_dtype;          /* --kv-cache-dtype; KV_DTYPE_AUTO when not given */
+    ParOpts par;               /* --tp --pp --ep ... (src/dist/plan.h) */
 } ModelOpts;
 #define KV_DTYPE_USAGE "[--kv-cache-dtype auto|float32|bf16|fp8]"
-#define MODEL_OPTS_USAGE "--model DIR [--dummy-weights [--dummy-quant nvfp4|fp8|bf16] [--num-layers N]] " KV_DTYPE_USAGE
+#define MODEL_OPTS_USAGE "--model DIR [--dummy-weights [--dummy-quant nvfp4|fp8|bf16] [--num-layers N]] " KV_DTYPE_USAGE \
+                         " " PAR_OPTS_USAGE
 int opt_model(int argc, char **argv, int *i, ModelOpts *o);
-/* Load (or make, --dummy-weights) the model with the command's KV cache dtype in its config. */
+/* Load (or make, --dummy-weights) the model with the command's KV cache dtype in its config;
+ * under several ranks (cli_dist_start) only this rank's shard. */
 void model_open(Model *m, const ModelOpts *o);
+/* Several ranks (--tp/--pp/--ep, or mpirun): start them before anything touches the GPU;
+ * returns the device this rank opens. Alone: device unchanged. */
+const char *cli_dist_start(ModelOpts *o, const char *device);
+/* After device_model: on a worker rank run rank 0's steps until it is done, then return 1
+ * (the command frees what it made and returns 0, printing nothing); on rank 0 or alone 0. */
+int cli_worker(const Model *dm, Backend *be);
 /* --kv-cache-dtype VALUE; a value that is none of MODEL_KV_DTYPES is a fatal error listing them. */
 int opt_kv_cache_dtype(int argc, char **argv, int *i, KVDtype *out);
 

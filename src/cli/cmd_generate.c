@@ -13,12 +13,13 @@
 #include "../engine/runner.h"
 #include "../engine/sampler.h"
 #include "../format/model_text.h"
+#include "../dist/dist.h"
 #include "cli.h"
 
 #define GEN_USAGE "moeserve generate --model DIR (--prompt S | --chat S [--system S]) [--max-tokens N] " \
                   "[--temperature T] [--top-k K] [--top-p P] [--min-p P] [--repetition-penalty R] " \
                   "[--frequency-penalty F] [--presence-penalty P] [--seed N] [--stop S]... [--stop-token-ids ID,...] [--ignore-eos] " \
-                  "[--device cpu|cuda] [--threads N] [--chunk N] [--no-graphs] " KV_DTYPE_USAGE
+                  "[--device cpu|cuda] [--threads N] [--chunk N] [--no-graphs] " KV_DTYPE_USAGE " " PAR_OPTS_USAGE
 #define GEN_MAX_STOPS 8
 
 /* First index where one of the stop strings occurs in text[0..n), or -1. */
@@ -37,6 +38,7 @@ int cmd_generate(int argc, char **argv)
     const char *dir = NULL, *prompt = NULL, *chat = NULL, *system_msg = NULL, *device = NULL;
     const char *stops[GEN_MAX_STOPS], *stop_ids_s = NULL;
     int n_stops = 0, max_tokens = 128, threads = 0, chunk = 256, ignore_eos = 0, help = 0, no_graphs = 0;
+    ParOpts par = {0};
     double temperature = -1, top_p = -1, min_p = -1, rep = -1, freq = 0, pres = 0;
     int top_k = -2, seed = -1;
     KVDtype kv_dtype = KV_DTYPE_AUTO;
@@ -64,7 +66,7 @@ int cmd_generate(int argc, char **argv)
             opt_double(argc, argv, &i, "--presence-penalty", -2, 2, &pres) ||
             opt_int(argc, argv, &i, "--seed", 0, 2147483647, &seed) || opt_flag(argv, &i, "--ignore-eos", &ignore_eos) ||
             opt_flag(argv, &i, "--no-graphs", &no_graphs) || opt_kv_cache_dtype(argc, argv, &i, &kv_dtype) ||
-            opt_flag(argv, &i, "--help", &help))
+            opt_flag(argv, &i, "--help", &help) || par_opt(argc, argv, &i, &par))
             continue;
         opt_unknown("generate", argv[i], GEN_USAGE);
     }
@@ -76,8 +78,9 @@ int cmd_generate(int argc, char **argv)
     if (system_msg && !chat) fatal("generate: --system goes with --chat");
 
     char err[1024];
+    device = dist_setup(&par, device);
     Model m;
-    model_load(&m, dir);
+    model_load_shard(&m, dir, dist_get() ? dist_shard : NULL, &par);
     m.cfg.kv_dtype = kv_dtype;
     ModelText mt;
     model_text_open(&mt, dir, m.cfg.eos_ids, m.cfg.n_eos);
@@ -130,6 +133,12 @@ int cmd_generate(int argc, char **argv)
     device_open(&be, device, threads);
     Model dm;
     device_model(&dm, &m, &be);
+    if (cli_worker(&dm, &be)) { /* rank 0 prints; this rank repeats its steps */
+        device_model_free(&dm, &be);
+        backend_free(&be);
+        dist_shutdown();
+        return 0;
+    }
     Runner run;
     runner_init(&run, &dm, &be, max_ctx, chunk, 16);
     if (!no_graphs) runner_enable_graphs(&run);
@@ -207,5 +216,6 @@ int cmd_generate(int argc, char **argv)
     backend_free(&be);
     model_text_free(&mt);
     model_free(&m);
+    dist_shutdown();
     return 0;
 }

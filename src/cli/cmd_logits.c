@@ -8,11 +8,12 @@
 #include <string.h>
 
 #include "../base/util.h"
+#include "../dist/dist.h"
 #include "../engine/runner.h"
 #include "cli.h"
 
 #define LOGITS_USAGE "moeserve logits " MODEL_OPTS_USAGE " --tokens ID,ID,... [--chunk N] [--device cpu|cuda] " \
-                     "[--threads N] [--block-size N] [--tp N --pp N --ep N] --out FILE"
+                     "[--threads N] [--block-size N] --out FILE"
 
 /* Parse "5,17,42" into ids, each in [0, vocab). Returns the count. */
 static int parse_tokens(const char *s, int vocab, int **out)
@@ -41,15 +42,13 @@ int cmd_logits(int argc, char **argv)
 {
     ModelOpts mo = {0};
     const char *tokens_s = NULL, *out_path = NULL, *device = NULL;
-    int chunk = 0, threads = 0, block_size = 16, tp = 1, pp = 1, ep = 1, help = 0;
+    int chunk = 0, threads = 0, block_size = 16, help = 0;
     for (int i = 1; i < argc; i++) {
         if (opt_model(argc, argv, &i, &mo) || opt_str(argc, argv, &i, "--tokens", &tokens_s) ||
             opt_str(argc, argv, &i, "--out", &out_path) || opt_str(argc, argv, &i, "--device", &device) ||
             opt_int(argc, argv, &i, "--chunk", 1, 1 << 20, &chunk) ||
             opt_int(argc, argv, &i, "--threads", 1, 4096, &threads) ||
-            opt_int(argc, argv, &i, "--block-size", 1, 4096, &block_size) ||
-            opt_int(argc, argv, &i, "--tp", 1, 1024, &tp) || opt_int(argc, argv, &i, "--pp", 1, 1024, &pp) ||
-            opt_int(argc, argv, &i, "--ep", 1, 1024, &ep) || opt_flag(argv, &i, "--help", &help))
+            opt_int(argc, argv, &i, "--block-size", 1, 4096, &block_size) || opt_flag(argv, &i, "--help", &help))
             continue;
         opt_unknown("logits", argv[i], LOGITS_USAGE);
     }
@@ -58,7 +57,7 @@ int cmd_logits(int argc, char **argv)
         fprintf(stderr, "error: logits: --model, --tokens and --out are required\nusage: %s\n", LOGITS_USAGE);
         return 2;
     }
-    if (tp != 1 || pp != 1 || ep != 1) fatal("logits: --tp/--pp/--ep: parallel layouts are not available yet (issue #8)");
+    device = cli_dist_start(&mo, device);
 
     Model m;
     model_open(&m, &mo);
@@ -72,6 +71,14 @@ int cmd_logits(int argc, char **argv)
     device_open(&be, device, threads);
     Model dm;
     device_model(&dm, &m, &be);
+    if (cli_worker(&dm, &be)) { /* rank 0 writes --out */
+        free(ids);
+        device_model_free(&dm, &be);
+        backend_free(&be);
+        model_free(&m);
+        dist_shutdown();
+        return 0;
+    }
     Runner run;
     runner_init(&run, &dm, &be, T, chunk, block_size);
     FILE *out = fopen(out_path, "wb");
@@ -95,5 +102,6 @@ int cmd_logits(int argc, char **argv)
     device_model_free(&dm, &be);
     backend_free(&be);
     model_free(&m);
+    dist_shutdown();
     return 0;
 }

@@ -12,22 +12,24 @@
 #include "../base/util.h"
 #include "../engine/runner.h"
 #include "../format/tokenizer.h"
+#include "../dist/dist.h"
 #include "cli.h"
 
 #define PPL_USAGE "moeserve perplexity --model DIR --text-file F [--ctx N] [--max-windows N] [--device cpu|cuda] " \
-                  "[--threads N] [--json] " KV_DTYPE_USAGE
+                  "[--threads N] [--json] " KV_DTYPE_USAGE " " PAR_OPTS_USAGE
 
 int cmd_perplexity(int argc, char **argv)
 {
     const char *dir = NULL, *file = NULL, *device = NULL;
     int ctx = 512, max_windows = 0, threads = 0, as_json = 0, help = 0;
+    ParOpts par = {0};
     KVDtype kv_dtype = KV_DTYPE_AUTO;
     for (int i = 1; i < argc; i++) {
         if (opt_str(argc, argv, &i, "--model", &dir) || opt_str(argc, argv, &i, "--text-file", &file) ||
             opt_str(argc, argv, &i, "--device", &device) || opt_int(argc, argv, &i, "--ctx", 2, 1 << 20, &ctx) ||
             opt_int(argc, argv, &i, "--max-windows", 0, 1 << 30, &max_windows) ||
             opt_int(argc, argv, &i, "--threads", 1, 4096, &threads) || opt_flag(argv, &i, "--json", &as_json) ||
-            opt_kv_cache_dtype(argc, argv, &i, &kv_dtype) || opt_flag(argv, &i, "--help", &help))
+            opt_kv_cache_dtype(argc, argv, &i, &kv_dtype) || opt_flag(argv, &i, "--help", &help) || par_opt(argc, argv, &i, &par))
             continue;
         opt_unknown("perplexity", argv[i], PPL_USAGE);
     }
@@ -40,8 +42,9 @@ int cmd_perplexity(int argc, char **argv)
     char *text = file_read_all(file, &len);
     if (!text) fatal("perplexity: cannot read %s: %s", file, strerror(errno));
     char err[1024];
+    device = dist_setup(&par, device);
     Model m;
-    model_load(&m, dir);
+    model_load_shard(&m, dir, dist_get() ? dist_shard : NULL, &par);
     m.cfg.kv_dtype = kv_dtype;
     if (ctx > m.cfg.max_position) fatal("perplexity: --ctx %d exceeds the context length %d", ctx, m.cfg.max_position);
     Tokenizer *tok = tokenizer_load(dir, err, sizeof err);
@@ -57,6 +60,12 @@ int cmd_perplexity(int argc, char **argv)
     device_open(&be, device, threads);
     Model dm;
     device_model(&dm, &m, &be);
+    if (cli_worker(&dm, &be)) { /* rank 0 prints; this rank repeats its steps */
+        device_model_free(&dm, &be);
+        backend_free(&be);
+        dist_shutdown();
+        return 0;
+    }
     int chunk = ctx < 512 ? ctx : 512;
     Runner run;
     runner_init(&run, &dm, &be, ctx, chunk, 16);
@@ -102,5 +111,6 @@ int cmd_perplexity(int argc, char **argv)
     backend_free(&be);
     tokenizer_free(tok);
     model_free(&m);
+    dist_shutdown();
     return 0;
 }

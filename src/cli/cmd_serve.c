@@ -20,6 +20,7 @@
 #include "../server/http.h"
 #include "../server/metrics.h"
 #include "../server/openai.h"
+#include "../dist/dist.h"
 #include "cli.h"
 
 #define SERVE_USAGE "moeserve serve " MODEL_OPTS_USAGE " [--host 127.0.0.1] [--port 8000] [--served-model-name NAME] " \
@@ -103,6 +104,7 @@ int cmd_serve(int argc, char **argv)
         while (b > 0 && mo.dir[b - 1] != '/') b--;
         if (n - b < sizeof alias && b > 0) snprintf(alias, sizeof alias, "%.*s", (int)(n - b), mo.dir + b);
     }
+    device = cli_dist_start(&mo, device);
     Model m;
     model_open(&m, &mo);
     ModelText mt;
@@ -112,6 +114,14 @@ int cmd_serve(int argc, char **argv)
     device_open(&be, device, threads);
     Model dm;
     device_model(&dm, &m, &be);
+    if (cli_worker(&dm, &be)) { /* rank 0 serves; this rank repeats its steps */
+        device_model_free(&dm, &be);
+        backend_free(&be);
+        model_text_free(&mt);
+        model_free(&m);
+        dist_shutdown();
+        return 0;
+    }
     Engine *e = engine_create(&dm, &be, &eo, mt.eos_ids, mt.n_eos);
     engine_start(e);
 
@@ -144,6 +154,7 @@ int cmd_serve(int argc, char **argv)
     backend_free(&be);
     model_text_free(&mt);
     model_free(&m);
+    dist_shutdown();
     log_info("serve: stopped");
     return 0;
 }

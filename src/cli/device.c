@@ -2,10 +2,13 @@
  * options the commands share (--model, --dummy-weights, --kv-cache-dtype). The default device is
  * cuda when this build has the CUDA backend and a GPU is present, else cpu. */
 #include <omp.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../base/util.h"
+#include "../model/forward.h"
 #include "cli.h"
 #ifdef MOESERVE_CUDA
 #include "../backend/cuda/cuda.h"
@@ -73,20 +76,39 @@ int opt_model(int argc, char **argv, int *i, ModelOpts *o)
     return opt_str(argc, argv, i, "--model", &o->dir) || opt_flag(argv, i, "--dummy-weights", &o->dummy) ||
            opt_str(argc, argv, i, "--dummy-quant", &o->dummy_quant) ||
            opt_int(argc, argv, i, "--num-layers", 1, MODEL_MAX_LAYERS, &o->num_layers) ||
-           opt_kv_cache_dtype(argc, argv, i, &o->kv_dtype);
+           opt_kv_cache_dtype(argc, argv, i, &o->kv_dtype) || par_opt(argc, argv, i, &o->par);
 }
 
 void model_open(Model *m, const ModelOpts *o)
 {
+    void (*shard)(ModelConfig *, void *) = dist_get() ? dist_shard : NULL;
+    void *par = (void *)&o->par;
     if (!o->dummy) {
         if (o->dummy_quant || o->num_layers) fatal("--dummy-quant and --num-layers go with --dummy-weights");
-        model_load(m, o->dir);
+        model_load_shard(m, o->dir, shard, par);
         m->cfg.kv_dtype = o->kv_dtype;
         return;
     }
     const char *q = o->dummy_quant ? o->dummy_quant : "nvfp4";
     QFormat fmt = !strcmp(q, "nvfp4") ? QF_NVFP4 : !strcmp(q, "fp8") ? QF_FP8 : !strcmp(q, "bf16") ? QF_BF16 : QF_COUNT;
     if (fmt == QF_COUNT) fatal("--dummy-quant '%s': expected nvfp4, fp8 or bf16", q);
-    model_load_dummy(m, o->dir, fmt, o->num_layers);
+    model_load_dummy_shard(m, o->dir, fmt, o->num_layers, shard, par);
     m->cfg.kv_dtype = o->kv_dtype;
+}
+
+const char *cli_dist_start(ModelOpts *o, const char *device) { return dist_setup(&o->par, device); }
+
+int cli_worker(const Model *dm, Backend *be)
+{
+    Dist *d = dist_get();
+    if (!d || d->rank == 0) return 0;
+    sigset_t none; /* a command may have blocked them for its own sigwait (serve) */
+    sigemptyset(&none);
+    pthread_sigmask(SIG_SETMASK, &none, NULL);
+    if (dist_under_mpirun()) { /* mpirun passes a Ctrl-C or SIGTERM to every rank: rank 0 drains, then stops us */
+        signal(SIGINT, SIG_IGN);
+        signal(SIGTERM, SIG_IGN);
+    }
+    forward_worker(dm, be);
+    return 1;
 }

@@ -252,6 +252,7 @@ Engine *engine_create(const Model *m, Backend *be, const EngineOptions *o, const
              model_kv_dtype_name(e->kv.dtype), nb, bs, nb * bs, (double)nb * per_block / 1073741824.0, e->o.max_running,
              e->o.max_batch_tokens);
     forward_init(&e->f, m, be, e->o.max_batch_tokens, e->o.max_running, e->o.max_running, e->max_blocks_per_seq);
+    forward_share(&e->f, &e->kv);
     /* decode steps (every running sequence one token) replayed as graphs on backends that have
      * them, one per padded batch size, captured on first use */
     if (!e->o.no_graphs) forward_enable_graphs(&e->f, e->max_blocks_per_seq * bs);
@@ -631,6 +632,7 @@ static void step(Engine *e)
 static void *engine_main(void *arg)
 {
     Engine *e = arg;
+    if (e->be->ops->bind_thread) e->be->ops->bind_thread(e->be); /* this rank's GPU */
     pthread_mutex_lock(&e->mu);
     for (;;) {
         schedule_admin(e);

@@ -9,7 +9,7 @@
 size_t kv_cache_block_bytes(const ModelConfig *c, int block_size)
 {
     size_t es = kv_elem_size(model_kv_dtype(c, 1));
-    return (size_t)block_size * (model_kv_width(c) + model_index_width(c)) * es * c->n_layers;
+    return (size_t)block_size * (model_kv_width(c) + model_index_width(c)) * es * (c->layer_end - c->layer_begin);
 }
 
 void kv_cache_init(KVCache *kv, const ModelConfig *c, Backend *be, int block_size, int n_blocks)
@@ -24,7 +24,7 @@ void kv_cache_init(KVCache *kv, const ModelConfig *c, Backend *be, int block_siz
     kv->be = be;
     kv->layers = xcalloc(c->n_layers, sizeof *kv->layers);
     size_t slots = (size_t)n_blocks * block_size, es = kv_elem_size(kv->dtype);
-    for (int l = 0; l < c->n_layers; l++) {
+    for (int l = c->layer_begin; l < c->layer_end; l++) { /* this pipeline stage's layers */
         KVLayer *L = &kv->layers[l];
         L->block_size = block_size;
         L->kv_width = kv->kv_width;

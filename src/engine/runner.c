@@ -12,6 +12,7 @@ void runner_init(Runner *r, const Model *m, Backend *be, int max_ctx, int chunk,
     kv_cache_init(&r->kv, &m->cfg, be, block_size, nb);
     if (block_table_reserve(&r->bt, &r->kv, max_ctx) < 0) die("runner: a cache of %d blocks holds no %d tokens", nb, max_ctx);
     forward_init(&r->f, m, be, chunk, chunk, 1, r->bt.n_blocks);
+    forward_share(&r->f, &r->kv);
     r->pos = xmalloc(chunk * sizeof(int));
     r->seq = xcalloc(chunk, sizeof(int));
     r->slot = xmalloc(chunk * sizeof(int));

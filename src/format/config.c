@@ -738,6 +738,7 @@ int config_parse(ModelConfig *c, const char *json_text, const char *path, char *
     if (!root) return bad(&x, "invalid JSON at line %d: %s", je.line, je.text);
     int rc = json_is_object(root) ? parse_root(&x, root, c) : bad(&x, "the top level must be an object");
     json_decref(root);
+    if (rc == 0) model_shard_whole(c);
     return rc;
 }
 

@@ -270,6 +270,43 @@ QTensor qtensor_rows(const QTensor *w, int64_t r0, int64_t n)
     return s;
 }
 
+int qtensor_cols_copy(const QTensor *src, int64_t c0, int64_t n, QTensor *out, void **owned)
+{
+    const QTensor copy = *src, *w = &copy; /* out may be src */
+    CHECK(c0 >= 0 && n > 0 && c0 + n <= w->cols && !w->packed, "qtensor_cols_copy %s: columns [%lld, %lld) of %lld",
+          w->name ? w->name : "?", (long long)c0, (long long)(c0 + n), (long long)w->cols);
+    *owned = NULL;
+    if (w->fmt == QF_NVFP4 && (c0 % 16 || n % 16)) return -1;
+    if (w->fmt == QF_FP8_BLOCK && (c0 % 128 || (n % 128 && c0 + n != w->cols))) return -1;
+    *out = *w;
+    out->cols = n;
+    if (!w->data) return 0;
+    int64_t N = w->rows, rb = qformat_row_bytes(w->fmt, w->cols), nb = qformat_row_bytes(w->fmt, n),
+            cb = qformat_row_bytes(w->fmt, c0);
+    size_t sb = 0, sgk = 0, sel = w->scale_dtype == DT_BF16 ? 2 : 4, srows = 0;
+    if (w->fmt == QF_NVFP4) sb = (size_t)N * (n / 16);
+    if (w->fmt == QF_FP8_BLOCK) {
+        srows = (size_t)((w->scale_row_off + N - 1) / 128 + 1);
+        sgk = (size_t)((n + 127) / 128);
+        sb = srows * sgk * sel;
+    }
+    uint8_t *buf = xmalloc((size_t)N * nb + sb);
+    for (int64_t r = 0; r < N; r++) memcpy(buf + r * nb, w->data + r * rb + cb, nb);
+    out->data = buf;
+    if (w->fmt == QF_NVFP4) {
+        uint8_t *sc = buf + (size_t)N * nb;
+        for (int64_t r = 0; r < N; r++) memcpy(sc + r * (n / 16), w->scale + r * (w->cols / 16) + c0 / 16, n / 16);
+        out->scale = sc;
+    } else if (w->fmt == QF_FP8_BLOCK) { /* the grid's rows up to the slice's last, its columns */
+        uint8_t *sc = buf + (size_t)N * nb;
+        size_t gk = (size_t)((w->cols + 127) / 128);
+        for (size_t r = 0; r < srows; r++) memcpy(sc + r * sgk * sel, w->scale + (r * gk + c0 / 128) * sel, sgk * sel);
+        out->scale = sc;
+    }
+    *owned = buf;
+    return 0;
+}
+
 const char *qformat_name(QFormat f)
 {
     return (unsigned)f < QF_COUNT ? qformat_names[f] : "?";

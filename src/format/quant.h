@@ -65,6 +65,11 @@ void qtensor_decode(const QTensor *w, int64_t row, int64_t k0, int64_t k1, float
 double qtensor_bytes(const QTensor *w);
 /* Rows [r0, r0 + n) of W as a QTensor of their own (a slice, no copy). */
 QTensor qtensor_rows(const QTensor *w, int64_t r0, int64_t n);
+/* Columns [c0, c0 + n) of W copied into one new allocation (*owned, the caller frees it):
+ * reads only those bytes of W. NVFP4 needs c0 and n multiples of 16, block FP8 of 128 (or the
+ * slice ending at K); returns -1 (nothing allocated) when they are not. A skeleton (data NULL)
+ * only changes its shape. */
+int qtensor_cols_copy(const QTensor *w, int64_t c0, int64_t n, QTensor *out, void **owned);
 
 /* NVFP4 (ModelOpt, SPEC §3.5). w is [N, K] float, K a multiple of 16.
  * gscale <= 0: computed as amax(|w|) / (6 * 448); > 0: used as given (gate and up of one

@@ -1,5 +1,12 @@
 /* forward: the top-level forward pass (SPEC §1.4): embedding, L decoder layers of pre-norm
- * residual blocks, the final norm on the rows that produce logits, lm_head. */
+ * residual blocks, the final norm on the rows that produce logits, lm_head.
+ *
+ * Under several ranks (src/dist) each rank runs its shard: a pipeline stage runs its layers
+ * over each micro-batch in turn, receiving the hidden state from the previous stage and
+ * sending it on (the stages overlap on different micro-batches); tensor-parallel blocks end in
+ * an all-reduce (glm4_moe.c, glm5.c, moe.c); the last stage's logits, gathered over the
+ * vocabulary slices, go to rank 0. Rank 0 broadcasts each step's batch first, and the workers
+ * (forward_worker) run the same forward_run. */
 #include "forward.h"
 
 #include <stdlib.h>
@@ -64,6 +71,19 @@ void forward_init(Forward *f, const Model *m, Backend *be, int max_tokens, int m
     }
     f->out_h = be_alloc(be, (size_t)max_out * D * F4);
     f->logits = be_alloc(be, (size_t)max_out * c->vocab * F4);
+    f->dist = dist_get();
+    if (f->dist) {
+        f->rb_seq = xmalloc(T * sizeof(int));
+        f->rb_start = xmalloc((size_t)max_seqs * sizeof(int));
+        f->rb_out = xmalloc((size_t)max_out * sizeof(int));
+        if (c->vocab_local != c->vocab) {
+            size_t tp = c->tp;
+            f->gidx = xmalloc((size_t)max_out * tp * sizeof(int));
+            f->gidx_d = be->host_memory ? f->gidx : be_alloc(be, (size_t)max_out * tp * sizeof(int));
+            f->lm_part = be_alloc(be, (size_t)max_out * c->vocab_local * F4);
+            f->lm_gather = be_alloc(be, tp * max_out * c->vocab_local * F4);
+        }
+    }
 }
 
 void forward_free(Forward *f)
@@ -77,16 +97,28 @@ void forward_free(Forward *f)
     void *dev[] = {d->tokens, d->pos, d->seq, d->slot, d->seq_start, d->seq_ntok, d->ctx_len, d->block_table, d->out_idx};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) be_free(f->be, dev[i]);
     void *bufs[] = {f->inv_freq, f->h, f->a, f->qa, f->q, f->k, f->v, f->attn, f->iq, f->ik, f->iw, f->topk,
-                    f->g, f->u, f->ffn, f->ffn2, f->rlogits, f->ridx, f->rwts, f->out_h, f->logits};
+                    f->g, f->u, f->ffn, f->ffn2, f->rlogits, f->ridx, f->rwts, f->out_h, f->logits, f->lm_part,
+                    f->lm_gather, f->gidx_d != f->gidx ? f->gidx_d : NULL};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be_free(f->be, bufs[i]);
+    free(f->rb_seq);
+    free(f->rb_start);
+    free(f->rb_out);
+    free(f->gidx);
+    if (f->shared) {
+        DistMsg msg = {.op = DIST_MSG_FREE};
+        dist_bcast_host(f->dist, &msg, sizeof msg);
+    }
     *f = (Forward){0};
 }
 
 /* The batch with its arrays in backend memory: the host batch itself on the cpu backend, else
- * copies in the fixed device buffers (so that a captured graph reads the same addresses). */
+ * copies in the fixed device buffers (so that a captured graph reads the same addresses). The
+ * lm_head gather rows go with it. */
 static const Batch *forward_upload(Forward *f, const Batch *b)
 {
     Backend *be = f->be;
+    if (f->gidx && b->n_out && f->gidx_d != f->gidx)
+        be_to_device(be, f->gidx_d, f->gidx, (size_t)b->n_out * f->m->cfg.tp * sizeof(int));
     if (be->host_memory) return b;
     CHECK(b->n_seqs <= f->max_seqs && b->bt_stride <= f->max_blocks, "forward: %d sequences x %d blocks, limit %d x %d",
           b->n_seqs, b->bt_stride, f->max_seqs, f->max_blocks);
@@ -110,31 +142,186 @@ static const Batch *forward_upload(Forward *f, const Batch *b)
     return d;
 }
 
-/* embedding, the layers, the final norm and lm_head on the logits rows of f->hb / f->db */
+/* sequences in order, each's tokens contiguous, logits rows in token order: splittable */
+static int splittable(const Batch *b)
+{
+    int t = 0;
+    for (int s = 0; s < b->n_seqs; s++) {
+        if (b->seq_start[s] != t) return 0;
+        t += b->seq_ntok[s];
+    }
+    for (int o = 1; o < b->n_out; o++)
+        if (b->out_idx[o] <= b->out_idx[o - 1]) return 0;
+    return t == b->n_tokens;
+}
+
+/* The micro-batches of b (pipeline stages: up to --pp-microbatches, about equal in tokens,
+ * whole sequences) in f->mb, and the batch to run: b, or its copy f->rb whose seq, seq_start and
+ * out_idx count from their micro-batch's first sequence, token and row. Every rank splits the
+ * same batch the same way. Also fills the lm_head gather rows of each micro-batch. */
+static const Batch *forward_split(Forward *f, const Batch *b)
+{
+    Dist *d = f->dist;
+    const ModelConfig *c = &f->m->cfg;
+    f->n_mb = 1;
+    f->mb[0] = (MicroBatch){0, b->n_seqs, 0, b->n_tokens, 0, b->n_out};
+    int want = d && d->pp > 1 ? d->microbatches : 1;
+    if (want > b->n_seqs) want = b->n_seqs;
+    if (want > FORWARD_MAX_MB) want = FORWARD_MAX_MB;
+    const Batch *run = b;
+    if (want > 1 && splittable(b)) {
+        int n = 0, s = 0, o = 0;
+        while (s < b->n_seqs) {
+            MicroBatch *m = &f->mb[n];
+            m->s0 = s;
+            m->t0 = b->seq_start[s];
+            /* tokens still to place, shared by the micro-batches still to make */
+            int left = b->n_tokens - m->t0, target = (left + (want - n) - 1) / (want - n);
+            int tok = 0;
+            while (s < b->n_seqs && (tok == 0 || tok + b->seq_ntok[s] <= target) &&
+                   (b->n_seqs - s > want - n - 1 || tok == 0)) {
+                tok += b->seq_ntok[s];
+                s++;
+            }
+            m->s1 = s;
+            m->t1 = m->t0 + tok;
+            m->o0 = o;
+            while (o < b->n_out && b->out_idx[o] < m->t1) o++;
+            m->o1 = o;
+            n++;
+        }
+        f->n_mb = n;
+        Batch *r = &f->rb;
+        *r = *b;
+        for (int i = 0; i < n; i++) {
+            const MicroBatch *m = &f->mb[i];
+            for (int t = m->t0; t < m->t1; t++) f->rb_seq[t] = b->seq[t] - m->s0;
+            for (int q = m->s0; q < m->s1; q++) f->rb_start[q] = b->seq_start[q] - m->t0;
+            for (int q = m->o0; q < m->o1; q++) f->rb_out[q] = b->out_idx[q] - m->t0;
+        }
+        r->seq = f->rb_seq;
+        r->seq_start = f->rb_start;
+        r->out_idx = f->rb_out;
+        run = r;
+    }
+    if (f->gidx) /* row i*tp + r of a micro-batch's logits is row r*n + i of the gathered slices */
+        for (int i = 0; i < f->n_mb; i++) {
+            const MicroBatch *m = &f->mb[i];
+            int n = m->o1 - m->o0, tp = c->tp;
+            for (int k = 0; k < n; k++)
+                for (int r = 0; r < tp; r++) f->gidx[(size_t)m->o0 * tp + k * tp + r] = r * n + k;
+        }
+    return run;
+}
+
+/* the micro-batch m of b as a batch of its own (pointers into b's arrays) */
+static void mb_view(const Batch *b, const MicroBatch *m, Batch *v)
+{
+    *v = *b;
+    v->n_tokens = m->t1 - m->t0;
+    v->tokens = b->tokens + m->t0;
+    v->pos = b->pos + m->t0;
+    v->seq = b->seq + m->t0;
+    v->slot = b->slot + m->t0;
+    v->n_seqs = m->s1 - m->s0;
+    v->seq_start = b->seq_start + m->s0;
+    v->seq_ntok = b->seq_ntok + m->s0;
+    v->ctx_len = b->ctx_len + m->s0;
+    v->block_table = b->block_table + (size_t)m->s0 * b->bt_stride;
+    v->n_out = m->o1 - m->o0;
+    v->out_idx = b->out_idx + m->o0;
+}
+
+/* final norm and lm_head on the logits rows of the micro-batch, into logits rows o0.. */
+static void forward_head(Forward *f, const Batch *hb, const Batch *db, int o0)
+{
+    const Model *m = f->m;
+    const ModelConfig *c = &m->cfg;
+    Backend *be = f->be;
+    int n = hb->n_out, D = c->hidden, V = c->vocab;
+    be_get_rows(be, f->out_h, f->h, D, db->out_idx, n, D);
+    be_rmsnorm(be, f->out_h, D, f->out_h, D, m->final_norm, n, D, c->rms_eps);
+    float *dst = f->logits + (size_t)o0 * V;
+    if (c->vocab_local == V) {
+        be_matmul(be, OP_GEMM_LM_HEAD, dst, V, f->out_h, D, n, &m->lm_head, NULL);
+        return;
+    }
+    /* vocabulary slices: each rank's [n, V/tp], gathered [tp, n, V/tp], put in row order */
+    int Vl = c->vocab_local;
+    be_matmul(be, OP_GEMM_LM_HEAD, f->lm_part, Vl, f->out_h, D, n, &m->lm_head, NULL);
+    dist_all_gather(f->dist, be, f->lm_gather, f->lm_part, (size_t)n * Vl);
+    be_get_rows(be, dst, f->lm_gather, Vl, f->gidx_d + (size_t)o0 * c->tp, n * c->tp, Vl);
+}
+
+/* embedding (or the previous stage's hidden state), this stage's layers, then the next stage
+ * or the final norm and lm_head, over each micro-batch of f->hb / f->db */
 static void forward_body(Forward *f, KVCache *kv)
 {
     const Model *m = f->m;
     const ModelConfig *c = &m->cfg;
     Backend *be = f->be;
-    const Batch *b = f->hb;
-    be_embed(be, f->h, f->db->tokens, b->n_tokens, &m->embed);
-    for (int l = 0; l < c->n_layers; l++) {
-        if (model_is_mla(c))
-            glm5_attention(f, l, kv);
-        else
-            glm4_moe_attention(f, l, kv);
-        moe_ffn(f, l);
+    Dist *d = f->dist;
+    const Batch *hb = f->hb, *db = f->db;
+    float *h0 = f->h;
+    int *topk0 = f->topk;
+    int D = c->hidden, Ki = c->index_topk;
+    int first = c->layer_begin == 0, last = c->layer_end == c->n_layers;
+    int prev = first ? -1 : dist_rank_of(d, c->pp_rank - 1, c->tp_rank);
+    int next = last ? -1 : dist_rank_of(d, c->pp_rank + 1, c->tp_rank);
+    /* a stage that starts on a "shared" indexer layer needs the previous stage's selection */
+    int topk_in = !first && topk0 && c->layer_indexer[c->layer_begin] == INDEXER_SHARED;
+    int topk_out = !last && topk0 && c->layer_indexer[c->layer_end] == INDEXER_SHARED;
+    for (int i = 0; i < f->n_mb; i++) {
+        const MicroBatch *mb = &f->mb[i];
+        Batch hv, dv;
+        mb_view(hb, mb, &hv);
+        mb_view(db, mb, &dv);
+        f->hb = &hv;
+        f->db = &dv;
+        /* each micro-batch keeps its own rows of h and topk: what is sent stays intact */
+        f->h = h0 + (size_t)mb->t0 * D;
+        if (topk0) f->topk = topk0 + (size_t)mb->t0 * Ki;
+        int T = hv.n_tokens;
+        if (first) {
+            be_embed(be, f->h, dv.tokens, T, &m->embed);
+        } else {
+            dist_recv(d, be, f->h, (size_t)T * D * sizeof(float), prev);
+            if (topk_in) dist_recv(d, be, f->topk, (size_t)T * Ki * sizeof(int), prev);
+        }
+        for (int l = c->layer_begin; l < c->layer_end; l++) {
+            if (model_is_mla(c))
+                glm5_attention(f, l, kv);
+            else
+                glm4_moe_attention(f, l, kv);
+            moe_ffn(f, l);
+        }
+        if (!last) {
+            dist_send(d, be, f->h, (size_t)T * D * sizeof(float), next);
+            if (topk_out) dist_send(d, be, f->topk, (size_t)T * Ki * sizeof(int), next);
+        } else if (hv.n_out) {
+            forward_head(f, &hv, &dv, mb->o0);
+        }
     }
-    if (b->n_out == 0) return;
-    be_get_rows(be, f->out_h, f->h, c->hidden, f->db->out_idx, b->n_out, c->hidden);
-    be_rmsnorm(be, f->out_h, c->hidden, f->out_h, c->hidden, m->final_norm, b->n_out, c->hidden, c->rms_eps);
-    be_matmul(be, OP_GEMM_LM_HEAD, f->logits, c->vocab, f->out_h, c->hidden, b->n_out, &m->lm_head, NULL);
+    f->h = h0;
+    f->topk = topk0;
+    f->hb = hb;
+    f->db = db;
+    /* the logits to rank 0 (the first stage) */
+    if (d && d->pp > 1 && hb->n_out) {
+        size_t bytes = (size_t)hb->n_out * c->vocab * sizeof(float);
+        if (last && c->tp_rank == 0) dist_send(d, be, f->logits, bytes, 0);
+        else if (d->rank == 0) dist_recv(d, be, f->logits, bytes, dist_rank_of(d, d->pp - 1, 0));
+    }
 }
 
 void forward_enable_graphs(Forward *f, int max_ctx)
 {
     Backend *be = f->be;
     if (!be->ops->graph_begin || be->host_memory) return;
+    if (f->shared) {
+        DistMsg msg = {.op = DIST_MSG_GRAPHS, .v = {max_ctx}};
+        dist_bcast_host(f->dist, &msg, sizeof msg);
+    }
     f->graph_ctx = max_ctx;
     if (be->ops->reserve) be->ops->reserve(be, &f->m->cfg, f->max_tokens, f->max_out, max_ctx);
     int n = f->max_tokens;
@@ -182,8 +369,8 @@ static void forward_decode_graph(Forward *f, const Batch *b, KVCache *kv)
         memcpy(table + (size_t)i * f->max_blocks, b->block_table + (size_t)(i < T ? i : 0) * b->bt_stride,
                (size_t)(b->bt_stride < f->max_blocks ? b->bt_stride : f->max_blocks) * sizeof(int));
     hb.block_table = table;
-    f->hb = &hb;
-    f->db = forward_upload(f, &hb);
+    f->hb = forward_split(f, &hb);
+    f->db = forward_upload(f, f->hb);
     f->dbuf.max_ctx = f->graph_ctx; /* baked into the graph: the indexer's score rows */
     int g = 0;
     while (g < f->n_graphs && f->graph_T[g] != P) g++;
@@ -219,19 +406,126 @@ static void forward_decode_graph(Forward *f, const Batch *b, KVCache *kv)
     free(table);
 }
 
+/* rank 0: the step's batch to every worker (block-table rows cut to the blocks in use) */
+static void forward_send_batch(Forward *f, const Batch *b, const KVCache *kv)
+{
+    int T = b->n_tokens, S = b->n_seqs, O = b->n_out, bs = kv->block_size;
+    size_t n = 4 * (size_t)T + 3 * (size_t)S + O;
+    for (int s = 0; s < S; s++) {
+        int nb = (b->ctx_len[s] + bs - 1) / bs;
+        n += nb < b->bt_stride ? nb : b->bt_stride;
+    }
+    int *buf = xmalloc(n * sizeof(int)), *p = buf;
+    const int *arr[] = {b->tokens, b->pos, b->seq, b->slot};
+    for (int i = 0; i < 4; i++, p += T) memcpy(p, arr[i], T * sizeof(int));
+    const int *sarr[] = {b->seq_start, b->seq_ntok, b->ctx_len};
+    for (int i = 0; i < 3; i++, p += S) memcpy(p, sarr[i], S * sizeof(int));
+    memcpy(p, b->out_idx, O * sizeof(int));
+    p += O;
+    for (int s = 0; s < S; s++) {
+        int nb = (b->ctx_len[s] + bs - 1) / bs;
+        if (nb > b->bt_stride) nb = b->bt_stride;
+        memcpy(p, b->block_table + (size_t)s * b->bt_stride, nb * sizeof(int));
+        p += nb;
+    }
+    DistMsg msg = {.op = DIST_MSG_RUN, .v = {T, S, O, b->bt_stride, (int)n}};
+    dist_bcast_host(f->dist, &msg, sizeof msg);
+    dist_bcast_host(f->dist, buf, n * sizeof(int));
+    free(buf);
+}
+
 void forward_run(Forward *f, const Batch *b, KVCache *kv, float *logits_out)
 {
     const ModelConfig *c = &f->m->cfg;
     Backend *be = f->be;
     CHECK(b->n_tokens > 0 && b->n_tokens <= f->max_tokens, "forward: %d tokens, limit %d", b->n_tokens, f->max_tokens);
     CHECK(b->n_out >= 0 && b->n_out <= f->max_out, "forward: %d logits rows, limit %d", b->n_out, f->max_out);
+    if (f->shared) forward_send_batch(f, b, kv);
     if (f->graph_ctx && is_decode(f, b)) {
         forward_decode_graph(f, b, kv);
     } else {
-        f->hb = b;
-        f->db = forward_upload(f, b);
+        f->hb = forward_split(f, b);
+        f->db = forward_upload(f, f->hb);
         forward_body(f, kv);
     }
+    dist_flush(f->dist, be);
     if (logits_out && b->n_out)
         be_to_host(be, logits_out, f->logits, (size_t)b->n_out * c->vocab * sizeof(float));
+}
+
+void forward_share(Forward *f, const KVCache *kv)
+{
+    Dist *d = f->dist;
+    if (!d || d->world == 1 || d->rank != 0) return;
+    DistMsg msg = {.op = DIST_MSG_INIT,
+                   .v = {f->max_tokens, f->max_out, f->max_seqs, f->max_blocks, kv->block_size, kv->n_blocks}};
+    dist_bcast_host(d, &msg, sizeof msg);
+    f->shared = 1;
+}
+
+void forward_worker(const Model *m, Backend *be)
+{
+    Dist *d = dist_get();
+    CHECK(d && d->rank > 0, "forward_worker on rank 0");
+    if (be->ops->bind_thread) be->ops->bind_thread(be);
+    Forward f = {0};
+    KVCache kv = {0};
+    int live = 0, *buf = NULL, *table = NULL;
+    size_t cap = 0;
+    for (;;) {
+        DistMsg msg;
+        dist_bcast_host(d, &msg, sizeof msg);
+        switch (msg.op) {
+        case DIST_MSG_INIT:
+            CHECK(!live, "worker: a second Forward while one is live");
+            kv_cache_init(&kv, &m->cfg, be, msg.v[4], msg.v[5]);
+            forward_init(&f, m, be, msg.v[0], msg.v[1], msg.v[2], msg.v[3]);
+            table = xcalloc((size_t)msg.v[2] * msg.v[3], sizeof(int));
+            live = 1;
+            break;
+        case DIST_MSG_GRAPHS:
+            CHECK(live, "worker: graphs without a Forward");
+            forward_enable_graphs(&f, msg.v[0]);
+            break;
+        case DIST_MSG_RUN: {
+            CHECK(live, "worker: a step without a Forward");
+            int T = msg.v[0], S = msg.v[1], O = msg.v[2], stride = msg.v[3];
+            size_t n = (size_t)msg.v[4];
+            if (n > cap) buf = xrealloc(buf, (cap = n) * sizeof(int));
+            dist_bcast_host(d, buf, n * sizeof(int));
+            Batch b = {.n_tokens = T, .tokens = buf, .pos = buf + T, .seq = buf + 2 * T, .slot = buf + 3 * T,
+                       .n_seqs = S, .seq_start = buf + 4 * T, .seq_ntok = buf + 4 * T + S, .ctx_len = buf + 4 * T + 2 * S,
+                       .n_out = O, .out_idx = buf + 4 * T + 3 * S, .block_table = table, .bt_stride = stride};
+            const int *p = b.out_idx + O;
+            for (int s = 0; s < S; s++) {
+                int nb = (b.ctx_len[s] + kv.block_size - 1) / kv.block_size;
+                if (nb > stride) nb = stride;
+                memcpy(table + (size_t)s * stride, p, nb * sizeof(int));
+                p += nb;
+                if (b.ctx_len[s] > b.max_ctx) b.max_ctx = b.ctx_len[s];
+            }
+            forward_run(&f, &b, &kv, NULL);
+            break;
+        }
+        case DIST_MSG_FREE:
+            if (live) {
+                forward_free(&f);
+                kv_cache_free(&kv);
+                free(table);
+                table = NULL;
+                live = 0;
+            }
+            break;
+        case DIST_MSG_STOP:
+            if (live) {
+                forward_free(&f);
+                kv_cache_free(&kv);
+            }
+            free(table);
+            free(buf);
+            return;
+        default:
+            fatal("worker: unknown message %d from rank 0", msg.op);
+        }
+    }
 }

@@ -6,8 +6,13 @@
 #define MOESERVE_FORWARD_H
 
 #include "../backend/backend.h"
+#include "../dist/dist.h"
 #include "../engine/kv_cache.h"
 #include "model.h"
+
+/* A pipeline micro-batch: sequences [s0, s1), their tokens [t0, t1), logits rows [o0, o1). */
+typedef struct { int s0, s1, t0, t1, o0, o1; } MicroBatch;
+#define FORWARD_MAX_MB 64
 
 typedef struct {
     const Model *m;            /* borrowed */
@@ -47,10 +52,28 @@ typedef struct {
     float *rwts;               /* [T, K] their weights */
     float *out_h;              /* [max_out, D] final hidden of the logits rows */
     float *logits;             /* [max_out, V] */
+    /* several ranks (src/dist): NULL alone */
+    Dist *dist;
+    int shared;                /* rank 0: forward_share told the workers */
+    int n_mb;                  /* micro-batches of the step being run (pipeline stages) */
+    MicroBatch mb[FORWARD_MAX_MB];
+    Batch rb;                  /* the step's batch with seq, seq_start and out_idx rebased to
+                                  their micro-batch (host arrays rb_*) */
+    int *rb_seq, *rb_start, *rb_out;
+    int *gidx, *gidx_d;        /* [max_out * tp] rows that put the all-gathered vocabulary slices
+                                  of lm_head in order (host, backend memory) */
+    float *lm_part;            /* [max_out, V / tp] this rank's logits slice */
+    float *lm_gather;          /* [tp, max_out, V / tp] every rank's */
 } Forward;
 
 void forward_init(Forward *f, const Model *m, Backend *be, int max_tokens, int max_out, int max_seqs,
                   int max_blocks);
+/* Several ranks: rank 0 tells the workers (dist_worker) to make the same Forward and a KV cache
+ * like kv; from then on each forward_run of rank 0 is repeated by every rank, and forward_free
+ * ends it. Alone: nothing. Call right after forward_init. */
+void forward_share(Forward *f, const KVCache *kv);
+/* A worker rank: repeat rank 0's Forwards until dist_shutdown (dist_worker). */
+void forward_worker(const Model *m, Backend *be);
 void forward_free(Forward *f);
 /* Decode steps (every sequence one token, every token a logits row) run as graphs captured
  * once per padded batch size (1, 2, 4, ... up to max_tokens), for contexts up to max_ctx.

@@ -28,5 +28,6 @@ void glm4_moe_attention(Forward *f, int layer, KVCache *kv)
     be_kv_write(be, L->kv, L->dtype, L->v_scale, L->kv_width, kd, f->v, kd, kd, db->slot, T);
     be_attention_gqa(be, f->attn, f->q, L, b, db, c);
     be_matmul(be, OP_GEMM_ATTN, f->a, D, f->attn, qd, T, &w->wo, NULL);
+    dist_all_reduce(f->dist, be, f->a, (size_t)T * D); /* tensor parallel: each rank's heads' share */
     be_add(be, f->h, f->h, f->a, (size_t)T * D);
 }

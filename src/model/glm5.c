@@ -52,5 +52,6 @@ void glm5_attention(Forward *f, int layer, KVCache *kv)
     }
     be_attention_mla(be, f->attn, f->q, L, &w->wkv_b, topk, c->index_topk, b, db, c);
     be_matmul(be, OP_GEMM_ATTN, f->a, D, f->attn, H * c->v_head_dim, T, &w->wo, NULL);
+    dist_all_reduce(f->dist, be, f->a, (size_t)T * D); /* tensor parallel: each rank's heads' share */
     be_add(be, f->h, f->h, f->a, (size_t)T * D);
 }

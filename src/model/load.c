@@ -145,10 +145,32 @@ static void mark_prefix_used(Loader *ld, const char *prefix)
     }
 }
 
-static void account(Loader *ld, const QTensor *w)
+static void account(Model *m, const QTensor *w)
 {
-    ld->m->bytes_by_format[w->fmt] += qtensor_bytes(w);
-    ld->m->params_by_format[w->fmt] += w->rows * w->cols;
+    if (!w->rows) return;
+    m->bytes_by_format[w->fmt] += qtensor_bytes(w);
+    m->params_by_format[w->fmt] += w->rows * w->cols;
+}
+
+/* the bytes and parameters of what this rank holds, per storage format */
+static void account_model(Model *m)
+{
+    const ModelConfig *c = &m->cfg;
+    account(m, &m->embed);
+    if (!(m->lm_head.data == m->embed.data && m->lm_head.rows == m->embed.rows)) account(m, &m->lm_head);
+    for (int l = c->layer_begin; l < c->layer_end; l++) {
+        const LayerWeights *w = &m->layers[l];
+        const QTensor *t[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->wq_a, &w->wq_b, &w->wkv_a, &w->wkv_b, &w->idx_wq_b,
+                              &w->idx_wk, &w->idx_wproj, &w->w_gate, &w->w_up, &w->w_down, &w->router, &w->sh_gate,
+                              &w->sh_up, &w->sh_down};
+        for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) account(m, t[i]);
+        if (c->layer_moe[l] && w->exp_gate)
+            for (int e = 0; e < c->n_local_experts; e++) {
+                account(m, &w->exp_gate[e]);
+                account(m, &w->exp_up[e]);
+                account(m, &w->exp_down[e]);
+            }
+    }
 }
 
 /* Dummy weights (model_load_dummy): the format a release would store this linear in. The
@@ -171,7 +193,6 @@ static int linear(Loader *ld, QTensor *w, const char *prefix, int64_t N, int64_t
         if (optional && strcmp(prefix, "lm_head") == 0 && ld->m->cfg.tie_embeddings) return 0;
         *w = (QTensor){.fmt = dummy_format(ld, prefix, K), .rows = N, .cols = K, .gscale = 1.0f,
                        .scale_dtype = DT_F32};
-        account(ld, w);
         return 1;
     }
     int rc = load_qtensor(&ld->m->st, prefix, w, err, sizeof err);
@@ -193,7 +214,6 @@ static int linear(Loader *ld, QTensor *w, const char *prefix, int64_t N, int64_t
     if (ld->qc.algo != QALGO_NONE && w->fmt == QF_NVFP4 && quant_config_excluded(&ld->qc, prefix))
         log_warn("%s: '%s' is NVFP4 although the quantization config excludes it; using the stored format", ld->dir, prefix);
     mark_prefix_used(ld, prefix);
-    account(ld, w);
     return 1;
 }
 
@@ -221,6 +241,59 @@ static float *vec(Loader *ld, const char *name, int64_t n, int optional)
     float *v = xmalloc(n * sizeof(float));
     for (int64_t i = 0; i < n; i++) v[i] = dtype_load(t->dtype, t->data, i);
     ld->used[t - ld->m->st.tensors] = 1;
+    return v;
+}
+
+/* ---- the shard of one rank (src/dist/plan.h) ---- */
+
+static int sharded(const ModelConfig *c) { return c->tp > 1 || c->pp > 1; }
+
+/* rows [r0, r0 + n) of a loaded linear: a view of the mapped file */
+static void shard_rows(QTensor *w, int64_t r0, int64_t n)
+{
+    if (!w->rows || (r0 == 0 && n == w->rows)) return;
+    if (!w->data) { w->rows = n; return; }
+    *w = qtensor_rows(w, r0, n);
+}
+
+static void own(Model *m, void *buf)
+{
+    m->owned = xrealloc(m->owned, (m->n_owned + 1) * sizeof(void *));
+    m->owned[m->n_owned++] = buf;
+}
+
+/* columns [c0, c0 + n): a copy of just those bytes, owned by the model. A slice that cuts a
+ * scale block (a small model split finely) is decoded to float32 instead: the same values. */
+static void shard_cols(Loader *ld, QTensor *w, int64_t c0, int64_t n)
+{
+    if (!w->rows || (c0 == 0 && n == w->cols)) return;
+    void *buf;
+    if (qtensor_cols_copy(w, c0, n, w, &buf) == 0) {
+        if (buf) own(ld->m, buf);
+        return;
+    }
+    if (!w->data)
+        fatal("%s: '%s' (%s): --tp %d slices its %lld input columns at %lld, off the format's block boundary "
+              "(NVFP4 16, block FP8 128)", ld->dir, w->name ? w->name : "?", qformat_name(w->fmt), ld->m->cfg.tp,
+              (long long)w->cols, (long long)c0);
+    log_warn("%s: '%s' (%s): --tp %d cuts its scale blocks (columns %lld..%lld of %lld); this rank keeps the slice "
+             "in float32", ld->dir, w->name ? w->name : "?", qformat_name(w->fmt), ld->m->cfg.tp, (long long)c0,
+             (long long)(c0 + n), (long long)w->cols);
+    float *row = xmalloc(w->cols * sizeof(float)), *out = xmalloc((size_t)w->rows * n * sizeof(float));
+    for (int64_t r = 0; r < w->rows; r++) {
+        qtensor_decode(w, r, 0, w->cols, row);
+        memcpy(out + r * n, row + c0, n * sizeof(float));
+    }
+    free(row);
+    own(ld->m, out);
+    *w = (QTensor){.fmt = QF_F32, .rows = w->rows, .cols = n, .data = (const uint8_t *)out, .gscale = 1.0f,
+                   .name = w->name};
+}
+
+/* elements [i0, i0 + n) of an owned vector, in place */
+static float *vec_slice(float *v, int64_t i0, int64_t n)
+{
+    if (v && i0) memmove(v, v + i0, n * sizeof(float));
     return v;
 }
 
@@ -257,16 +330,14 @@ static int fused_experts(Loader *ld, LayerWeights *lw, const char *prefix, int E
     QFormat fmt = tg->dtype == DT_BF16 ? QF_BF16 : tg->dtype == DT_F16 ? QF_F16 : QF_F32;
     QFormat fmtd = td->dtype == DT_BF16 ? QF_BF16 : td->dtype == DT_F16 ? QF_F16 : QF_F32;
     size_t es = dtype_bits(tg->dtype) / 8, esd = dtype_bits(td->dtype) / 8;
-    for (int e = 0; e < E; e++) {
+    int e0 = ld->m->cfg.expert0, El = ld->m->cfg.n_local_experts; /* this rank's experts (EP) */
+    for (int e = e0; e < e0 + El; e++) {
         QTensor whole = {.fmt = fmt, .rows = 2 * F, .cols = D, .gscale = 1, .name = tg->name,
                          .data = tg->data + (size_t)e * 2 * F * D * es};
-        lw->exp_gate[e] = qtensor_rows(&whole, 0, F);
-        lw->exp_up[e] = qtensor_rows(&whole, F, F);
-        lw->exp_down[e] = (QTensor){.fmt = fmtd, .rows = D, .cols = F, .gscale = 1, .name = td->name,
-                                    .data = td->data + (size_t)e * D * F * esd};
-        account(ld, &lw->exp_gate[e]);
-        account(ld, &lw->exp_up[e]);
-        account(ld, &lw->exp_down[e]);
+        lw->exp_gate[e - e0] = qtensor_rows(&whole, 0, F);
+        lw->exp_up[e - e0] = qtensor_rows(&whole, F, F);
+        lw->exp_down[e - e0] = (QTensor){.fmt = fmtd, .rows = D, .cols = F, .gscale = 1, .name = td->name,
+                                         .data = td->data + (size_t)e * D * F * esd};
     }
     return 1;
 }
@@ -315,7 +386,8 @@ static void load_layer(Loader *ld, int l)
     Model *m = ld->m;
     const ModelConfig *c = &m->cfg;
     LayerWeights *w = &m->layers[l];
-    int64_t D = c->hidden, H = c->n_heads;
+    /* shapes are checked against the whole model (g_*), then cut to this rank's shard */
+    int64_t D = c->hidden, H = c->g_heads, Hl = c->n_heads, h0 = c->head0;
     char p[256], q[1024];
 #define PFX(...) (snprintf(q, sizeof q, "%s." __VA_ARGS__), q)
     snprintf(p, sizeof p, "model.layers.%d", l);
@@ -325,6 +397,7 @@ static void load_layer(Loader *ld, int l)
 
     if (model_is_mla(c)) {
         int64_t R = c->q_lora_rank, C = c->kv_lora_rank, Dr = c->qk_rope_dim, Dq = c->qk_nope_dim + Dr;
+        int64_t Dkv = c->qk_nope_dim + c->v_head_dim, Dv = c->v_head_dim;
         if (R > 0) {
             linear(ld, &w->wq_a, PFX("self_attn.q_a_proj", p), R, D, 0);
             w->q_a_norm = vec(ld, PFX("self_attn.q_a_layernorm.weight", p), R, 0);
@@ -332,11 +405,14 @@ static void load_layer(Loader *ld, int l)
         } else {
             linear(ld, &w->wq_b, PFX("self_attn.q_proj", p), H * Dq, D, 0);
         }
+        shard_rows(&w->wq_b, h0 * Dq, Hl * Dq);
         linear(ld, &w->wkv_a, PFX("self_attn.kv_a_proj_with_mqa", p), C + Dr, D, 0);
         w->kv_a_norm = vec(ld, PFX("self_attn.kv_a_layernorm.weight", p), C, 0);
-        linear(ld, &w->wkv_b, PFX("self_attn.kv_b_proj", p), H * (c->qk_nope_dim + c->v_head_dim), C, 0);
-        linear(ld, &w->wo, PFX("self_attn.o_proj", p), D, H * c->v_head_dim, 0);
-        if (c->layer_indexer[l] == INDEXER_FULL) {
+        linear(ld, &w->wkv_b, PFX("self_attn.kv_b_proj", p), H * Dkv, C, 0);
+        shard_rows(&w->wkv_b, h0 * Dkv, Hl * Dkv);
+        linear(ld, &w->wo, PFX("self_attn.o_proj", p), D, H * Dv, 0);
+        shard_cols(ld, &w->wo, h0 * Dv, Hl * Dv);
+        if (c->layer_indexer[l] == INDEXER_FULL) { /* replicated on every rank */
             int64_t Hi = c->index_n_heads, Di = c->index_head_dim;
             linear(ld, &w->idx_wq_b, PFX("self_attn.indexer.wq_b", p), Hi * Di, R, 0);
             linear(ld, &w->idx_wk, PFX("self_attn.indexer.wk", p), Di, D, 0);
@@ -345,15 +421,19 @@ static void load_layer(Loader *ld, int l)
             w->idx_norm_b = vec(ld, PFX("self_attn.indexer.k_norm.bias", p), Di, 0);
         }
     } else {
-        int64_t Dh = c->head_dim, Hkv = c->n_kv_heads;
+        int64_t Dh = c->head_dim, Hkv = c->g_kv_heads, Hkvl = c->n_kv_heads, k0 = c->kv_head0;
         linear(ld, &w->wq, PFX("self_attn.q_proj", p), H * Dh, D, 0);
         linear(ld, &w->wk, PFX("self_attn.k_proj", p), Hkv * Dh, D, 0);
         linear(ld, &w->wv, PFX("self_attn.v_proj", p), Hkv * Dh, D, 0);
         linear(ld, &w->wo, PFX("self_attn.o_proj", p), D, H * Dh, 0);
+        shard_rows(&w->wq, h0 * Dh, Hl * Dh);
+        shard_rows(&w->wk, k0 * Dh, Hkvl * Dh);
+        shard_rows(&w->wv, k0 * Dh, Hkvl * Dh);
+        shard_cols(ld, &w->wo, h0 * Dh, Hl * Dh);
         if (c->attention_bias) {
-            w->bq = vec(ld, PFX("self_attn.q_proj.bias", p), H * Dh, 0);
-            w->bk = vec(ld, PFX("self_attn.k_proj.bias", p), Hkv * Dh, 0);
-            w->bv = vec(ld, PFX("self_attn.v_proj.bias", p), Hkv * Dh, 0);
+            w->bq = vec_slice(vec(ld, PFX("self_attn.q_proj.bias", p), H * Dh, 0), h0 * Dh, Hl * Dh);
+            w->bk = vec_slice(vec(ld, PFX("self_attn.k_proj.bias", p), Hkv * Dh, 0), k0 * Dh, Hkvl * Dh);
+            w->bv = vec_slice(vec(ld, PFX("self_attn.v_proj.bias", p), Hkv * Dh, 0), k0 * Dh, Hkvl * Dh);
         }
         if (c->use_qk_norm) {
             w->q_norm = vec(ld, PFX("self_attn.q_norm.weight", p), Dh, 0);
@@ -361,33 +441,46 @@ static void load_layer(Loader *ld, int l)
         }
     }
 
+    int tp = c->tp, tr = c->tp_rank;
     if (!c->layer_moe[l]) {
-        int64_t Fd = c->intermediate;
+        int64_t Fd = c->g_intermediate, Fl = c->intermediate;
         linear(ld, &w->w_gate, PFX("mlp.gate_proj", p), Fd, D, 0);
         linear(ld, &w->w_up, PFX("mlp.up_proj", p), Fd, D, 0);
         linear(ld, &w->w_down, PFX("mlp.down_proj", p), D, Fd, 0);
+        shard_rows(&w->w_gate, tr * Fl, Fl);
+        shard_rows(&w->w_up, tr * Fl, Fl);
+        shard_cols(ld, &w->w_down, tr * Fl, Fl);
         return;
     }
-    int E = c->n_experts;
-    int64_t F = c->moe_intermediate, Fs = F * c->n_shared_experts;
+    int E = c->n_experts, El = c->n_local_experts, e0 = c->expert0;
+    int64_t F = c->g_moe_intermediate, Fl = c->moe_intermediate, Fs = F * c->n_shared_experts, Fsl = Fs / tp;
     linear(ld, &w->router, PFX("mlp.gate", p), E, D, 0);
     w->router_bias = vec(ld, PFX("mlp.gate.e_score_correction_bias", p), E, 1);
-    w->exp_gate = xcalloc(E, sizeof(QTensor));
-    w->exp_up = xcalloc(E, sizeof(QTensor));
-    w->exp_down = xcalloc(E, sizeof(QTensor));
+    w->exp_gate = xcalloc(El, sizeof(QTensor));
+    w->exp_up = xcalloc(El, sizeof(QTensor));
+    w->exp_down = xcalloc(El, sizeof(QTensor));
     if (!fused_experts(ld, w, PFX("mlp.experts", p), E, F, D)) {
-        for (int e = 0; e < E; e++) {
+        for (int e = e0; e < e0 + El; e++) {
             char ep[600];
             snprintf(ep, sizeof ep, "%s.mlp.experts.%d", p, e);
-            linear(ld, &w->exp_gate[e], PFX("gate_proj", ep), F, D, 0);
-            linear(ld, &w->exp_up[e], PFX("up_proj", ep), F, D, 0);
-            linear(ld, &w->exp_down[e], PFX("down_proj", ep), D, F, 0);
+            linear(ld, &w->exp_gate[e - e0], PFX("gate_proj", ep), F, D, 0);
+            linear(ld, &w->exp_up[e - e0], PFX("up_proj", ep), F, D, 0);
+            linear(ld, &w->exp_down[e - e0], PFX("down_proj", ep), D, F, 0);
         }
     }
+    if (Fl != F) /* experts sliced by width (TP without EP) */
+        for (int e = 0; e < El; e++) {
+            shard_rows(&w->exp_gate[e], tr * Fl, Fl);
+            shard_rows(&w->exp_up[e], tr * Fl, Fl);
+            shard_cols(ld, &w->exp_down[e], tr * Fl, Fl);
+        }
     if (Fs > 0) {
         linear(ld, &w->sh_gate, PFX("mlp.shared_experts.gate_proj", p), Fs, D, 0);
         linear(ld, &w->sh_up, PFX("mlp.shared_experts.up_proj", p), Fs, D, 0);
         linear(ld, &w->sh_down, PFX("mlp.shared_experts.down_proj", p), D, Fs, 0);
+        shard_rows(&w->sh_gate, tr * Fsl, Fsl);
+        shard_rows(&w->sh_up, tr * Fsl, Fsl);
+        shard_cols(ld, &w->sh_down, tr * Fsl, Fsl);
     }
 #undef PFX
 }
@@ -406,17 +499,29 @@ static void load_all(Loader *ld)
 {
     Model *m = ld->m;
     const ModelConfig *c = &m->cfg;
-    linear(ld, &m->embed, "model.embed_tokens", c->vocab, c->hidden, 0);
-    if (!linear(ld, &m->lm_head, "lm_head", c->vocab, c->hidden, 1)) {
-        if (!c->tie_embeddings) fatal("%s: missing tensor 'lm_head.weight' (tie_word_embeddings is false)", ld->dir);
-        m->lm_head = m->embed;
+    int first = c->layer_begin == 0, last = c->layer_end == c->n_layers; /* pipeline stage */
+    if (first || (last && c->tie_embeddings)) linear(ld, &m->embed, "model.embed_tokens", c->vocab, c->hidden, 0);
+    if (last) {
+        if (!linear(ld, &m->lm_head, "lm_head", c->vocab, c->hidden, 1)) {
+            if (!c->tie_embeddings) fatal("%s: missing tensor 'lm_head.weight' (tie_word_embeddings is false)", ld->dir);
+            m->lm_head = m->embed;
+        }
+        shard_rows(&m->lm_head, c->vocab0, c->vocab_local);
+        m->final_norm = vec(ld, "model.norm.weight", c->hidden, 0);
     }
-    m->final_norm = vec(ld, "model.norm.weight", c->hidden, 0);
+    if (!first) m->embed = (QTensor){0};
     m->layers = xcalloc(c->n_layers, sizeof(LayerWeights));
-    for (int l = 0; l < c->n_layers; l++) load_layer(ld, l);
+    for (int l = c->layer_begin; l < c->layer_end; l++) load_layer(ld, l);
+    account_model(m);
 }
 
 void model_load_dummy(Model *m, const char *dir, QFormat fmt, int n_layers)
+{
+    model_load_dummy_shard(m, dir, fmt, n_layers, NULL, NULL);
+}
+
+void model_load_dummy_shard(Model *m, const char *dir, QFormat fmt, int n_layers,
+                            void (*shard)(ModelConfig *c, void *user), void *user)
 {
     char err[1024];
     *m = (Model){0};
@@ -424,7 +529,9 @@ void model_load_dummy(Model *m, const char *dir, QFormat fmt, int n_layers)
     if (n_layers > 0) {
         if (n_layers > m->cfg.n_layers) fatal("--num-layers %d: the config has %d layers", n_layers, m->cfg.n_layers);
         m->cfg.n_layers = n_layers;
+        m->cfg.layer_end = n_layers;
     }
+    if (shard) shard(&m->cfg, user);
     if (fmt != QF_BF16 && fmt != QF_NVFP4 && fmt != QF_FP8) fatal("dummy weights: format %s is not offered", qformat_name(fmt));
     Loader ld = {.m = m, .dir = dir, .dummy = fmt};
     if (quant_config_load(&ld.qc, dir, err, sizeof err) < 0) fatal("%s", err);
@@ -437,11 +544,14 @@ void model_load_dummy(Model *m, const char *dir, QFormat fmt, int n_layers)
              m->bytes_by_format[QF_NVFP4] / 1073741824.0, m->bytes_by_format[QF_BF16] / 1073741824.0);
 }
 
-void model_load(Model *m, const char *dir)
+void model_load(Model *m, const char *dir) { model_load_shard(m, dir, NULL, NULL); }
+
+void model_load_shard(Model *m, const char *dir, void (*shard)(ModelConfig *c, void *user), void *user)
 {
     char err[1024];
     *m = (Model){0};
     if (config_load(&m->cfg, dir, err, sizeof err) < 0) fatal("%s", err);
+    if (shard) shard(&m->cfg, user);
     if (safetensors_open_dir(&m->st, dir, err, sizeof err) < 0) fatal("%s", err);
     Loader ld = {.m = m, .dir = dir, .used = xcalloc(m->st.n_tensors + 1, 1), .dummy = QF_COUNT};
     if (quant_config_load(&ld.qc, dir, err, sizeof err) < 0) fatal("%s", err);
@@ -449,7 +559,12 @@ void model_load(Model *m, const char *dir)
     const ModelConfig *c = &m->cfg;
     load_all(&ld);
 
-    /* MTP layers and anything left over */
+    /* MTP layers and anything left over (a shard leaves the other ranks' tensors alone) */
+    if (sharded(c)) {
+        free(ld.used);
+        quant_config_free(&ld.qc);
+        return;
+    }
     int mtp_lo = 1 << 30, mtp_hi = -1, mtp_n = 0, stray = 0;
     for (int i = 0; i < m->st.n_tensors; i++) {
         if (ld.used[i]) continue;
@@ -486,6 +601,8 @@ void model_free(Model *m)
     }
     free(m->layers);
     free(m->final_norm);
+    for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    free(m->owned);
     safetensors_free(&m->st);
     *m = (Model){0};
 }

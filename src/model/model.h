@@ -97,7 +97,19 @@ typedef struct {
     KVDtype kv_dtype;          /* --kv-cache-dtype; KV_DTYPE_AUTO: see model_kv_dtype */
     float kv_scale[MODEL_MAX_LAYERS][2]; /* FP8 cache: per layer the checkpoint's k_scale and
                                             v_scale (ModelOpt, x = code * scale); 0: absent, 1 used */
+    /* The shard of one rank (src/dist/plan.h plan_apply). Under tensor parallelism the sizes
+     * above are this rank's: n_heads, n_kv_heads, intermediate and moe_intermediate are the
+     * slices it holds (the global values are g_*). One rank (config_parse): everything. */
+    int tp, tp_rank, pp, pp_rank, ep;
+    int layer_begin, layer_end;  /* layers held: [begin, end) (pipeline stage) */
+    int expert0, n_local_experts;/* routed experts held (EP): [expert0, expert0 + n_local_experts) */
+    int vocab0, vocab_local;     /* lm_head rows held: [vocab0, vocab0 + vocab_local) */
+    int head0, kv_head0;         /* first global attention head / KV head held */
+    int g_heads, g_kv_heads, g_intermediate, g_moe_intermediate;
 } ModelConfig;
+
+/* The shard fields of c for one rank holding everything (config_parse calls it). */
+void model_shard_whole(ModelConfig *c);
 
 /* A token's KV entry width (floats per token per layer) and the indexer key width. */
 int model_kv_width(const ModelConfig *c);
@@ -168,6 +180,8 @@ typedef struct {
     LayerWeights *layers;      /* [L] */
     void *dev_buffer;          /* uploaded models: the one backend allocation holding every weight */
     int dummy;                 /* weights are skeletons (data NULL) that model_upload fills randomly */
+    void **owned;              /* host copies this Model frees (column slices of a TP shard) */
+    int n_owned;
     double bytes_by_format[QF_COUNT]; /* weight bytes loaded per storage format */
     int64_t params_by_format[QF_COUNT];
 } Model;
@@ -175,6 +189,12 @@ typedef struct {
 /* Load config.json and the checkpoint of dir. Malformed input stops with one line naming
  * the file and the tensor (a start-up error, STYLE.md). */
 void model_load(Model *m, const char *dir);
+/* The same for one rank of a parallel layout: config.json, then shard(cfg, user) turns the
+ * config into the rank's shard (src/dist/plan.h plan_apply), then only the tensors (and for
+ * a column slice, only the bytes) of that shard are read from the mapped files. */
+void model_load_shard(Model *m, const char *dir, void (*shard)(ModelConfig *c, void *user), void *user);
+void model_load_dummy_shard(Model *m, const char *dir, QFormat fmt, int n_layers,
+                            void (*shard)(ModelConfig *c, void *user), void *user);
 /* The linear weight stored under prefix (e.g. "model.layers.3.mlp.experts.7.up_proj"), its
  * precision decided per tensor (SPEC §3.9): NVFP4 if <p>.weight is U8 with <p>.weight_scale
  * (F8_E4M3) and <p>.weight_scale_2; FP8 per tensor if <p>.weight is F8_E4M3 with a scalar

@@ -1,6 +1,8 @@
 /* moe: the FFN half of every decoder layer: h += FFN(RMSNorm(h)). Dense layers run a SwiGLU
  * MLP (§1.5.7); MoE layers route each token to K experts (router on the backend, no host round
- * trip), add the weighted expert outputs and the unscaled shared expert (§1.5.6). */
+ * trip), add the weighted expert outputs and the unscaled shared expert (§1.5.6).
+ * Tensor parallel: each rank computes its slice of every width (or, under EP, its own whole
+ * experts, the router numbering them from 0 and the others -1) and one all-reduce sums them. */
 #include "forward.h"
 
 /* out[T, D] = down(silu(gate(x)) * up(x)) */
@@ -27,15 +29,23 @@ void moe_ffn(Forward *f, int layer)
     be_rmsnorm(be, f->a, D, f->h, D, w->ffn_norm, T, D, c->rms_eps);
     if (!c->layer_moe[layer]) {
         swiglu_mlp(f, f->ffn, f->a, T, &w->w_gate, &w->w_up, &w->w_down);
+        dist_all_reduce(f->dist, be, f->ffn, n);
         be_add(be, f->h, f->h, f->ffn, n);
         return;
     }
     be_matmul(be, OP_GEMM_ROUTER, f->rlogits, c->n_experts, f->a, D, T, &w->router, NULL);
     be_router(be, f->ridx, f->rwts, f->rlogits, w->router_bias, T, c);
-    be_moe(be, f->ffn, f->a, f->ridx, f->rwts, T, w, c);
+    if (c->ep > 1) { /* this rank's experts only */
+        ModelConfig lc = *c;
+        lc.n_experts = c->n_local_experts;
+        be_moe(be, f->ffn, f->a, f->ridx, f->rwts, T, w, &lc);
+    } else {
+        be_moe(be, f->ffn, f->a, f->ridx, f->rwts, T, w, c);
+    }
     if (c->n_shared_experts > 0) { /* (routed + shared), then the residual, as transformers adds */
         swiglu_mlp(f, f->ffn2, f->a, T, &w->sh_gate, &w->sh_up, &w->sh_down);
         be_add(be, f->ffn, f->ffn, f->ffn2, n);
     }
+    dist_all_reduce(f->dist, be, f->ffn, n);
     be_add(be, f->h, f->h, f->ffn, n);
 }

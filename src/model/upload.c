@@ -163,7 +163,7 @@ static void up_layer(Up *u, LayerWeights *d, const LayerWeights *s, const ModelC
     d->exp_gate = d->exp_up = d->exp_down = NULL;
     d->exp_table = NULL;
     if (!moe) return;
-    int E = c->n_experts;
+    int E = c->n_local_experts; /* this rank's (EP); all of them otherwise */
     /* host arrays of device QTensors (the counts read them) and their device copy for kernels */
     d->exp_gate = u->base ? xcalloc(3 * E, sizeof(QTensor)) : NULL;
     QTensor tmp;
@@ -185,7 +185,7 @@ static void up_model(Up *u, Model *dst, const Model *src)
     up_qtensor(u, &dst->embed, &src->embed);
     up_qtensor(u, &dst->lm_head, &src->lm_head);
     dst->final_norm = up_vec(u, src->final_norm, c->hidden);
-    for (int l = 0; l < c->n_layers; l++) {
+    for (int l = c->layer_begin; l < c->layer_end; l++) { /* this pipeline stage's */
         LayerWeights scratch;
         up_layer(u, u->base ? &dst->layers[l] : &scratch, &src->layers[l], c, c->layer_moe[l]);
     }

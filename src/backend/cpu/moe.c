@@ -12,11 +12,13 @@ int moe_cpu(Backend *be, float *out, const float *x, const int *idx, const float
     int *cnt = cpu_scratch(2, (size_t)(2 * E + 1 + 2 * T * K) * sizeof(int));
     int *start = cnt + E, *list = start + E + 1, *fill = list + T * K;
     memset(cnt, 0, E * sizeof(int));
-    for (int i = 0; i < T * K; i++) cnt[idx[i]]++;
+    for (int i = 0; i < T * K; i++)
+        if (idx[i] >= 0) cnt[idx[i]]++; /* -1: another rank's expert (EP) */
     start[0] = 0;
     for (int e = 0; e < E; e++) start[e + 1] = start[e] + cnt[e];
     memcpy(fill, start, E * sizeof(int));
-    for (int i = 0; i < T * K; i++) list[fill[idx[i]]++] = i; /* i = t * K + k, in token order */
+    for (int i = 0; i < T * K; i++) /* i = t * K + k, in token order */
+        if (idx[i] >= 0) list[fill[idx[i]]++] = i;
 
     float *xg = cpu_scratch(3, (size_t)T * D * sizeof(float));
     float *g = cpu_scratch(4, (size_t)T * F * sizeof(float));

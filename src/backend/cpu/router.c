@@ -69,5 +69,10 @@ void router_cpu(Backend *be, int *idx, float *wts, const float *logits, const fl
             if (c->norm_topk_prob) w /= sum + 1e-20f;
             wts[(int64_t)t * K + k] = w * c->routed_scaling;
         }
+        if (c->ep > 1) /* expert parallel: this rank's experts numbered from 0, the others -1 */
+            for (int k = 0; k < K; k++) {
+                int e = idx[(int64_t)t * K + k] - c->expert0;
+                idx[(int64_t)t * K + k] = e >= 0 && e < c->n_local_experts ? e : -1;
+            }
     }
 }

@@ -212,7 +212,7 @@ void indexer_cuda(Backend *be, int *topk, const float *q, const float *w, const 
 void lt_matmul(Backend *be, float *out, int ldo, const void *x, cudaDataType xt, int ldx, const void *w, cudaDataType wt,
                int T, int N, int K);
 /* out[t, :] = sum_k wts[t, k] * y[t*K + k, :] in k order: the MoE combine (moe.cu). */
-void moe_combine_cuda(Backend *be, float *out, const float *y, const float *wts, int T, int K, int D);
+void moe_combine_cuda(Backend *be, float *out, const float *y, const float *wts, const int *idx, int T, int K, int D);
 /* The W4A16 kernels for packed NVFP4 weights (w4.cu). */
 void w4_pack_cuda(Backend *be, uint8_t *dst, const uint8_t *codes, const uint8_t *scales, int64_t N, int64_t K);
 void w4_matmul_cuda(Backend *be, float *out, int ldo, const float *x, int ldx, int T, const QTensor *w, const float *bias);

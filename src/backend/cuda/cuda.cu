@@ -119,11 +119,31 @@ static size_t cuda_mem_free(Backend *be)
     return fr;
 }
 
+static void cuda_bind_thread(Backend *be) { CUDA_CHECK(cudaSetDevice(cuda_state(be)->device)); }
+
+extern "C" void *cuda_stream_of(Backend *be) { return (void *)cuda_stream(be); }
+
+static __global__ void delay_kernel(long long cycles)
+{
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) {
+    }
+}
+
+/* a kernel that keeps the stream busy for about us microseconds (--inject-comm-delay-us) */
+extern "C" void cuda_delay_us(Backend *be, int us)
+{
+    int khz = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, cuda_state(be)->device));
+    delay_kernel<<<1, 1, 0, cuda_stream(be)>>>((long long)us * (khz > 0 ? khz : 1500000) / 1000);
+    LAUNCH_CHECK("delay_kernel");
+}
+
 static const BackendOps cuda_ops = {
     cuda_alloc, cuda_free, cuda_destroy, fill_cuda, embed_cuda, rmsnorm_cuda, layernorm_cuda, rope_cuda, add_cuda,
     get_rows_cuda, cuda_to_host, cuda_to_device, swiglu_cuda, kv_write_cuda, matmul_cuda, router_cuda,
     moe_cuda, attention_gqa_cuda, attention_mla_cuda, indexer_cuda, argmax_cuda, cuda_reserve, cuda_graph_begin,
-    cuda_graph_end, cuda_graph_launch, cuda_graph_free, cuda_mem_free, w4_pack_cuda,
+    cuda_graph_end, cuda_graph_launch, cuda_graph_free, cuda_mem_free, w4_pack_cuda, cuda_bind_thread,
 };
 
 extern "C" void backend_cuda_init(Backend *be, int device)

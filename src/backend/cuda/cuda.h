@@ -16,6 +16,10 @@ int cuda_device_count(void);
 void backend_cuda_init(Backend *be, int device);
 /* Describe the device in one line ("NVIDIA H200, 132 SMs, 139.8 GiB, sm_90"). */
 void cuda_device_name(int device, char *buf, size_t n);
+/* The backend's cudaStream_t (for NCCL, src/dist/comm_nccl.c). */
+void *cuda_stream_of(Backend *be);
+/* Keep the stream busy for about us microseconds (--inject-comm-delay-us). */
+void cuda_delay_us(Backend *be, int us);
 
 #ifdef __cplusplus
 }

@@ -9,7 +9,8 @@
 
 static __global__ void moe_count_kernel(int *count, const int *idx, int n)
 {
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) atomicAdd(&count[idx[i]], 1);
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        if (idx[i] >= 0) atomicAdd(&count[idx[i]], 1); /* -1: another rank's expert (EP) */
 }
 
 /* one thread: offsets and the tile list (tile i = expert tile_e[i], rows tile_m0[i] ..) */
@@ -33,7 +34,7 @@ static __global__ void moe_fill_kernel(int *rows, int *fill, const int *offset, 
 {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         int e = idx[i];
-        rows[offset[e] + atomicAdd(&fill[e], 1)] = i;
+        if (e >= 0) rows[offset[e] + atomicAdd(&fill[e], 1)] = i;
     }
 }
 
@@ -56,22 +57,24 @@ static __global__ void moe_gemm_kernel(float *out, int ldo, const float *x, int 
     qgemm_tile(out, ldo, orow, x, ldx, xrow, m, blockIdx.y * QN, table[which * E + e], NULL);
 }
 
-/* thread (t, d): out[t, d] = sum_k wts[t, k] * y[t*K + k, d] */
-static __global__ void moe_combine_kernel(float *out, const float *y, const float *wts, int T, int K, int D)
+/* thread (t, d): out[t, d] = sum_k wts[t, k] * y[t*K + k, d] over the pairs with an expert here
+ * (idx >= 0; -1 is another rank's expert under EP, its y row never written) */
+static __global__ void moe_combine_kernel(float *out, const float *y, const float *wts, const int *idx, int T, int K, int D)
 {
     int64_t n = (int64_t)T * D;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         int64_t t = i / D, d = i % D;
         float acc = 0.f;
-        for (int k = 0; k < K; k++) acc += wts[t * K + k] * y[(t * K + k) * D + d];
+        for (int k = 0; k < K; k++)
+            if (idx[t * K + k] >= 0) acc += wts[t * K + k] * y[(t * K + k) * D + d];
         out[i] = acc;
     }
 }
 
-void moe_combine_cuda(Backend *be, float *out, const float *y, const float *wts, int T, int K, int D)
+void moe_combine_cuda(Backend *be, float *out, const float *y, const float *wts, const int *idx, int T, int K, int D)
 {
     int64_t n = (int64_t)T * D;
-    moe_combine_kernel<<<cdiv(n, 256) < 65535 ? cdiv(n, 256) : 65535, 256, 0, cuda_stream(be)>>>(out, y, wts, T, K, D);
+    moe_combine_kernel<<<cdiv(n, 256) < 65535 ? cdiv(n, 256) : 65535, 256, 0, cuda_stream(be)>>>(out, y, wts, idx, T, K, D);
     LAUNCH_CHECK("moe_combine_kernel");
 }
 
@@ -107,6 +110,6 @@ int moe_cuda(Backend *be, float *out, const float *x, const int *idx, const floa
     swiglu_cuda(be, g, g, u, P, F);
     moe_gemm_kernel<<<gd, QTHREADS, 0, st>>>(y, D, g, F, lw->exp_table, 2, count, offset, rows, tile_e, tile_m0, n_tiles, K, E, 1);
     LAUNCH_CHECK("moe_gemm_kernel(down)");
-    moe_combine_cuda(be, out, y, wts, T, K, D);
+    moe_combine_cuda(be, out, y, wts, idx, T, K, D);
     return -1;
 }

@@ -9,7 +9,7 @@
 #define ROUTER_MAX_G 64
 
 static __global__ void router_kernel(int *idx, float *wts, const float *logits, const float *bias, int E, int K, int G,
-                                     int topk_group, int softmax, int norm, float scaling)
+                                     int topk_group, int softmax, int norm, float scaling, int e0, int n_local)
 {
     __shared__ float s[ROUTER_MAX_E], choice[ROUTER_MAX_E], rv[ROUTER_THREADS], red[32];
     __shared__ unsigned char mask[ROUTER_MAX_E], gtaken[ROUTER_MAX_G];
@@ -72,6 +72,10 @@ static __global__ void router_kernel(int *idx, float *wts, const float *logits, 
             float w = wts[(int64_t)t * K + k];
             if (norm) w /= sum + 1e-20f;
             wts[(int64_t)t * K + k] = w * scaling;
+            if (n_local >= 0) { /* expert parallel: this rank's experts from 0, the others -1 */
+                int e = idx[(int64_t)t * K + k] - e0;
+                idx[(int64_t)t * K + k] = e >= 0 && e < n_local ? e : -1;
+            }
         }
 }
 
@@ -84,6 +88,7 @@ void router_cuda(Backend *be, int *idx, float *wts, const float *logits, const f
     router_kernel<<<T, ROUTER_THREADS, 0, cuda_stream(be)>>>(idx, wts, logits, bias, c->n_experts, c->n_experts_per_tok,
                                                              c->n_group > 0 ? c->n_group : 1, c->topk_group,
                                                              c->scoring == SCORE_SOFTMAX, c->norm_topk_prob,
-                                                             c->routed_scaling);
+                                                             c->routed_scaling, c->expert0,
+                                                             c->ep > 1 ? c->n_local_experts : -1);
     LAUNCH_CHECK("router_kernel");
 }

@@ -357,7 +357,8 @@ static __global__ void w4_route_kernel(int *offset, int *count_out, int *rows, i
     cnt[e] = 0;
     fill[e] = 0;
     __syncthreads();
-    for (int i = threadIdx.x; i < P; i += blockDim.x) atomicAdd(&cnt[idx[i]], 1);
+    for (int i = threadIdx.x; i < P; i += blockDim.x)
+        if (idx[i] >= 0) atomicAdd(&cnt[idx[i]], 1); /* -1: another rank's expert (EP) */
     __syncthreads();
     int c = e < E ? cnt[e] : 0, nt = (c + MT - 1) / MT;
     sc[e] = c;
@@ -385,7 +386,7 @@ static __global__ void w4_route_kernel(int *offset, int *count_out, int *rows, i
     __syncthreads();
     for (int i = threadIdx.x; i < P; i += blockDim.x) {
         int x_e = idx[i];
-        rows[sc[x_e] + atomicAdd(&fill[x_e], 1)] = i;
+        if (x_e >= 0) rows[sc[x_e] + atomicAdd(&fill[x_e], 1)] = i;
     }
 }
 
@@ -512,7 +513,7 @@ int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const f
 #undef W4_MOE_T
 #undef W4_MOE_F
 #undef W4_MOE_SP
-    moe_combine_cuda(be, out, y, wts, T, K, D);
+    moe_combine_cuda(be, out, y, wts, idx, T, K, D);
     return -1;
 }
 

@@ -1,0 +1,46 @@
+/* plan: which slice of the model each rank holds under tensor, pipeline and expert
+ * parallelism (DESIGN.md §1 dist/). The world is tp x pp ranks, rank = pp_rank * tp + tp_rank:
+ * a pipeline stage is a tensor-parallel group of tp consecutive ranks.
+ *
+ *   TP  attention heads split (GQA: KV heads split, or replicated when tp exceeds them; MLA:
+ *       heads split, the latent KV cache and the DSA indexer replicated on every rank); the
+ *       dense MLP and the shared expert by column (gate/up rows) then row (down columns); the
+ *       routed experts by width, or whole experts per rank under EP; lm_head by vocabulary
+ *       (replicated when tp does not divide it). Each block ends in an all-reduce.
+ *   PP  contiguous layer ranges (uneven with --pp-layers 39,39); embeddings on the first
+ *       stage, final norm and lm_head on the last.
+ *   EP  (ep == tp) routed experts [r * E/ep, (r+1) * E/ep) on tensor rank r, each whole. */
+#ifndef MOESERVE_PLAN_H
+#define MOESERVE_PLAN_H
+
+#include <stddef.h>
+
+#include "../model/model.h"
+
+#define PLAN_MAX_STAGES 64
+
+typedef struct {
+    int tp, pp, ep;                     /* 1 1 1: one rank */
+    int pp_layers[PLAN_MAX_STAGES];     /* --pp-layers: layers per stage; n_pp_layers 0: even split */
+    int n_pp_layers;
+    int microbatches;                   /* --pp-microbatches: in flight per step (0: pp) */
+    int comm_delay_us;                  /* --inject-comm-delay-us: added to every collective */
+} ParOpts;
+
+/* "--tp N --pp N --ep N --pp-layers A,B,... --pp-microbatches N --inject-comm-delay-us N":
+ * consumes one option like the opt_* parsers of cli.h (1 if it was one of these). */
+int par_opt(int argc, char **argv, int *i, ParOpts *p);
+#define PAR_OPTS_USAGE "[--tp N] [--pp N] [--ep N] [--pp-layers A,B,..] [--pp-microbatches N]"
+/* Normalise (--ep E alone implies --tp E) and check the layout against itself; 0 ok, -1 err. */
+int par_resolve(ParOpts *p, char *err, size_t errlen);
+int par_world(const ParOpts *p);
+
+/* The layers of stage s: [*begin, *end). */
+void plan_stage_layers(const ModelConfig *c, const ParOpts *p, int stage, int *begin, int *end);
+/* Check that c can be laid out as p (divisibility of heads, widths, experts; NVFP4 and block
+ * FP8 column slices on their block boundaries); 0 ok, -1 with err naming the size. */
+int plan_check(const ModelConfig *c, const ParOpts *p, char *err, size_t errlen);
+/* Turn the whole-model config c into rank's shard (model.h: the shard fields, local sizes). */
+void plan_apply(ModelConfig *c, const ParOpts *p, int rank);
+
+#endif

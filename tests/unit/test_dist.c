@@ -1,0 +1,245 @@
+/* dist: tensor, pipeline and expert parallelism on the CPU backend, ranks started by mpirun
+ * (collectives through MPI), as CI runs them: root, 2 cores, --oversubscribe, one thread a rank.
+ *   - logits of every layout equal the single-rank logits (float32 reduction order aside) and
+ *     the transformers reference, on the golden fixtures of both architectures, at the full
+ *     prompt length and one token at a time;
+ *   - the server answers under TP2 and PP2 (several sequences in flight, so that pipeline
+ *     micro-batches are exercised) with the tokens a single rank gives;
+ *   - layouts that cannot work say why. */
+#include <dirent.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server_harness.h"
+#include "test.h"
+
+#define MPIRUN "mpirun --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS=1 -x MOESERVE_COMM_TIMEOUT=120 "
+
+static int have_mpirun(void)
+{
+    if (test_run("command -v mpirun >/dev/null 2>&1", NULL) == 0) return 1;
+    test_skip("mpirun is not installed (scripts/bootstrap.sh installs openmpi-bin)");
+    return 0;
+}
+
+/* "5,17,42" of a fixture's golden.json, and its reference logits and their std */
+static char *fixture_tokens(const char *dir, int *n)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/golden.json", dir);
+    json_error_t je;
+    json_t *g = json_load_file(path, 0, &je);
+    if (!g) return NULL;
+    json_t *t = json_object_get(g, "tokens");
+    char *s = malloc(8 * json_array_size(t) + 1), *p = s;
+    *p = 0;
+    for (size_t i = 0; i < json_array_size(t); i++)
+        p += sprintf(p, "%s%lld", i ? "," : "", (long long)json_integer_value(json_array_get(t, i)));
+    *n = (int)json_array_size(t);
+    json_decref(g);
+    return s;
+}
+
+static double std_of(const float *x, size_t n)
+{
+    double m = 0, v = 0;
+    for (size_t i = 0; i < n; i++) m += x[i];
+    m /= n;
+    for (size_t i = 0; i < n; i++) v += (x[i] - m) * (x[i] - m);
+    return sqrt(v / n);
+}
+
+static double max_diff(const float *a, const float *b, size_t n)
+{
+    double d = 0;
+    for (size_t i = 0; i < n; i++) d = fmax(d, fabs((double)a[i] - b[i]));
+    return d;
+}
+
+static const struct { int np; const char *args; } layouts[] = {
+    {2, "--tp 2"}, {4, "--tp 4"}, {2, "--pp 2"}, {4, "--pp 4"}, {4, "--tp 2 --pp 2"},
+    {2, "--ep 2"}, {4, "--ep 4"}, {4, "--ep 2 --pp 2"},
+};
+
+static void check_fixture(const char *name, int chunk1)
+{
+    char dir[600], cmd[4096], ref[700], out[700];
+    snprintf(dir, sizeof dir, "%s", test_data("golden"));
+    strcat(dir, "/");
+    strcat(dir, name);
+    int T;
+    char *tokens = fixture_tokens(dir, &T);
+    ASSERT(tokens, "%s/golden.json", dir);
+    const char *chunk = chunk1 ? "--chunk 1" : "";
+    snprintf(ref, sizeof ref, "%s/%s-ref%s.f32", test_tmpdir(), name, chunk1 ? "-c1" : "");
+    snprintf(cmd, sizeof cmd, "'%s' logits --model '%s' --tokens %s --device cpu --threads 1 %s --out '%s'", test_bin(), dir,
+             tokens, chunk, ref);
+    char *log = NULL;
+    int rc = test_run(cmd, &log);
+    ASSERT(rc == 0, "single rank: %s", log ? log : "");
+    free(log);
+    size_t n, ng;
+    float *r = test_read_f32(ref, &n);
+    char gpath[700];
+    snprintf(gpath, sizeof gpath, "%s/logits.f32", dir);
+    float *golden = test_read_f32(gpath, &ng);
+    ASSERT(r && golden && n == ng, "%s: %zu logits, golden %zu", name, n, ng);
+    double sd = std_of(golden, ng), single = max_diff(r, golden, n);
+    for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++) {
+        snprintf(out, sizeof out, "%s/%s-%zu%s.f32", test_tmpdir(), name, i, chunk1 ? "-c1" : "");
+        snprintf(cmd, sizeof cmd,
+                 MPIRUN "-np %d '%s' logits --model '%s' --tokens %s --device cpu --threads 1 %s %s --out '%s' </dev/null",
+                 layouts[i].np, test_bin(), dir, tokens, chunk, layouts[i].args, out);
+        log = NULL;
+        rc = test_run(cmd, &log);
+        EXPECT(rc == 0, "%s %s: %s", name, layouts[i].args, log ? log : "");
+        free(log);
+        if (rc) continue;
+        size_t m;
+        float *p = test_read_f32(out, &m);
+        EXPECT(p && m == n, "%s %s: %zu logits, expected %zu", name, layouts[i].args, p ? m : 0, n);
+        if (p && m == n) {
+            double d = max_diff(p, r, n), dg = max_diff(p, golden, n);
+            /* the same model: only the order of float32 sums differs (a few 1e-6 of std seen) */
+            EXPECT(d <= 1e-4 * sd, "%s %s %s: max|d| vs one rank %.3g = %.3g std", name, layouts[i].args, chunk, d, d / sd);
+            /* and as close to transformers as the single rank (acceptance: 1e-3 std) */
+            EXPECT(dg <= 1e-3 * sd && dg <= single + 1e-4 * sd, "%s %s %s: max|d| vs transformers %.3g std (one rank %.3g)",
+                   name, layouts[i].args, chunk, dg / sd, single / sd);
+        }
+        free(p);
+    }
+    free(r);
+    free(golden);
+    free(tokens);
+}
+
+TEST(dist_logits_glm4moe)
+{
+    if (!have_mpirun()) return;
+    check_fixture("glm4moe-bf16", 0);
+    check_fixture("glm4moe-nvfp4", 0);
+    check_fixture("glm4moe-nvfp4", 1);
+}
+
+TEST(dist_logits_glm5)
+{
+    if (!have_mpirun()) return;
+    check_fixture("glm5-bf16", 0);
+    check_fixture("glm5-nvfp4", 0);
+    check_fixture("glm5-shared-bf16", 0);
+    check_fixture("glm5-shared-bf16", 1); /* a stage may start on a "shared" indexer layer */
+}
+
+/* sig to every process whose parent is parent (the ranks mpirun started) */
+static void signal_children(pid_t parent, int sig)
+{
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        int pid = atoi(e->d_name);
+        if (pid <= 0) continue;
+        char path[64], buf[512];
+        snprintf(path, sizeof path, "/proc/%d/stat", pid);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[n] = 0;
+        const char *rp = strrchr(buf, ')'); /* "pid (comm) state ppid ..." */
+        int ppid = 0;
+        char st;
+        if (rp && sscanf(rp + 1, " %c %d", &st, &ppid) == 2 && ppid == parent) kill(pid, sig);
+    }
+    if (d) closedir(d);
+}
+
+/* greedy completions of several prompts at once; returns 0 and the texts */
+static int completions(int port, char texts[4][512])
+{
+    static const char *prompts[4] = {"The Debian package", "To install a program", "The kernel", "Configuration files are"};
+    for (int i = 0; i < 4; i++) texts[i][0] = 0;
+    /* in flight together: four connections, then the four answers */
+    int fds[4];
+    for (int i = 0; i < 4; i++) {
+        char body[256];
+        snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":24,\"temperature\":0,\"ignore_eos\":true}", prompts[i]);
+        fds[i] = hc_connect(port, 0);
+        if (fds[i] < 0) return -1;
+        char hdr[64];
+        snprintf(hdr, sizeof hdr, "Content-Type: application/json\r\n");
+        if (hc_send_request(fds[i], "POST", "/v1/completions", hdr, body, strlen(body)) < 0) return -1;
+    }
+    for (int i = 0; i < 4; i++) {
+        size_t n;
+        char *raw = hc_read_all(fds[i], &n);
+        Resp r;
+        hc_parse(raw, n, &r);
+        json_t *j = r.status == 200 ? body_json(&r) : NULL;
+        const char *t = j ? jstr(j, "choices.0.text") : NULL;
+        if (t) snprintf(texts[i], 512, "%s", t);
+        if (j) json_decref(j);
+        int ok = r.status == 200 && t;
+        if (!ok) fprintf(stderr, "    request %d: status %d %s\n", i, r.status, r.body ? r.body : "");
+        resp_free(&r);
+        if (!ok) return -1;
+    }
+    return 0;
+}
+
+TEST(dist_serve_tp2_pp2)
+{
+    if (!have_mpirun()) return;
+    Srv s;
+    char ref[4][512], got[4][512];
+    ASSERT(srv_start_model(&s, "dist-ref", model_dir(), "") == 0);
+    int rc = completions(s.port, ref);
+    srv_stop(&s, 30);
+    ASSERT(rc == 0, "single-rank server");
+    const char *lay[] = {"--tp 2", "--pp 2", "--pp 2 --pp-microbatches 4"};
+    for (size_t k = 0; k < sizeof lay / sizeof lay[0]; k++) {
+        char launcher[256];
+        snprintf(launcher, sizeof launcher, MPIRUN "-np 2");
+        int st = srv_start_launched(&s, "dist", model_dir(), launcher, lay[k]);
+        EXPECT(st == 0, "%s: the server did not start", lay[k]);
+        if (st) continue;
+        for (int round = 0; round < 2; round++) {
+            rc = completions(s.port, got);
+            EXPECT(rc == 0, "%s: requests failed", lay[k]);
+            for (int i = 0; i < 4 && rc == 0; i++)
+                EXPECT(!strcmp(got[i], ref[i]), "%s prompt %d: '%s', one rank '%s'", lay[k], i, got[i], ref[i]);
+        }
+        /* SIGTERM to the ranks themselves (mpirun would abort the job): rank 0 drains and stops
+           the workers, which ignore the signal, and mpirun ends with their status */
+        signal_children(s.pid, SIGTERM);
+        EXPECT(srv_wait(&s, 60) == 0, "%s: the server did not stop cleanly", lay[k]);
+    }
+}
+
+TEST(dist_layout_errors)
+{
+    if (!have_mpirun()) return;
+    char dir[600], cmd[2048];
+    snprintf(dir, sizeof dir, "%s/glm5-bf16", test_data("golden"));
+    struct { const char *launch, *args, *want; } cases[] = {
+        /* 4 attention heads do not split 3 ways */
+        {MPIRUN "-np 3", "--tp 3", "attention heads do not split evenly"},
+        /* the rank count must be tp x pp */
+        {MPIRUN "-np 2", "--tp 2 --pp 2", "needs 4"},
+        /* the CPU backend's ranks come from mpirun */
+        {"", "--tp 2", "mpirun -np 2"},
+        {"", "--ep 2 --tp 4", "--ep must equal --tp"},
+        {MPIRUN "-np 2", "--pp-layers 3,2", "adds up to 5 layers"},
+        {MPIRUN "-np 5", "--pp 5", "only 4 layers"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(cmd, sizeof cmd, "%s '%s' logits --model '%s' --tokens 1,2,3 --device cpu --threads 1 %s --out /dev/null </dev/null",
+                 cases[i].launch, test_bin(), dir, cases[i].args);
+        char *log = NULL;
+        int rc = test_run(cmd, &log);
+        EXPECT(rc != 0 && log && strstr(log, cases[i].want), "%s: exit %d, expected an error with '%s', got: %s",
+               cases[i].args, rc, cases[i].want, log ? log : "");
+        free(log);
+    }
+}
