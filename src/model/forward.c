@@ -441,6 +441,7 @@ void forward_run(Forward *f, const Batch *b, KVCache *kv, float *logits_out)
     CHECK(b->n_tokens > 0 && b->n_tokens <= f->max_tokens, "forward: %d tokens, limit %d", b->n_tokens, f->max_tokens);
     CHECK(b->n_out >= 0 && b->n_out <= f->max_out, "forward: %d logits rows, limit %d", b->n_out, f->max_out);
     if (f->shared) forward_send_batch(f, b, kv);
+    dist_fault_point(f->dist);
     if (f->graph_ctx && is_decode(f, b)) {
         forward_decode_graph(f, b, kv);
     } else {

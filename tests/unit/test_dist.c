@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/util.h"
 #include "server_harness.h"
 #include "test.h"
 
@@ -240,6 +241,35 @@ TEST(dist_layout_errors)
         int rc = test_run(cmd, &log);
         EXPECT(rc != 0 && log && strstr(log, cases[i].want), "%s: exit %d, expected an error with '%s', got: %s",
                cases[i].args, rc, cases[i].want, log ? log : "");
+        free(log);
+    }
+}
+
+/* a rank that fails or stops answering takes every rank down, with a message naming it, well
+ * before the test's patience runs out */
+TEST(dist_rank_failure_stops_all)
+{
+    if (!have_mpirun()) return;
+    char dir[600], cmd[2048];
+    snprintf(dir, sizeof dir, "%s/glm4moe-bf16", test_data("golden"));
+    struct { const char *env, *args, *want; } cases[] = {
+        {"MOESERVE_FAULT=exit:1", "--tp 2", "rank 1"},
+        {"MOESERVE_FAULT=exit:1", "--pp 2", "rank 1"},
+        {"MOESERVE_FAULT=hang:1", "--tp 2", "did not complete in 3 s"},
+        {"MOESERVE_FAULT=hang:0", "--pp 2", "did not complete in 3 s"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(cmd, sizeof cmd,
+                 "timeout 60 mpirun --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS=1 -x MOESERVE_COMM_TIMEOUT=3 -x %s "
+                 "-np 2 '%s' logits --model '%s' --tokens 1,2,3 --device cpu --threads 1 %s --out /dev/null </dev/null",
+                 cases[i].env, test_bin(), dir, cases[i].args);
+        char *log = NULL;
+        double t0 = clock_now();
+        int rc = test_run(cmd, &log);
+        double el = clock_now() - t0;
+        EXPECT(rc != 0 && rc != 124 && log && strstr(log, cases[i].want) && el < 45,
+               "%s %s: exit %d after %.1f s, expected an error with '%s': %s", cases[i].env, cases[i].args, rc, el,
+               cases[i].want, log ? log : "");
         free(log);
     }
 }
