@@ -26,7 +26,13 @@ void device_open(Backend *be, const char *device, int threads)
 {
     if (!device) device = device_default();
     if (!strcmp(device, "cpu")) {
-        backend_cpu_init(be, threads > 0 ? threads : omp_get_max_threads());
+        if (threads <= 0) {
+            threads = omp_get_max_threads();
+            /* several ranks on this node share its cores, or they starve each other */
+            const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+            if (local && atoi(local) > 1) threads = threads / atoi(local) > 1 ? threads / atoi(local) : 1;
+        }
+        backend_cpu_init(be, threads);
         return;
     }
     if (!strncmp(device, "cuda", 4)) {
