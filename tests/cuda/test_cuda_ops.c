@@ -365,14 +365,17 @@ TEST(cuda_w4_matmul)
         float *ref = calloc((size_t)T * ldo, 4);
         matmul_cpu(&cpu, ref, ldo, x, ldx, T, &w.host, bias);
         float *dx = up(x, (size_t)T * ldx * 4), *db = up(bias, N * 4), *dout = be_alloc(&gpu, (size_t)T * ldo * 4);
-        for (int tile = -1; tile < W4_N_TILES; tile++) { /* the built-in choice, then every tile that fits */
+        /* the built-in choice (the BF16 + cuBLASLt route from 256 rows), then every tile that fits */
+        for (int tile = -1; tile < W4_N_TILES; tile++) {
             if (tile >= 0 && !w4_tile_fits(w4_tiles[tile], w4_smem_budget(0), NULL, 0)) continue;
             w4_set_config((W4Config){tile, 0});
+            w4_set_lt_rows(tile >= 0 ? 0 : -1);
             be_matmul(&gpu, OP_GEMM_MLP, dout, ldo, dx, ldx, T, &w.dev, db);
             float *got = down(dout, (size_t)T * ldo);
             EXPECT_CLOSE(got, ref, (size_t)T * ldo, TOL_W4, "w4 matmul T %d N %d K %d tile %d", T, N, K, tile);
             free(got);
         }
+        w4_set_lt_rows(-1);
         w4_set_config((W4Config){-1, 0});
         /* plain BF16 activations (MOESERVE_W4_ACT=bf16): the twin on BF16-rounded activations */
         float *xr = malloc((size_t)T * ldx * 4 + 1);

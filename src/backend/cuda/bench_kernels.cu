@@ -413,6 +413,7 @@ extern "C" int cuda_w4_tune(const W4TuneOpts *o)
     Backend be;
     backend_cuda_init(&be, o->device);
     w4_use_table(NULL);
+    w4_set_lt_rows(0); /* the tiles themselves, also where prefill takes the BF16 route */
     if (o->budget) w4_set_smem_budget(o->budget);
     size_t budget = w4_smem_budget(o->device);
     W4Table tab;
@@ -505,6 +506,7 @@ extern "C" int cuda_w4_tune(const W4TuneOpts *o)
         }
     }
     if (o->budget) w4_set_smem_budget(0);
+    w4_set_lt_rows(-1);
     be_free(&be, x); be_free(&be, ref); be_free(&be, out); be_free(&be, didx); be_free(&be, dw); be_free(&be, stage);
     be_free(&be, tb);
     free_set(&be, set);

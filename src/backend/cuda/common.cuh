@@ -26,7 +26,7 @@ extern "C" {
 void cuda_launch_check(const char *kernel, const char *file, int line);
 #define LAUNCH_CHECK(name) cuda_launch_check(name, __FILE__, __LINE__)
 
-#define CUDA_SCRATCH_SLOTS 16
+#define CUDA_SCRATCH_SLOTS 24
 
 typedef struct {
     int device;
@@ -45,7 +45,7 @@ static inline cudaStream_t cuda_stream(Backend *be) { return cuda_state(be)->str
 /* A grow-only device buffer for one op's temporaries (slots are per op file, see cuda.cu). */
 void *cuda_scratch(Backend *be, int slot, size_t bytes);
 enum { SCR_MM_X = 0, SCR_MM_Y, SCR_MOE_COUNT, SCR_MOE_ROWS, SCR_MOE_H, SCR_MOE_U, SCR_MOE_Y, SCR_MOE_TILES,
-       SCR_IDX_SCORES, SCR_MOE_TABLE, SCR_W4_X, SCR_W4_PART };
+       SCR_IDX_SCORES, SCR_MOE_TABLE, SCR_W4_X, SCR_W4_PART, SCR_W4_WB, SCR_W4_Y };
 
 static inline int cdiv(long a, long b) { return (int)((a + b - 1) / b); }
 
@@ -211,6 +211,9 @@ void indexer_cuda(Backend *be, int *topk, const float *q, const float *w, const 
  * xt and wt (matmul.cu). */
 void lt_matmul(Backend *be, float *out, int ldo, const void *x, cudaDataType xt, int ldx, const void *w, cudaDataType wt,
                int T, int N, int K);
+/* the same times alpha */
+void lt_matmul_scaled(Backend *be, float *out, int ldo, const void *x, cudaDataType xt, int ldx, const void *w,
+                      cudaDataType wt, int T, int N, int K, float alpha);
 /* out[t, :] = sum_k wts[t, k] * y[t*K + k, :] in k order: the MoE combine (moe.cu). */
 void moe_combine_cuda(Backend *be, float *out, const float *y, const float *wts, const int *idx, int T, int K, int D);
 /* The W4A16 kernels for packed NVFP4 weights (w4.cu). */

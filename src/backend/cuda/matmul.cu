@@ -49,6 +49,12 @@ static __global__ void add_bias_kernel(float *out, int ldo, const float *bias, i
 void lt_matmul(Backend *be, float *out, int ldo, const void *x, cudaDataType xt, int ldx, const void *w,
                       cudaDataType wt, int T, int N, int K)
 {
+    lt_matmul_scaled(be, out, ldo, x, xt, ldx, w, wt, T, N, K, 1.f);
+}
+
+void lt_matmul_scaled(Backend *be, float *out, int ldo, const void *x, cudaDataType xt, int ldx, const void *w,
+                      cudaDataType wt, int T, int N, int K, float alpha)
+{
     CudaState *s = cuda_state(be);
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;
@@ -67,7 +73,7 @@ void lt_matmul(Backend *be, float *out, int ldo, const void *x, cudaDataType xt,
     int found = 0;
     CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(s->lt, op, la, lb, lc, lc, pref, 1, &heur, &found));
     if (!found) die("cuBLASLt: no algorithm for %d x %d x %d", T, N, K);
-    float alpha = 1.f, beta = 0.f;
+    float beta = 0.f;
     CUBLAS_CHECK(cublasLtMatmul(s->lt, op, &alpha, w, la, x, lb, &beta, out, lc, out, lc, &heur.algo, s->lt_ws,
                                 s->lt_ws_size, s->stream));
     cublasLtMatmulPreferenceDestroy(pref);

@@ -289,10 +289,109 @@ static int w4_splits(int T, int N, int K, int nt, int ks, int sms)
     default: LAUNCH(2, 0, 4); break;                                                                                   \
     }
 
+/* ---- many rows (prefill): decode W to BF16 once, then cuBLASLt's tensor-core GEMM ---- */
+
+/* one warp per record (16 rows x 256 columns): its mma.sync A fragments, decoded exactly as the
+ * W4A16 tile decodes them (value * scale * 2^-9, exact in BF16), stored row-major; the GEMM's
+ * alpha applies gscale * 2^9, as the tile's epilogue does */
+static __global__ void w4_to_bf16_kernel(__nv_bfloat16 *out, const uint8_t *data, int64_t N, int64_t K)
+{
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int64_t ng = K / W4_KG, recs = (N / 16) * ng;
+    for (int64_t r = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32; r < recs; r += (int64_t)gridDim.x * blockDim.x / 32) {
+        int64_t i = r / ng, G = r % ng;
+        W4Frag f;
+        w4_load(f, data + r * W4_REC, lane);
+        __nv_bfloat16 *r0 = out + (16 * i + g) * K + G * W4_KG, *r1 = r0 + 8 * K;
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            uint32_t sw = (c < 2) ? f.s.x : f.s.y;
+            uint32_t sg = w4_scale2(sw, (2 * c) & 3), sh = w4_scale2(sw, (2 * c + 1) & 3);
+            uint32_t words[4] = {f.c[c].x, f.c[c].y, f.c[c].z, f.c[c].w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                uint32_t a[4];
+                w4_decode(words[j], sg, sh, a);
+                /* logical k (2t, 2t+1, 2t+8, 2t+9) of step j is physical column 64c + 16t + 4j + q */
+                int col = 64 * c + 16 * t + 4 * j;
+                *(uint2 *)(r0 + col) = make_uint2(a[0], a[2]);
+                *(uint2 *)(r1 + col) = make_uint2(a[1], a[3]);
+            }
+        }
+    }
+}
+
+/* rows from which the BF16 route is taken (MOESERVE_W4_LT_ROWS; 0: never) */
+static int w4_lt_override = -1;
+extern "C" void w4_set_lt_rows(int rows) { w4_lt_override = rows; }
+
+static int w4_lt_rows(void)
+{
+    static int v = -1;
+    if (w4_lt_override >= 0) return w4_lt_override;
+    if (v < 0) {
+        const char *e = getenv("MOESERVE_W4_LT_ROWS");
+        v = e && *e ? atoi(e) : 256;
+        if (v < 0) v = 0;
+    }
+    return v;
+}
+
+static __global__ void w4_join_kernel(float *out, int ldo, const float *y, const float *bias, int T, int N)
+{
+    int64_t n = (int64_t)T * N;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[(i / N) * ldo + i % N] = y[i] + y[n + i] + (bias ? bias[i % N] : 0.f);
+}
+
+static __global__ void w4_bias_kernel(float *out, int ldo, const float *bias, int T, int N)
+{
+    int64_t n = (int64_t)T * N;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[(i / N) * ldo + i % N] += bias[i % N];
+}
+
+/* Prefill: compute-bound, where cuBLASLt's wgmma kernels reach the tensor roof and our mma.sync
+ * tile does not; decoding W (0.56 bytes read and 2 written per weight, once per call) is
+ * small next to 2 T FLOPs per weight once T is in the hundreds. The activations as the W4A16
+ * kernels take them: two BF16 halves (2 T GEMM rows) by default, one with MOESERVE_W4_ACT=bf16. */
+static void w4_matmul_lt(Backend *be, float *out, int ldo, const float *x, int ldx, int T, const QTensor *w,
+                         const float *bias)
+{
+    int N = (int)w->rows, K = (int)w->cols, split = w4_split_act();
+    cudaStream_t st = cuda_stream(be);
+    __nv_bfloat16 *wb = (__nv_bfloat16 *)cuda_scratch(be, SCR_W4_WB, (size_t)N * K * sizeof(__nv_bfloat16));
+    int64_t recs = (int64_t)(N / 16) * (K / W4_KG);
+    int nb = (int)(recs / 8 + 1 < 65535 ? recs / 8 + 1 : 65535);
+    w4_to_bf16_kernel<<<nb, 256, 0, st>>>(wb, w->data, N, K);
+    LAUNCH_CHECK("w4_to_bf16_kernel");
+    __nv_bfloat16 *xb = (__nv_bfloat16 *)cuda_scratch(be, SCR_W4_X, (size_t)2 * T * K * sizeof(__nv_bfloat16));
+    to_bf16(be, xb, x, ldx, T, K, split);
+    float alpha = w->gscale * 512.f;
+    int64_t m = (int64_t)T * N;
+    int eb = cdiv(m, 256) < 65535 ? cdiv(m, 256) : 65535;
+    if (split) { /* [x_hi; x_lo] as 2T rows, then their sum */
+        float *y = (float *)cuda_scratch(be, SCR_W4_Y, (size_t)2 * T * N * sizeof(float));
+        lt_matmul_scaled(be, y, N, xb, CUDA_R_16BF, K, wb, CUDA_R_16BF, 2 * T, N, K, alpha);
+        w4_join_kernel<<<eb, 256, 0, st>>>(out, ldo, y, bias, T, N);
+        LAUNCH_CHECK("w4_join_kernel");
+        return;
+    }
+    lt_matmul_scaled(be, out, ldo, xb, CUDA_R_16BF, K, wb, CUDA_R_16BF, T, N, K, alpha);
+    if (bias) {
+        w4_bias_kernel<<<eb, 256, 0, st>>>(out, ldo, bias, T, N);
+        LAUNCH_CHECK("w4_bias_kernel");
+    }
+}
+
 void w4_matmul_cuda(Backend *be, float *out, int ldo, const float *x, int ldx, int T, const QTensor *w, const float *bias)
 {
     int N = (int)w->rows, K = (int)w->cols;
     cudaStream_t st = cuda_stream(be);
+    if (w4_lt_rows() > 0 && T >= w4_lt_rows()) {
+        w4_matmul_lt(be, out, ldo, x, ldx, T, w, bias);
+        return;
+    }
     int tile = w4_pick(be, W4_DENSE, T, T), nt = w4_tiles[tile].nt;
     int splits = w4_splits(T, N, K, nt, w4_tiles[tile].ks, sm_count(be));
     /* tiles reading activations from global memory round the float32 rows themselves */
