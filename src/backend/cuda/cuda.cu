@@ -238,4 +238,15 @@ static void cuda_reserve(Backend *be, const ModelConfig *c, int T, int max_out, 
     cuda_scratch(be, SCR_W4_X, (size_t)2 * rows * imax(kmax, c->hidden) * 2); /* hi and lo halves */
     cuda_scratch(be, SCR_W4_PART, (size_t)2 * 16 * sms * 512 * 4);
     if (c->index_n_heads > 0) cuda_scratch(be, SCR_IDX_SCORES, (size_t)T * max_ctx * 4);
+    /* prefill's BF16 copy of the largest dense weight (w4_matmul_lt), when a step can be that long */
+    if (w4_lt_rows() > 0 && T >= w4_lt_rows()) {
+        int64_t D = c->hidden, Fs = (int64_t)c->moe_intermediate * c->n_shared_experts, H = c->n_heads;
+        int64_t shapes[][2] = {{c->intermediate, D}, {Fs, D}, {H * (c->qk_nope_dim + c->qk_rope_dim), imax(c->q_lora_rank, 1)},
+                               {D, H * imax(c->v_head_dim, c->head_dim)}, {H * (c->qk_nope_dim + c->v_head_dim), c->kv_lora_rank},
+                               {c->kv_lora_rank + c->qk_rope_dim, D}, {c->q_lora_rank, D}, {H * c->head_dim, D}};
+        int64_t nk = 0;
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+            if (shapes[i][0] * shapes[i][1] > nk) nk = shapes[i][0] * shapes[i][1];
+        cuda_scratch(be, SCR_W4_WB, (size_t)nk * 2);
+    }
 }

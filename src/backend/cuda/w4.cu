@@ -325,7 +325,7 @@ static __global__ void w4_to_bf16_kernel(__nv_bfloat16 *out, const uint8_t *data
 static int w4_lt_override = -1;
 extern "C" void w4_set_lt_rows(int rows) { w4_lt_override = rows; }
 
-static int w4_lt_rows(void)
+extern "C" int w4_lt_rows(void)
 {
     static int v = -1;
     if (w4_lt_override >= 0) return w4_lt_override;
@@ -371,7 +371,7 @@ static void w4_matmul_lt(Backend *be, float *out, int ldo, const float *x, int l
     int64_t m = (int64_t)T * N;
     int eb = cdiv(m, 256) < 65535 ? cdiv(m, 256) : 65535;
     if (split) { /* [x_hi; x_lo] as 2T rows, then their sum */
-        float *y = (float *)cuda_scratch(be, SCR_W4_Y, (size_t)2 * T * N * sizeof(float));
+        float *y = (float *)cuda_scratch(be, SCR_MM_Y, (size_t)2 * T * N * sizeof(float)); /* as matmul.cu's BF16 route */
         lt_matmul_scaled(be, y, N, xb, CUDA_R_16BF, K, wb, CUDA_R_16BF, 2 * T, N, K, alpha);
         w4_join_kernel<<<eb, 256, 0, st>>>(out, ldo, y, bias, T, N);
         LAUNCH_CHECK("w4_join_kernel");

@@ -69,6 +69,7 @@ int w4_moe_ready(const LayerWeights *lw, const ModelConfig *c);
 /* Dense GEMMs of at least rows rows decode W to BF16 and run cuBLASLt (prefill); 0: never,
  * -1: MOESERVE_W4_LT_ROWS or the default (256). */
 void w4_set_lt_rows(int rows);
+int w4_lt_rows(void);
 void w4_set_config(W4Config c);
 /* Activations into the tensor cores as two BF16 halves (1, the default: float32-like accuracy)
  * or one (0: MOESERVE_W4_ACT=bf16, as other engines' W4A16 kernels); -1: the environment's. */
