@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../base/util.h"
+#include "../diag/profile.h"
 #include "kv_elem.h"
 
 static const struct { const char *name; OpCategory cat; } op_info[OP_COUNT] = {
@@ -46,16 +47,22 @@ const char *op_name(OpId op) { return op_info[op].name; }
 OpCategory op_category(OpId op) { return op_info[op].cat; }
 const char *op_category_name(OpCategory c) { return cat_names[c]; }
 
+int backend_gemm_repeat = 1;
+
 void backend_reset_stats(Backend *be) { memset(be->stats, 0, sizeof be->stats); }
 
 static void count(Backend *be, OpId op, double flops, double bytes)
 {
+    if (be->prof) prof_op_end(be, op, flops, bytes);
     be->stats[op].flops += flops;
     be->stats[op].bytes += bytes;
     be->stats[op].calls++;
 }
 
-void be_op_begin(Backend *be) { (void)be; }
+void be_op_begin(Backend *be)
+{
+    if (be->prof) prof_op_begin(be);
+}
 
 void be_count(Backend *be, OpId op, double flops, double bytes) { count(be, op, flops, bytes); }
 
@@ -75,6 +82,7 @@ void be_free(Backend *be, void *p)
 
 void be_embed(Backend *be, float *out, const int *tokens, int T, const QTensor *emb)
 {
+    be_op_begin(be);
     be->ops->embed(be, out, tokens, T, emb);
     double row = qtensor_bytes(emb) / (double)emb->rows;
     count(be, OP_EMBED, 0, T * (row + 4.0 * emb->cols));
@@ -83,6 +91,7 @@ void be_embed(Backend *be, float *out, const int *tokens, int T, const QTensor *
 void be_rmsnorm(Backend *be, float *out, int ldo, const float *x, int ldx, const float *w,
                 int rows, int dim, float eps)
 {
+    be_op_begin(be);
     be->ops->rmsnorm(be, out, ldo, x, ldx, w, rows, dim, eps);
     count(be, OP_RMSNORM, 4.0 * rows * dim, 8.0 * rows * dim + 4.0 * dim);
 }
@@ -90,6 +99,7 @@ void be_rmsnorm(Backend *be, float *out, int ldo, const float *x, int ldx, const
 void be_layernorm(Backend *be, float *out, int ldo, const float *x, int ldx, const float *w,
                   const float *b, int rows, int dim, float eps)
 {
+    be_op_begin(be);
     be->ops->layernorm(be, out, ldo, x, ldx, w, b, rows, dim, eps);
     count(be, OP_LAYERNORM, 7.0 * rows * dim, 8.0 * rows * dim + 8.0 * dim);
 }
@@ -97,6 +107,7 @@ void be_layernorm(Backend *be, float *out, int ldo, const float *x, int ldx, con
 void be_rope(Backend *be, float *x, int ld, int T, int n_heads, int head_stride, int rot_off,
              int rot_dim, const int *pos, const float *inv_freq, float scale, int interleave)
 {
+    be_op_begin(be);
     be->ops->rope(be, x, ld, T, n_heads, head_stride, rot_off, rot_dim, pos, inv_freq, scale, interleave);
     double n = (double)T * n_heads * rot_dim;
     count(be, OP_ROPE, 3.0 * n, 8.0 * n);
@@ -104,12 +115,14 @@ void be_rope(Backend *be, float *x, int ld, int T, int n_heads, int head_stride,
 
 void be_add(Backend *be, float *out, const float *a, const float *b, size_t n)
 {
+    be_op_begin(be);
     be->ops->add(be, out, a, b, n);
     count(be, OP_ADD, (double)n, 12.0 * n);
 }
 
 void be_get_rows(Backend *be, float *out, const float *x, int ld, const int *rows, int n, int dim)
 {
+    be_op_begin(be);
     be->ops->get_rows(be, out, x, ld, rows, n, dim);
     count(be, OP_GET_ROWS, 0, 8.0 * n * dim);
 }
@@ -126,6 +139,7 @@ void be_to_device(Backend *be, void *dst, const void *src, size_t bytes)
 
 void be_swiglu(Backend *be, float *out, const float *gate, const float *up, int T, int F)
 {
+    be_op_begin(be);
     be->ops->swiglu(be, out, gate, up, T, F);
     count(be, OP_SWIGLU, 6.0 * T * F, 12.0 * T * F);
 }
@@ -133,6 +147,7 @@ void be_swiglu(Backend *be, float *out, const float *gate, const float *up, int 
 void be_kv_write(Backend *be, void *cache, KVDtype dt, float scale, int width, int off,
                  const float *src, int ld, int n, const int *slot, int T)
 {
+    be_op_begin(be);
     be->ops->kv_write(be, cache, dt, scale, width, off, src, ld, n, slot, T);
     count(be, OP_KV_WRITE, 0, (4.0 + kv_elem_size(dt)) * T * n);
 }
@@ -140,7 +155,8 @@ void be_kv_write(Backend *be, void *cache, KVDtype dt, float scale, int width, i
 void be_matmul(Backend *be, OpId op, float *out, int ldo, const float *x, int ldx, int T,
                const QTensor *w, const float *bias)
 {
-    be->ops->matmul(be, out, ldo, x, ldx, T, w, bias);
+    be_op_begin(be);
+    for (int r = 0; r < backend_gemm_repeat; r++) be->ops->matmul(be, out, ldo, x, ldx, T, w, bias);
     count(be, op, 2.0 * T * w->rows * w->cols,
           qtensor_bytes(w) + 4.0 * T * (w->cols + w->rows) + (bias ? 4.0 * w->rows : 0));
 }
@@ -148,6 +164,7 @@ void be_matmul(Backend *be, OpId op, float *out, int ldo, const float *x, int ld
 void be_router(Backend *be, int *idx, float *wts, const float *logits, const float *bias, int T,
                const ModelConfig *c)
 {
+    be_op_begin(be);
     be->ops->router(be, idx, wts, logits, bias, T, c);
     count(be, OP_ROUTER, 8.0 * T * c->n_experts, 4.0 * T * c->n_experts + 8.0 * T * c->n_experts_per_tok);
 }
@@ -155,7 +172,9 @@ void be_router(Backend *be, int *idx, float *wts, const float *logits, const flo
 void be_moe(Backend *be, float *out, const float *x, const int *idx, const float *wts, int T,
             const LayerWeights *lw, const ModelConfig *c)
 {
-    int touched = be->ops->moe(be, out, x, idx, wts, T, lw, c);
+    be_op_begin(be);
+    int touched = 0;
+    for (int r = 0; r < backend_gemm_repeat; r++) touched = be->ops->moe(be, out, x, idx, wts, T, lw, c);
     double E = c->n_experts, K = c->n_experts_per_tok, share = 1;
     if (c->ep > 1) { /* c holds this rank's experts: about K / ep of each token's pairs land here */
         share = 1.0 / c->ep;
@@ -190,6 +209,7 @@ static double batch_ctx(const Batch *b)
 void be_attention_gqa(Backend *be, float *out, const float *q, const KVLayer *kv, const Batch *b,
                       const Batch *db, const ModelConfig *c)
 {
+    be_op_begin(be);
     be->ops->attention_gqa(be, out, q, kv, db, c);
     double keys = batch_keys(b, 0), H = c->n_heads, Dh = c->head_dim;
     count(be, OP_ATTENTION, 4.0 * H * Dh * keys + 5.0 * H * keys,
@@ -200,6 +220,7 @@ void be_attention_mla(Backend *be, float *out, const float *q, const KVLayer *kv
                       const QTensor *wkv_b, const int *topk, int ktop, const Batch *b,
                       const Batch *db, const ModelConfig *c)
 {
+    be_op_begin(be);
     be->ops->attention_mla(be, out, q, kv, wkv_b, topk, ktop, db, c);
     double H = c->n_heads, C = c->kv_lora_rank, Dn = c->qk_nope_dim, Dr = c->qk_rope_dim,
            Dv = c->v_head_dim, T = b->n_tokens;
@@ -214,6 +235,7 @@ void be_attention_mla(Backend *be, float *out, const float *q, const KVLayer *kv
 void be_indexer(Backend *be, int *topk, const float *q, const float *w, const KVLayer *kv,
                 const Batch *b, const Batch *db, const ModelConfig *c)
 {
+    be_op_begin(be);
     be->ops->indexer(be, topk, q, w, kv, db, c);
     double keys = batch_keys(b, 0), Hi = c->index_n_heads, Di = c->index_head_dim;
     count(be, OP_INDEXER, 2.0 * Hi * Di * keys + 3.0 * Hi * keys,
@@ -229,6 +251,7 @@ void backend_free(Backend *be)
 
 void be_argmax(Backend *be, int *out, const float *x, int rows, int n)
 {
+    be_op_begin(be);
     be->ops->argmax(be, out, x, rows, n);
     count(be, OP_SAMPLE, (double)rows * n, 4.0 * rows * n + 4.0 * rows);
 }

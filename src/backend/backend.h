@@ -135,6 +135,12 @@ typedef struct {
                        int64_t N, int64_t K);
     /* optional: make the calling thread use this backend's device (the engine thread) */
     void (*bind_thread)(Backend *be);
+    /* optional (GPU backends; the cpu times ops with the wall clock): events on the stream for
+     * diag/profile; event_elapsed waits for the later one and returns milliseconds */
+    void *(*event_create)(Backend *be);
+    void (*event_record)(Backend *be, void *e);
+    double (*event_elapsed)(Backend *be, void *from, void *to);
+    void (*event_destroy)(Backend *be, void *e);
 } BackendOps;
 
 struct Backend {
@@ -148,6 +154,8 @@ struct Backend {
 };
 
 void backend_cpu_init(Backend *be, int n_threads);
+/* --inject-gemm-repeat N (diagnosis tests): every GEMM and MoE op runs N times (counted once) */
+extern int backend_gemm_repeat;
 /* For ops implemented outside the backend (the collectives of src/dist): be_op_begin before
  * the work, be_count after it, exactly as the be_* wrappers below do around theirs (the
  * profiler times what lies between). */

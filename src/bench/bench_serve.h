@@ -90,7 +90,7 @@ typedef struct {
 typedef struct {
     double mean, median, std, p90, p95, p99, max; /* ms */
     double pct[8];             /* ms, at RunInfo.percentiles (vLLM's --metric-percentiles) */
-} Dist;
+} MetricDist;
 
 typedef struct {
     int completed, failed;
@@ -100,7 +100,7 @@ typedef struct {
     double peak_output_throughput; /* tokens in the busiest 1-second bucket */
     int peak_concurrency;      /* vLLM: sweep-line maximum; SGLang: per 1-second bucket */
     double mean_concurrency;   /* sum of E2E latencies / duration (SGLang's "Concurrency") */
-    Dist ttft, tpot, itl, e2e;
+    MetricDist ttft, tpot, itl, e2e;
     char **reasons;            /* [n_reasons] distinct failure reasons ... */
     int *reason_count;         /* ... and how many requests failed so */
     int n_reasons;

@@ -42,8 +42,8 @@ double report_percentile(const double *x, int n, double p)
     return x[lo] + (x[hi] - x[lo]) * (rank - lo);
 }
 
-/* x[n] in seconds, sorted in place; the Dist in ms. An empty list gives zeros (numpy on [0]). */
-static void dist_compute(Dist *d, double *x, int n, const RunInfo *run)
+/* x[n] in seconds, sorted in place; the MetricDist in ms. An empty list gives zeros (numpy on [0]). */
+static void dist_compute(MetricDist *d, double *x, int n, const RunInfo *run)
 {
     memset(d, 0, sizeof *d);
     if (n <= 0) return;
@@ -233,7 +233,7 @@ static int metric_selected(const RunInfo *run, const char *name)
     return 0;
 }
 
-static void print_vllm_metric(const RunInfo *run, const char *attr, const char *name, const char *header, const Dist *d)
+static void print_vllm_metric(const RunInfo *run, const char *attr, const char *name, const char *header, const MetricDist *d)
 {
     if (!metric_selected(run, attr)) return;
     char label[96], w[32];
@@ -330,7 +330,7 @@ void report_print(const Metrics *m, const RunInfo *run)
 
 static void set_real(json_t *o, const char *k, double v) { json_object_set_new(o, k, isfinite(v) ? json_real(v) : json_null()); }
 
-static void set_dist(json_t *o, const RunInfo *run, const char *attr, const Dist *d)
+static void set_dist(json_t *o, const RunInfo *run, const char *attr, const MetricDist *d)
 {
     char k[64], w[32];
 #define KEY(fmt) (snprintf(k, sizeof k, fmt, attr), k)

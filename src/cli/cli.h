@@ -15,6 +15,8 @@ int cmd_quantize(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
+int cmd_calibrate(int argc, char **argv);
+int cmd_diagnose(int argc, char **argv);
 
 /* The backend of --device cpu|cuda|cuda:N (NULL: cuda when built with it and a GPU is present,
  * else cpu), and the model's weights where that backend reads them (device_model: the host
@@ -52,6 +54,12 @@ const char *cli_dist_start(ModelOpts *o, const char *device);
 int cli_worker(const Model *dm, Backend *be);
 /* --kv-cache-dtype VALUE; a value that is none of MODEL_KV_DTYPES is a fatal error listing them. */
 int opt_kv_cache_dtype(int argc, char **argv, int *i, KVDtype *out);
+
+/* The diagnosis options of an engine: --profile-every N, --inject-host-delay-us N,
+ * --inject-gemm-repeat N (the last two are test hooks, issue #9). */
+#include "../engine/engine.h"
+int opt_engine_diag(int argc, char **argv, int *i, EngineOptions *eo);
+#define DIAG_OPTS_USAGE "[--profile-every N] [--inject-host-delay-us N] [--inject-gemm-repeat N] [--inject-comm-delay-us N]"
 
 /* Option parsing: opt_* look at argv[*i]; if it is `--name` they consume its value
  * (argv[*i + 1]), store it and return 1; a missing or malformed value is a fatal error naming

@@ -20,6 +20,7 @@
 #include "../server/http.h"
 #include "../server/metrics.h"
 #include "../server/openai.h"
+#include "../diag/calibrate.h"
 #include "../dist/dist.h"
 #include "cli.h"
 
@@ -27,7 +28,8 @@
                     "[--api-key KEY] [--device cpu|cuda] [--threads N] [--max-running-requests N] [--max-batch-tokens N] " \
                     "[--chunked-prefill-size N] [--max-model-len N] [--kv-fraction F | --num-kv-blocks N] " \
                     "[--num-continuous-decode-steps N] [--no-prefix-caching] [--max-queue N] [--max-body MB] " \
-                    "[--max-connections N] [--http-threads N] [--drain-timeout S] [--disable-cuda-graph] [--script-output FILE]"
+                    "[--max-connections N] [--http-threads N] [--drain-timeout S] [--disable-cuda-graph] [--script-output FILE] " \
+                    DIAG_OPTS_USAGE
 
 /* Open files: a connection is a descriptor; raise the soft limit to the hard one. */
 static void raise_fd_limit(int want)
@@ -78,7 +80,7 @@ int cmd_serve(int argc, char **argv)
             opt_int(argc, argv, &i, "--http-threads", 1, 256, &ho.threads) ||
             opt_int(argc, argv, &i, "--drain-timeout", 0, 86400, &drain_s) ||
             opt_str(argc, argv, &i, "--script-output", &script) ||
-            opt_flag(argv, &i, "--disable-cuda-graph", &eo.no_graphs) ||
+            opt_flag(argv, &i, "--disable-cuda-graph", &eo.no_graphs) || opt_engine_diag(argc, argv, &i, &eo) ||
             opt_flag(argv, &i, "--help", &help))
             continue;
         opt_unknown("serve", argv[i], SERVE_USAGE);
@@ -114,6 +116,9 @@ int cmd_serve(int argc, char **argv)
     device_open(&be, device, threads);
     Model dm;
     device_model(&dm, &m, &be);
+    /* the roofs the diagnosis compares against (cached per machine; every rank takes part) */
+    Ceilings ceil;
+    if (eo.profile_every > 0) calibrate_get(&ceil, &be, dist_get(), 1, 0);
     if (cli_worker(&dm, &be)) { /* rank 0 serves; this rank repeats its steps */
         device_model_free(&dm, &be);
         backend_free(&be);
@@ -129,7 +134,9 @@ int cmd_serve(int argc, char **argv)
     metrics_init(&metrics);
     int max_len = eo.max_model_len <= 0 || eo.max_model_len > m.cfg.max_position ? m.cfg.max_position : eo.max_model_len;
     Api api = {.engine = e, .text = &mt, .model_name = name, .model_alias = alias[0] ? alias : NULL, .api_key = api_key, .max_model_len = max_len,
-               .vocab = m.cfg.vocab, .created = (int64_t)time(NULL), .metrics = &metrics, .script_path = script};
+               .vocab = m.cfg.vocab, .created = (int64_t)time(NULL), .metrics = &metrics, .script_path = script,
+               .ceilings = eo.profile_every > 0 ? &ceil : NULL,
+               .layout = {.tp = mo.par.tp, .pp = mo.par.pp, .ep = mo.par.ep, .microbatches = mo.par.microbatches}};
     if (script) log_warn("serve: --script-output %s: every output is scripted (a test hook), not the model's", script);
     char err[512];
     HttpServer *h = http_start(&ho, &api, err, sizeof err);

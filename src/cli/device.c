@@ -102,6 +102,13 @@ void model_open(Model *m, const ModelOpts *o)
     m->cfg.kv_dtype = o->kv_dtype;
 }
 
+int opt_engine_diag(int argc, char **argv, int *i, EngineOptions *eo)
+{
+    return opt_int(argc, argv, i, "--profile-every", 0, 1 << 20, &eo->profile_every) ||
+           opt_int(argc, argv, i, "--inject-host-delay-us", 0, 10000000, &eo->host_delay_us) ||
+           opt_int(argc, argv, i, "--inject-gemm-repeat", 1, 10000, &backend_gemm_repeat);
+}
+
 const char *cli_dist_start(ModelOpts *o, const char *device) { return dist_setup(&o->par, device); }
 
 int cli_worker(const Model *dm, Backend *be)

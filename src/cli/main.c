@@ -23,6 +23,8 @@ static const Command commands[] = {
     {"quantize", cmd_quantize, "write a ModelOpt NVFP4 checkpoint from a BF16 one"},
     {"tokenize", cmd_tokenize, "print the token ids of a text (Hugging Face tokenizer.json)"},
     {"detokenize", cmd_detokenize, "print the text of token ids"},
+    {"calibrate", cmd_calibrate, "measure and cache this machine's ceilings (bandwidth, tensor rate, collectives)"},
+    {"diagnose", cmd_diagnose, "where a deployment's step time goes and what to change (a server's, or a built-in load's)"},
 };
 
 static void usage(FILE *f)

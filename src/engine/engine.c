@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "../base/util.h"
 #include "../model/forward.h"
@@ -80,13 +81,19 @@ struct Engine {
     float *logits;             /* [max_running, V] host */
     int *d_ids, *h_ids;        /* [max_running] argmax ids: backend memory, host copy */
     EngineStats stats;
+    /* diagnosis (diag/): one step in profile_every timed op by op; every step's wall time */
+    Prof prof;
+    ProfSum psum;
+    long all_steps, all_tokens;
+    double all_wall_ms;
+    double p2p_gbps;           /* pipeline transfers (calibrated), to split receive time */
 };
 
 void engine_options_default(EngineOptions *o)
 {
     *o = (EngineOptions){.max_running = 64, .max_batch_tokens = 2048, .chunked_prefill = 512, .max_model_len = 4096,
                          .block_size = 16, .n_blocks = 0, .kv_fraction = 0.9, .decode_steps = 1, .prefix_caching = 1,
-                         .max_queue = 4096};
+                         .max_queue = 4096, .profile_every = 16};
 }
 
 /* ---- the prefix map ---- */
@@ -251,6 +258,7 @@ Engine *engine_create(const Model *m, Backend *be, const EngineOptions *o, const
     log_info("engine: KV cache (%s) %d blocks x %d tokens = %d tokens (%.2f GiB); max %d running, %d tokens per step",
              model_kv_dtype_name(e->kv.dtype), nb, bs, nb * bs, (double)nb * per_block / 1073741824.0, e->o.max_running,
              e->o.max_batch_tokens);
+    prof_init(&e->prof, be);
     forward_init(&e->f, m, be, e->o.max_batch_tokens, e->o.max_running, e->o.max_running, e->max_blocks_per_seq);
     forward_share(&e->f, &e->kv);
     /* decode steps (every running sequence one token) replayed as graphs on backends that have
@@ -380,6 +388,25 @@ void engine_finish(Engine *e, uint64_t id)
     Seq *s = find(e, id);
     if (s) s->stop_requested = 1;
     pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void engine_diag(Engine *e, ProfSum *s, Deployment *d, double p2p_gbps)
+{
+    pthread_mutex_lock(&e->mu);
+    e->p2p_gbps = p2p_gbps;
+    *s = e->psum;
+    d->running = e->n_running;
+    d->waiting = e->n_waiting;
+    d->max_running = e->o.max_running;
+    d->kv_blocks_total = e->kv.n_blocks;
+    d->kv_blocks_used = e->kv.n_blocks - e->kv.n_free;
+    d->preemptions = (long)e->stats.preemptions;
+    d->steps = e->all_steps;
+    d->steps_wall_ms = e->all_wall_ms;
+    d->tokens = e->all_tokens;
+    d->graphs = !e->o.no_graphs && !e->be->host_memory;
+    d->gpu = !e->be->host_memory;
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -569,8 +596,16 @@ static int is_stop(const Engine *e, const Seq *s, int t)
 /* One step. Called with the mutex held; the forward runs without it. */
 static void step(Engine *e)
 {
+    double t_sched = clock_now();
+    if (e->o.host_delay_us > 0) { /* --inject-host-delay-us: a slow scheduler (diagnosis tests) */
+        struct timespec ts = {e->o.host_delay_us / 1000000, (long)(e->o.host_delay_us % 1000000) * 1000};
+        nanosleep(&ts, NULL);
+    }
     int S, O, T = build_batch(e, &S, &O);
     if (T == 0) return;
+    double sched_ms = (clock_now() - t_sched) * 1e3;
+    /* one step in profile_every, never the first (it pays for first touches, every rank's too) */
+    int profiled = e->o.profile_every > 0 && (e->all_steps + 1) % e->o.profile_every == 0;
     int V = e->m->cfg.vocab;
     Batch b = {.n_tokens = T, .tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq, .slot = e->b_slot,
                .n_seqs = S, .seq_start = e->b_start, .seq_ntok = e->b_ntok, .ctx_len = e->b_ctx,
@@ -584,12 +619,27 @@ static void step(Engine *e)
     }
     /* the sequences of this batch are only touched by this thread: run without the lock */
     pthread_mutex_unlock(&e->mu);
+    double t0 = clock_now();
+    if (profiled) profile_begin_step(&e->prof, e->be);
     forward_run(&e->f, &b, &e->kv, O && !argmax ? e->logits : NULL);
     if (argmax) {
         be_argmax(e->be, e->d_ids, e->f.logits, O, V);
         be_to_host(e->be, e->h_ids, e->d_ids, (size_t)O * sizeof(int));
     }
+    double wall_ms = (clock_now() - t0) * 1e3;
+    if (profiled) profile_stop(&e->prof, e->be);
     pthread_mutex_lock(&e->mu);
+    if (profiled) profile_end_step(&e->prof, e->be, &e->psum, sched_ms, T, e->p2p_gbps);
+    e->all_steps++;
+    e->all_tokens += T;
+    e->all_wall_ms += wall_ms + sched_ms;
+    if (e->psum.steps >= 256) { /* a window over the recent steps: halve the old weight */
+        ProfSum *p = &e->psum;
+        p->steps /= 2; p->tokens /= 2; p->wall_ms /= 2;
+        for (int k = 0; k < SC_COUNT; k++) p->ms[k] /= 2, p->flops[k] /= 2, p->bytes[k] /= 2;
+        for (int k = 0; k < OP_COUNT; k++) p->op_ms[k] /= 2;
+        e->all_steps /= 2; e->all_tokens /= 2; e->all_wall_ms /= 2;
+    }
     e->stats.steps++;
     for (int i = 0; i < S; i++) {
         Seq *s = e->b_seqs[i];
@@ -683,6 +733,7 @@ void engine_free(Engine *e)
     for (int b = 0; b < e->kv.n_blocks; b++)
         if (e->block_hash[b]) kv_cache_release_block(&e->kv, b);
     forward_free(&e->f);
+    prof_free(&e->prof, e->be);
     kv_cache_free(&e->kv);
     be_free(e->be, e->d_ids);
     void *p[] = {e->b_tokens, e->b_pos, e->b_seq, e->b_slot, e->b_start, e->b_ntok, e->b_ctx, e->b_out, e->b_table,

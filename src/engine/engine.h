@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "../backend/backend.h"
+#include "../diag/verdict.h"
 #include "sampler.h"
 
 typedef struct {
@@ -27,6 +28,8 @@ typedef struct {
     int prefix_caching;        /* 1: share full prompt blocks between requests */
     int max_queue;             /* waiting requests accepted before engine_submit refuses (busy) */
     int no_graphs;             /* --disable-cuda-graph: decode steps eager (graphs: GPU backends) */
+    int profile_every;         /* --profile-every N: one step in N timed op by op for diagnosis (0: never) */
+    int host_delay_us;         /* --inject-host-delay-us: sleep in the scheduler each step (tests) */
 } EngineOptions;
 
 void engine_options_default(EngineOptions *o);
@@ -101,5 +104,8 @@ typedef struct {
 } EngineStats;
 
 void engine_stats(Engine *e, EngineStats *s);
+/* The diagnosis inputs (diag/verdict.h): the profile sums and the engine's side of the
+ * deployment (the caller adds the layout, the power). p2p_gbps: pipeline link bandwidth. */
+void engine_diag(Engine *e, ProfSum *s, Deployment *d, double p2p_gbps);
 
 #endif

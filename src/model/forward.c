@@ -428,7 +428,7 @@ static void forward_send_batch(Forward *f, const Batch *b, const KVCache *kv)
         memcpy(p, b->block_table + (size_t)s * b->bt_stride, nb * sizeof(int));
         p += nb;
     }
-    DistMsg msg = {.op = DIST_MSG_RUN, .v = {T, S, O, b->bt_stride, (int)n}};
+    DistMsg msg = {.op = DIST_MSG_RUN, .v = {T, S, O, b->bt_stride, (int)n, f->be->prof != NULL}};
     dist_bcast_host(f->dist, &msg, sizeof msg);
     dist_bcast_host(f->dist, buf, n * sizeof(int));
     free(buf);
@@ -442,7 +442,10 @@ void forward_run(Forward *f, const Batch *b, KVCache *kv, float *logits_out)
     CHECK(b->n_out >= 0 && b->n_out <= f->max_out, "forward: %d logits rows, limit %d", b->n_out, f->max_out);
     if (f->shared) forward_send_batch(f, b, kv);
     dist_fault_point(f->dist);
-    if (f->graph_ctx && is_decode(f, b)) {
+    /* a profiled step runs op by op, on every rank (the collectives must match) */
+    int eager = be->prof != NULL || f->eager_once;
+    f->eager_once = 0;
+    if (f->graph_ctx && !eager && is_decode(f, b)) {
         forward_decode_graph(f, b, kv);
     } else {
         f->hb = forward_split(f, b);
@@ -505,6 +508,7 @@ void forward_worker(const Model *m, Backend *be)
                 p += nb;
                 if (b.ctx_len[s] > b.max_ctx) b.max_ctx = b.ctx_len[s];
             }
+            f.eager_once = msg.v[5];
             forward_run(&f, &b, &kv, NULL);
             break;
         }

@@ -55,6 +55,7 @@ typedef struct {
     /* several ranks (src/dist): NULL alone */
     Dist *dist;
     int shared;                /* rank 0: forward_share told the workers */
+    int eager_once;            /* a worker: rank 0 profiles this step, so no graph */
     int n_mb;                  /* micro-batches of the step being run (pipeline stages) */
     MicroBatch mb[FORWARD_MAX_MB];
     Batch rb;                  /* the step's batch with seq, seq_start and out_idx rebased to

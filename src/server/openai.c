@@ -183,7 +183,7 @@ int openai_route(const char *method, const char *url, ApiRoute *route, const cha
     static const struct { const char *path; ApiRoute route; int post; } routes[] = {
         {"/v1/completions", ROUTE_COMPLETIONS, 1}, {"/v1/chat/completions", ROUTE_CHAT, 1},
         {"/v1/models", ROUTE_MODELS, 0},           {"/health", ROUTE_HEALTH, 0},
-        {"/metrics", ROUTE_METRICS, 0},
+        {"/metrics", ROUTE_METRICS, 0},            {"/v1/diagnosis", ROUTE_DIAGNOSIS, 0},
     };
     *route = ROUTE_NONE;
     int post = -1;
@@ -205,7 +205,7 @@ int openai_route(const char *method, const char *url, ApiRoute *route, const cha
 
 int openai_auth(const Api *a, ApiRoute route, const char *authorization, ApiErr *err)
 {
-    if (!a->api_key || route == ROUTE_HEALTH || route == ROUTE_METRICS) return API_OK;
+    if (!a->api_key || route == ROUTE_HEALTH || route == ROUTE_METRICS || route == ROUTE_DIAGNOSIS) return API_OK;
     const char *key = NULL;
     if (authorization && !strncasecmp(authorization, "Bearer ", 7)) {
         key = authorization + 7;
@@ -267,7 +267,32 @@ int openai_get(Api *a, ApiReq *r, const char *url, const char **content_type, Ap
         char *text = metrics_render(a->metrics, a->engine, &n);
         openai_buf_add(&r->out, text, n);
         free(text);
+        if (a->ceilings) { /* the diagnosis as gauges */
+            Diagnosis g;
+            Deployment d;
+            diag_engine(a->engine, a->ceilings, &a->layout, &g, &d);
+            char *gauges = xcalloc(1, 16384);
+            diagnosis_prometheus(&g, gauges, 16384);
+            openai_buf_add(&r->out, gauges, strlen(gauges));
+            free(gauges);
+        }
         *content_type = "text/plain; version=0.0.4; charset=utf-8";
+        return 200;
+    }
+    case ROUTE_DIAGNOSIS: {
+        if (!a->ceilings) {
+            errbuf_set(err->msg, sizeof err->msg, "this server was started without diagnosis (--profile-every 0)");
+            return API_ENOROUTE;
+        }
+        Diagnosis g;
+        Deployment d;
+        diag_engine(a->engine, a->ceilings, &a->layout, &g, &d);
+        json_t *o = diagnosis_json(&g, &d, a->ceilings);
+        char *s = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(6));
+        json_decref(o);
+        if (!s) return API_EINTERNAL;
+        buf_puts(&r->out, s);
+        free(s);
         return 200;
     }
     default:

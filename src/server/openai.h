@@ -21,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../diag/diag.h"
 #include "../engine/engine.h"
 #include "../format/glm_parse.h"
 #include "../format/model_text.h"
@@ -53,7 +54,7 @@ void openai_buf_add(ApiBuf *b, const void *p, size_t n); /* grows as needed; kee
 void openai_buf_free(ApiBuf *b);
 
 typedef enum {
-    ROUTE_NONE, ROUTE_COMPLETIONS, ROUTE_CHAT, ROUTE_MODELS, ROUTE_MODEL, ROUTE_HEALTH, ROUTE_METRICS
+    ROUTE_NONE, ROUTE_COMPLETIONS, ROUTE_CHAT, ROUTE_MODELS, ROUTE_MODEL, ROUTE_HEALTH, ROUTE_METRICS, ROUTE_DIAGNOSIS
 } ApiRoute;
 
 typedef struct {
@@ -69,6 +70,8 @@ typedef struct {
     int vocab;                 /* V */
     int64_t created;           /* unix seconds of start-up (GET /v1/models) */
     Metrics *metrics;          /* borrowed */
+    const Ceilings *ceilings;  /* borrowed: the roofs GET /v1/diagnosis compares against (NULL: none) */
+    Deployment layout;         /* tp, pp, ep, micro-batches */
     volatile int draining;     /* shutting down: /health says 503, new generations are refused */
 } Api;
 

@@ -513,3 +513,75 @@ extern "C" int cuda_w4_tune(const W4TuneOpts *o)
     backend_free(&be);
     return rc;
 }
+
+/* ---- the ceilings diagnosis uses (moeserve calibrate) ---- */
+
+/* cuBLASLt FP8 E4M3 GEMM n^3 with BF16 output; 0 when this GPU or library offers none */
+static double fp8_peak(Backend *be, int iters)
+{
+    const int n = 8192;
+    CudaState *s = cuda_state(be);
+    void *A, *B, *C;
+    CUDA_CHECK(cudaMalloc(&A, (size_t)n * n));
+    CUDA_CHECK(cudaMalloc(&B, (size_t)n * n));
+    CUDA_CHECK(cudaMalloc(&C, (size_t)n * n * 2));
+    be_fill(be, A, (size_t)n * n, FILL_E4M3_UNIT, 0, 0, 3);
+    be_fill(be, B, (size_t)n * n, FILL_E4M3_UNIT, 0, 0, 4);
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    double rate = 0;
+    if (cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS) {
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+        cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, n, n, n);
+        cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, n, n, n);
+        cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, n, n, n);
+        cublasLtMatmulPreference_t pref;
+        cublasLtMatmulPreferenceCreate(&pref);
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &s->lt_ws_size, sizeof s->lt_ws_size);
+        cublasLtMatmulHeuristicResult_t heur;
+        int found = 0;
+        if (cublasLtMatmulAlgoGetHeuristic(s->lt, op, la, lb, lc, lc, pref, 1, &heur, &found) == CUBLAS_STATUS_SUCCESS && found) {
+            float alpha = 1.f, beta = 0.f;
+            double t = time_graph(be, iters, [&] {
+                CUBLAS_CHECK(cublasLtMatmul(s->lt, op, &alpha, A, la, B, lb, &beta, C, lc, C, lc, &heur.algo, s->lt_ws,
+                                            s->lt_ws_size, s->stream));
+            });
+            rate = 2.0 * n * n * (double)n / t;
+        }
+        cublasLtMatmulPreferenceDestroy(pref);
+        cublasLtMatrixLayoutDestroy(la);
+        cublasLtMatrixLayoutDestroy(lb);
+        cublasLtMatrixLayoutDestroy(lc);
+        cublasLtMatmulDescDestroy(op);
+    }
+    cudaGetLastError();
+    cudaFree(A); cudaFree(B); cudaFree(C);
+    return rate;
+}
+
+extern "C" void cuda_ceilings(Backend *be, int quick, double *copy, double *read, double *bf16, double *fp8)
+{
+    int iters = quick ? 5 : 20, sms = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, cuda_state(be)->device));
+    size_t big = (size_t)(quick ? 512 : 2048) << 20;
+    uint8_t *src = (uint8_t *)be_alloc(be, big), *dst = (uint8_t *)be_alloc(be, big);
+    unsigned *sink = (unsigned *)be_alloc(be, 64);
+    cudaStream_t st = cuda_stream(be);
+    double t_copy = time_graph(be, iters, [&] {
+        copy_kernel<<<sms * 8, 512, 0, st>>>((uint4 *)dst, (const uint4 *)src, big / 16);
+        LAUNCH_CHECK("copy_kernel");
+    });
+    double t_read = time_graph(be, iters, [&] {
+        read_kernel<<<sms * 8, 512, 0, st>>>((const uint4 *)src, big / 16, sink);
+        LAUNCH_CHECK("read_kernel");
+    });
+    *copy = 2.0 * big / t_copy;
+    *read = big / t_read;
+    be_free(be, src);
+    be_free(be, dst);
+    be_free(be, sink);
+    *bf16 = bf16_peak(be, iters);
+    *fp8 = fp8_peak(be, iters);
+}

@@ -139,11 +139,37 @@ extern "C" void cuda_delay_us(Backend *be, int us)
     LAUNCH_CHECK("delay_kernel");
 }
 
+static void *cuda_event_create(Backend *be)
+{
+    (void)be;
+    cudaEvent_t e;
+    CUDA_CHECK(cudaEventCreate(&e));
+    return (void *)e;
+}
+
+static void cuda_event_record(Backend *be, void *e) { CUDA_CHECK(cudaEventRecord((cudaEvent_t)e, cuda_stream(be))); }
+
+static double cuda_event_elapsed(Backend *be, void *from, void *to)
+{
+    (void)be;
+    CUDA_CHECK(cudaEventSynchronize((cudaEvent_t)to));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, (cudaEvent_t)from, (cudaEvent_t)to));
+    return ms;
+}
+
+static void cuda_event_destroy(Backend *be, void *e)
+{
+    (void)be;
+    cudaEventDestroy((cudaEvent_t)e);
+}
+
 static const BackendOps cuda_ops = {
     cuda_alloc, cuda_free, cuda_destroy, fill_cuda, embed_cuda, rmsnorm_cuda, layernorm_cuda, rope_cuda, add_cuda,
     get_rows_cuda, cuda_to_host, cuda_to_device, swiglu_cuda, kv_write_cuda, matmul_cuda, router_cuda,
     moe_cuda, attention_gqa_cuda, attention_mla_cuda, indexer_cuda, argmax_cuda, cuda_reserve, cuda_graph_begin,
     cuda_graph_end, cuda_graph_launch, cuda_graph_free, cuda_mem_free, w4_pack_cuda, cuda_bind_thread,
+    cuda_event_create, cuda_event_record, cuda_event_elapsed, cuda_event_destroy,
 };
 
 extern "C" void backend_cuda_init(Backend *be, int device)

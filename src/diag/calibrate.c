@@ -1,0 +1,265 @@
+/* calibrate: measuring and caching the ceilings (calibrate.h). */
+#include "calibrate.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../backend/cpu/cpu.h"
+#include "../base/util.h"
+#ifdef MOESERVE_CUDA
+#include "../backend/cuda/cuda.h"
+void cuda_ceilings(Backend *be, int quick, double *copy, double *read, double *bf16, double *fp8);
+#endif
+
+/* ---- the CPU: memory and float32 FMA ---- */
+
+static void cpu_ceilings(Ceilings *c, int threads, int quick)
+{
+    size_t n = (size_t)(quick ? 64 : 256) << 20; /* bytes per buffer: well past the caches */
+    float *a = xmalloc_aligned(n), *b = xmalloc_aligned(n);
+    size_t m = n / sizeof(float);
+#pragma omp parallel for num_threads(threads)
+    for (size_t i = 0; i < m; i++) a[i] = b[i] = (float)(i & 1023);
+    double best_copy = 1e30, best_read = 1e30;
+    volatile float sink = 0;
+    for (int r = 0; r < (quick ? 3 : 6); r++) {
+        double t0 = clock_now();
+#pragma omp parallel for num_threads(threads)
+        for (size_t i = 0; i < m; i++) b[i] = a[i];
+        double t1 = clock_now();
+        /* integer xor: no float reduction order to keep, so it vectorises */
+        const uint64_t *u = (const uint64_t *)a;
+        uint64_t s = 0;
+#pragma omp parallel for num_threads(threads) reduction(^ : s)
+        for (size_t i = 0; i < n / 8; i++) s ^= u[i];
+        double t2 = clock_now();
+        sink += (float)(s & 1);
+        if (t1 - t0 < best_copy) best_copy = t1 - t0;
+        if (t2 - t1 < best_read) best_read = t2 - t1;
+    }
+    c->copy_gbps = 2.0 * n / best_copy / 1e9;
+    c->read_gbps = n / best_read / 1e9;
+    free(a);
+    free(b);
+    /* float32 multiply-adds as the CPU backend's GEMMs do them (cpu_dot over rows in L1) */
+    enum { DOT = 2048 };
+    long reps = quick ? 4000 : 16000;
+    double best = 1e30;
+    for (int r = 0; r < 3; r++) {
+        double t0 = clock_now();
+#pragma omp parallel num_threads(threads)
+        {
+            float *x = xmalloc_aligned(2 * DOT * sizeof(float)), *y = x + DOT, s = 0;
+            for (int k = 0; k < 2 * DOT; k++) x[k] = 1e-3f * (k & 63);
+            for (long i = 0; i < reps; i++) {
+                s += cpu_dot(x, y, DOT);
+                x[i & (DOT - 1)] = s * 1e-9f; /* a dependency, so that nothing is hoisted */
+            }
+            if (s == 1.2345f) sink += s;
+            free(x);
+        }
+        double t = clock_now() - t0;
+        if (t < best) best = t;
+    }
+    c->bf16_tflops = 2.0 * DOT * reps * threads / best / 1e12;
+    c->fp8_tflops = c->fp4_tflops = 0;
+    (void)sink;
+}
+
+/* ---- collectives at a step's sizes ---- */
+
+static void comm_ceilings(Ceilings *c, Backend *be, Dist *d)
+{
+    c->ranks = d ? d->world : 1;
+    c->tp = d ? d->tp : 1;
+    c->pp = d ? d->pp : 1;
+    if (!d || d->world == 1) return;
+    snprintf(c->comm, sizeof c->comm, "%s", d->ops->name);
+    /* all-reduce: 64 tokens x 8192 floats (a decode step's hidden state), and one token's */
+    size_t big = 64 * 8192, small = 8192;
+    float *buf = be_alloc(be, big * sizeof(float));
+    int reps = 20;
+    double tb = 0, ts = 0;
+    if (d->tp > 1) {
+        for (int w = 0; w < 3; w++) dist_all_reduce(d, be, buf, big);
+        dist_flush(d, be);
+        float probe;
+        be_to_host(be, &probe, buf, sizeof probe);
+        double t0 = clock_now();
+        for (int r = 0; r < reps; r++) dist_all_reduce(d, be, buf, big);
+        be_to_host(be, &probe, buf, sizeof probe);
+        tb = (clock_now() - t0) / reps;
+        t0 = clock_now();
+        for (int r = 0; r < reps; r++) dist_all_reduce(d, be, buf, small);
+        be_to_host(be, &probe, buf, sizeof probe);
+        ts = (clock_now() - t0) / reps;
+        /* bus bandwidth: a ring moves 2 (n - 1) / n of the buffer through each link */
+        c->allreduce_gbps = big * 4.0 * 2 * (d->tp - 1) / d->tp / tb / 1e9;
+        c->allreduce_us = ts * 1e6;
+    }
+    if (d->pp > 1) { /* stage 0 -> stage 1, same tensor rank */
+        double t0 = clock_now();
+        for (int r = 0; r < reps; r++) {
+            if (d->pp_rank == 0) dist_send(d, be, buf, big * 4, dist_rank_of(d, 1, d->tp_rank));
+            else if (d->pp_rank == 1) dist_recv(d, be, buf, big * 4, dist_rank_of(d, 0, d->tp_rank));
+            dist_flush(d, be);
+        }
+        float probe;
+        be_to_host(be, &probe, buf, sizeof probe);
+        double t = (clock_now() - t0) / reps;
+        c->p2p_gbps = big * 4.0 / t / 1e9;
+    }
+    be_free(be, buf);
+    /* rank 0's numbers for everyone */
+    double v[3] = {c->allreduce_gbps, c->allreduce_us, c->p2p_gbps};
+    dist_bcast_host(d, v, sizeof v);
+    c->allreduce_gbps = v[0];
+    c->allreduce_us = v[1];
+    c->p2p_gbps = v[2];
+    if (!strcmp(c->comm, "mpi")) snprintf(c->link, sizeof c->link, "MPI (shared memory on one node, else network)");
+    else snprintf(c->link, sizeof c->link, "NCCL (NVLink or PCIe as NCCL found it)");
+}
+
+/* ---- the cache ---- */
+
+static void cache_path(const Ceilings *c, char *buf, size_t n)
+{
+    const char *env = getenv("MOESERVE_CALIBRATE_CACHE");
+    if (env && *env) {
+        snprintf(buf, n, "%s", env);
+        return;
+    }
+    const char *home = getenv("XDG_CACHE_HOME");
+    char dir[1024];
+    if (home && *home) snprintf(dir, sizeof dir, "%s/moeserve", home);
+    else snprintf(dir, sizeof dir, "%s/.cache/moeserve", getenv("HOME") ? getenv("HOME") : "/tmp");
+    char key[256];
+    size_t k = 0;
+    for (const char *p = c->key; *p && k + 1 < sizeof key; p++) key[k++] = (isalnum((unsigned char)*p) || *p == '-') ? *p : '_';
+    key[k] = 0;
+    snprintf(buf, n, "%.900s/calibrate-%.250s.json", dir, key);
+}
+
+static void mkdirs(const char *path)
+{
+    char tmp[1200];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            mkdir(tmp, 0755);
+            *p = '/';
+        }
+}
+
+json_t *ceilings_json(const Ceilings *c)
+{
+    return json_pack("{s:s, s:s, s:b, s:f, s:f, s:f, s:f, s:f, s:i, s:i, s:i, s:f, s:f, s:f, s:s, s:s, s:s}", "key", c->key,
+                     "device", c->device, "gpu", c->gpu, "copy_gbps", c->copy_gbps, "read_gbps", c->read_gbps,
+                     "bf16_tflops", c->bf16_tflops, "fp8_tflops", c->fp8_tflops, "fp4_tflops", c->fp4_tflops, "ranks",
+                     c->ranks, "tp", c->tp, "pp", c->pp, "allreduce_gbps", c->allreduce_gbps, "allreduce_us",
+                     c->allreduce_us, "p2p_gbps", c->p2p_gbps, "comm", c->comm, "link", c->link, "measured", c->when);
+}
+
+static int ceilings_from_json(Ceilings *c, json_t *o)
+{
+    const char *key = json_string_value(json_object_get(o, "key"));
+    if (!key || strcmp(key, c->key)) return -1;
+#define NUM(f) c->f = json_number_value(json_object_get(o, #f))
+    NUM(copy_gbps); NUM(read_gbps); NUM(bf16_tflops); NUM(fp8_tflops); NUM(fp4_tflops);
+    NUM(allreduce_gbps); NUM(allreduce_us); NUM(p2p_gbps);
+#undef NUM
+    const char *w = json_string_value(json_object_get(o, "measured"));
+    snprintf(c->when, sizeof c->when, "%s", w ? w : "");
+    return c->copy_gbps > 0 && c->bf16_tflops > 0 ? 0 : -1;
+}
+
+void calibrate_get(Ceilings *c, Backend *be, Dist *d, int quick, int force)
+{
+    *c = (Ceilings){.gpu = !be->host_memory};
+    int ranks = d ? d->world : 1;
+#ifdef MOESERVE_CUDA
+    if (c->gpu) cuda_device_name(0, c->device, sizeof c->device);
+#endif
+    if (!c->gpu) {
+        char model[200] = "cpu";
+        FILE *f = fopen("/proc/cpuinfo", "r");
+        char line[512];
+        while (f && fgets(line, sizeof line, f))
+            if (!strncmp(line, "model name", 10) && strchr(line, ':')) {
+                snprintf(model, sizeof model, "%s", strchr(line, ':') + 2);
+                model[strcspn(model, "\n")] = 0;
+                break;
+            }
+        if (f) fclose(f);
+        snprintf(c->device, sizeof c->device, "%s, %d threads", model, be->n_threads);
+    }
+    snprintf(c->key, sizeof c->key, "%.16s-%.200s-tp%d-pp%d-r%d", be->name, c->device, d ? d->tp : 1, d ? d->pp : 1, ranks);
+    char path[1200];
+    cache_path(c, path, sizeof path);
+    int cached = 0;
+    if (!force) { /* every rank decides alike: rank 0 reads, then tells */
+        json_error_t je;
+        json_t *o = (!d || d->rank == 0) ? json_load_file(path, 0, &je) : NULL;
+        cached = o && ceilings_from_json(c, o) == 0;
+        if (o) json_decref(o);
+        if (d && d->world > 1) {
+            dist_bcast_host(d, &cached, sizeof cached);
+            if (cached) dist_bcast_host(d, c, sizeof *c);
+        }
+    }
+    if (cached) {
+        c->ranks = ranks;
+        c->tp = d ? d->tp : 1;
+        c->pp = d ? d->pp : 1;
+        return;
+    }
+    log_info("calibrate: measuring the ceilings of %s%s", c->device, quick ? " (quick)" : "");
+#ifdef MOESERVE_CUDA
+    if (c->gpu) cuda_ceilings(be, quick, &c->copy_gbps, &c->read_gbps, &c->bf16_tflops, &c->fp8_tflops);
+#endif
+    if (c->gpu) {
+        c->copy_gbps /= 1e9;
+        c->read_gbps /= 1e9;
+        c->bf16_tflops /= 1e12;
+        c->fp8_tflops /= 1e12;
+    } else {
+        cpu_ceilings(c, be->n_threads, quick);
+    }
+    comm_ceilings(c, be, d);
+    time_t now = time(NULL);
+    strftime(c->when, sizeof c->when, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+    if (!d || d->rank == 0) {
+        mkdirs(path);
+        json_t *o = ceilings_json(c);
+        if (json_dump_file(o, path, JSON_INDENT(2)) != 0) log_warn("calibrate: cannot write %s: %s", path, strerror(errno));
+        else log_info("calibrate: cached in %s", path);
+        json_decref(o);
+    }
+}
+
+void ceilings_print(const Ceilings *c)
+{
+    printf("device: %s\n", c->device);
+    printf("memory: copy %.1f GB/s (read + write), read %.1f GB/s\n", c->copy_gbps, c->read_gbps);
+    if (c->gpu)
+        printf("tensor: BF16 %.1f TFLOP/s, FP8 %s, FP4 %s\n", c->bf16_tflops,
+               c->fp8_tflops > 0 ? "measured" : "not offered", c->fp4_tflops > 0 ? "measured" : "none (no FP4 tensor cores)");
+    else
+        printf("compute: float32 FMA %.1f GFLOP/s (the CPU reference computes in float32)\n", c->bf16_tflops * 1e3);
+    if (c->gpu && c->fp8_tflops > 0) printf("        FP8 %.1f TFLOP/s\n", c->fp8_tflops);
+    if (c->ranks > 1)
+        printf("collectives (%d ranks, tp %d, pp %d, %s): all-reduce %.2f GB/s bus, %.1f us small; point to point %.2f GB/s; %s\n",
+               c->ranks, c->tp, c->pp, c->comm, c->allreduce_gbps, c->allreduce_us, c->p2p_gbps, c->link);
+    else
+        printf("collectives: one rank (none)\n");
+    printf("measured: %s\n", c->when);
+}

@@ -1,0 +1,50 @@
+/* diag: an engine's diagnosis (diag.h). */
+#include "diag.h"
+
+#include <dlfcn.h>
+#include <string.h>
+
+#include "../dist/dist.h"
+
+void diag_gpu_power(int device, double *power_w, double *limit_w, int *sm_mhz, int *sm_max_mhz)
+{
+    *power_w = *limit_w = 0;
+    *sm_mhz = *sm_max_mhz = 0;
+    static void *lib;
+    static int tried;
+    static int (*init)(void), (*by_index)(unsigned, void **), (*power)(void *, unsigned *), (*limit)(void *, unsigned *),
+        (*clock)(void *, int, unsigned *), (*maxclock)(void *, int, unsigned *);
+    if (!tried) {
+        tried = 1;
+        lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+        if (lib) {
+            *(void **)&init = dlsym(lib, "nvmlInit_v2");
+            *(void **)&by_index = dlsym(lib, "nvmlDeviceGetHandleByIndex_v2");
+            *(void **)&power = dlsym(lib, "nvmlDeviceGetPowerUsage");
+            *(void **)&limit = dlsym(lib, "nvmlDeviceGetEnforcedPowerLimit");
+            *(void **)&clock = dlsym(lib, "nvmlDeviceGetClockInfo");
+            *(void **)&maxclock = dlsym(lib, "nvmlDeviceGetMaxClockInfo");
+            if (!init || !by_index || !power || !limit || !clock || !maxclock || init() != 0) lib = NULL;
+        }
+    }
+    if (!lib) return;
+    void *h;
+    unsigned v;
+    if (by_index((unsigned)device, &h) != 0) return;
+    if (power(h, &v) == 0) *power_w = v / 1000.0;     /* milliwatts */
+    if (limit(h, &v) == 0) *limit_w = v / 1000.0;
+    if (clock(h, 1 /* NVML_CLOCK_SM */, &v) == 0) *sm_mhz = (int)v;
+    if (maxclock(h, 1, &v) == 0) *sm_max_mhz = (int)v;
+}
+
+void diag_engine(Engine *e, const Ceilings *c, const Deployment *layout, Diagnosis *g, Deployment *d)
+{
+    *d = *layout;
+    ProfSum s;
+    engine_diag(e, &s, d, c->p2p_gbps);
+    if (d->gpu) {
+        Dist *dist = dist_get();
+        diag_gpu_power(dist ? dist->rank % 64 : 0, &d->power_w, &d->power_limit_w, &d->sm_clock_mhz, &d->sm_clock_max_mhz);
+    }
+    diagnose(&s, c, d, g);
+}

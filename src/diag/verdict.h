@@ -1,0 +1,50 @@
+/* verdict: where a deployment's step time goes and what to change (issue #9). diagnose() is a
+ * pure function of the profile sums, the ceilings and the deployment's facts, so that tests can
+ * feed it any breakdown. */
+#ifndef MOESERVE_VERDICT_H
+#define MOESERVE_VERDICT_H
+
+#include <jansson.h>
+#include <stdio.h>
+
+#include "calibrate.h"
+#include "profile.h"
+
+typedef enum {
+    V_COMPUTE, V_MEMORY, V_UNDER_TUNED, V_COMMUNICATION, V_BUBBLE, V_HOST, V_KV_CAPACITY, V_NONE, V_COUNT
+} Verdict;
+const char *verdict_name(Verdict v); /* "compute-bound", ..., "no-load" */
+
+typedef struct {
+    int tp, pp, ep, microbatches;
+    int gpu, graphs;               /* a GPU backend; decode steps as CUDA graphs */
+    int running, waiting, max_running;
+    int kv_blocks_total, kv_blocks_used;
+    long preemptions;
+    long steps;                    /* every step since the start (profiled or not) */
+    double steps_wall_ms;          /* their wall time */
+    long tokens;                   /* tokens they computed */
+    double power_w, power_limit_w; /* GPU (NVML), 0: unknown */
+    int sm_clock_mhz, sm_clock_max_mhz;
+} Deployment;
+
+#define DIAG_MAX_LINES 10
+typedef struct {
+    Verdict verdict;
+    double step_ms;                /* mean wall time of a step */
+    double tok_per_s;
+    double ms[SC_COUNT], share[SC_COUNT], tflops_pct[SC_COUNT], gbps_pct[SC_COUNT];
+    int n_evidence, n_advice;
+    char evidence[DIAG_MAX_LINES][320];
+    char advice[DIAG_MAX_LINES][320];
+} Diagnosis;
+
+void diagnose(const ProfSum *s, const Ceilings *c, const Deployment *d, Diagnosis *out);
+/* {"verdict", "evidence", "breakdown": {category: {ms, share, tflops_pct, gbps_pct}}, "advice",
+ *  "step_ms", "tokens_per_s", "deployment", "ceilings"} */
+json_t *diagnosis_json(const Diagnosis *g, const Deployment *d, const Ceilings *c);
+void diagnosis_print(FILE *f, const Diagnosis *g, const Deployment *d, const Ceilings *c);
+/* Prometheus gauges (text format) appended to buf */
+void diagnosis_prometheus(const Diagnosis *g, char *buf, size_t n);
+
+#endif

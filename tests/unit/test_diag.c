@@ -1,0 +1,273 @@
+/* diag (issue #9): the verdict as a function of the breakdown, the JSON shape, and end to end
+ * on the CPU: each injected fault gets its verdict (`moeserve diagnose --model`, under mpirun
+ * where the layout has several ranks), the sweep writes its report and charts, a server answers
+ * GET /v1/diagnosis and exports the gauges, `calibrate --json` gives the ceilings. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "diag/report.h"
+#include "diag/verdict.h"
+#include "server_harness.h"
+#include "test.h"
+
+static Ceilings roofs(void)
+{
+    Ceilings c = {.gpu = 1, .copy_gbps = 4000, .read_gbps = 4400, .bf16_tflops = 800, .allreduce_gbps = 300, .p2p_gbps = 300};
+    return c;
+}
+
+/* one profiled step of total ms split as given; flops and bytes set for the dominant op */
+static void make(ProfSum *s, Deployment *d, const double *ms, double flops, double bytes, int dom)
+{
+    memset(s, 0, sizeof *s);
+    memset(d, 0, sizeof *d);
+    s->steps = 1;
+    double total = 0;
+    for (int k = 0; k < SC_COUNT; k++) {
+        s->ms[k] = ms[k];
+        total += ms[k];
+    }
+    s->flops[dom] = flops;
+    s->bytes[dom] = bytes;
+    *d = (Deployment){.tp = 1, .pp = 1, .ep = 1, .microbatches = 1, .gpu = 1, .graphs = 1, .max_running = 64, .steps = 1,
+                      .steps_wall_ms = total, .tokens = 64, .kv_blocks_total = 100, .kv_blocks_used = 10};
+}
+
+TEST(diag_verdict_rules)
+{
+    Ceilings c = roofs();
+    ProfSum s;
+    Deployment d;
+    Diagnosis g;
+    double ms[SC_COUNT];
+    /* MoE GEMM dominant, 10 ms, at 90% of the BF16 roof: 7.2 PFLOP in 10 ms; few bytes */
+    memset(ms, 0, sizeof ms);
+    ms[SC_MOE_GEMM] = 10, ms[SC_NORM] = 1;
+    make(&s, &d, ms, 0.9 * 800e12 * 0.010, 1e9, SC_MOE_GEMM);
+    diagnose(&s, &c, &d, &g);
+    EXPECT(g.verdict == V_COMPUTE, "%s", verdict_name(g.verdict));
+    EXPECT(fabs(g.tflops_pct[SC_MOE_GEMM] - 90) < 0.1, "%g", g.tflops_pct[SC_MOE_GEMM]);
+    EXPECT(fabs(g.share[SC_MOE_GEMM] - 10.0 / 11) < 1e-9);
+    /* the same time at 80% of the bandwidth and 1 FLOP per byte: memory-bound */
+    make(&s, &d, ms, 0.8 * 4000e9 * 0.010, 0.8 * 4000e9 * 0.010, SC_MOE_GEMM);
+    diagnose(&s, &c, &d, &g);
+    EXPECT(g.verdict == V_MEMORY, "%s", verdict_name(g.verdict));
+    /* at 10% of the bandwidth, below the ridge: under-tuned */
+    make(&s, &d, ms, 0.1 * 4000e9 * 0.010, 0.1 * 4000e9 * 0.010, SC_MOE_GEMM);
+    diagnose(&s, &c, &d, &g);
+    EXPECT(g.verdict == V_UNDER_TUNED, "%s", verdict_name(g.verdict));
+    EXPECT(g.n_advice > 0 && strstr(g.advice[0], "moeserve tune"), "%s", g.advice[0]);
+    /* half the step in all-reduces */
+    memset(ms, 0, sizeof ms);
+    ms[SC_MOE_GEMM] = 4, ms[SC_ALL_REDUCE] = 6;
+    make(&s, &d, ms, 1e12, 1e9, SC_MOE_GEMM);
+    d.tp = 8;
+    diagnose(&s, &c, &d, &g);
+    EXPECT(g.verdict == V_COMMUNICATION, "%s", verdict_name(g.verdict));
+    EXPECT(strstr(g.advice[0], "--tp 4"), "%s", g.advice[0]);
+    /* stages waiting */
+    memset(ms, 0, sizeof ms);
+    ms[SC_DENSE_GEMM] = 4, ms[SC_PP_WAIT] = 6;
+    make(&s, &d, ms, 1e12, 1e9, SC_DENSE_GEMM);
+    d.pp = 2;
+    diagnose(&s, &c, &d, &g);
+    EXPECT(g.verdict == V_BUBBLE, "%s", verdict_name(g.verdict));
+    EXPECT(strstr(g.advice[0], "--pp-microbatches"), "%s", g.advice[0]);
+    /* the host: every step's wall time far above the ops' (graphs off) */
+    memset(ms, 0, sizeof ms);
+    ms[SC_MOE_GEMM] = 2;
+    make(&s, &d, ms, 1e12, 1e9, SC_MOE_GEMM);
+    d.steps_wall_ms = 10; /* graphs: every step's wall time against the profiled ops */
+    diagnose(&s, &c, &d, &g);
+    EXPECT(g.verdict == V_HOST, "%s", verdict_name(g.verdict));
+    EXPECT(fabs(g.ms[SC_HOST_GAP] - 8) < 1e-9, "%g", g.ms[SC_HOST_GAP]);
+    s.ms[SC_HOST_GAP] = 8; /* no graphs: the profiled steps' own gaps */
+    d.graphs = 0;
+    diagnose(&s, &c, &d, &g);
+    EXPECT(g.verdict == V_HOST, "%s", verdict_name(g.verdict));
+    EXPECT(fabs(g.ms[SC_HOST_GAP] - 8) < 1e-9, "%g", g.ms[SC_HOST_GAP]);
+    EXPECT(strstr(g.advice[0], "CUDA graphs"), "%s", g.advice[0]);
+    /* requests wait while the KV cache is full and batch slots are free */
+    make(&s, &d, ms, 1e12, 1e9, SC_MOE_GEMM);
+    d.waiting = 5, d.running = 10, d.kv_blocks_used = 98;
+    diagnose(&s, &c, &d, &g);
+    EXPECT(g.verdict == V_KV_CAPACITY, "%s", verdict_name(g.verdict));
+    /* nothing profiled */
+    memset(&s, 0, sizeof s);
+    diagnose(&s, &c, &d, &g);
+    EXPECT(g.verdict == V_NONE);
+}
+
+TEST(diag_json_shape)
+{
+    Ceilings c = roofs();
+    ProfSum s;
+    Deployment d;
+    Diagnosis g;
+    double ms[SC_COUNT] = {0};
+    ms[SC_MOE_GEMM] = 3, ms[SC_ATTENTION] = 1;
+    make(&s, &d, ms, 1e12, 1e9, SC_MOE_GEMM);
+    diagnose(&s, &c, &d, &g);
+    json_t *o = diagnosis_json(&g, &d, &c);
+    EXPECT(json_is_string(json_object_get(o, "verdict")));
+    EXPECT(json_array_size(json_object_get(o, "evidence")) > 0);
+    EXPECT(json_array_size(json_object_get(o, "advice")) > 0);
+    json_t *br = json_object_get(o, "breakdown");
+    EXPECT(json_object_size(br) == SC_COUNT);
+    const char *keys[] = {"ms", "share", "tflops_pct", "gbps_pct"};
+    for (int k = 0; k < SC_COUNT; k++) {
+        json_t *e = json_object_get(br, step_cat_name(k));
+        for (int j = 0; j < 4; j++) EXPECT(json_is_number(json_object_get(e, keys[j])), "%s.%s", step_cat_name(k), keys[j]);
+    }
+    EXPECT(fabs(json_number_value(json_object_get(json_object_get(br, "moe_gemm"), "share")) - 0.75) < 1e-9);
+    char prom[16384] = "";
+    diagnosis_prometheus(&g, prom, sizeof prom);
+    EXPECT(strstr(prom, "moeserve_step_share{category=\"moe_gemm\"} 0.75"), "%s", prom);
+    EXPECT(strstr(prom, "moeserve_verdict{verdict=\"") != NULL);
+    json_decref(o);
+    int tp, pp, ep;
+    EXPECT(report_parse_layout("tp2pp4", &tp, &pp, &ep) == 0 && tp == 2 && pp == 4 && ep == 1);
+    EXPECT(report_parse_layout("ep8", &tp, &pp, &ep) == 0 && tp == 8 && ep == 8);
+    EXPECT(report_parse_layout("tp", &tp, &pp, &ep) < 0 && report_parse_layout("xx2", &tp, &pp, &ep) < 0);
+}
+
+/* `moeserve diagnose --json` on the glm4moe fixture; returns the verdict (static) or NULL */
+static const char *run_verdict(const char *launch, const char *extra, double *step_ms)
+{
+    static char verdict[64];
+    char cmd[2048], dir[600];
+    snprintf(dir, sizeof dir, "%s/glm4moe-bf16", test_data("golden"));
+    snprintf(cmd, sizeof cmd,
+             "%s '%s' diagnose --model '%s' --device cpu --threads 1 --batch 8 --input-len 16 --output-len 16 --json %s "
+             "</dev/null 2>/dev/null",
+             launch, test_bin(), dir, extra);
+    char *out = NULL;
+    int rc = test_run(cmd, &out);
+    const char *line = out;
+    json_t *o = NULL;
+    while (rc == 0 && line && *line && !o) { /* the one JSON line */
+        if (*line == '{') o = json_loads(line, JSON_DISABLE_EOF_CHECK, NULL);
+        line = strchr(line, '\n');
+        if (line) line++;
+    }
+    if (!o) {
+        fprintf(stderr, "    %s: exit %d: %s\n", cmd, rc, out ? out : "");
+        free(out);
+        return NULL;
+    }
+    snprintf(verdict, sizeof verdict, "%s", json_string_value(json_object_get(o, "verdict")));
+    if (step_ms) *step_ms = json_number_value(json_object_get(o, "step_ms"));
+    json_decref(o);
+    free(out);
+    return verdict;
+}
+
+#define MPI2 "mpirun --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS=1 -np 2"
+
+TEST(diag_faults_get_their_verdict)
+{
+    const char *v = run_verdict("", "--inject-host-delay-us 5000", NULL);
+    EXPECT(v && !strcmp(v, "host-bound"), "host delay: %s", v ? v : "(none)");
+    v = run_verdict("", "--inject-gemm-repeat 20", NULL);
+    EXPECT(v && (!strcmp(v, "under-tuned-kernels") || !strcmp(v, "compute-bound")), "repeated GEMMs: %s", v ? v : "(none)");
+    if (test_run("command -v mpirun >/dev/null 2>&1", NULL) != 0) {
+        test_skip("mpirun is not installed: the multi-rank faults are not run");
+        return;
+    }
+    v = run_verdict(MPI2, "--tp 2 --inject-comm-delay-us 5000", NULL);
+    EXPECT(v && !strcmp(v, "communication-bound"), "comm delay: %s", v ? v : "(none)");
+    v = run_verdict(MPI2, "--pp 2 --pp-microbatches 1", NULL);
+    EXPECT(v && !strcmp(v, "pipeline-bubble-bound"), "one micro-batch: %s", v ? v : "(none)");
+}
+
+TEST(diag_sweep_report)
+{
+    if (test_run("command -v mpirun >/dev/null 2>&1", NULL) != 0) {
+        test_skip("mpirun is not installed");
+        return;
+    }
+    char cmd[2048], dir[600], out_dir[700];
+    snprintf(dir, sizeof dir, "%s/glm4moe-bf16", test_data("golden"));
+    snprintf(out_dir, sizeof out_dir, "%s/sweep", test_tmpdir());
+    snprintf(cmd, sizeof cmd,
+             "OMP_NUM_THREADS=1 '%s' diagnose --sweep --layouts tp1,tp2,pp2 --model '%s' --device cpu --batch 8 --input-len 16 "
+             "--output-len 8 --out '%s' --json </dev/null 2>/dev/null",
+             test_bin(), dir, out_dir);
+    char *out = NULL;
+    int rc = test_run(cmd, &out);
+    ASSERT(rc == 0, "%s", out ? out : "");
+    const char *at = strstr(out, "{\"runs\""); /* after the logs */
+    json_t *o = at ? json_loads(at, JSON_DISABLE_EOF_CHECK, NULL) : NULL;
+    ASSERT(o, "%s", out);
+    json_t *runs = json_object_get(o, "runs");
+    EXPECT(json_array_size(runs) == 3);
+    for (size_t i = 0; i < json_array_size(runs); i++)
+        EXPECT(json_is_string(json_object_get(json_object_get(json_array_get(runs, i), "diagnosis"), "verdict")), "run %zu", i);
+    EXPECT(strstr(json_string_value(json_object_get(o, "scaling")), "tp2 (more tensor parallelism) gives") != NULL, "%s",
+           json_string_value(json_object_get(o, "scaling")));
+    const char *files[] = {"report.md", "breakdown.svg", "roofline.svg"};
+    for (int i = 0; i < 3; i++) {
+        char path[800];
+        snprintf(path, sizeof path, "%s/%s", out_dir, files[i]);
+        size_t n = 0;
+        char *text = file_read_all(path, &n);
+        EXPECT(text && n > 200, "%s", path);
+        if (text && i > 0) EXPECT(strstr(text, "<svg") && strstr(text, "</svg>"), "%s", path);
+        if (text && i == 0) EXPECT(strstr(text, "| tp2 | 2 |") && strstr(text, "## Scaling"), "%s", text);
+        free(text);
+    }
+    json_decref(o);
+    free(out);
+}
+
+TEST(diag_server_endpoint)
+{
+    Srv s;
+    ASSERT(srv_start(&s, "diag", "--profile-every 2") == 0);
+    for (int i = 0; i < 3; i++) {
+        Resp r;
+        post(s.port, "/v1/completions", "{\"prompt\":\"hello\",\"max_tokens\":8}", &r);
+        EXPECT(r.status == 200);
+        resp_free(&r);
+    }
+    Resp r;
+    EXPECT(http(s.port, "GET", "/v1/diagnosis", NULL, NULL, &r) == 0 && r.status == 200);
+    json_t *j = body_json(&r);
+    EXPECT(j && json_is_string(json_object_get(j, "verdict")) && json_object_get(j, "breakdown"), "%s", r.body ? r.body : "");
+    const char *v = j ? json_string_value(json_object_get(j, "verdict")) : NULL;
+    EXPECT(v && strcmp(v, "no-load"), "profiled steps: %s", v ? v : "");
+    if (j) json_decref(j);
+    resp_free(&r);
+    EXPECT(http(s.port, "GET", "/metrics", NULL, NULL, &r) == 0 && r.status == 200);
+    EXPECT(r.body && strstr(r.body, "moeserve_step_share{category=\"moe_gemm\"}") && strstr(r.body, "moeserve_verdict{"));
+    resp_free(&r);
+    /* diagnose --url: the same, printed */
+    char cmd[512], *out = NULL;
+    snprintf(cmd, sizeof cmd, "'%s' diagnose --url http://127.0.0.1:%d", test_bin(), s.port);
+    EXPECT(test_run(cmd, &out) == 0 && out && strstr(out, "verdict: ") && strstr(out, "advice:"), "%s", out ? out : "");
+    free(out);
+    srv_stop(&s, 30);
+}
+
+TEST(diag_calibrate_json)
+{
+    char cmd[512], *out = NULL;
+    snprintf(cmd, sizeof cmd, "MOESERVE_CALIBRATE_CACHE='%s/cal.json' '%s' calibrate --device cpu --threads 1 --quick --json 2>/dev/null",
+             test_tmpdir(), test_bin());
+    ASSERT(test_run(cmd, &out) == 0, "%s", out ? out : "");
+    const char *at = strstr(out, "\n{"); /* logs may come first (stderr joins stdout here) */
+    json_t *o = json_loads(out[0] == '{' ? out : at ? at + 1 : "", JSON_DISABLE_EOF_CHECK, NULL);
+    ASSERT(o, "%s", out);
+    EXPECT(json_number_value(json_object_get(o, "copy_gbps")) > 0.1);
+    EXPECT(json_number_value(json_object_get(o, "read_gbps")) > 0.1);
+    EXPECT(json_number_value(json_object_get(o, "bf16_tflops")) > 0);
+    EXPECT(json_integer_value(json_object_get(o, "ranks")) == 1);
+    json_decref(o);
+    free(out);
+    char path[700];
+    snprintf(path, sizeof path, "%s/cal.json", test_tmpdir());
+    size_t n;
+    char *cached = file_read_all(path, &n);
+    EXPECT(cached && strstr(cached, "copy_gbps"), "the cache %s", path);
+    free(cached);
+}
