@@ -23,8 +23,8 @@
 #include "cli.h"
 
 #define CAL_USAGE "moeserve calibrate [--device cpu|cuda] [--threads N] [--quick] [--json] [--tp N --pp N] (several ranks: under mpirun on the CPU)"
-#define DIAG_USAGE "moeserve diagnose (--url URL | " MODEL_OPTS_USAGE " [--device cpu|cuda] [--threads N] [--batch N] " \
-                   "[--input-len N] [--output-len N] [--requests N] " DIAG_OPTS_USAGE " [--disable-cuda-graph] | --sweep " \
+#define DIAG_USAGE "moeserve diagnose (--url URL | " MODEL_OPTS_USAGE " [--device cpu|cuda] [--threads N] [--batch N,N,..] " \
+                   "[--input-len N] [--output-len N] [--requests N] [--report DIR] " DIAG_OPTS_USAGE " [--disable-cuda-graph] | --sweep " \
                    "--layouts tp1,tp2,pp2,ep2,tp2pp2 --model DIR [--out DIR] [--launcher CMD] [load options]) [--json]"
 
 int cmd_calibrate(int argc, char **argv)
@@ -167,7 +167,48 @@ typedef struct {
     int batch, in_len, out_len, requests;
 } Load;
 
-static int diagnose_model(ModelOpts *mo, const char *device, int threads, EngineOptions *eo, const Load *ld, int as_json)
+/* one load on a fresh engine (after a warm-up engine's capture and first touches); its diagnosis */
+static json_t *diagnose_load(const Model *dm, const Model *m, Backend *be, EngineOptions eo, const Load *ld, const Ceilings *ceil,
+                             const ModelOpts *mo, int as_json)
+{
+    eo.max_running = ld->batch;
+    if (eo.max_batch_tokens < ld->batch) eo.max_batch_tokens = ld->batch;
+    if (eo.max_model_len <= 0 || eo.max_model_len < ld->in_len + ld->out_len + 1) eo.max_model_len = ld->in_len + ld->out_len + 16;
+    double t0 = clock_now();
+    Engine *e = engine_create(dm, be, &eo, m->cfg.eos_ids, m->cfg.n_eos);
+    engine_start(e);
+    run_load(e, m->cfg.vocab, ld->batch, ld->in_len, 4);
+    engine_stop(e, 1);
+    engine_free(e);
+    e = engine_create(dm, be, &eo, m->cfg.eos_ids, m->cfg.n_eos);
+    engine_start(e);
+    run_load(e, m->cfg.vocab, ld->requests, ld->in_len, ld->out_len);
+    Deployment layout = {.tp = mo->par.tp, .pp = mo->par.pp, .ep = mo->par.ep, .microbatches = mo->par.microbatches};
+    Diagnosis g;
+    Deployment d;
+    diag_engine(e, ceil, &layout, &g, &d);
+    log_info("diagnose: %d requests of %d + %d tokens, %d at a time, in %.1f s", ld->requests, ld->in_len, ld->out_len,
+             ld->batch, clock_now() - t0);
+    json_t *o = diagnosis_json(&g, &d, ceil);
+    json_object_set_new(o, "load", json_pack("{s:i, s:i, s:i, s:i}", "batch", ld->batch, "input_len", ld->in_len,
+                                             "output_len", ld->out_len, "requests", ld->requests));
+    if (as_json) {
+        char *s = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(6));
+        printf("%s\n", s);
+        free(s);
+    } else {
+        printf("== %d requests at a time, %d + %d tokens each\n", ld->batch, ld->in_len, ld->out_len);
+        diagnosis_print(stdout, &g, &d, ceil);
+        printf("\n");
+    }
+    fflush(stdout);
+    engine_stop(e, 1);
+    engine_free(e);
+    return o;
+}
+
+static int diagnose_model(ModelOpts *mo, const char *device, int threads, EngineOptions *eo, const int *batches, int n_batches,
+                          const Load *ld0, const char *out_dir, int as_json)
 {
     device = cli_dist_start(mo, device);
     Model m;
@@ -185,40 +226,23 @@ static int diagnose_model(ModelOpts *mo, const char *device, int threads, Engine
         dist_shutdown();
         return 0;
     }
-    eo->max_running = ld->batch;
-    if (eo->max_batch_tokens < ld->batch) eo->max_batch_tokens = ld->batch;
-    if (eo->max_model_len <= 0 || eo->max_model_len < ld->in_len + ld->out_len + 1)
-        eo->max_model_len = ld->in_len + ld->out_len + 16;
-    Engine *e = engine_create(&dm, &be, eo, m.cfg.eos_ids, m.cfg.n_eos);
-    engine_start(e);
-    double t0 = clock_now();
-    /* a warm-up round (graph capture, first touches), then the measured load from a fresh sum */
-    run_load(e, m.cfg.vocab, ld->batch, ld->in_len, 4);
-    engine_stop(e, 1);
-    engine_free(e);
-    e = engine_create(&dm, &be, eo, m.cfg.eos_ids, m.cfg.n_eos);
-    engine_start(e);
-    run_load(e, m.cfg.vocab, ld->requests, ld->in_len, ld->out_len);
-    Deployment layout = {.tp = mo->par.tp, .pp = mo->par.pp, .ep = mo->par.ep, .microbatches = mo->par.microbatches};
-    Diagnosis g;
-    Deployment d;
-    diag_engine(e, &ceil, &layout, &g, &d);
-    log_info("diagnose: %d requests of %d + %d tokens, %d at a time, in %.1f s", ld->requests, ld->in_len, ld->out_len,
-             ld->batch, clock_now() - t0);
-    if (as_json) {
-        json_t *o = diagnosis_json(&g, &d, &ceil);
-        json_object_set_new(o, "load", json_pack("{s:i, s:i, s:i, s:i}", "batch", ld->batch, "input_len", ld->in_len,
-                                                 "output_len", ld->out_len, "requests", ld->requests));
-        char *s = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(6));
-        printf("%s\n", s);
-        free(s);
-        json_decref(o);
-    } else {
-        diagnosis_print(stdout, &g, &d, &ceil);
+    SweepRun runs[16];
+    int n = 0;
+    for (int k = 0; k < n_batches && n < 16; k++) {
+        Load ld = *ld0;
+        ld.batch = batches[k];
+        if (ld.requests <= 0) ld.requests = 2 * ld.batch;
+        SweepRun *r = &runs[n++];
+        memset(r, 0, sizeof *r);
+        snprintf(r->name, sizeof r->name, "batch%d", ld.batch);
+        r->tp = mo->par.tp, r->pp = mo->par.pp, r->ep = mo->par.ep, r->world = r->tp * r->pp;
+        r->diag = diagnose_load(&dm, &m, &be, *eo, &ld, &ceil, mo, as_json);
     }
-    fflush(stdout);
-    engine_stop(e, 1);
-    engine_free(e);
+    if (out_dir && n > 0) {
+        if (report_write(runs, n, out_dir, "moeserve diagnose") != 0) log_error("diagnose: cannot write the report to %s", out_dir);
+        else log_info("diagnose: report in %s/report.md (breakdown.svg, roofline.svg)", out_dir);
+    }
+    for (int k = 0; k < n; k++) json_decref(runs[k].diag);
     device_model_free(&dm, &be);
     backend_free(&be);
     model_free(&m);
@@ -235,6 +259,7 @@ int cmd_diagnose(int argc, char **argv)
     const char *url = NULL, *device = NULL, *layouts = NULL, *out_dir = "diagnose-sweep", *launcher = NULL;
     int threads = 0, as_json = 0, help = 0, sweep = 0;
     Load ld = {.batch = 16, .in_len = 64, .out_len = 32, .requests = 0};
+    const char *batch_s = NULL, *report_dir = NULL;
     /* the options a sweep passes on to each layout's run */
     char pass[4096] = "";
     for (int i = 1; i < argc; i++) {
@@ -246,7 +271,7 @@ int cmd_diagnose(int argc, char **argv)
             continue;
         if (opt_model(argc, argv, &i, &mo) || opt_str(argc, argv, &i, "--device", &device) ||
             opt_int(argc, argv, &i, "--threads", 1, 4096, &threads) ||
-            opt_int(argc, argv, &i, "--batch", 1, 1 << 16, &ld.batch) ||
+            opt_str(argc, argv, &i, "--batch", &batch_s) || opt_str(argc, argv, &i, "--report", &report_dir) ||
             opt_int(argc, argv, &i, "--input-len", 1, 1 << 20, &ld.in_len) ||
             opt_int(argc, argv, &i, "--output-len", 1, 1 << 20, &ld.out_len) ||
             opt_int(argc, argv, &i, "--requests", 1, 1 << 20, &ld.requests) ||
@@ -265,7 +290,15 @@ int cmd_diagnose(int argc, char **argv)
         opt_unknown("diagnose", argv[i], DIAG_USAGE);
     }
     if (help) { printf("usage: %s\n", DIAG_USAGE); return 0; }
-    if (ld.requests <= 0) ld.requests = 2 * ld.batch;
+    int batches[16], n_batches = 0;
+    for (const char *q = batch_s ? batch_s : "16"; *q && n_batches < 16;) {
+        char *end;
+        long v = strtol(q, &end, 10);
+        if (end == q || v < 1 || v > (1 << 16)) fatal("diagnose: --batch '%s': a comma-separated list of batch sizes", batch_s);
+        batches[n_batches++] = (int)v;
+        q = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') fatal("diagnose: --batch '%s': a comma-separated list of batch sizes", batch_s);
+    }
     if (url) return diagnose_url(url, as_json);
     if (!mo.dir) {
         fprintf(stderr, "error: diagnose: --url or --model is required\nusage: %s\n", DIAG_USAGE);
@@ -275,5 +308,5 @@ int cmd_diagnose(int argc, char **argv)
         if (!layouts) fatal("diagnose --sweep: --layouts tp1,tp2,... is required");
         return report_sweep(layouts, pass, device, launcher, out_dir, as_json);
     }
-    return diagnose_model(&mo, device, threads, &eo, &ld, as_json);
+    return diagnose_model(&mo, device, threads, &eo, batches, n_batches, &ld, report_dir, as_json);
 }

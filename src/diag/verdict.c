@@ -28,6 +28,7 @@ static int is_compute(int c) { return c <= SC_SAMPLE; }
 void diagnose(const ProfSum *s, const Ceilings *c, const Deployment *d, Diagnosis *g)
 {
     memset(g, 0, sizeof *g);
+    g->tok_per_s = d->steps_wall_ms > 0 ? d->tokens / (d->steps_wall_ms / 1e3) : 0;
     if (s->steps == 0 || d->steps == 0) {
         g->verdict = V_NONE;
         EVID("no step has been profiled yet (no load)");
@@ -48,7 +49,6 @@ void diagnose(const ProfSum *s, const Ceilings *c, const Deployment *d, Diagnosi
     double total = 0;
     for (int k = 0; k < SC_COUNT; k++) total += g->ms[k];
     g->step_ms = total;
-    g->tok_per_s = d->steps_wall_ms > 0 ? d->tokens / (d->steps_wall_ms / 1e3) : 0;
     for (int k = 0; k < SC_COUNT; k++) {
         g->share[k] = total > 0 ? g->ms[k] / total : 0;
         double sec = s->ms[k] / 1e3;
