@@ -14,10 +14,14 @@
 #include "../base/util.h"
 #include "../format/config.h"
 #include "../format/safetensors.h"
+#include "../engine/kv_cache.h"
 #include "../model/model.h"
 #include "cli.h"
+#include <math.h>
 
-static const char *const usage_line = "moeserve info --model DIR [--json]";
+static const char *const usage_line =
+    "moeserve info --model DIR [--json] [--tp N] [--pp N] [--ep N] [--pp-layers A,B,..] [--gpu-mem GB] "
+    "[--max-batch-tokens N] [--max-running-requests N] [--max-model-len N] [--kv-cache-dtype bf16|fp8|float32]";
 
 /* ---- types ---- */
 
@@ -405,8 +409,11 @@ static json_t *tally_json(const Tally *t)
                      "bytes", t->bytes);
 }
 
+typedef struct Layout_ Layout;
+static void print_layout(const char *dir, const ModelConfig *whole, const QuantConfig *q, Layout *lo, int as_json, json_t *jo);
+
 static void print_json(const char *dir, const ModelConfig *c, const ParamCount *pc, const QuantConfig *q,
-                       const Precision *p)
+                       const Precision *p, Layout *lo)
 {
     json_t *o = json_object();
     json_object_set_new(o, "model", json_string(dir));
@@ -478,11 +485,119 @@ static void print_json(const char *dir, const ModelConfig *c, const ParamCount *
         json_object_set_new(prec, "stored_params", json_integer((json_int_t)stored_params(p)));
     json_object_set_new(o, "precision", prec);
 
+    if (lo) print_layout(dir, c, q, lo, 1, o);
     char *s = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(17));
     if (!s) die("json_dumps failed");
     printf("%s\n", s);
     free(s);
     json_decref(o);
+}
+
+/* ---- the memory of each rank under a layout (--tp/--pp/--ep, --gpu-mem) ---- */
+
+struct Layout_ {
+    ParOpts par;
+    double gpu_gb;             /* 0: not given */
+    int max_batch_tokens, max_running, max_model_len;
+    KVDtype kv_dtype;
+};
+
+typedef struct { ParOpts *par; int rank; } ShardCtx;
+
+static void shard_rank(ModelConfig *c, void *user)
+{
+    ShardCtx *s = user;
+    char err[512];
+    if (plan_check(c, s->par, err, sizeof err) < 0) {
+        fprintf(stderr, "error: %s\n", err);
+        exit(1);
+    }
+    plan_apply(c, s->par, s->rank);
+}
+
+/* Activation memory of one rank, as forward_init and the CUDA scratch size it (an estimate of
+ * the larger buffers): the step's activations for max_batch_tokens T rows, the logits of
+ * max_running rows, the routed pairs (T x K) of the MoE kernels, the split-BF16 GEMM halves,
+ * and prefill's BF16 copy of the largest dense weight. */
+static double activation_bytes(const ModelConfig *c, int T, int S)
+{
+    double D = c->hidden, H = c->n_heads, E = c->n_experts, K = c->n_experts_per_tok, F = c->moe_intermediate;
+    double qdim = H * (c->head_dim > c->qk_nope_dim + c->qk_rope_dim ? c->head_dim : c->qk_nope_dim + c->qk_rope_dim);
+    double kdim = fmax(c->n_kv_heads * (double)c->head_dim, c->kv_lora_rank + c->qk_rope_dim);
+    double odim = H * fmax(c->head_dim, c->v_head_dim);
+    double fdim = fmax(c->intermediate, F * fmax(c->n_shared_experts, 1));
+    double per_tok = 6 * D + c->q_lora_rank + qdim + kdim + odim + 2 * fdim + E + 2 * K +
+                     (c->index_n_heads ? c->index_n_heads * (c->index_head_dim + 1.0) + c->index_head_dim + c->index_topk : 0);
+    double fwd = 4.0 * T * per_tok + 4.0 * S * (c->vocab + D);
+    double moe = E > 0 ? T * K * (F * 4.0 + D * 4.0 + 4) : 0;                 /* h (two BF16 halves), y */
+    double gemm = 2.0 * T * fmax(qdim, fmax(fdim, fmax(D, H * (c->qk_nope_dim + c->v_head_dim)))) * 4 /* split halves */
+                  + 2.0 * T * fmax(D, fdim) * 2 * 2;                           /* BF16 activations */
+    double wcopy = T >= 256 ? 2.0 * fmax(c->intermediate * D, fmax(H * c->v_head_dim * D, qdim * fmax(c->q_lora_rank, 1))) : 0;
+    double idx = c->index_n_heads > 0 ? 4.0 * T * c->max_position / 8 : 0; /* indexer scores, a share of the context */
+    return fwd + moe + gemm + wcopy + idx;
+}
+
+static void print_layout(const char *dir, const ModelConfig *whole, const QuantConfig *q, Layout *lo, int as_json, json_t *jo)
+{
+    char err[512];
+    if (par_resolve(&lo->par, err, sizeof err) < 0) { fprintf(stderr, "error: %s\n", err); exit(1); }
+    ParOpts *p = &lo->par;
+    if (plan_check(whole, p, err, sizeof err) < 0) { fprintf(stderr, "error: %s\n", err); exit(1); }
+    int world = par_world(p), real = has_safetensors(dir);
+    QFormat fmt = q->algo == QALGO_NVFP4 ? QF_NVFP4 : q->algo == QALGO_FP8 || q->algo == QALGO_FP8_BLOCK ? QF_FP8 : QF_BF16;
+    double gpu = lo->gpu_gb * 1e9, reserve = 1.0 * (1 << 30); /* the CUDA context, cuBLASLt workspace, NCCL buffers */
+    json_t *ranks = json_array();
+    if (!as_json)
+        printf("\nlayout: tp %d, pp %d, ep %d = %d ranks%s%s\n%-6s %-8s %10s %10s %10s %12s %14s %12s\n", p->tp, p->pp, p->ep, world,
+               lo->gpu_gb > 0 ? ", GPU memory " : "", lo->gpu_gb > 0 ? "given" : "", "stage", "layers", "weights", "(NVFP4)",
+               "activ.", "KV B/token", "KV tokens", "requests");
+    int fits = 1;
+    char worst[256] = "";
+    for (int s = 0; s < p->pp; s++) {
+        ShardCtx ctx = {p, s * p->tp}; /* tensor rank 0 of the stage: every rank of a stage holds as much */
+        Model m;
+        if (real) model_load_shard(&m, dir, shard_rank, &ctx);
+        else model_load_dummy_shard(&m, dir, fmt, 0, shard_rank, &ctx);
+        ModelConfig *c = &m.cfg;
+        c->kv_dtype = lo->kv_dtype != KV_DTYPE_AUTO ? lo->kv_dtype : model_kv_dtype(c, 0);
+        double w = 0;
+        for (int f = 0; f < QF_COUNT; f++) w += m.bytes_by_format[f];
+        double kv_tok = (double)kv_cache_block_bytes(c, 1);
+        double act = activation_bytes(c, lo->max_batch_tokens, lo->max_running);
+        double left = gpu - reserve - w - act, kv_tokens = left > 0 ? left * 0.9 / kv_tok : 0;
+        double reqs = kv_tokens / lo->max_model_len;
+        if (lo->gpu_gb > 0 && (left <= 0 || kv_tokens < lo->max_model_len)) {
+            if (fits) snprintf(worst, sizeof worst, "stage %d: weights %.1f GB + activations %.1f GB leave %s", s, w / 1e9,
+                               act / 1e9, left <= 0 ? "nothing for the KV cache" : "less KV cache than one --max-model-len request");
+            fits = 0;
+        }
+        if (!as_json) {
+            printf("%-6d %3d..%-3d %8.2f GB %7.2f GB %7.2f GB %12.0f", s, c->layer_begin, c->layer_end - 1, w / 1e9,
+                   m.bytes_by_format[QF_NVFP4] / 1e9, act / 1e9, kv_tok);
+            if (lo->gpu_gb > 0) printf(" %14.0f %12.1f\n", kv_tokens, reqs);
+            else printf(" %14s %12s\n", "-", "-");
+        }
+        json_array_append_new(ranks, json_pack("{s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "stage", s, "layer_begin",
+                                               c->layer_begin, "layer_end", c->layer_end, "weight_bytes", w, "nvfp4_bytes",
+                                               m.bytes_by_format[QF_NVFP4], "bf16_bytes", m.bytes_by_format[QF_BF16],
+                                               "activation_bytes", act, "kv_bytes_per_token", kv_tok, "kv_tokens", kv_tokens,
+                                               "requests_at_max_len", reqs));
+        model_free(&m);
+    }
+    if (!as_json) {
+        printf("(per rank; the %d tensor ranks of a stage hold the same; MLA keeps its latent KV cache whole on each)\n", p->tp);
+        if (lo->gpu_gb > 0)
+            printf("%s: %s%s\n", fits ? "fits" : "does not fit", fits ? "every rank has room for its weights, activations and at least one request of --max-model-len " : "",
+                   fits ? "" : worst);
+    }
+    if (jo) {
+        json_object_set_new(jo, "layout", json_pack("{s:i, s:i, s:i, s:i, s:f, s:i, s:i, s:i, s:b, s:o}", "tp", p->tp, "pp", p->pp,
+                                                    "ep", p->ep, "ranks", world, "gpu_mem_gb", lo->gpu_gb, "max_batch_tokens",
+                                                    lo->max_batch_tokens, "max_running", lo->max_running, "max_model_len",
+                                                    lo->max_model_len, "fits", fits, "stages", ranks));
+    } else {
+        json_decref(ranks);
+    }
 }
 
 /* ---- command ---- */
@@ -491,9 +606,19 @@ int cmd_info(int argc, char **argv)
 {
     const char *dir = NULL;
     int as_json = 0;
+    Layout lo = {.max_batch_tokens = 2048, .max_running = 64, .max_model_len = 0};
+    int want_layout = 0;
     for (int i = 1; i < argc; i++) {
         if (opt_str(argc, argv, &i, "--model", &dir)) continue;
         if (opt_flag(argv, &i, "--json", &as_json)) continue;
+        if (par_opt(argc, argv, &i, &lo.par) || opt_double(argc, argv, &i, "--gpu-mem", 0.1, 1e6, &lo.gpu_gb) ||
+            opt_int(argc, argv, &i, "--max-batch-tokens", 1, 1 << 24, &lo.max_batch_tokens) ||
+            opt_int(argc, argv, &i, "--max-running-requests", 1, 1 << 16, &lo.max_running) ||
+            opt_int(argc, argv, &i, "--max-model-len", 2, 1 << 24, &lo.max_model_len) ||
+            opt_kv_cache_dtype(argc, argv, &i, &lo.kv_dtype)) {
+            want_layout = 1;
+            continue;
+        }
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { printf("usage: %s\n", usage_line); return 0; }
         opt_unknown("info", argv[i], usage_line);
     }
@@ -523,8 +648,12 @@ int cmd_info(int argc, char **argv)
         predict_precision(p, c, &q);
         p->source = q.algo == QALGO_NONE ? "none" : q.source;
     }
-    if (as_json) print_json(dir, c, &pc, &q, p);
-    else print_text(dir, c, &pc, &q, p);
+    if (want_layout && lo.max_model_len <= 0) lo.max_model_len = c->max_position < 4096 ? c->max_position : 4096;
+    if (as_json) print_json(dir, c, &pc, &q, p, want_layout ? &lo : NULL);
+    else {
+        print_text(dir, c, &pc, &q, p);
+        if (want_layout) print_layout(dir, c, &q, &lo, 0, NULL);
+    }
     quant_config_free(&q);
     free(p);
     free(c);

@@ -273,3 +273,66 @@ TEST(dist_rank_failure_stops_all)
         free(log);
     }
 }
+
+/* `moeserve info` under a layout: per-stage weights add up to the whole model under PP, TP
+ * halves the sliced weights, MLA's latent KV cache stays whole on every tensor rank while GQA's
+ * splits by KV head, and GLM-5 in NVFP4 fits 8 x 141 GB but not 4 x 80 GB. */
+static json_t *info_layout(const char *dir, const char *args)
+{
+    char cmd[1024], *out = NULL;
+    snprintf(cmd, sizeof cmd, "'%s' info --model '%s' --json %s 2>/dev/null", test_bin(), dir, args);
+    if (test_run(cmd, &out) != 0) {
+        fprintf(stderr, "    %s: %s\n", cmd, out ? out : "");
+        free(out);
+        return NULL;
+    }
+    const char *at = strstr(out, "{\"model\""); /* after any log lines */
+    json_t *o = at ? json_loads(at, JSON_DISABLE_EOF_CHECK, NULL) : NULL;
+    free(out);
+    json_t *l = o ? json_incref(json_object_get(o, "layout")) : NULL;
+    json_decref(o);
+    return l;
+}
+
+static double stage_num(json_t *l, int s, const char *k)
+{
+    return json_number_value(json_object_get(json_array_get(json_object_get(l, "stages"), s), k));
+}
+
+TEST(dist_info_layout)
+{
+    char gqa[600], mla[600], glm5[600];
+    snprintf(gqa, sizeof gqa, "%s/glm4moe-bf16", test_data("golden"));
+    snprintf(mla, sizeof mla, "%s/glm5-bf16", test_data("golden"));
+    snprintf(glm5, sizeof glm5, "%s/glm5-nvfp4", test_data("configs"));
+    for (int k = 0; k < 2; k++) {
+        const char *dir = k ? mla : gqa;
+        json_t *one = info_layout(dir, "--tp 1"), *pp = info_layout(dir, "--pp 2"), *tp = info_layout(dir, "--tp 2");
+        ASSERT(one && pp && tp);
+        double w1 = stage_num(one, 0, "weight_bytes");
+        EXPECT(fabs(stage_num(pp, 0, "weight_bytes") + stage_num(pp, 1, "weight_bytes") - w1) < 1, "%s: stages add up", dir);
+        double w2 = stage_num(tp, 0, "weight_bytes");
+        EXPECT(w2 < 0.75 * w1 && w2 >= 0.5 * w1, "%s: tp2 rank %g of %g", dir, w2, w1);
+        double kv1 = stage_num(one, 0, "kv_bytes_per_token"), kv2 = stage_num(tp, 0, "kv_bytes_per_token");
+        if (k) EXPECT(kv1 == kv2, "MLA latent cache per rank %g, one rank %g", kv2, kv1);
+        else EXPECT(kv2 == kv1 / 2, "GQA cache per rank %g, one rank %g", kv2, kv1);
+        /* PP halves the layers, and with them the cache per rank */
+        EXPECT(stage_num(pp, 0, "kv_bytes_per_token") == kv1 / 2, "%s", dir);
+        json_decref(one);
+        json_decref(pp);
+        json_decref(tp);
+    }
+    json_t *l = info_layout(glm5, "--tp 8 --gpu-mem 141");
+    ASSERT(l);
+    EXPECT(json_is_true(json_object_get(l, "fits")));
+    EXPECT(stage_num(l, 0, "weight_bytes") > 40e9 && stage_num(l, 0, "weight_bytes") < 70e9, "%g", stage_num(l, 0, "weight_bytes"));
+    json_decref(l);
+    l = info_layout(glm5, "--tp 4 --gpu-mem 80");
+    ASSERT(l);
+    EXPECT(json_is_false(json_object_get(l, "fits")));
+    json_decref(l);
+    l = info_layout(glm5, "--tp 4 --pp 2 --gpu-mem 141");
+    ASSERT(l);
+    EXPECT(json_is_true(json_object_get(l, "fits")) && json_array_size(json_object_get(l, "stages")) == 2);
+    json_decref(l);
+}
