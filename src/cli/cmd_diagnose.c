@@ -231,7 +231,7 @@ static int diagnose_model(ModelOpts *mo, const char *device, int threads, Engine
     for (int k = 0; k < n_batches && n < 16; k++) {
         Load ld = *ld0;
         ld.batch = batches[k];
-        if (ld.requests <= 0) ld.requests = 2 * ld.batch;
+        if (ld.requests <= 0) ld.requests = ld.batch > 1 ? ld.batch : 2; /* one wave */
         SweepRun *r = &runs[n++];
         memset(r, 0, sizeof *r);
         snprintf(r->name, sizeof r->name, "batch%d", ld.batch);

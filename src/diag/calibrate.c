@@ -14,6 +14,7 @@
 
 #include "../backend/cpu/cpu.h"
 #include "../base/util.h"
+#include "diag.h"
 #ifdef MOESERVE_CUDA
 #include "../backend/cuda/cuda.h"
 void cuda_ceilings(Backend *be, int quick, double *copy, double *read, double *bf16, double *fp8);
@@ -162,11 +163,11 @@ static void mkdirs(const char *path)
 
 json_t *ceilings_json(const Ceilings *c)
 {
-    return json_pack("{s:s, s:s, s:b, s:f, s:f, s:f, s:f, s:f, s:i, s:i, s:i, s:f, s:f, s:f, s:s, s:s, s:s}", "key", c->key,
+    return json_pack("{s:s, s:s, s:b, s:f, s:f, s:f, s:f, s:f, s:i, s:i, s:i, s:f, s:f, s:f, s:s, s:s, s:s, s:s}", "key", c->key,
                      "device", c->device, "gpu", c->gpu, "copy_gbps", c->copy_gbps, "read_gbps", c->read_gbps,
                      "bf16_tflops", c->bf16_tflops, "fp8_tflops", c->fp8_tflops, "fp4_tflops", c->fp4_tflops, "ranks",
                      c->ranks, "tp", c->tp, "pp", c->pp, "allreduce_gbps", c->allreduce_gbps, "allreduce_us",
-                     c->allreduce_us, "p2p_gbps", c->p2p_gbps, "comm", c->comm, "link", c->link, "measured", c->when);
+                     c->allreduce_us, "p2p_gbps", c->p2p_gbps, "comm", c->comm, "link", c->link, "measured", c->when, "p2p", c->p2p);
 }
 
 static int ceilings_from_json(Ceilings *c, json_t *o)
@@ -177,6 +178,8 @@ static int ceilings_from_json(Ceilings *c, json_t *o)
     NUM(copy_gbps); NUM(read_gbps); NUM(bf16_tflops); NUM(fp8_tflops); NUM(fp4_tflops);
     NUM(allreduce_gbps); NUM(allreduce_us); NUM(p2p_gbps);
 #undef NUM
+    const char *pp = json_string_value(json_object_get(o, "p2p"));
+    snprintf(c->p2p, sizeof c->p2p, "%s", pp ? pp : "");
     const char *w = json_string_value(json_object_get(o, "measured"));
     snprintf(c->when, sizeof c->when, "%s", w ? w : "");
     return c->copy_gbps > 0 && c->bf16_tflops > 0 ? 0 : -1;
@@ -235,6 +238,14 @@ void calibrate_get(Ceilings *c, Backend *be, Dist *d, int quick, int force)
         cpu_ceilings(c, be->n_threads, quick);
     }
     comm_ceilings(c, be, d);
+#ifdef MOESERVE_CUDA
+    if (c->gpu) {
+        char s[128];
+        cuda_p2p_summary(s, sizeof s);
+        int links = diag_nvlinks(0);
+        snprintf(c->p2p, sizeof c->p2p, "%s; GPU 0: %d NVLink links up", s, links);
+    }
+#endif
     time_t now = time(NULL);
     strftime(c->when, sizeof c->when, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
     if (!d || d->rank == 0) {
@@ -261,5 +272,6 @@ void ceilings_print(const Ceilings *c)
                c->ranks, c->tp, c->pp, c->comm, c->allreduce_gbps, c->allreduce_us, c->p2p_gbps, c->link);
     else
         printf("collectives: one rank (none)\n");
+    if (c->p2p[0]) printf("GPUs: %s\n", c->p2p);
     printf("measured: %s\n", c->when);
 }

@@ -26,6 +26,7 @@ typedef struct {
     double p2p_gbps;           /* point to point (pipeline stages) */
     char comm[16];             /* "mpi", "nccl", "" */
     char link[64];             /* how the ranks are linked, as far as seen */
+    char p2p[160];             /* GPUs: how many, whether they reach each other directly; NVLink links up */
     char when[32];
 } Ceilings;
 

@@ -37,6 +37,23 @@ void diag_gpu_power(int device, double *power_w, double *limit_w, int *sm_mhz, i
     if (maxclock(h, 1, &v) == 0) *sm_max_mhz = (int)v;
 }
 
+int diag_nvlinks(int device)
+{
+    void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    if (!lib) return 0;
+    int (*init)(void) = (int (*)(void))dlsym(lib, "nvmlInit_v2");
+    int (*by_index)(unsigned, void **) = (int (*)(unsigned, void **))dlsym(lib, "nvmlDeviceGetHandleByIndex_v2");
+    int (*state)(void *, unsigned, int *) = (int (*)(void *, unsigned, int *))dlsym(lib, "nvmlDeviceGetNvLinkState");
+    void *h;
+    int up = 0;
+    if (init && by_index && state && init() == 0 && by_index((unsigned)device, &h) == 0)
+        for (unsigned l = 0; l < 18; l++) {
+            int on = 0;
+            if (state(h, l, &on) == 0 && on) up++;
+        }
+    return up;
+}
+
 void diag_engine(Engine *e, const Ceilings *c, const Deployment *layout, Diagnosis *g, Deployment *d)
 {
     *d = *layout;

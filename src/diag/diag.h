@@ -12,5 +12,7 @@
 void diag_engine(Engine *e, const Ceilings *c, const Deployment *layout, Diagnosis *g, Deployment *d);
 /* GPU device's power draw and limit (W) and SM clocks (MHz) through NVML; 0 when unknown */
 void diag_gpu_power(int device, double *power_w, double *limit_w, int *sm_mhz, int *sm_max_mhz);
+/* NVLink links up on GPU device (NVML), 0 without NVML or NVLink */
+int diag_nvlinks(int device);
 
 #endif

@@ -25,6 +25,17 @@ static void line(char (*arr)[320], int *n, const char *fmt, ...)
 
 static int is_compute(int c) { return c <= SC_SAMPLE; }
 
+/* the dominant op is far below its roof: what can be done about that op */
+static void advise_kernel(Diagnosis *g, int dom, double pct, const char *roof)
+{
+    if (dom == SC_MOE_GEMM || dom == SC_DENSE_GEMM)
+        ADV("%s reaches %.1f%% of the %s roof: run `moeserve tune` for this GPU (the NVFP4 tiles) and compare with "
+            "`moeserve bench kernels`", step_cat_title(dom), pct, roof);
+    else
+        ADV("%s reaches %.1f%% of the %s roof and has no tuning knob: its kernel is what to speed up (a larger "
+            "batch will not hide it, since it grows with the batch)", step_cat_title(dom), pct, roof);
+}
+
 void diagnose(const ProfSum *s, const Ceilings *c, const Deployment *d, Diagnosis *g)
 {
     memset(g, 0, sizeof *g);
@@ -131,8 +142,7 @@ void diagnose(const ProfSum *s, const Ceilings *c, const Deployment *d, Diagnosi
                 "--tp will not help");
         } else {
             g->verdict = V_UNDER_TUNED;
-            ADV("%s runs at %.1f%% of the compute roof: run `moeserve tune` for this GPU and compare with `moeserve "
-                "bench kernels`", step_cat_title(dom), g->tflops_pct[dom]);
+            advise_kernel(g, dom, g->tflops_pct[dom], "compute");
         }
     } else {
         EVID("%s does %.1f FLOP per byte, below the ridge point %.1f: memory side", step_cat_title(dom), ai, ridge);
@@ -142,8 +152,7 @@ void diagnose(const ProfSum *s, const Ceilings *c, const Deployment *d, Diagnosi
                 "more tokens, or split the bytes over more GPUs");
         } else {
             g->verdict = V_UNDER_TUNED;
-            ADV("%s reaches %.1f%% of the bandwidth roof: run `moeserve tune` for this GPU and compare with `moeserve "
-                "bench kernels`", step_cat_title(dom), g->gbps_pct[dom]);
+            advise_kernel(g, dom, g->gbps_pct[dom], "bandwidth");
         }
     }
     if (d->gpu && !d->graphs) ADV("enable CUDA graphs (drop --disable-cuda-graph)");

@@ -123,6 +123,23 @@ static void cuda_bind_thread(Backend *be) { CUDA_CHECK(cudaSetDevice(cuda_state(
 
 extern "C" void *cuda_stream_of(Backend *be) { return (void *)cuda_stream(be); }
 
+/* the GPUs this process sees and whether each pair can reach the other directly (P2P) */
+extern "C" void cuda_p2p_summary(char *buf, size_t n)
+{
+    int count = cuda_device_count(), pairs = 0, p2p = 0;
+    for (int a = 0; a < count; a++)
+        for (int b = 0; b < count; b++) {
+            if (a == b) continue;
+            int ok = 0;
+            if (cudaDeviceCanAccessPeer(&ok, a, b) == cudaSuccess) p2p += ok != 0;
+            pairs++;
+        }
+    cudaGetLastError();
+    if (count < 2) snprintf(buf, n, "%d GPU: no peer to reach", count);
+    else snprintf(buf, n, "%d GPUs, P2P between %d of %d ordered pairs%s", count, p2p, pairs,
+                  p2p == pairs ? " (all)" : p2p == 0 ? " (none: through host memory)" : "");
+}
+
 static __global__ void delay_kernel(long long cycles)
 {
     long long t0 = clock64();

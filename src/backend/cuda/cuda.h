@@ -18,6 +18,8 @@ void backend_cuda_init(Backend *be, int device);
 void cuda_device_name(int device, char *buf, size_t n);
 /* The backend's cudaStream_t (for NCCL, src/dist/comm_nccl.c). */
 void *cuda_stream_of(Backend *be);
+/* "8 GPUs, P2P between 56 of 56 ordered pairs (all)" */
+void cuda_p2p_summary(char *buf, size_t n);
 /* Keep the stream busy for about us microseconds (--inject-comm-delay-us). */
 void cuda_delay_us(Backend *be, int us);
 
