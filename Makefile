@@ -86,6 +86,11 @@ run: $(BUILD)/moeserve
 test-cuda: $(BUILD)/moeserve $(BUILD)/test_cuda
 	MOESERVE_BIN=$(CURDIR)/$(BUILD)/moeserve ./$(BUILD)/test_cuda $(FILTER)
 
+# make test-dist: the parallel layouts (under mpirun) and the diagnosis tests alone.
+test-dist: $(BUILD)/moeserve $(BUILD)/test_unit
+	MOESERVE_BIN=$(CURDIR)/$(BUILD)/moeserve ./$(BUILD)/test_unit dist_
+	MOESERVE_BIN=$(CURDIR)/$(BUILD)/moeserve ./$(BUILD)/test_unit diag_
+
 # make debug: AddressSanitizer + UndefinedBehaviorSanitizer, CPU only, runs the tests.
 debug:
 	$(MAKE) $(ASAN_FLAGS) build-debug/moeserve build-debug/test_unit
@@ -94,5 +99,5 @@ debug:
 clean:
 	rm -rf build build-debug
 
-.PHONY: all run test test-server-asan test-cuda debug clean
+.PHONY: all run test test-server-asan test-cuda test-dist debug clean
 -include $(OBJ:.o=.d) $(TESTOBJ:.o=.d) $(CUTESTOBJ:.o=.d) $(BUILD)/src/cli/main.d
