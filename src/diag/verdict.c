@@ -107,7 +107,8 @@ void diagnose(const ProfSum *s, const Ceilings *c, const Deployment *d, Diagnosi
     Verdict v = V_BUBBLE;
     if (comm > top) top = comm, v = V_COMMUNICATION;
     if (host > top) top = host, v = V_HOST;
-    if (top >= 0.30 && top >= compute * 0.75) {
+    /* it decides when it is a quarter of the step and outweighs every compute category alone */
+    if (top >= 0.25 && top >= g->share[dom]) {
         g->verdict = v;
         if (v == V_BUBBLE) {
             EVID("stages wait for each other %.0f%% of the step (%d stages, %d micro-batches in flight)", 100 * bubble, d->pp,
