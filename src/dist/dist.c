@@ -45,6 +45,7 @@ static void exit_hook(int code)
     _exit(code);
 }
 
+#ifdef MOESERVE_CUDA
 /* rank 0: a child that exits before dist_shutdown took every rank down with it */
 static void on_sigchld(int sig)
 {
@@ -67,6 +68,7 @@ static void on_sigchld(int sig)
         _exit(1);
     }
 }
+#endif
 
 /* ---- setup ---- */
 
@@ -117,6 +119,7 @@ static void pipe_bcast(Dist *d, void *buf, size_t bytes)
         read_all(g_pipe_r, buf, bytes);
 }
 
+#ifdef MOESERVE_CUDA
 static void fork_ranks(Dist *d)
 {
     int world = d->world;
@@ -149,6 +152,7 @@ static void fork_ranks(Dist *d)
     sigaction(SIGCHLD, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 }
+#endif
 
 void dist_shard(ModelConfig *c, void *par_opts)
 {
@@ -179,14 +183,16 @@ const char *dist_setup(ParOpts *p, const char *device)
     if (!device && access("/dev/nvidiactl", F_OK) == 0) device = "cuda";
 #endif
     int gpu = is_cuda(device);
+#ifdef MOESERVE_CUDA
     static char dev_buf[32];
+#endif
     if (dist_under_mpirun()) {
         if (gpu) nccl_env();
         comm_mpi_init(d, gpu);
-        const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-        int local = lr ? atoi(lr) : d->rank;
         if (gpu) {
 #ifdef MOESERVE_CUDA
+            const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+            int local = lr ? atoi(lr) : d->rank;
             char id[256];
             if (d->rank == 0 && comm_nccl_unique_id(id, sizeof id) < 0) fatal("NCCL is not available (libnccl.so.2)");
             comm_mpi_bcast_host(d, id, sizeof id);

@@ -162,11 +162,12 @@ static const char *run_verdict(const char *launch, const char *extra, double *st
     return verdict;
 }
 
-#define MPI2 "mpirun --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS=1 -np 2"
+/* Open MPI keeps some allocations to the end of the process: no leak report for its ranks */
+#define MPI2 "mpirun --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS=1 -x ASAN_OPTIONS=detect_leaks=0 -np 2"
 
 TEST(diag_faults_get_their_verdict)
 {
-    const char *v = run_verdict("", "--inject-host-delay-us 5000", NULL);
+    const char *v = run_verdict("", "--inject-host-delay-us 50000", NULL); /* 50 ms: more than a step, even under ASan */
     EXPECT(v && !strcmp(v, "host-bound"), "host delay: %s", v ? v : "(none)");
     v = run_verdict("", "--inject-gemm-repeat 20", NULL);
     EXPECT(v && (!strcmp(v, "under-tuned-kernels") || !strcmp(v, "compute-bound")), "repeated GEMMs: %s", v ? v : "(none)");
