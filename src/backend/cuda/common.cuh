@@ -211,6 +211,10 @@ void indexer_cuda(Backend *be, int *topk, const float *q, const float *w, const 
  * xt and wt (matmul.cu). */
 void lt_matmul(Backend *be, float *out, int ldo, const void *x, cudaDataType xt, int ldx, const void *w, cudaDataType wt,
                int T, int N, int K);
+/* out[t, n] = y[t, n] + y[T + t, n] (+ bias[n]): the two BF16 halves' GEMM rows joined */
+void join_halves_cuda(Backend *be, float *out, int ldo, const float *y, const float *bias, int T, int N);
+/* out[t, n] += bias[n] */
+void add_bias_cuda(Backend *be, float *out, int ldo, const float *bias, int T, int N);
 /* the same times alpha */
 void lt_matmul_scaled(Backend *be, float *out, int ldo, const void *x, cudaDataType xt, int ldx, const void *w,
                       cudaDataType wt, int T, int N, int K, float alpha);

@@ -44,6 +44,20 @@ static __global__ void add_bias_kernel(float *out, int ldo, const float *bias, i
         out[(i / N) * ldo + i % N] += bias[i % N];
 }
 
+void join_halves_cuda(Backend *be, float *out, int ldo, const float *y, const float *bias, int T, int N)
+{
+    int64_t m = (int64_t)T * N;
+    join_halves_kernel<<<cdiv(m, 256) < 65535 ? cdiv(m, 256) : 65535, 256, 0, cuda_stream(be)>>>(out, ldo, y, bias, T, N);
+    LAUNCH_CHECK("join_halves_kernel");
+}
+
+void add_bias_cuda(Backend *be, float *out, int ldo, const float *bias, int T, int N)
+{
+    int64_t n = (int64_t)T * N;
+    add_bias_kernel<<<cdiv(n, 256) < 65535 ? cdiv(n, 256) : 65535, 256, 0, cuda_stream(be)>>>(out, ldo, bias, T, N);
+    LAUNCH_CHECK("add_bias_kernel");
+}
+
 /* Row-major out[T, N] (ld ldo) = X[T, K] (ld ldx) W[N, K]^T: in cuBLAS's column-major view,
  * C (N x T) = op(A) B with A = W as a K x N matrix (transposed) and B = X as K x T. */
 void lt_matmul(Backend *be, float *out, int ldo, const void *x, cudaDataType xt, int ldx, const void *w,
@@ -91,12 +105,11 @@ void matmul_cuda(Backend *be, float *out, int ldo, const float *x, int ldx, int 
     if (w->fmt == QF_BF16) {
         __nv_bfloat16 *xb = (__nv_bfloat16 *)cuda_scratch(be, SCR_MM_X, (size_t)2 * T * K * sizeof(__nv_bfloat16));
         float *y = (float *)cuda_scratch(be, SCR_MM_Y, (size_t)2 * T * N * sizeof(float));
-        int64_t n = (int64_t)T * K, m = (int64_t)T * N;
+        int64_t n = (int64_t)T * K;
         split_bf16_kernel<<<cdiv(n, 256) < 65535 ? cdiv(n, 256) : 65535, 256, 0, st>>>(xb, x, ldx, T, K);
         LAUNCH_CHECK("split_bf16_kernel");
         lt_matmul(be, y, N, xb, CUDA_R_16BF, K, w->data, CUDA_R_16BF, 2 * T, N, K);
-        join_halves_kernel<<<cdiv(m, 256) < 65535 ? cdiv(m, 256) : 65535, 256, 0, st>>>(out, ldo, y, bias, T, N);
-        LAUNCH_CHECK("join_halves_kernel");
+        join_halves_cuda(be, out, ldo, y, bias, T, N);
         return;
     } else if (w->fmt == QF_NVFP4 && w->packed) {
         w4_matmul_cuda(be, out, ldo, x, ldx, T, w, bias);
@@ -109,9 +122,5 @@ void matmul_cuda(Backend *be, float *out, int ldo, const float *x, int ldx, int 
         LAUNCH_CHECK("qgemm_dense_kernel");
         return;
     }
-    if (bias) {
-        int64_t n = (int64_t)T * N;
-        add_bias_kernel<<<cdiv(n, 256) < 65535 ? cdiv(n, 256) : 65535, 256, 0, st>>>(out, ldo, bias, T, N);
-        LAUNCH_CHECK("add_bias_kernel");
-    }
+    if (bias) add_bias_cuda(be, out, ldo, bias, T, N);
 }

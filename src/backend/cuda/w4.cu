@@ -337,20 +337,6 @@ extern "C" int w4_lt_rows(void)
     return v;
 }
 
-static __global__ void w4_join_kernel(float *out, int ldo, const float *y, const float *bias, int T, int N)
-{
-    int64_t n = (int64_t)T * N;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        out[(i / N) * ldo + i % N] = y[i] + y[n + i] + (bias ? bias[i % N] : 0.f);
-}
-
-static __global__ void w4_bias_kernel(float *out, int ldo, const float *bias, int T, int N)
-{
-    int64_t n = (int64_t)T * N;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        out[(i / N) * ldo + i % N] += bias[i % N];
-}
-
 /* Prefill: compute-bound, where cuBLASLt's wgmma kernels reach the tensor roof and our mma.sync
  * tile does not; decoding W (0.56 bytes read and 2 written per weight, once per call) is
  * small next to 2 T FLOPs per weight once T is in the hundreds. The activations as the W4A16
@@ -368,20 +354,14 @@ static void w4_matmul_lt(Backend *be, float *out, int ldo, const float *x, int l
     __nv_bfloat16 *xb = (__nv_bfloat16 *)cuda_scratch(be, SCR_W4_X, (size_t)2 * T * K * sizeof(__nv_bfloat16));
     to_bf16(be, xb, x, ldx, T, K, split);
     float alpha = w->gscale * 512.f;
-    int64_t m = (int64_t)T * N;
-    int eb = cdiv(m, 256) < 65535 ? cdiv(m, 256) : 65535;
     if (split) { /* [x_hi; x_lo] as 2T rows, then their sum */
         float *y = (float *)cuda_scratch(be, SCR_MM_Y, (size_t)2 * T * N * sizeof(float)); /* as matmul.cu's BF16 route */
         lt_matmul_scaled(be, y, N, xb, CUDA_R_16BF, K, wb, CUDA_R_16BF, 2 * T, N, K, alpha);
-        w4_join_kernel<<<eb, 256, 0, st>>>(out, ldo, y, bias, T, N);
-        LAUNCH_CHECK("w4_join_kernel");
+        join_halves_cuda(be, out, ldo, y, bias, T, N);
         return;
     }
     lt_matmul_scaled(be, out, ldo, xb, CUDA_R_16BF, K, wb, CUDA_R_16BF, T, N, K, alpha);
-    if (bias) {
-        w4_bias_kernel<<<eb, 256, 0, st>>>(out, ldo, bias, T, N);
-        LAUNCH_CHECK("w4_bias_kernel");
-    }
+    if (bias) add_bias_cuda(be, out, ldo, bias, T, N);
 }
 
 void w4_matmul_cuda(Backend *be, float *out, int ldo, const float *x, int ldx, int T, const QTensor *w, const float *bias)
