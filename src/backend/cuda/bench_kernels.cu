@@ -450,7 +450,7 @@ extern "C" int cuda_w4_tune(const W4TuneOpts *o)
     float *dw = (float *)be_alloc(&be, (size_t)maxT * K * 4);
     std::vector<float> wts((size_t)maxT * K, 1.0f / K);
     be_to_device(&be, dw, wts.data(), wts.size() * 4);
-    printf("\n%-6s %6s %5s %3s %3s %3s %8s  %s\n", "kind", "tokens", "tile", "nt", "st", "ks", "smem B", "result");
+    printf("\n%-6s %6s %5s %3s %3s %3s %3s %8s  %s\n", "kind", "tokens", "tile", "nt", "st", "ks", "ss", "smem B", "result");
     for (int kind = 0; kind < W4_KINDS; kind++) {
         std::vector<int> &ts = kind == W4_MOE ? moe_t : dense_t;
         for (int T : ts) {
@@ -470,7 +470,9 @@ extern "C" int cuda_w4_tune(const W4TuneOpts *o)
             for (int tile = 0; tile < W4_N_TILES; tile++) {
                 W4Tile w = w4_tiles[tile];
                 char why[256];
-                printf("%-6s %6d %5d %3d %3d %3d %8zu  ", kind == W4_MOE ? "moe" : "dense", T, tile, w.nt, w.st, w.ks, w4_tile_smem(w));
+                if (kind == W4_DENSE && w.ss) continue; /* one weight stream: the same kernel as its ss 0 twin */
+                printf("%-6s %6d %5d %3d %3d %3d %3d %8zu  ", kind == W4_MOE ? "moe" : "dense", T, tile, w.nt, w.st, w.ks, w.ss,
+                       w4_tile_smem(w));
                 if (!w4_tile_fits(w, budget, why, sizeof why)) {
                     printf("rejected: %s\n", why);
                     continue;

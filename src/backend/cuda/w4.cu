@@ -275,18 +275,25 @@ static int w4_splits(int T, int N, int K, int nt, int ks, int sms)
     } while (0)
 #define W4_DISPATCH(tile, LAUNCH)                                                                                      \
     switch (tile) {                                                                                                    \
-    case 0: LAUNCH(1, 0, 1); break;                                                                                    \
-    case 1: LAUNCH(2, 0, 1); break;                                                                                    \
-    case 2: LAUNCH(4, 0, 1); break;                                                                                    \
-    case 3: LAUNCH(2, 2, 1); break;                                                                                    \
-    case 4: LAUNCH(4, 2, 1); break;                                                                                    \
-    case 5: LAUNCH(4, 3, 1); break;                                                                                    \
-    case 6: LAUNCH(4, 4, 1); break;                                                                                    \
-    case 7: LAUNCH(8, 2, 1); break;                                                                                    \
-    case 8: LAUNCH(8, 3, 1); break;                                                                                    \
-    case 9: LAUNCH(8, 4, 1); break;                                                                                    \
-    case 10: LAUNCH(1, 0, 4); break;                                                                                   \
-    default: LAUNCH(2, 0, 4); break;                                                                                   \
+    case 0: LAUNCH(1, 0, 1, false); break;                                                                                    \
+    case 1: LAUNCH(2, 0, 1, false); break;                                                                                    \
+    case 2: LAUNCH(4, 0, 1, false); break;                                                                                    \
+    case 3: LAUNCH(2, 2, 1, false); break;                                                                                    \
+    case 4: LAUNCH(4, 2, 1, false); break;                                                                                    \
+    case 5: LAUNCH(4, 3, 1, false); break;                                                                                    \
+    case 6: LAUNCH(4, 4, 1, false); break;                                                                                    \
+    case 7: LAUNCH(8, 2, 1, false); break;                                                                                    \
+    case 8: LAUNCH(8, 3, 1, false); break;                                                                                    \
+    case 9: LAUNCH(8, 4, 1, false); break;                                                                                    \
+    case 10: LAUNCH(1, 0, 4, false); break;                                                                            \
+    case 11: LAUNCH(2, 0, 4, false); break;                                                                            \
+    case 12: LAUNCH(1, 0, 1, true); break;                                                                             \
+    case 13: LAUNCH(2, 0, 1, true); break;                                                                             \
+    case 14: LAUNCH(4, 0, 1, true); break;                                                                             \
+    case 15: LAUNCH(2, 2, 1, true); break;                                                                             \
+    case 16: LAUNCH(4, 2, 1, true); break;                                                                             \
+    case 17: LAUNCH(4, 3, 1, true); break;                                                                             \
+    default: LAUNCH(8, 2, 1, true); break;                                                                             \
     }
 
 /* ---- many rows (prefill): decode W to BF16 once, then cuBLASLt's tensor-core GEMM ---- */
@@ -397,8 +404,9 @@ void w4_matmul_cuda(Backend *be, float *out, int ldo, const float *x, int ldx, i
         w4_dense_kernel<NTV, STV, KSV, false, SPV><<<grid, W4_WARPS * 32, W4_SMEM(NTV, STV), st>>>(                    \
             out, ldo, part, xa, lda, lo, T, *w, bias, splits);                                                         \
     }
-#define LAUNCH_DENSE_T(NTV, STV, KSV) LAUNCH_DENSE_SP(NTV, STV, KSV, true)
-#define LAUNCH_DENSE_F(NTV, STV, KSV) LAUNCH_DENSE_SP(NTV, STV, KSV, false)
+/* one weight stream: a stream-split tile (ss) runs as its ss 0 twin */
+#define LAUNCH_DENSE_T(NTV, STV, KSV, SSV) LAUNCH_DENSE_SP(NTV, STV, KSV, true)
+#define LAUNCH_DENSE_F(NTV, STV, KSV, SSV) LAUNCH_DENSE_SP(NTV, STV, KSV, false)
     if (split) {
         W4_DISPATCH(tile, LAUNCH_DENSE_T)
     } else {
@@ -470,8 +478,10 @@ static __global__ void w4_route_kernel(int *offset, int *count_out, int *rows, i
 }
 
 /* gate and up of expert e for one tile of its pairs: h[pos, f] = silu(gate) * up (BF16), pos the
- * pair's place in the sorted list. Row tiles of F along blockIdx.y. */
-template <int NT, int ST, int KS, bool SP>
+ * pair's place in the sorted list. Row tiles of F along blockIdx.y. SS: warps 2r and 2r + 1
+ * stream gate and up of the block's row tile r (one weight stream a warp: half the registers);
+ * the up warp hands its sums to the gate warp through shared memory. */
+template <int NT, int ST, int KS, bool SP, bool SS>
 static __global__ void __launch_bounds__(W4_WARPS * 32) w4_moe_gateup_kernel(
     __nv_bfloat16 *h, const __nv_bfloat16 *xb, const QTensor *table, int E, int topk, const int *count,
     const int *offset, const int *rows, const int *tile_e, const int *tile_m0, const int *n_tiles, int F, int K,
@@ -482,22 +492,52 @@ static __global__ void __launch_bounds__(W4_WARPS * 32) w4_moe_gateup_kernel(
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int tile = blockIdx.x;
     if (tile >= *n_tiles) return;
-    __shared__ float red[KS > 1 ? (KS - 1) * 2 * NT * 4 * 32 : 1];
-    int i = blockIdx.y * (W4_WARPS / KS) + (threadIdx.x >> 5) / KS, active = i < F / 16;
-    if (ST == 0 && !active) return;
+    static_assert(!SS || KS == 1, "stream split and K split do not combine");
+    __shared__ float red[SS ? (W4_WARPS / 2) * NT * 4 * 32 : KS > 1 ? (KS - 1) * 2 * NT * 4 * 32 : 1];
+    const int warp = threadIdx.x >> 5;
+    int i = SS ? blockIdx.y * (W4_WARPS / 2) + warp / 2 : blockIdx.y * (W4_WARPS / KS) + warp / KS, active = i < F / 16;
+    if (ST == 0 && !SS && !active) return; /* SS: every warp meets the exchange barrier */
     int e = tile_e[tile], m0 = tile_m0[tile], m = min(8 * NT, count[e] - m0), base = offset[e] + m0;
     const QTensor &wg = table[e], &wu = table[E + e];
     int ng = K / W4_KG;
     if (threadIdx.x < 8 * NT) rowp[threadIdx.x] = xb + (size_t)(rows[base + min((int)threadIdx.x, m - 1)] / topk) * K;
     __syncthreads();
     int ia = active ? i : 0;
+    float sg = wg.gscale * 512.f, su = wu.gscale * 512.f;
+    if (SS) {
+        int up = warp & 1;
+        const uint8_t *rec[1] = {(up ? wu : wg).data + (size_t)ia * ng * W4_REC};
+        float acc[1][NT][4];
+        w4_tile<NT, 1, ST, false, SP>(acc, rec, active, rowp, xlo, (m + 7) / 8, 0, ng, w4_sx);
+        float *xu = red + (warp / 2) * NT * 4 * 32;
+        if (up)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int q = 0; q < 4; q++) xu[(nt * 4 + q) * 32 + lane] = acc[0][nt][q];
+        __syncthreads();
+        if (up || !active) return;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                int slot = nt * 8 + 2 * t + (q & 1), f = 16 * i + g + 8 * (q >> 1);
+                if (slot >= m) continue;
+                float gv = acc[0][nt][q] * sg, uv = xu[(nt * 4 + q) * 32 + lane] * su;
+                size_t at = (size_t)(base + slot) * F + f;
+                float hv = gv / (1.f + __expf(-gv)) * uv;
+                __nv_bfloat16 hh = __float2bfloat16(hv);
+                h[at] = hh;
+                if (SP) h[hlo + at] = __float2bfloat16(hv - __bfloat162float(hh));
+            }
+        return;
+    }
     const uint8_t *rec[2] = {wg.data + (size_t)ia * ng * W4_REC, wu.data + (size_t)ia * ng * W4_REC};
     float acc[2][NT][4];
     int g0 = 0, g1 = ng;
     w4_krange<KS>(g0, g1);
     w4_tile<NT, 2, ST, false, SP>(acc, rec, active, rowp, xlo, (m + 7) / 8, g0, g1, w4_sx);
     if (!w4_kreduce<2, NT, KS>(acc, red) || !active) return;
-    float sg = wg.gscale * 512.f, su = wu.gscale * 512.f;
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -571,19 +611,20 @@ int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const f
     w4_route_kernel<<<nb, 1024, 0, st>>>(offset, count, rows, tile_e, tile_m0, n_tiles, idx, P, E, MT, xb, x, nx, split);
     LAUNCH_CHECK("w4_route_kernel");
     int rpb = W4_WARPS / w4_tiles[tile].ks; /* row tiles per block */
-    dim3 gf(max_tiles, cdiv(F / 16, rpb)), gd(max_tiles, cdiv(D / 16, rpb));
+    int rpb_gu = w4_tiles[tile].ss ? W4_WARPS / 2 : rpb; /* gate and up on two warps a row tile */
+    dim3 gf(max_tiles, cdiv(F / 16, rpb_gu)), gd(max_tiles, cdiv(D / 16, rpb));
     const QTensor *tb = lw->exp_table;
-#define W4_MOE_SP(NTV, STV, KSV, SPV)                                                                                    \
-    W4_SET_SMEM(w4_moe_gateup_kernel, NTV, STV, KSV, SPV);                                                                  \
+#define W4_MOE_SP(NTV, STV, KSV, SPV, SSV)                                                                               \
+    W4_SET_SMEM2(w4_moe_gateup_kernel, NTV, STV, KSV, SPV, SSV);                                                            \
     W4_SET_SMEM(w4_moe_down_kernel, NTV, STV, KSV, SPV);                                                                    \
-    w4_moe_gateup_kernel<NTV, STV, KSV, SPV><<<gf, W4_WARPS * 32, W4_SMEM(NTV, STV), st>>>(h, xb, tb, E, K, count, offset, rows,  \
+    w4_moe_gateup_kernel<NTV, STV, KSV, SPV, SSV><<<gf, W4_WARPS * 32, W4_SMEM(NTV, STV), st>>>(h, xb, tb, E, K, count, offset, rows,  \
                                                                                  tile_e, tile_m0, n_tiles, F, D, xlo, hlo); \
     LAUNCH_CHECK("w4_moe_gateup_kernel");                                                                              \
     w4_moe_down_kernel<NTV, STV, KSV, SPV><<<gd, W4_WARPS * 32, W4_SMEM(NTV, STV), st>>>(y, h, tb, E, count, offset, rows,        \
                                                                                tile_e, tile_m0, n_tiles, D, F, hlo);   \
     LAUNCH_CHECK("w4_moe_down_kernel");
-#define W4_MOE_T(NTV, STV, KSV) W4_MOE_SP(NTV, STV, KSV, true)
-#define W4_MOE_F(NTV, STV, KSV) W4_MOE_SP(NTV, STV, KSV, false)
+#define W4_MOE_T(NTV, STV, KSV, SSV) W4_MOE_SP(NTV, STV, KSV, true, SSV)
+#define W4_MOE_F(NTV, STV, KSV, SSV) W4_MOE_SP(NTV, STV, KSV, false, SSV)
     if (split) {
         W4_DISPATCH(tile, W4_MOE_T)
     } else {

@@ -16,12 +16,16 @@ extern "C" {
 /* A tile configuration: nt n8 token tiles per block (8 nt tokens), st activation groups
  * staged in shared memory (cp.async ring; 0: each lane reads its activations from global
  * memory), ks warps splitting one row tile's K inside the block (1, or 4 with st 0: more warps
- * streaming at small batches, their sums added in shared memory). Every block is 4 warps. */
+ * streaming at small batches, their sums added in shared memory), ss 1: the MoE gate and up
+ * projections of a row tile on two warps instead of one (half the registers a warp holds, so
+ * twice the warps resident; the up half crosses to the gate warp through shared memory for
+ * SwiGLU; dense GEMMs have one stream and run such a tile as its ss 0 twin). Every block is 4
+ * warps. */
 typedef struct {
-    int nt, st, ks;
+    int nt, st, ks, ss;
 } W4Tile;
 
-#define W4_N_TILES 12
+#define W4_N_TILES 19
 extern const W4Tile w4_tiles[W4_N_TILES];     /* the parameter space, by index */
 
 /* Shared memory a block of this tile needs: the dynamic staging ring plus the static row

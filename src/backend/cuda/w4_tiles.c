@@ -20,12 +20,15 @@ const W4Tile w4_tiles[W4_N_TILES] = {
     {2, 2, 1}, {4, 2, 1}, {4, 3, 1}, {4, 4, 1},   /* staged through shared memory */
     {8, 2, 1}, {8, 3, 1}, {8, 4, 1},              /* 64 tokens a block: prefill */
     {1, 0, 4}, {2, 0, 4},                         /* K split over the block's 4 warps: decode */
+    {1, 0, 1, 1}, {2, 0, 1, 1}, {4, 0, 1, 1},     /* MoE gate and up on separate warps */
+    {2, 2, 1, 1}, {4, 2, 1, 1}, {4, 3, 1, 1}, {8, 2, 1, 1},
 };
 
 size_t w4_tile_smem(W4Tile t)
 {
     size_t dyn = (size_t)t.st * 2 * 8 * t.nt * XS_BYTES, rowp = (size_t)8 * t.nt * sizeof(void *);
     size_t red = t.ks > 1 ? (size_t)(t.ks - 1) * 2 * t.nt * 4 * 32 * sizeof(float) : 0; /* 2: gate and up */
+    if (t.ss) red = (size_t)(4 / 2) * t.nt * 4 * 32 * sizeof(float); /* the up sums of the block's 2 row tiles */
     return dyn + rowp + red;
 }
 
@@ -93,7 +96,7 @@ int w4_table_save(const W4Table *t, const char *path, char *err, size_t n)
                 char key[16];
                 snprintf(key, sizeof key, "%d", w4_bucket_tokens(b));
                 W4Tile w = w4_tiles[t->tile[k][b]];
-                json_object_set_new(m, key, json_pack("{s:i, s:i, s:i, s:i}", "tile", t->tile[k][b], "nt", w.nt, "st", w.st, "ks", w.ks));
+                json_object_set_new(m, key, json_pack("{s:i, s:i, s:i, s:i, s:i}", "tile", t->tile[k][b], "nt", w.nt, "st", w.st, "ks", w.ks, "ss", w.ss));
             }
         json_object_set_new(root, kind_key[k], m);
     }
