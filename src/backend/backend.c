@@ -4,6 +4,7 @@
 #include "backend.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../base/util.h"
@@ -230,6 +231,48 @@ void be_attention_mla(Backend *be, float *out, const float *q, const KVLayer *kv
     count(be, OP_ATTENTION, flops,
           qtensor_bytes(wkv_b) + (double)kv_elem_size(kv->dtype) * batch_ctx(b) * kv->kv_width +
               4.0 * T * H * (Dn + Dr + Dv));
+}
+
+int be_mla_piece(const ModelConfig *c)
+{
+    static int env = -1;
+    if (env < 0) {
+        const char *e = getenv("MOESERVE_MLA_PIECE");
+        int v = e ? atoi(e) : 0;
+        env = v <= 0 ? 0 : v < 4096 ? v : 4096;
+    }
+    if (env > 0) return env;
+    double row = 4.0 * ((double)c->n_heads * (c->qk_nope_dim + c->v_head_dim) + c->kv_lora_rank + c->qk_rope_dim);
+    int kc = (int)((128.0 * 1024 * 1024) / (row > 0 ? row : 1)) / 256 * 256;
+    return kc < 256 ? 256 : kc > 4096 ? 4096 : kc;
+}
+
+void be_kv_gather(Backend *be, float *out, const void *cache, KVDtype dt, float scale, int width, int n,
+                  const int *bt, int block_size, int j0, int rows)
+{
+    be_op_begin(be);
+    be->ops->kv_gather(be, out, cache, dt, scale, width, n, bt, block_size, j0, rows);
+    count(be, OP_ATTENTION, 0, (4.0 + kv_elem_size(dt)) * rows * n);
+}
+
+void be_attention_mla_piece(Backend *be, float *out, float *st, const float *q, const float *kv,
+                            const float *kpe, int ldk, int j0, int n, int t0, int nt, const int *topk,
+                            int ktop, int first, int last, const Batch *b, const Batch *db,
+                            const ModelConfig *c)
+{
+    be_op_begin(be);
+    be->ops->attention_mla_piece(be, out, st, q, kv, kpe, ldk, j0, n, t0, nt, topk, ktop, first, last, db, c);
+    double H = c->n_heads, Dn = c->qk_nope_dim, Dr = c->qk_rope_dim, Dv = c->v_head_dim, keys = 0;
+    /* the causal keys of each query in the piece; the indexer's selection takes its share of
+     * them (its positions are on the device: the count assumes they spread evenly) */
+    for (int t = t0; t < t0 + nt; t++) {
+        double k = b->pos[t] + 1 - j0;
+        k = k < 0 ? 0 : k > n ? n : k;
+        if (topk && b->pos[t] + 1 > ktop) k *= (double)ktop / (b->pos[t] + 1);
+        keys += k;
+    }
+    count(be, OP_ATTENTION, 2.0 * H * keys * (Dn + Dr + Dv) + 5.0 * H * keys,
+          4.0 * n * (H * (Dn + Dv) + Dr) + 4.0 * nt * H * (Dn + Dr + 2.0 * Dv + 4.0));
 }
 
 void be_indexer(Backend *be, int *topk, const float *q, const float *w, const KVLayer *kv,

@@ -114,6 +114,11 @@ typedef struct {
     void (*attention_mla)(Backend *be, float *out, const float *q, const KVLayer *kv,
                           const QTensor *wkv_b, const int *topk, int ktop, const Batch *b,
                           const ModelConfig *c);
+    void (*kv_gather)(Backend *be, float *out, const void *cache, KVDtype dt, float scale, int width, int n,
+                      const int *bt, int block_size, int j0, int rows);
+    void (*attention_mla_piece)(Backend *be, float *out, float *st, const float *q, const float *kv,
+                                const float *kpe, int ldk, int j0, int n, int t0, int nt, const int *topk,
+                                int ktop, int first, int last, const Batch *b, const ModelConfig *c);
     void (*indexer)(Backend *be, int *topk, const float *q, const float *w, const KVLayer *kv,
                     const Batch *b, const ModelConfig *c);
     void (*argmax)(Backend *be, int *out, const float *x, int rows, int n);
@@ -211,12 +216,36 @@ void be_moe(Backend *be, float *out, const float *x, const int *idx, const float
 /* GQA causal attention over the paged cache: out[T, H*Dh] from q[T, H*Dh] (roped). */
 void be_attention_gqa(Backend *be, float *out, const float *q, const KVLayer *kv, const Batch *hb,
                       const Batch *db, const ModelConfig *c);
-/* MLA attention, absorbed form (§1.5.3): q[T, H*(Dn+Dr)] (q_pe roped); the cache holds the
- * normed latent and the roped k_pe; out[T, H*Dv]. topk[T, ktop] (positions, -1 padded) limits
+/* MLA attention, absorbed form (§1.5.3), for decode: q[T, H*(Dn+Dr)] (q_pe roped); the cache
+ * holds the normed latent and the roped k_pe; out[T, H*Dv]. topk[T, ktop] (positions, -1 padded) limits
  * each query to the indexer's selection; NULL means every causal key. */
 void be_attention_mla(Backend *be, float *out, const float *q, const KVLayer *kv,
                       const QTensor *wkv_b, const int *topk, int ktop, const Batch *hb,
                       const Batch *db, const ModelConfig *c);
+/* MLA attention, expanded form (§1.5.3), for prefill: model/mla.c composes it from the next two
+ * ops and be_matmul with kv_b_proj, a piece of at most be_mla_piece(c) cached positions at a time.
+ * be_mla_piece: that piece size KC, sized so that the piece's expanded keys and values
+ * [KC, H * (Dn + Dv)] float32 stay near 128 MiB (a multiple of 256 in [256, 4096]);
+ * MOESERVE_MLA_PIECE=n (tests) sets it to n. The CUDA scratch of the expansion GEMM is reserved
+ * for it (cuda_reserve). */
+int be_mla_piece(const ModelConfig *c);
+/* out[i, 0..n) = elements [0, n) of the cache row of position j0 + i of one sequence, as float32
+ * (kv_elem_load with scale), i < rows; bt is the sequence's block-table row (backend memory),
+ * cache rows are width elements of dt. */
+void be_kv_gather(Backend *be, float *out, const void *cache, KVDtype dt, float scale, int width, int n,
+                  const int *bt, int block_size, int j0, int rows);
+/* One piece of the expanded form: the cached positions [j0, j0 + n) of the sequence whose tokens
+ * are t0 .. t0 + nt - 1. kv[n, H * (Dn + Dv)] is the piece's latents through kv_b_proj, per head
+ * [k_nope Dn | v Dv]; kpe[n] (rows ldk apart) its roped k_pe, shared by the heads. Query t, head
+ * h: the key of position j is [k_nope_h(j) | k_pe(j)], z = (q_h . key) * attn_scale; the keys of
+ * the piece it may attend to (j <= pos[t], or those of topk[t, 0..ktop) in the piece when topk
+ * is not NULL) update its online softmax: st[t, h] = {running max, running sum}, out[t, h*Dv..]
+ * the accumulator sum exp(z - max) v_h(j). first: the state starts empty (this is the
+ * sequence's first piece); last: out = accumulator / sum (0 if no key) afterwards. */
+void be_attention_mla_piece(Backend *be, float *out, float *st, const float *q, const float *kv,
+                            const float *kpe, int ldk, int j0, int n, int t0, int nt, const int *topk,
+                            int ktop, int first, int last, const Batch *hb, const Batch *db,
+                            const ModelConfig *c);
 /* DSA indexer (§1.5.4): I(s,t) = sum_h w[s,h] * relu(q[s,h] . k[t]) * Di^-0.5 over the cached
  * keys t <= pos(s); topk[s, 0..Ki) = positions of the min(Ki, pos+1) best, ties to the lowest
  * position, -1 padded. w[T, Hi] is weights_proj(x); the op applies Hi^-0.5 and Di^-0.5. */

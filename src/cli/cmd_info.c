@@ -14,6 +14,7 @@
 #include "../base/util.h"
 #include "../format/config.h"
 #include "../format/safetensors.h"
+#include "../backend/backend.h"
 #include "../engine/kv_cache.h"
 #include "../model/model.h"
 #include "cli.h"
@@ -518,7 +519,8 @@ static void shard_rank(ModelConfig *c, void *user)
 /* Activation memory of one rank, as forward_init and the CUDA scratch size it (an estimate of
  * the larger buffers): the step's activations for max_batch_tokens T rows, the logits of
  * max_running rows, the routed pairs (T x K) of the MoE kernels, the split-BF16 GEMM halves,
- * and prefill's BF16 copy of the largest dense weight. */
+ * prefill's BF16 copy of the largest dense weight, and MLA's expanded form (model/mla.c: a piece
+ * of KC cached positions as float32 and through kv_b_proj, whose GEMM halves have KC rows). */
 static double activation_bytes(const ModelConfig *c, int T, int S)
 {
     double D = c->hidden, H = c->n_heads, E = c->n_experts, K = c->n_experts_per_tok, F = c->moe_intermediate;
@@ -530,11 +532,13 @@ static double activation_bytes(const ModelConfig *c, int T, int S)
                      (c->index_n_heads ? c->index_n_heads * (c->index_head_dim + 1.0) + c->index_head_dim + c->index_topk : 0);
     double fwd = 4.0 * T * per_tok + 4.0 * S * (c->vocab + D);
     double moe = E > 0 ? T * K * (F * 4.0 + D * 4.0 + 4) : 0;                 /* h (two BF16 halves), y */
-    double gemm = 2.0 * T * fmax(qdim, fmax(fdim, fmax(D, H * (c->qk_nope_dim + c->v_head_dim)))) * 4 /* split halves */
-                  + 2.0 * T * fmax(D, fdim) * 2 * 2;                           /* BF16 activations */
+    double nkv = H * (c->qk_nope_dim + c->v_head_dim), kc = c->kv_lora_rank > 0 ? be_mla_piece(c) : 0;
+    double mla = kc > 0 ? 4.0 * kc * (c->kv_lora_rank + c->qk_rope_dim + nkv) + 8.0 * T * H : 0;
+    double gemm = 2.0 * fmax(T, kc) * fmax(qdim, fmax(fdim, fmax(D, nkv))) * 4 /* split halves */
+                  + 2.0 * fmax(T, kc) * fmax(D, fdim) * 2 * 2;                 /* BF16 activations */
     double wcopy = T >= 256 ? 2.0 * fmax(c->intermediate * D, fmax(H * c->v_head_dim * D, qdim * fmax(c->q_lora_rank, 1))) : 0;
     double idx = c->index_n_heads > 0 ? 4.0 * T * c->max_position / 8 : 0; /* indexer scores, a share of the context */
-    return fwd + moe + gemm + wcopy + idx;
+    return fwd + moe + gemm + wcopy + idx + mla;
 }
 
 static void print_layout(const char *dir, const ModelConfig *whole, const QuantConfig *q, Layout *lo, int as_json, json_t *jo)

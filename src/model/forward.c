@@ -69,6 +69,7 @@ void forward_init(Forward *f, const Model *m, Backend *be, int max_tokens, int m
         f->ridx = be_alloc(be, T * c->n_experts_per_tok * sizeof(int));
         f->rwts = be_alloc(be, T * c->n_experts_per_tok * F4);
     }
+    if (model_is_mla(c)) mla_expand_init(&f->mla, be, c, max_tokens, be_mla_piece(c));
     f->out_h = be_alloc(be, (size_t)max_out * D * F4);
     f->logits = be_alloc(be, (size_t)max_out * c->vocab * F4);
     f->dist = dist_get();
@@ -100,6 +101,7 @@ void forward_free(Forward *f)
                     f->g, f->u, f->ffn, f->ffn2, f->rlogits, f->ridx, f->rwts, f->out_h, f->logits, f->lm_part,
                     f->lm_gather, f->gidx_d != f->gidx ? f->gidx_d : NULL};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be_free(f->be, bufs[i]);
+    mla_expand_free(&f->mla, f->be);
     free(f->rb_seq);
     free(f->rb_start);
     free(f->rb_out);

@@ -14,6 +14,14 @@
 typedef struct { int s0, s1, t0, t1, o0, o1; } MicroBatch;
 #define FORWARD_MAX_MB 64
 
+/* The expanded MLA form's buffers (mla.c; backend memory), for pieces of KC cached positions. */
+typedef struct {
+    int piece;                 /* KC: positions expanded at once (be_mla_piece) */
+    float *lat;                /* [KC, C + Dr] a piece of the cache as float32: latent | roped k_pe */
+    float *kv;                 /* [KC, H * (Dn + Dv)] the latents through kv_b_proj: per head [k_nope | v] */
+    float *st;                 /* [T, H, 2] each query and head's running softmax max and sum */
+} MlaExpand;
+
 typedef struct {
     const Model *m;            /* borrowed */
     Backend *be;               /* borrowed */
@@ -52,6 +60,7 @@ typedef struct {
     float *rwts;               /* [T, K] their weights */
     float *out_h;              /* [max_out, D] final hidden of the logits rows */
     float *logits;             /* [max_out, V] */
+    MlaExpand mla;             /* MLA models: the expanded form's buffers */
     /* several ranks (src/dist): NULL alone */
     Dist *dist;
     int shared;                /* rank 0: forward_share told the workers */
@@ -93,5 +102,22 @@ void rope_init(const ModelConfig *c, float *inv_freq, float *scale);
 void glm4_moe_attention(Forward *f, int layer, KVCache *kv);
 void glm5_attention(Forward *f, int layer, KVCache *kv);
 void moe_ffn(Forward *f, int layer);
+
+/* MLA attention (mla.c, §1.5.3). The absorbed form (be_attention_mla) runs decode; the expanded
+ * form runs prefill chunks, where the latents of a sequence's whole context are expanded through
+ * kv_b_proj once and shared by all its chunk's queries: mla_expand_use says which (the rule is
+ * beside it). Both give the same result within float32 rounding. */
+void mla_expand_init(MlaExpand *x, Backend *be, const ModelConfig *c, int max_tokens, int piece);
+void mla_expand_free(MlaExpand *x, Backend *be);
+/* MOESERVE_MLA_EXPAND_MIN (default 32, at least 1), read once */
+int mla_expand_min(void);
+/* 1: run the batch's MLA attention in the expanded form (see mla.c for the rule) */
+int mla_expand_use(const Batch *hb, int min_tokens);
+/* out[T, H*Dv] from q[T, H*(Dn+Dr)] in the expanded form: per sequence, per piece of x->piece
+ * cached positions: be_kv_gather, be_matmul with wkv_b, be_attention_mla_piece. Arguments as
+ * be_attention_mla's. */
+void mla_attention_expanded(Backend *be, const MlaExpand *x, float *out, const float *q, const KVLayer *kv,
+                            const QTensor *wkv_b, const int *topk, int ktop, const Batch *hb, const Batch *db,
+                            const ModelConfig *c);
 
 #endif

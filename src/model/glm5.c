@@ -1,6 +1,7 @@
 /* glm5: the attention block of GLM-5 (SPEC §1.5.1-1.5.5): MLA with the q and kv low-rank
  * paths and their norms, interleaved RoPE on the rope dims, the latent and roped k_pe cached
- * per token, and the DSA indexer choosing which keys each query attends to. A "shared" indexer
+ * per token, attention in the absorbed form for decode and the expanded one for prefill chunks
+ * (mla.c), and the DSA indexer choosing which keys each query attends to. A "shared" indexer
  * layer reuses the top-k of the previous full layer (still in f->topk). DeepSeek-V3 (no
  * indexer) runs the same block with every causal key. */
 #include "forward.h"
@@ -50,7 +51,10 @@ void glm5_attention(Forward *f, int layer, KVCache *kv)
     } else if (c->layer_indexer[layer] == INDEXER_SHARED) {
         topk = f->topk; /* the previous full layer's selection */
     }
-    be_attention_mla(be, f->attn, f->q, L, &w->wkv_b, topk, c->index_topk, b, db, c);
+    if (mla_expand_use(b, mla_expand_min())) /* prefill chunks: the expanded form (mla.c) */
+        mla_attention_expanded(be, &f->mla, f->attn, f->q, L, &w->wkv_b, topk, c->index_topk, b, db, c);
+    else
+        be_attention_mla(be, f->attn, f->q, L, &w->wkv_b, topk, c->index_topk, b, db, c);
     be_matmul(be, OP_GEMM_ATTN, f->a, D, f->attn, H * c->v_head_dim, T, &w->wo, NULL);
     dist_all_reduce(f->dist, be, f->a, (size_t)T * D); /* tensor parallel: each rank's heads' share */
     be_add(be, f->h, f->h, f->a, (size_t)T * D);

@@ -22,7 +22,8 @@ static double max_abs(const float *a, const float *b, size_t n)
     return m;
 }
 
-static void check_fixture(const char *dir)
+/* the commands prefixed with env (environment settings, or "") */
+static void check_fixture(const char *dir, const char *env)
 {
     char path[4600], cmd[16384], tokens[8192], *out = NULL;
     snprintf(path, sizeof path, "%s/golden.json", dir);
@@ -52,8 +53,8 @@ static void check_fixture(const char *dir)
     for (int c = 0; c < 4; c++) {
         char outf[512];
         snprintf(outf, sizeof outf, "%s/cuda-golden.f32", test_tmpdir());
-        snprintf(cmd, sizeof cmd, "%s logits --device %s --model %s --tokens %s --chunk %d --kv-cache-dtype float32 --out %s",
-                 test_bin(), devs[c], dir, tokens, chunks[c], outf);
+        snprintf(cmd, sizeof cmd, "%s%s logits --device %s --model %s --tokens %s --chunk %d --kv-cache-dtype float32 --out %s",
+                 env, test_bin(), devs[c], dir, tokens, chunks[c], outf);
         int rc = test_run(cmd, &out);
         if (rc) { test_fail(__FILE__, __LINE__, "%s: %s", cmd, out); free(out); continue; }
         free(out);
@@ -62,8 +63,8 @@ static void check_fixture(const char *dir)
         if (!got || m != n) { test_fail(__FILE__, __LINE__, "%s: %zu floats, expected %zu", outf, m, n); free(got); continue; }
         if (c == 0) { cpu = got; continue; }
         double d = max_abs(got, ref, n), dc = max_abs(got, cpu, n);
-        fprintf(stderr, "    %s cuda chunk %d: max|d| vs transformers %.2g x std, vs cpu %.2g x std\n", dir, chunks[c],
-                d / std, dc / std);
+        fprintf(stderr, "    %s%s cuda chunk %d: max|d| vs transformers %.2g x std, vs cpu %.2g x std\n", env, dir,
+                chunks[c], d / std, dc / std);
         EXPECT(d <= CUDA_GOLDEN_TOL * std, "%s chunk %d: %g > %g", dir, chunks[c], d, CUDA_GOLDEN_TOL * std);
         EXPECT(dc <= CUDA_GOLDEN_TOL * std, "%s chunk %d vs cpu: %g", dir, chunks[c], dc);
         free(got);
@@ -79,8 +80,24 @@ TEST(cuda_golden_logits)
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char dir[4300];
         snprintf(dir, sizeof dir, "%s/%s", root, names[i]);
-        check_fixture(dir);
+        check_fixture(dir, "");
     }
+}
+
+/* The GLM-5 fixtures with MLA's expanded form forced on for every chunk of more than one token
+ * (the 28-token prompts are below the default MOESERVE_MLA_EXPAND_MIN), in one piece and in
+ * pieces of 8 positions; the CPU reference runs the same form. */
+TEST(cuda_golden_logits_mla_expanded)
+{
+    const char *root = test_data("golden");
+    const char *names[] = {"glm5-bf16", "glm5-nvfp4", "glm5-shared-bf16"};
+    const char *envs[] = {"MOESERVE_MLA_EXPAND_MIN=1 ", "MOESERVE_MLA_EXPAND_MIN=1 MOESERVE_MLA_PIECE=8 "};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        for (size_t e = 0; e < sizeof envs / sizeof envs[0]; e++) {
+            char dir[4300];
+            snprintf(dir, sizeof dir, "%s/%s", root, names[i]);
+            check_fixture(dir, envs[e]);
+        }
 }
 
 /* The built-in model on 256 tokens of the held-out text with each KV cache dtype, the GPU against

@@ -5,7 +5,8 @@
  * two BF16 halves for the tensor cores); top-k selections must be identical. The KV cache ops
  * run for every cache dtype (float32, BF16, FP8 with a per-tensor scale): kv_write must store
  * the same bytes as kv_write_cpu, and attention / the indexer read the same decoded values, so
- * they keep the float32 tolerances. Needs a GPU: `make test-cuda`. */
+ * they keep the float32 tolerances. MLA's expanded form (model/mla.c) runs against the CPU's and
+ * against the absorbed form. Needs a GPU: `make test-cuda`. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,6 +14,7 @@
 #include "base/util.h"
 #include "backend/cuda/cuda.h"
 #include "backend/cuda/w4.h"
+#include "model/forward.h"
 #include "test.h"
 
 #define TOL_F32 1e-5   /* float32 on both sides, different summation order */
@@ -673,6 +675,91 @@ TEST(cuda_attention_mla_and_indexer)
         free(cache); free(icache); free(q); free(iq); free(iw); free(topk);
         be_free(&gpu, diq); be_free(&gpu, diw); be_free(&gpu, dtopk);
         tw_free(&wkvb);
+        tb_free(&b);
+    }
+}
+
+/* An indexer-like selection on the host: every causal key when there are at most Ki, else
+ * about Ki positions <= pos drawn uniformly (increasing, at most Ki), -1 padded. */
+static void topk_random(Rng *r, const Batch *b, int Ki, int *topk)
+{
+    for (int t = 0; t < b->n_tokens; t++) {
+        int n = b->pos[t] + 1, k = 0, *row = topk + (size_t)t * Ki;
+        for (int j = 0; j < n && k < Ki; j++)
+            if (n <= Ki || rng_uniform(r) * n < Ki) row[k++] = j;
+        while (k < Ki) row[k++] = -1;
+    }
+}
+
+/* MLA's expanded form (prefill, model/mla.c: kv_gather, the kv_b_proj GEMM, attention_mla_piece
+ * over pieces of the context) on the GPU against the same on the CPU, and against the GPU's
+ * absorbed form (be_attention_mla), contexts 1 to 4096, ragged batches, causal and top-k keys,
+ * every cache dtype, pieces from 8 positions to be_mla_piece's. Tolerances: NVFP4 kv_b_proj
+ * (decoded to float32 in the GEMM tile) TOL_F32; BF16 kv_b_proj TOL_SPLIT, its GEMM takes the
+ * latents as two BF16 halves (the absorbed form decodes the weight and keeps float32). */
+TEST(cuda_attention_mla_expanded)
+{
+    NEED_GPU();
+    Rng r;
+    rng_seed(&r, 24);
+    struct { int S, ctx[3], ntok[3], H, C, Dn, Dr, Dv, Ki, piece; } cases[] = {
+        {1, {1}, {1}, 4, 64, 32, 16, 32, 8, 0},                               /* one position */
+        {2, {28, 9}, {28, 1}, 4, 64, 32, 16, 32, 8, 8},                       /* a prompt and a decode token */
+        {3, {300, 17, 700}, {45, 17, 130}, 16, 512, 128, 64, 128, 256, 256}, /* ragged, 3 pieces */
+        {1, {4096}, {64}, 8, 512, 192, 64, 256, 2048, 1024},                  /* GLM-5 head shapes, 4 pieces */
+        {2, {4096, 1500}, {33, 300}, 8, 512, 192, 64, 256, 2048, 0},          /* be_mla_piece's size */
+    };
+    QFormat fmts[2] = {QF_NVFP4, QF_BF16};
+    for (size_t cs = 0; cs < sizeof cases / sizeof cases[0]; cs++) {
+        int bs = 16, H = cases[cs].H, C = cases[cs].C, Dn = cases[cs].Dn, Dr = cases[cs].Dr, Dv = cases[cs].Dv;
+        int Ki = cases[cs].Ki;
+        TB b = tb_make(&r, cases[cs].S, cases[cs].ctx, cases[cs].ntok, bs);
+        int T = b.h.n_tokens, W = C + Dr;
+        ModelConfig c = {0};
+        c.n_heads = H; c.kv_lora_rank = C; c.qk_nope_dim = Dn; c.qk_rope_dim = Dr; c.v_head_dim = Dv;
+        c.index_topk = Ki;
+        c.attn_scale = 1.0f / sqrtf((float)(Dn + Dr));
+        int piece = cases[cs].piece ? cases[cs].piece : be_mla_piece(&c);
+        float *cache = rnd(&r, (size_t)b.n_slots * W, 1), *q = rnd(&r, (size_t)T * H * (Dn + Dr), 1);
+        int *topk = malloc((size_t)T * Ki * 4);
+        topk_random(&r, &b.h, Ki, topk);
+        int *dtopk = up(topk, (size_t)T * Ki * 4);
+        float *dq = up(q, (size_t)T * H * (Dn + Dr) * 4);
+        size_t n = (size_t)T * H * Dv;
+        float *ref = malloc(n * 4), *dout = be_alloc(&gpu, n * 4), *dabs = be_alloc(&gpu, n * 4);
+        MlaExpand hx, dx;
+        mla_expand_init(&hx, &cpu, &c, T, piece);
+        mla_expand_init(&dx, &gpu, &c, T, piece);
+        for (int f = 0; f < 2; f++) {
+            TW wkvb = tw_make(&r, fmts[f], H * (Dn + Dv), C);
+            double tol = fmts[f] == QF_BF16 ? TOL_SPLIT : TOL_F32;
+            for (int d = 0; d < 3; d++) {
+                KVDtype dt = kv_dtypes[d];
+                float ks = dt == KV_DTYPE_FP8 ? KV_KSCALE : 1;
+                void *hkv = kv_store(cache, b.n_slots, W, dt, ks, ks, W);
+                KVLayer hk = {.kv = hkv, .block_size = bs, .kv_width = W, .dtype = dt, .k_scale = ks, .v_scale = 1};
+                KVLayer dk = hk;
+                dk.kv = up(hkv, (size_t)b.n_slots * W * kv_elem_size(dt));
+                for (int use_topk = 0; use_topk < 2; use_topk++) {
+                    mla_attention_expanded(&cpu, &hx, ref, q, &hk, &wkvb.host, use_topk ? topk : NULL, Ki, &b.h, &b.h, &c);
+                    mla_attention_expanded(&gpu, &dx, dout, dq, &dk, &wkvb.dev, use_topk ? dtopk : NULL, Ki, &b.h, &b.d, &c);
+                    be_attention_mla(&gpu, dabs, dq, &dk, &wkvb.dev, use_topk ? dtopk : NULL, Ki, &b.h, &b.d, &c);
+                    float *got = down(dout, n), *absd = down(dabs, n);
+                    EXPECT_CLOSE(got, ref, n, tol, "mla expanded cuda vs cpu: case %zu piece %d kv_b %s topk %d, %s cache",
+                                 cs, piece, qformat_name(fmts[f]), use_topk, model_kv_dtype_name(dt));
+                    EXPECT_CLOSE(got, absd, n, tol, "mla expanded vs absorbed, cuda: case %zu piece %d kv_b %s topk %d, %s cache",
+                                 cs, piece, qformat_name(fmts[f]), use_topk, model_kv_dtype_name(dt));
+                    free(got); free(absd);
+                }
+                free(hkv);
+                be_free(&gpu, dk.kv);
+            }
+            tw_free(&wkvb);
+        }
+        mla_expand_free(&hx, &cpu);
+        mla_expand_free(&dx, &gpu);
+        free(cache); free(q); free(topk); free(ref);
+        be_free(&gpu, dtopk); be_free(&gpu, dq); be_free(&gpu, dout); be_free(&gpu, dabs);
         tb_free(&b);
     }
 }

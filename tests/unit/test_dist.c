@@ -66,7 +66,9 @@ static const struct { int np; const char *args; } layouts[] = {
     {2, "--ep 2"}, {4, "--ep 4"}, {4, "--ep 2 --pp 2"},
 };
 
-static void check_fixture(const char *name, int chunk1)
+/* env: environment settings prefixed to every command ("" none), exported to the ranks by
+ * mpirun's -x options in xenv */
+static void check_fixture_env(const char *name, int chunk1, const char *env, const char *xenv)
 {
     char dir[600], cmd[4096], ref[700], out[700];
     snprintf(dir, sizeof dir, "%s", test_data("golden"));
@@ -77,8 +79,8 @@ static void check_fixture(const char *name, int chunk1)
     ASSERT(tokens, "%s/golden.json", dir);
     const char *chunk = chunk1 ? "--chunk 1" : "";
     snprintf(ref, sizeof ref, "%s/%s-ref%s.f32", test_tmpdir(), name, chunk1 ? "-c1" : "");
-    snprintf(cmd, sizeof cmd, "'%s' logits --model '%s' --tokens %s --device cpu --threads 1 %s --out '%s'", test_bin(), dir,
-             tokens, chunk, ref);
+    snprintf(cmd, sizeof cmd, "%s'%s' logits --model '%s' --tokens %s --device cpu --threads 1 %s --out '%s'", env,
+             test_bin(), dir, tokens, chunk, ref);
     char *log = NULL;
     int rc = test_run(cmd, &log);
     ASSERT(rc == 0, "single rank: %s", log ? log : "");
@@ -93,8 +95,8 @@ static void check_fixture(const char *name, int chunk1)
     for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++) {
         snprintf(out, sizeof out, "%s/%s-%zu%s.f32", test_tmpdir(), name, i, chunk1 ? "-c1" : "");
         snprintf(cmd, sizeof cmd,
-                 MPIRUN "-np %d '%s' logits --model '%s' --tokens %s --device cpu --threads 1 %s %s --out '%s' </dev/null",
-                 layouts[i].np, test_bin(), dir, tokens, chunk, layouts[i].args, out);
+                 "%s" MPIRUN "%s-np %d '%s' logits --model '%s' --tokens %s --device cpu --threads 1 %s %s --out '%s' </dev/null",
+                 env, xenv, layouts[i].np, test_bin(), dir, tokens, chunk, layouts[i].args, out);
         log = NULL;
         rc = test_run(cmd, &log);
         EXPECT(rc == 0, "%s %s: %s", name, layouts[i].args, log ? log : "");
@@ -118,6 +120,8 @@ static void check_fixture(const char *name, int chunk1)
     free(tokens);
 }
 
+static void check_fixture(const char *name, int chunk1) { check_fixture_env(name, chunk1, "", ""); }
+
 TEST(dist_logits_glm4moe)
 {
     if (!have_mpirun()) return;
@@ -133,6 +137,15 @@ TEST(dist_logits_glm5)
     check_fixture("glm5-nvfp4", 0);
     check_fixture("glm5-shared-bf16", 0);
     check_fixture("glm5-shared-bf16", 1); /* a stage may start on a "shared" indexer layer */
+}
+
+/* MLA's expanded form forced on (src/model/mla.c) in pieces of 8 positions: tensor parallel ranks
+ * expand their own heads' rows of kv_b_proj; the layouts agree with one rank as above. */
+TEST(dist_logits_glm5_mla_expanded)
+{
+    if (!have_mpirun()) return;
+    check_fixture_env("glm5-bf16", 0, "MOESERVE_MLA_EXPAND_MIN=1 MOESERVE_MLA_PIECE=8 ",
+                      "-x MOESERVE_MLA_EXPAND_MIN -x MOESERVE_MLA_PIECE ");
 }
 
 /* sig to every process whose parent is parent (the ranks mpirun started) */

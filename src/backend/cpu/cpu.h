@@ -38,6 +38,11 @@ void attention_gqa_cpu(Backend *be, float *out, const float *q, const KVLayer *k
 void attention_mla_cpu(Backend *be, float *out, const float *q, const KVLayer *kv,
                        const QTensor *wkv_b, const int *topk, int ktop, const Batch *b,
                        const ModelConfig *c);
+void kv_gather_cpu(Backend *be, float *out, const void *cache, KVDtype dt, float scale, int width, int n,
+                   const int *bt, int block_size, int j0, int rows);
+void attention_mla_piece_cpu(Backend *be, float *out, float *st, const float *q, const float *kv,
+                             const float *kpe, int ldk, int j0, int n, int t0, int nt, const int *topk,
+                             int ktop, int first, int last, const Batch *b, const ModelConfig *c);
 void indexer_cpu(Backend *be, int *topk, const float *q, const float *w, const KVLayer *kv,
                  const Batch *b, const ModelConfig *c);
 

@@ -205,6 +205,11 @@ int moe_cuda(Backend *be, float *out, const float *x, const int *idx, const floa
 void attention_gqa_cuda(Backend *be, float *out, const float *q, const KVLayer *kv, const Batch *b, const ModelConfig *c);
 void attention_mla_cuda(Backend *be, float *out, const float *q, const KVLayer *kv, const QTensor *wkv_b,
                         const int *topk, int ktop, const Batch *b, const ModelConfig *c);
+void kv_gather_cuda(Backend *be, float *out, const void *cache, KVDtype dt, float scale, int width, int n,
+                    const int *bt, int block_size, int j0, int rows);
+void attention_mla_piece_cuda(Backend *be, float *out, float *st, const float *q, const float *kv, const float *kpe,
+                              int ldk, int j0, int n, int t0, int nt, const int *topk, int ktop, int first, int last,
+                              const Batch *b, const ModelConfig *c);
 void indexer_cuda(Backend *be, int *topk, const float *q, const float *w, const KVLayer *kv, const Batch *b,
                   const ModelConfig *c);
 /* Row-major out[T, N] (float32, ld ldo) = X[T, K] W[N, K]^T through cuBLASLt, X and W of types

@@ -184,8 +184,8 @@ static void cuda_event_destroy(Backend *be, void *e)
 static const BackendOps cuda_ops = {
     cuda_alloc, cuda_free, cuda_destroy, fill_cuda, embed_cuda, rmsnorm_cuda, layernorm_cuda, rope_cuda, add_cuda,
     get_rows_cuda, cuda_to_host, cuda_to_device, swiglu_cuda, kv_write_cuda, matmul_cuda, router_cuda,
-    moe_cuda, attention_gqa_cuda, attention_mla_cuda, indexer_cuda, argmax_cuda, cuda_reserve, cuda_graph_begin,
-    cuda_graph_end, cuda_graph_launch, cuda_graph_free, cuda_mem_free, w4_pack_cuda, cuda_bind_thread,
+    moe_cuda, attention_gqa_cuda, attention_mla_cuda, kv_gather_cuda, attention_mla_piece_cuda, indexer_cuda,
+    argmax_cuda, cuda_reserve, cuda_graph_begin, cuda_graph_end, cuda_graph_launch, cuda_graph_free, cuda_mem_free, w4_pack_cuda, cuda_bind_thread,
     cuda_event_create, cuda_event_record, cuda_event_elapsed, cuda_event_destroy,
 };
 
@@ -262,10 +262,14 @@ static void cuda_reserve(Backend *be, const ModelConfig *c, int T, int max_out, 
                          imax(c->q_lora_rank, c->kv_lora_rank)));
     int nmax = imax(imax(c->n_heads * imax(c->head_dim, c->qk_nope_dim + c->qk_rope_dim), c->intermediate),
                     imax(c->n_heads * (c->qk_nope_dim + c->v_head_dim), imax(c->hidden, c->n_experts)));
-    int rows = imax(T, max_out);
+    /* the expanded MLA form's GEMM (model/mla.c): a piece of up to be_mla_piece cached
+     * positions through kv_b_proj, more rows than a step's tokens when the chunks are short */
+    int piece = c->kv_lora_rank > 0 ? be_mla_piece(c) : 0;
+    int gm = imax(T, piece < max_ctx ? piece : max_ctx); /* GEMM rows other than lm_head's */
+    int rows = imax(gm, max_out);
     cuda_scratch(be, SCR_MM_X, (size_t)2 * rows * kmax * 2);
-    cuda_scratch(be, SCR_MM_Y, (size_t)2 * max_out * c->vocab * 4 > (size_t)2 * T * nmax * 4
-                                   ? (size_t)2 * max_out * c->vocab * 4 : (size_t)2 * T * nmax * 4);
+    cuda_scratch(be, SCR_MM_Y, (size_t)2 * max_out * c->vocab * 4 > (size_t)2 * gm * nmax * 4
+                                   ? (size_t)2 * max_out * c->vocab * 4 : (size_t)2 * gm * nmax * 4);
     if (c->n_experts > 0) {
         int E = c->n_experts, P = T * c->n_experts_per_tok;
         cuda_scratch(be, SCR_MOE_COUNT, (size_t)(4 * E + 1 + 2 * (P + E)) * 4);
@@ -282,7 +286,7 @@ static void cuda_reserve(Backend *be, const ModelConfig *c, int T, int max_out, 
     cuda_scratch(be, SCR_W4_PART, (size_t)2 * 16 * sms * 512 * 4);
     if (c->index_n_heads > 0) cuda_scratch(be, SCR_IDX_SCORES, (size_t)T * max_ctx * 4);
     /* prefill's BF16 copy of the largest dense weight (w4_matmul_lt), when a step can be that long */
-    if (w4_lt_rows() > 0 && T >= w4_lt_rows()) {
+    if (w4_lt_rows() > 0 && gm >= w4_lt_rows()) {
         int64_t D = c->hidden, Fs = (int64_t)c->moe_intermediate * c->n_shared_experts, H = c->n_heads;
         int64_t shapes[][2] = {{c->intermediate, D}, {Fs, D}, {H * (c->qk_nope_dim + c->qk_rope_dim), imax(c->q_lora_rank, 1)},
                                {D, H * imax(c->v_head_dim, c->head_dim)}, {H * (c->qk_nope_dim + c->v_head_dim), c->kv_lora_rank},

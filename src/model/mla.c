@@ -1,0 +1,76 @@
+/* mla: MLA attention in the expanded form (SPEC §1.5.3), composed from backend ops, and the
+ * rule that picks it over the absorbed form (be_attention_mla).
+ *
+ * The absorbed form multiplies every query by W_UK and every output by W_UV and scores against
+ * the C-wide latents: right for decode, where a sequence has one query. A prefill chunk has
+ * many queries per sequence: the expanded form multiplies each cached latent by kv_b_proj once
+ * (one GEMM) into per-head keys [k_nope | k_pe] and values, then runs plain multi-head attention
+ * with Dn + Dr wide keys. The keys of a long context would not fit (32k tokens of GLM-5: GBs),
+ * so they are expanded KC positions at a time and each (query, head) carries an online softmax
+ * across the pieces (running max and sum, accumulator rescaled), normalised after the last. */
+#include "forward.h"
+
+#include <stdlib.h>
+
+void mla_expand_init(MlaExpand *x, Backend *be, const ModelConfig *c, int max_tokens, int piece)
+{
+    size_t F4 = sizeof(float), H = c->n_heads;
+    *x = (MlaExpand){.piece = piece};
+    x->lat = be_alloc(be, (size_t)piece * (c->kv_lora_rank + c->qk_rope_dim) * F4);
+    x->kv = be_alloc(be, (size_t)piece * H * (c->qk_nope_dim + c->v_head_dim) * F4);
+    x->st = be_alloc(be, (size_t)max_tokens * H * 2 * F4);
+}
+
+void mla_expand_free(MlaExpand *x, Backend *be)
+{
+    be_free(be, x->lat);
+    be_free(be, x->kv);
+    be_free(be, x->st);
+    *x = (MlaExpand){0};
+}
+
+int mla_expand_min(void)
+{
+    static int min = 0;
+    if (!min) {
+        const char *e = getenv("MOESERVE_MLA_EXPAND_MIN");
+        int v = e ? atoi(e) : 32;
+        min = v < 1 ? 1 : v;
+    }
+    return min;
+}
+
+/* The rule: prompt tokens are those of sequences with more than one token in the batch (a
+ * decode step brings one token per sequence). The expanded form runs when the batch has at
+ * least min_tokens prompt tokens and they are at least half its tokens (a batch mostly of
+ * prefill chunks); every other batch, decode-only ones above all, keeps the absorbed form. A
+ * decode-only batch never expands, whatever min_tokens (>= 1): the decode graphs
+ * (forward_decode_graph) capture only the absorbed form, whose launches do not depend on the
+ * batch's contexts. Every rank of a distributed run sees the same batch and decides the same. */
+int mla_expand_use(const Batch *hb, int min_tokens)
+{
+    int prompt = 0;
+    for (int s = 0; s < hb->n_seqs; s++)
+        if (hb->seq_ntok[s] > 1) prompt += hb->seq_ntok[s];
+    return prompt > 0 && prompt >= min_tokens && 2 * prompt >= hb->n_tokens;
+}
+
+void mla_attention_expanded(Backend *be, const MlaExpand *x, float *out, const float *q, const KVLayer *kv,
+                            const QTensor *wkv_b, const int *topk, int ktop, const Batch *hb, const Batch *db,
+                            const ModelConfig *c)
+{
+    int C = c->kv_lora_rank, W = C + c->qk_rope_dim, N = c->n_heads * (c->qk_nope_dim + c->v_head_dim);
+    for (int s = 0; s < hb->n_seqs; s++) {
+        int t0 = hb->seq_start[s], nt = hb->seq_ntok[s], ctx = hb->ctx_len[s];
+        if (nt <= 0) continue;
+        /* the sequence's block-table row, in backend memory */
+        const int *bt = db->block_table + (size_t)s * db->bt_stride;
+        for (int j0 = 0; j0 < ctx; j0 += x->piece) {
+            int n = ctx - j0 < x->piece ? ctx - j0 : x->piece;
+            be_kv_gather(be, x->lat, kv->kv, kv->dtype, kv->k_scale, kv->kv_width, W, bt, kv->block_size, j0, n);
+            be_matmul(be, OP_GEMM_ATTN, x->kv, N, x->lat, W, n, wkv_b, NULL);
+            be_attention_mla_piece(be, out, x->st, q, x->kv, x->lat + C, W, j0, n, t0, nt, topk, ktop, j0 == 0,
+                                   j0 + n >= ctx, hb, db, c);
+        }
+    }
+}
