@@ -86,6 +86,10 @@ run: $(BUILD)/moeserve
 test-cuda: $(BUILD)/moeserve $(BUILD)/test_cuda
 	MOESERVE_BIN=$(CURDIR)/$(BUILD)/moeserve ./$(BUILD)/test_cuda $(FILTER)
 
+# make test-cuda-memcheck: compute-sanitizer memcheck over the tiny models on the GPU (clean or it fails).
+test-cuda-memcheck: $(BUILD)/moeserve
+	scripts/memcheck.sh $(BUILD)/moeserve
+
 # make test-dist: the parallel layouts (under mpirun) and the diagnosis tests alone.
 test-dist: $(BUILD)/moeserve $(BUILD)/test_unit
 	MOESERVE_BIN=$(CURDIR)/$(BUILD)/moeserve ./$(BUILD)/test_unit dist_
@@ -99,5 +103,5 @@ debug:
 clean:
 	rm -rf build build-debug
 
-.PHONY: all run test test-server-asan test-cuda test-dist debug clean
+.PHONY: all run test test-server-asan test-cuda test-cuda-memcheck test-dist debug clean
 -include $(OBJ:.o=.d) $(TESTOBJ:.o=.d) $(CUTESTOBJ:.o=.d) $(BUILD)/src/cli/main.d

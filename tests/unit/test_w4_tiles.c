@@ -49,6 +49,8 @@ TEST(w4_default_never_over_budget)
     EXPECT(w4_default_tile(W4_DENSE, 4096, 99 * 1024) == 4, "99 KB: 32 tokens, 2 stages");
     EXPECT(w4_default_tile(W4_DENSE, 4096, 48 * 1024) == 3, "48 KB: 16 tokens, 2 stages");
     EXPECT(w4_default_tile(W4_DENSE, 1, 227 * 1024) == 10, "one row: K split over the block");
+    EXPECT(w4_default_tile(W4_MOE, 1, 227 * 1024) == 12, "MoE decode: gate and up on separate warps");
+    EXPECT(w4_default_tile(W4_MOE, 1, 1024) == 0, "1 KB: the 8-token tile without the exchange");
 }
 
 TEST(w4_buckets)
