@@ -103,6 +103,7 @@ static const BackendOps cpu_ops = {
     .attention_mla = attention_mla_cpu,
     .indexer = indexer_cpu,
     .argmax = argmax_cpu,
+    .sample = sample_cpu,
     .mem_free = cpu_mem_free,
 };
 
