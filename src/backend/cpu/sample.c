@@ -8,6 +8,9 @@
 
 #include "cpu.h"
 
+/* top-k above this sorts every candidate instead of keeping a sorted list of k by insertion */
+#define SAMPLE_TOP_N_MAX 64
+
 /* descending value, ties to the lower id */
 static int cand_cmp(const void *a, const void *b)
 {
@@ -58,11 +61,12 @@ int sample_row(const float *logits, int V, const SampleRow *p, void *work)
     SampleCand *c = work;
     int k = p->top_k > 0 && p->top_k < V ? p->top_k : V;
     int n;
-    if (k == V) {
+    if (k > SAMPLE_TOP_N_MAX) { /* the same order as sample_top_n's, in V log V rather than V k */
         n = 0;
         for (int i = 0; i < V; i++)
             if (logits[i] == logits[i]) c[n++] = (SampleCand){logits[i], i};
         qsort(c, n, sizeof *c, cand_cmp);
+        if (n > k) n = k;
     } else {
         n = sample_top_n(logits, V, k, c);
     }
