@@ -298,3 +298,11 @@ void be_argmax(Backend *be, int *out, const float *x, int rows, int n)
     be->ops->argmax(be, out, x, rows, n);
     count(be, OP_SAMPLE, (double)rows * n, 4.0 * rows * n + 4.0 * rows);
 }
+
+void be_sample(Backend *be, int *out, const float *logits, int rows, int V, const SampleRow *params)
+{
+    be_op_begin(be);
+    be->ops->sample(be, out, logits, rows, V, params);
+    /* a max, an exponential and a compare an element; the logits read once, the ids written */
+    count(be, OP_SAMPLE, 4.0 * rows * V, 4.0 * rows * V + (sizeof(SampleRow) + 4.0) * rows);
+}

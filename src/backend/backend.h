@@ -82,6 +82,16 @@ typedef enum {
     FILL_E4M3_UNIT,    /* e4m3 bytes: random sign, magnitude in [0.5, 2) */
 } FillKind;
 
+/* One row's sampling knobs after the penalties (the sampler's, engine/sampler.h), as the sample
+ * op reads them: the row's token is a function of its logits and these alone. */
+typedef struct {
+    float temperature;   /* 0: greedy (argmax, ties to the lowest id) */
+    int top_k;           /* <= 0 or >= V: off */
+    float top_p;         /* >= 1: off */
+    float min_p;         /* <= 0: off */
+    float u;             /* uniform in [0, 1) from the request's generator; unused when greedy */
+} SampleRow;
+
 /* The implementation of each op: the backend-specific part. Arguments as the be_* wrappers. */
 typedef struct {
     void *(*alloc)(Backend *be, size_t bytes);     /* activation / cache memory, zeroed */
@@ -122,6 +132,7 @@ typedef struct {
     void (*indexer)(Backend *be, int *topk, const float *q, const float *w, const KVLayer *kv,
                     const Batch *b, const ModelConfig *c);
     void (*argmax)(Backend *be, int *out, const float *x, int rows, int n);
+    void (*sample)(Backend *be, int *out, const float *logits, int rows, int V, const SampleRow *params);
     /* optional (NULL on the cpu): size the scratch of every op for these limits now, so that
      * no allocation happens later (inside a captured graph above all) */
     void (*reserve)(Backend *be, const ModelConfig *c, int max_tokens, int max_out, int max_ctx);
@@ -255,5 +266,22 @@ void be_indexer(Backend *be, int *topk, const float *q, const float *w, const KV
 /* out[r] = the index of the largest x[r, :n] (ties to the lowest index): greedy sampling on the
  * device, so that only the ids cross to the host. */
 void be_argmax(Backend *be, int *out, const float *x, int rows, int n);
+/* out[r] = the token sample_row draws from logits[r, :V] with params[r] (out, logits and params
+ * in backend memory): sampling on the device, so that only the ids cross to the host. */
+void be_sample(Backend *be, int *out, const float *logits, int rows, int V, const SampleRow *params);
+
+/* The definition of sampling (cpu/sample.c), shared by the host sampler and the cpu op; the
+ * CUDA op must agree with it. Greedy: the largest logit, ties to the lowest id, NaN never wins.
+ * No filter: a draw over the softmax at the temperature in id order. With filters: candidates
+ * sorted by (logit desc, id asc), the top_k first, their softmax at the temperature; top-p keeps
+ * the smallest prefix whose probability reaches top_p, min-p those with probability >= min_p
+ * times the largest (at least one is kept); the draw is u times the kept mass, walked in sorted
+ * order. work: sample_row_work(V) bytes. */
+size_t sample_row_work(int V);
+int sample_row(const float *logits, int V, const SampleRow *p, void *work);
+/* The n largest logits in that order (value desc, id asc, NaN never) by a bounded selection
+ * over the vocabulary: c [n]; returns how many (fewer than n when the rest are NaN). */
+typedef struct { float v; int id; } SampleCand;
+int sample_top_n(const float *logits, int V, int n, SampleCand *c);
 
 #endif

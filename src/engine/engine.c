@@ -79,7 +79,8 @@ struct Engine {
     int *b_tokens, *b_pos, *b_seq, *b_slot, *b_start, *b_ntok, *b_ctx, *b_out, *b_table;
     Seq **b_seqs, **b_outseq;
     float *logits;             /* [max_running, V] host */
-    int *d_ids, *h_ids;        /* [max_running] argmax ids: backend memory, host copy */
+    int *d_ids, *h_ids;        /* [max_running] argmax or sampled ids: backend memory, host copy */
+    SampleRow *d_rows, *h_rows; /* [max_running] the sample op's parameters: backend memory, host */
     EngineStats stats;
     /* diagnosis (diag/): one step in profile_every timed op by op; every step's wall time */
     Prof prof;
@@ -277,6 +278,8 @@ Engine *engine_create(const Model *m, Backend *be, const EngineOptions *o, const
     e->logits = xmalloc((size_t)S * c->vocab * sizeof(float));
     e->d_ids = be_alloc(be, (size_t)S * sizeof(int));
     e->h_ids = xcalloc(S, sizeof(int));
+    e->d_rows = be_alloc(be, (size_t)S * sizeof(SampleRow));
+    e->h_rows = xcalloc(S, sizeof(SampleRow));
     e->running = xcalloc(S, sizeof(Seq *));
     e->pm.cap = 1;
     while (e->pm.cap < 2 * nb + 2) e->pm.cap *= 2;
@@ -611,21 +614,29 @@ static void step(Engine *e)
                .n_seqs = S, .seq_start = e->b_start, .seq_ntok = e->b_ntok, .ctx_len = e->b_ctx,
                .block_table = e->b_table, .bt_stride = e->max_blocks_per_seq, .n_out = O, .out_idx = e->b_out};
     for (int i = 0; i < S; i++) b.max_ctx = e->b_ctx[i] > b.max_ctx ? e->b_ctx[i] : b.max_ctx;
-    /* every output row plain greedy: argmax on the backend, only the ids cross (no V floats a row) */
-    int argmax = O > 0;
-    for (int o = 0; o < O && argmax; o++) {
+    /* every output row plain greedy: argmax on the backend, only the ids cross (no V floats a
+     * row); else every row's token a function of its logits alone (no penalties, log-probabilities
+     * or forced token): the backend's sample op draws them, only the ids cross. One row that
+     * needs its logits on the host takes the whole batch there. */
+    int argmax = O > 0, sample = O > 0;
+    for (int o = 0; o < O; o++) {
         Seq *s = e->b_outseq[o];
-        argmax = sampler_is_argmax(&s->sampler) && s->n_generated >= s->n_forced;
+        int free_choice = s->n_generated >= s->n_forced;
+        argmax = argmax && free_choice && sampler_is_argmax(&s->sampler);
+        sample = sample && free_choice && sampler_logits_only(&s->sampler);
     }
+    sample = sample && !argmax;
+    if (sample) /* each row's uniform now, from its generator, as sampler_sample would take it */
+        for (int o = 0; o < O; o++) sampler_row(&e->b_outseq[o]->sampler, &e->h_rows[o]);
     /* the sequences of this batch are only touched by this thread: run without the lock */
     pthread_mutex_unlock(&e->mu);
     double t0 = clock_now();
+    if (sample) be_to_device(e->be, e->d_rows, e->h_rows, (size_t)O * sizeof(SampleRow));
     if (profiled) profile_begin_step(&e->prof, e->be);
-    forward_run(&e->f, &b, &e->kv, O && !argmax ? e->logits : NULL);
-    if (argmax) {
-        be_argmax(e->be, e->d_ids, e->f.logits, O, V);
-        be_to_host(e->be, e->h_ids, e->d_ids, (size_t)O * sizeof(int));
-    }
+    forward_run(&e->f, &b, &e->kv, O && !argmax && !sample ? e->logits : NULL);
+    if (argmax) be_argmax(e->be, e->d_ids, e->f.logits, O, V);
+    if (sample) be_sample(e->be, e->d_ids, e->f.logits, O, V, e->d_rows);
+    if (argmax || sample) be_to_host(e->be, e->h_ids, e->d_ids, (size_t)O * sizeof(int));
     double wall_ms = (clock_now() - t0) * 1e3;
     if (profiled) profile_stop(&e->prof, e->be);
     pthread_mutex_lock(&e->mu);
@@ -652,7 +663,7 @@ static void step(Engine *e)
         if (s->cancelled || s->done) continue;
         SampleResult r;
         int t;
-        if (argmax) {
+        if (argmax || sample) {
             t = e->h_ids[o];
             r = (SampleResult){.token = t};
         } else if (s->n_generated < s->n_forced) {
@@ -736,9 +747,10 @@ void engine_free(Engine *e)
     prof_free(&e->prof, e->be);
     kv_cache_free(&e->kv);
     be_free(e->be, e->d_ids);
+    be_free(e->be, e->d_rows);
     void *p[] = {e->b_tokens, e->b_pos, e->b_seq, e->b_slot, e->b_start, e->b_ntok, e->b_ctx, e->b_out, e->b_table,
                  e->b_seqs, e->b_outseq, e->logits, e->running, e->waiting, e->all, e->pm.keys, e->pm.blocks,
-                 e->block_hash, e->block_tick, e->h_ids};
+                 e->block_hash, e->block_tick, e->h_ids, e->h_rows};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) free(p[i]);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);

@@ -1,6 +1,6 @@
 /* sampler: penalties, temperature, top-k / top-p / min-p and seeded sampling on the CPU
- * (sampler.h). Candidates are the tokens that survive top-k (a partial sort of the logits)
- * and then top-p and min-p over their softmax; sampling draws from the survivors. */
+ * (sampler.h). The penalties change the logits here; what follows them, the draw itself, is
+ * sample_row (backend/cpu/sample.c), the definition the backends' sample op shares. */
 #include "sampler.h"
 
 #include <math.h>
@@ -101,31 +101,6 @@ void sampler_accept(Sampler *s, int token)
 
 /* ---- sampling ---- */
 
-typedef struct { float v; int id; } Cand;
-
-/* descending value, ties to the lower id */
-static int cand_cmp(const void *a, const void *b)
-{
-    const Cand *x = a, *y = b;
-    if (x->v != y->v) return x->v > y->v ? -1 : 1;
-    return x->id - y->id;
-}
-
-/* The top n entries of logits into c (sorted), by a bounded selection over the vocabulary. */
-static int top_n(const float *logits, int V, int n, Cand *c)
-{
-    int k = 0;
-    for (int i = 0; i < V; i++) {
-        float v = logits[i];
-        if (v != v) continue; /* NaN never wins */
-        if (k == n && !(v > c[k - 1].v)) continue;
-        int j = k < n ? k++ : n - 1;
-        while (j > 0 && (c[j - 1].v < v)) { c[j] = c[j - 1]; j--; }
-        c[j] = (Cand){v, i};
-    }
-    return k;
-}
-
 static void log_softmax_top(const float *logits, int V, int n, SampleResult *r, int chosen)
 {
     float mx = -INFINITY;
@@ -134,8 +109,8 @@ static void log_softmax_top(const float *logits, int V, int n, SampleResult *r, 
     for (int i = 0; i < V; i++) sum += exp((double)logits[i] - mx);
     float lse = mx + (float)log(sum);
     r->logprob = logits[chosen] - lse;
-    Cand c[SAMPLER_MAX_LOGPROBS];
-    r->n_top = n > 0 ? top_n(logits, V, n, c) : 0;
+    SampleCand c[SAMPLER_MAX_LOGPROBS];
+    r->n_top = n > 0 ? sample_top_n(logits, V, n, c) : 0;
     for (int i = 0; i < r->n_top; i++) {
         r->top_ids[i] = c[i].id;
         r->top_logprobs[i] = c[i].v - lse;
@@ -146,16 +121,15 @@ int sampler_sample(Sampler *s, float *logits, SampleResult *res)
 {
     const SamplingParams *p = &s->p;
     int V = s->vocab;
-    size_t need = (size_t)V * (sizeof(Cand) + sizeof(float));
+    size_t need = sample_row_work(V) + (size_t)V * sizeof(float);
     if (need > s->work_cap) {
         free(s->work);
         s->work = xmalloc(need);
         s->work_cap = need;
     }
-    Cand *c = s->work;
     float *raw = NULL;
     if (p->logprobs >= 0) { /* log-probabilities of the model's own distribution */
-        raw = (float *)(c + V);
+        raw = (float *)((char *)s->work + sample_row_work(V));
         memcpy(raw, logits, V * sizeof(float));
     }
     /* penalties on the tokens seen */
@@ -168,64 +142,9 @@ int sampler_sample(Sampler *s, float *logits, SampleResult *res)
                 logits[t] = logits[t] > 0 ? logits[t] / p->repetition_penalty : logits[t] * p->repetition_penalty;
             if (cnt > 0) logits[t] -= p->frequency_penalty * cnt + p->presence_penalty;
         }
-    int token;
-    if (p->temperature == 0) { /* greedy: the largest logit, ties to the lowest id */
-        token = 0;
-        for (int i = 1; i < V; i++)
-            if (logits[i] > logits[token] || logits[token] != logits[token]) token = i;
-    } else if ((p->top_k <= 0 || p->top_k >= V) && p->top_p >= 1 && p->min_p <= 0) {
-        /* no filter: draw from the softmax over the whole vocabulary, no sort needed */
-        float mx = -INFINITY;
-        for (int i = 0; i < V; i++) mx = logits[i] > mx ? logits[i] : mx;
-        double sum = 0;
-        for (int i = 0; i < V; i++) sum += exp(((double)logits[i] - mx) / p->temperature);
-        double u = (double)rng_uniform(&s->rng) * sum, acc = 0;
-        token = 0;
-        for (int i = 0; i < V; i++) {
-            if (logits[i] != logits[i]) continue;
-            token = i;
-            acc += exp(((double)logits[i] - mx) / p->temperature);
-            if (u < acc) break;
-        }
-    } else {
-        int k = p->top_k > 0 && p->top_k < V ? p->top_k : V;
-        int n;
-        if (k == V) {
-            n = 0;
-            for (int i = 0; i < V; i++)
-                if (logits[i] == logits[i]) c[n++] = (Cand){logits[i], i};
-            qsort(c, n, sizeof *c, cand_cmp);
-        } else {
-            n = top_n(logits, V, k, c);
-        }
-        /* softmax over the candidates at the temperature */
-        double sum = 0, mx = c[0].v;
-        for (int i = 0; i < n; i++) {
-            c[i].v = (float)exp(((double)c[i].v - mx) / p->temperature);
-            sum += c[i].v;
-        }
-        /* top-p: the smallest prefix whose mass reaches top_p; min-p: prob >= min_p * max */
-        double cum = 0, keep_mass = 0;
-        int m = n;
-        for (int i = 0; i < n; i++) {
-            double pr = c[i].v / sum;
-            if (p->min_p > 0 && pr < p->min_p * (c[0].v / sum)) { m = i; break; }
-            keep_mass += c[i].v;
-            cum += pr;
-            if (cum >= p->top_p) { m = i + 1; break; }
-        }
-        if (m < 1) m = 1;
-        if (m != n) {
-            keep_mass = 0;
-            for (int i = 0; i < m; i++) keep_mass += c[i].v;
-        }
-        double u = (double)rng_uniform(&s->rng) * keep_mass, acc = 0;
-        token = c[m - 1].id;
-        for (int i = 0; i < m; i++) {
-            acc += c[i].v;
-            if (u < acc) { token = c[i].id; break; }
-        }
-    }
+    SampleRow row;
+    sampler_row(s, &row);
+    int token = sample_row(logits, V, &row, s->work);
     res->token = token;
     res->n_top = 0;
     res->logprob = 0;
@@ -241,9 +160,17 @@ void sampler_score(const Sampler *s, const float *logits, int token, SampleResul
     if (s->p.logprobs >= 0) log_softmax_top(logits, s->vocab, s->p.logprobs, res, token);
 }
 
-int sampler_is_argmax(const Sampler *s)
+int sampler_logits_only(const Sampler *s)
 {
     const SamplingParams *p = &s->p;
-    return p->temperature == 0 && p->logprobs < 0 && p->repetition_penalty == 1.0f && p->frequency_penalty == 0 &&
-           p->presence_penalty == 0;
+    return p->logprobs < 0 && p->repetition_penalty == 1.0f && p->frequency_penalty == 0 && p->presence_penalty == 0;
+}
+
+int sampler_is_argmax(const Sampler *s) { return s->p.temperature == 0 && sampler_logits_only(s); }
+
+void sampler_row(Sampler *s, SampleRow *row)
+{
+    const SamplingParams *p = &s->p;
+    *row = (SampleRow){.temperature = p->temperature, .top_k = p->top_k, .top_p = p->top_p, .min_p = p->min_p};
+    if (p->temperature > 0) row->u = rng_uniform(&s->rng); /* the one draw of this token */
 }

@@ -9,6 +9,7 @@
 
 #include <stdint.h>
 
+#include "../backend/backend.h" /* SampleRow */
 #include "../base/util.h"
 
 #define SAMPLER_MAX_LOGPROBS 20
@@ -61,6 +62,13 @@ void sampler_score(const Sampler *s, const float *logits, int token, SampleResul
 /* 1 if the next token is plain argmax of the logits (temperature 0, no penalties, no logprobs):
  * the engine then takes it from the backend's argmax and copies no logits. */
 int sampler_is_argmax(const Sampler *s);
+/* 1 if the next token depends on the logits alone (no penalties, no log-probabilities): the
+ * engine then draws it with the backend's sample op, from sampler_row's parameters. */
+int sampler_logits_only(const Sampler *s);
+/* The parameters of the next draw after the penalties (SampleRow, backend.h). Takes the draw's
+ * uniform from the generator when the temperature is > 0, exactly as sampler_sample would: call
+ * it once per token, and only instead of sampler_sample. */
+void sampler_row(Sampler *s, SampleRow *row);
 /* Record a generated token (for the penalties). */
 void sampler_accept(Sampler *s, int token);
 

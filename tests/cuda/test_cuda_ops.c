@@ -808,3 +808,99 @@ TEST(cuda_w4_checkpoint_weights)
     EXPECT(checked > 0, "no packed tensor in the fixtures");
     fprintf(stderr, "    %d packed checkpoint tensors checked\n", checked);
 }
+
+/* ---- sample: be_sample on the GPU against the cpu twin (sample_row): identical ids ----
+ * Every combination of temperature {0, 0.3, 1, 2}, top-k {off, 1, 5, V-1, V}, top-p {off, 0.9,
+ * 0.2, 1e-6} and min-p {off, 0.05}, twice with different uniforms, each row its own combination,
+ * in batches of 1 to 64 rows. Logits normal * 3, every third row rounded to 1/4 (ties across
+ * ids). No tolerance: the GPU's masses (fixed point, exact sums) differ from the cpu's double
+ * sums by about 1e-9 of the total, which changes a token only when u * mass falls that close to
+ * a boundary between two tokens; the seed is fixed, and none of these rows does. */
+static const float SAMPLE_T[4] = {0, 0.3f, 1, 2}, SAMPLE_P[4] = {1, 0.9f, 0.2f, 1e-6f}, SAMPLE_M[2] = {0, 0.05f};
+#define SAMPLE_COMBOS (4 * 5 * 4 * 2)
+
+/* row logits of kind: 0 normal * 3; 1 the same rounded to 1/4; 2 with NaN, +-inf and +-0 among
+ * them; 3 every logit -inf; 4 every logit NaN; 5 NaN but one */
+static void sample_logits(Rng *r, float *x, int V, int kind)
+{
+    for (int i = 0; i < V; i++) {
+        float v = rng_normal(r) * 3;
+        x[i] = kind == 1 ? roundf(v * 4) / 4 : kind == 3 ? -INFINITY : kind >= 4 ? NAN : v;
+    }
+    if (kind == 2) /* a NaN, -inf, -0 and +0 (a tie) every 97 ids; now and then a +inf */
+        for (int i = 0; i < V; i += 97) {
+            x[i] = NAN;
+            if (i + 1 < V) x[i + 1] = -INFINITY;
+            if (i + 2 < V) x[i + 2] = -0.0f;
+            if (i + 3 < V) x[i + 3] = 0.0f;
+            if (i + 5 < V && (i / 97) % 7 == 3 && rng_uniform(r) < 0.5f) x[i + 5] = INFINITY;
+        }
+    if (kind == 5) x[V / 2] = 1.5f;
+}
+
+/* n rows of V logits, the kinds of row i kinds[i % n_kinds]; returns the rows that differ */
+static int sample_compare(Rng *r, int V, const int *kinds, int n_kinds)
+{
+    static const int batch[] = {1, 64, 7, 33, 64, 2, 17, 64};
+    int n = 2 * SAMPLE_COMBOS, bad = 0;
+    int Ks[5] = {0, 1, 5, V - 1, V};
+    SampleRow *p = malloc(n * sizeof *p);
+    for (int i = 0; i < n; i++) {
+        int c = i % SAMPLE_COMBOS;
+        p[i] = (SampleRow){SAMPLE_T[c / 40], Ks[(c / 8) % 5], SAMPLE_P[(c / 2) % 4], SAMPLE_M[c % 2], rng_uniform(r)};
+    }
+    for (int at = 0, b = 0, rows; at < n; at += rows, b++) {
+        rows = batch[b % 8] < n - at ? batch[b % 8] : n - at;
+        float *x = malloc((size_t)rows * V * sizeof(float));
+        for (int i = 0; i < rows; i++) sample_logits(r, x + (size_t)i * V, V, kinds[(at + i) % n_kinds]);
+        int *want = malloc(rows * sizeof(int)), *got = malloc(rows * sizeof(int));
+        be_sample(&cpu, want, x, rows, V, p + at);
+        float *dx = up(x, (size_t)rows * V * sizeof(float));
+        SampleRow *dp = up(p + at, rows * sizeof(SampleRow));
+        int *dout = be_alloc(&gpu, rows * sizeof(int));
+        be_sample(&gpu, dout, dx, rows, V, dp);
+        be_to_host(&gpu, got, dout, rows * sizeof(int));
+        for (int i = 0; i < rows; i++) {
+            if (got[i] == want[i]) continue;
+            const SampleRow *q = &p[at + i];
+            if (bad++ < 10)
+                fprintf(stderr, "      V %d row %d of %d (kind %d): T %g top_k %d top_p %g min_p %g u %.9g: cuda %d, cpu %d\n",
+                        V, i, rows, kinds[(at + i) % n_kinds], q->temperature, q->top_k, q->top_p, q->min_p, q->u,
+                        got[i], want[i]);
+        }
+        free(x); free(want); free(got);
+        be_free(&gpu, dx); be_free(&gpu, dp); be_free(&gpu, dout);
+    }
+    free(p);
+    return bad;
+}
+
+TEST(cuda_sample)
+{
+    NEED_GPU();
+    Rng r;
+    rng_seed(&r, 31);
+    fprintf(stderr, "    seed 31\n");
+    static const int kinds[3] = {0, 0, 1};
+    static const int Vs[3] = {7, 1000, 154880};
+    for (int v = 0; v < 3; v++) {
+        int bad = sample_compare(&r, Vs[v], kinds, 3);
+        EXPECT(bad == 0, "V %d: %d of %d rows drew another token", Vs[v], bad, 2 * SAMPLE_COMBOS);
+    }
+}
+
+/* NaN never a candidate, -inf a candidate of weight 0, -0 tied with +0, an infinite largest
+ * logit, rows all -inf, all NaN, NaN but one: the GPU follows sample_row in each. */
+TEST(cuda_sample_special_values)
+{
+    NEED_GPU();
+    Rng r;
+    rng_seed(&r, 37);
+    fprintf(stderr, "    seed 37\n");
+    static const int kinds[6] = {2, 2, 3, 2, 4, 5};
+    static const int Vs[2] = {1000, 154880};
+    for (int v = 0; v < 2; v++) {
+        int bad = sample_compare(&r, Vs[v], kinds, 6);
+        EXPECT(bad == 0, "V %d: %d of %d rows drew another token", Vs[v], bad, 2 * SAMPLE_COMBOS);
+    }
+}

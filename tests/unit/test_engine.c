@@ -282,3 +282,69 @@ TEST(engine_cancel_finish_errors)
     engine_stop(e, 1);
     engine_free(e);
 }
+
+/* Seeded sampling through the backend's sample op (every row's token a function of its logits:
+ * the ids alone cross) gives the tokens of the host path (sampler_sample, taken when a request
+ * asks for log-probabilities), batched with other requests or alone; a batch with one row that
+ * needs the host takes the host path whole and still gives them. */
+static const struct { float t; int k; float p, m; } sample_cases[6] = {
+    {0.8f, 0, 1, 0}, {1, 40, 1, 0}, {0.7f, 0, 0.9f, 0}, {1.3f, 100, 0.8f, 0.05f}, {0.5f, 0, 1, 0.1f}, {2, 5, 0.95f, 0},
+};
+
+static void run_sampled(int max_running, const int *logprobs, Out *out)
+{
+    EngineOptions o;
+    engine_options_default(&o);
+    o.max_running = max_running;
+    o.max_batch_tokens = 64;
+    o.chunked_prefill = 16;
+    o.n_blocks = 128;
+    o.max_model_len = 512;
+    Engine *e = engine_create(&M, &BE, &o, eos, 3);
+    engine_start(e);
+    Waker w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+    for (int i = 0; i < 6; i++) {
+        int p[200], n = make_prompt(i, p, 5 + (i * 37) % 90);
+        RequestParams r = {.prompt = p, .n_prompt = n, .max_tokens = 10, .ignore_eos = 1};
+        sampling_params_default(&r.sampling);
+        r.sampling.temperature = sample_cases[i].t;
+        r.sampling.top_k = sample_cases[i].k;
+        r.sampling.top_p = sample_cases[i].p;
+        r.sampling.min_p = sample_cases[i].m;
+        r.sampling.seed = 11 + i;
+        r.sampling.logprobs = logprobs[i];
+        memset(&out[i], 0, sizeof out[i]);
+        out[i].id = engine_submit(e, &r, on_event, &w, NULL, 0);
+        EXPECT(out[i].id > 0);
+        if (max_running == 1) EXPECT(collect(e, &w, &out[i], 1) == 0, "request %d did not finish", i);
+    }
+    if (max_running > 1) EXPECT(collect(e, &w, out, 6) == 0, "requests did not finish");
+    engine_stop(e, 1);
+    engine_free(e);
+}
+
+TEST(engine_sample_on_device_matches_host)
+{
+    ASSERT(setup());
+    static const int host[6] = {0, 0, 0, 0, 0, 0}, device[6] = {-1, -1, -1, -1, -1, -1},
+                     mixed[6] = {-1, -1, -1, 2, -1, -1};
+    Out ref[6], got[6];
+    long calls = BE.stats[OP_SAMPLE].calls;
+    run_sampled(1, host, ref);
+    EXPECT(BE.stats[OP_SAMPLE].calls == calls, "the host path ran %ld sample ops", BE.stats[OP_SAMPLE].calls - calls);
+    int distinct = 0;
+    for (int i = 0; i < 6; i++) {
+        EXPECT_EQ_INT(ref[i].n, 10);
+        for (int k = 1; k < ref[i].n; k++) distinct += ref[i].toks[k] != ref[i].toks[0];
+    }
+    EXPECT(distinct > 0, "every request repeated one token: nothing was sampled");
+    const int *modes[3] = {device, device, mixed};
+    const int running[3] = {1, 6, 6};
+    const char *names[3] = {"on the device alone", "on the device batched", "one row on the host"};
+    for (int m = 0; m < 3; m++) {
+        calls = BE.stats[OP_SAMPLE].calls;
+        run_sampled(running[m], modes[m], got);
+        EXPECT(BE.stats[OP_SAMPLE].calls > calls, "%s: no sample op ran", names[m]);
+        expect_same(got, ref, 6, names[m]);
+    }
+}

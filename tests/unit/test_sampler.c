@@ -201,3 +201,124 @@ TEST(sampler_map_growth)
     free(l);
     sampler_free(&s);
 }
+
+/* ---- the sample op (be_sample, sample_row) against the sampler ---- */
+
+/* the logits of the pinned runs: normal * 2, a tie of 1.0 every 7 ids, the last id tied with id 2 */
+static void pinned_logits(float *l, int V)
+{
+    Rng r;
+    rng_seed(&r, 77 + V);
+    for (int i = 0; i < V; i++) l[i] = i % 7 == 3 ? 1.0f : rng_normal(&r) * 2;
+    if (V > 5) l[V - 1] = l[2];
+}
+
+/* Seeded tokens recorded before sampling moved into sample_row (commit 6559c55's sampler): a
+ * seed must keep giving the same tokens. */
+TEST(sampler_seeded_tokens_pinned)
+{
+    static const struct { float t; int k; float p, m, rep; int64_t seed; int want[24]; } cases[] = {
+        {0.8f, 0, 1, 0, 1, 7, {9, 5, 40, 25, 9, 9, 9, 9, 9, 9, 9, 46, 42, 40, 40, 9, 40, 9, 35, 40, 36, 9, 9, 9}},
+        {1, 0, 1, 0, 1.3f, 1200, {40, 46, 9, 43, 36, 29, 20, 9, 9, 9, 25, 37, 42, 9, 40, 5, 9, 25, 35, 9, 9, 46, 9, 43}},
+        {1, 5, 0.9f, 0.05f, 1, 1222, {46, 40, 46, 46, 9, 9, 9, 9, 9, 9, 40, 40, 40, 40, 46, 9, 40, 9, 9, 9, 9, 9, 9, 9}},
+        {2, 0, 1, 0, 1.3f, 1300, {37, 40, 35, 27, 44, 41, 4, 43, 34, 42, 3, 47, 7, 5, 42, 5, 9, 14, 14, 35, 5, 27, 40, 36}},
+        {2, 49, 1, 0, 1, 1330, {35, 35, 32, 8, 7, 15, 35, 25, 46, 21, 9, 47, 14, 42, 40, 2, 36, 17, 9, 20, 40, 15, 40, 40}},
+        {2, 50, 1, 0.05f, 1, 1341, {45, 40, 24, 39, 42, 37, 27, 49, 40, 40, 32, 47, 27, 28, 35, 36, 9, 37, 10, 36, 46, 40, 17, 31}},
+    };
+    int V = 50, prompt[3] = {0, 1, 2};
+    float l[50];
+    pinned_logits(l, V);
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        SamplingParams p;
+        sampling_params_default(&p);
+        p.temperature = cases[c].t;
+        p.top_k = cases[c].k;
+        p.top_p = cases[c].p;
+        p.min_p = cases[c].m;
+        p.repetition_penalty = cases[c].rep;
+        p.seed = cases[c].seed;
+        Sampler s;
+        sampler_init(&s, &p, V, prompt, 3);
+        for (int n = 0; n < 24; n++) {
+            int t = draw(l, V, &s);
+            sampler_accept(&s, t);
+            EXPECT(t == cases[c].want[n], "seed %lld token %d: %d, recorded %d", (long long)p.seed, n, t, cases[c].want[n]);
+        }
+        sampler_free(&s);
+    }
+}
+
+/* Row r of a case: normal logits, every other row rounded to 1/4 (ties, ties across ids), and a
+ * -inf here and there. */
+static void op_logits(Rng *r, float *l, int V, int row)
+{
+    for (int i = 0; i < V; i++) {
+        float v = rng_normal(r) * 2;
+        l[i] = row % 2 ? roundf(v * 4) / 4 : v;
+    }
+    if (row % 3 == 2 && V > 3) l[V / 3] = -INFINITY;
+}
+
+/* be_sample on the cpu (sampler_row's parameters, all rows at once) against sampler_sample row by
+ * row, with the same seeds, for 4 tokens in a row: the same ids, the generators in step. */
+TEST(sampler_sample_op_matches_sampler)
+{
+    static const float Ts[] = {0, 0.3f, 1, 2}, Ps[] = {1, 0.9f, 0.2f, 1e-6f}, Ms[] = {0, 0.05f};
+    static const int Vs[] = {1, 2, 7, 50, 1000};
+    static const int row_counts[] = {1, 3, 8};
+    Backend be;
+    backend_cpu_init(&be, 2);
+    Rng r;
+    rng_seed(&r, 20240605);
+    fprintf(stderr, "    seed 20240605\n");
+    int cases = 0;
+    for (size_t vi = 0; vi < sizeof Vs / sizeof Vs[0]; vi++) {
+        int V = Vs[vi];
+        int Ks[5] = {0, 1, 5, V - 1, V};
+        for (int a = 0; a < 4; a++)
+            for (int b = 0; b < 5; b++)
+                for (int c = 0; c < 4; c++)
+                    for (int d = 0; d < 2; d++) {
+                        int rows = row_counts[(a + b + c + d) % 3];
+                        float *l = malloc((size_t)rows * V * sizeof(float)), *w = malloc((size_t)V * sizeof(float));
+                        Sampler *host = calloc(rows, sizeof(Sampler)), *dev = calloc(rows, sizeof(Sampler));
+                        SampleRow *rp = calloc(rows, sizeof(SampleRow));
+                        int *ids = calloc(rows, sizeof(int));
+                        for (int i = 0; i < rows; i++) {
+                            SamplingParams p;
+                            sampling_params_default(&p);
+                            p.temperature = Ts[a];
+                            p.top_k = Ks[b];
+                            p.top_p = Ps[c];
+                            p.min_p = Ms[d];
+                            p.seed = 1000 * cases + i;
+                            sampler_init(&host[i], &p, V, NULL, 0);
+                            sampler_init(&dev[i], &p, V, NULL, 0);
+                        }
+                        for (int step = 0; step < 4; step++) {
+                            for (int i = 0; i < rows; i++) {
+                                op_logits(&r, l + (size_t)i * V, V, i + step);
+                                sampler_row(&dev[i], &rp[i]);
+                            }
+                            be_sample(&be, ids, l, rows, V, rp);
+                            for (int i = 0; i < rows; i++) {
+                                memcpy(w, l + (size_t)i * V, V * sizeof(float));
+                                SampleResult res;
+                                int want = sampler_sample(&host[i], w, &res);
+                                EXPECT(ids[i] == want, "V %d T %g top_k %d top_p %g min_p %g row %d/%d step %d: op %d, sampler %d",
+                                       V, Ts[a], Ks[b], Ps[c], Ms[d], i, rows, step, ids[i], want);
+                                sampler_accept(&host[i], want);
+                                sampler_accept(&dev[i], ids[i]);
+                            }
+                        }
+                        for (int i = 0; i < rows; i++) {
+                            sampler_free(&host[i]);
+                            sampler_free(&dev[i]);
+                        }
+                        free(l); free(w); free(host); free(dev); free(rp); free(ids);
+                        cases++;
+                    }
+    }
+    EXPECT(be.stats[OP_SAMPLE].calls == 4L * cases, "%ld sample ops counted for %d", be.stats[OP_SAMPLE].calls, 4 * cases);
+    backend_free(&be);
+}

@@ -105,6 +105,7 @@ static const BackendOps cpu_ops = {
     .attention_mla_piece = attention_mla_piece_cpu,
     .indexer = indexer_cpu,
     .argmax = argmax_cpu,
+    .sample = sample_cpu,
     .mem_free = cpu_mem_free,
 };
 

@@ -15,6 +15,7 @@ float cpu_dot(const float *a, const float *b, int64_t n);
 
 void fill_cpu(Backend *be, void *p, size_t n, FillKind kind, float a, float b, uint64_t seed);
 void argmax_cpu(Backend *be, int *out, const float *x, int rows, int n);
+void sample_cpu(Backend *be, int *out, const float *logits, int rows, int V, const SampleRow *params);
 void embed_cpu(Backend *be, float *out, const int *tokens, int T, const QTensor *emb);
 void rmsnorm_cpu(Backend *be, float *out, int ldo, const float *x, int ldx, const float *w,
                  int rows, int dim, float eps);

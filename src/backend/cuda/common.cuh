@@ -187,6 +187,7 @@ __device__ __forceinline__ int batch_slot(const int *block_table, int bt_stride,
 /* The ops (cuda twins of the *_cpu functions, same arguments). */
 void fill_cuda(Backend *be, void *p, size_t n, FillKind kind, float a, float b, uint64_t seed);
 void argmax_cuda(Backend *be, int *out, const float *x, int rows, int n);
+void sample_cuda(Backend *be, int *out, const float *logits, int rows, int V, const SampleRow *params);
 void embed_cuda(Backend *be, float *out, const int *tokens, int T, const QTensor *emb);
 void rmsnorm_cuda(Backend *be, float *out, int ldo, const float *x, int ldx, const float *w, int rows, int dim, float eps);
 void layernorm_cuda(Backend *be, float *out, int ldo, const float *x, int ldx, const float *w, const float *b,

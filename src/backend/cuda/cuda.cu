@@ -185,7 +185,8 @@ static const BackendOps cuda_ops = {
     cuda_alloc, cuda_free, cuda_destroy, fill_cuda, embed_cuda, rmsnorm_cuda, layernorm_cuda, rope_cuda, add_cuda,
     get_rows_cuda, cuda_to_host, cuda_to_device, swiglu_cuda, kv_write_cuda, matmul_cuda, router_cuda,
     moe_cuda, attention_gqa_cuda, attention_mla_cuda, kv_gather_cuda, attention_mla_piece_cuda, indexer_cuda,
-    argmax_cuda, cuda_reserve, cuda_graph_begin, cuda_graph_end, cuda_graph_launch, cuda_graph_free, cuda_mem_free, w4_pack_cuda, cuda_bind_thread,
+    argmax_cuda, sample_cuda, cuda_reserve, cuda_graph_begin, cuda_graph_end, cuda_graph_launch, cuda_graph_free,
+    cuda_mem_free, w4_pack_cuda, cuda_bind_thread,
     cuda_event_create, cuda_event_record, cuda_event_elapsed, cuda_event_destroy,
 };
 
