@@ -15,6 +15,7 @@ run() {
     "$SAN" --tool memcheck --error-exitcode 9 --leak-check full --print-limit 20 "$@" >"$OUTD/log" 2>&1 ||
         { cat "$OUTD/log"; echo "memcheck: FAILED: $*" >&2; exit 1; }
     grep -q "ERROR SUMMARY: 0 errors" "$OUTD/log" || { cat "$OUTD/log"; echo "memcheck: no clean summary: $*" >&2; exit 1; }
+    grep "ERROR SUMMARY\|LEAK SUMMARY" "$OUTD/log" | sed 's/^/    /'
 }
 for fx in glm5-bf16 glm5-nvfp4 glm5-shared-bf16 glm4moe-bf16 glm4moe-nvfp4; do
     d=tests/data/golden/$fx
