@@ -157,7 +157,9 @@ static void account_model(Model *m)
 {
     const ModelConfig *c = &m->cfg;
     account(m, &m->embed);
-    if (!(m->lm_head.data == m->embed.data && m->lm_head.rows == m->embed.rows)) account(m, &m->lm_head);
+    /* tied: lm_head is a view of the embedding (a row slice of it under TP), no bytes of its own;
+     * comparing data pointers would miss the slice, and dummy weights have none yet */
+    if (!c->tie_embeddings) account(m, &m->lm_head);
     for (int l = c->layer_begin; l < c->layer_end; l++) {
         const LayerWeights *w = &m->layers[l];
         const QTensor *t[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->wq_a, &w->wq_b, &w->wkv_a, &w->wkv_b, &w->idx_wq_b,

@@ -339,6 +339,21 @@ TEST(dist_info_layout)
         json_decref(pp);
         json_decref(tp);
     }
+    /* shapes alone (config.json, dummy weights) count what the checkpoint holds: the untied
+     * lm_head too (it was once skipped when neither it nor the embedding had data yet) */
+    for (int k = 0; k < 2; k++) {
+        char only[4200], cmd[10000], *out = NULL;
+        snprintf(only, sizeof only, "%s/shapes-%d", test_tmpdir(), k);
+        snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s/config.json' '%s/'", only, k ? mla : gqa, only);
+        ASSERT(test_run(cmd, &out) == 0, "%s", out ? out : "");
+        free(out);
+        json_t *real = info_layout(k ? mla : gqa, "--tp 1"), *shp = info_layout(only, "--tp 1");
+        ASSERT(real && shp);
+        EXPECT(stage_num(real, 0, "weight_bytes") == stage_num(shp, 0, "weight_bytes"), "%s: checkpoint %g B, shapes %g B",
+               k ? mla : gqa, stage_num(real, 0, "weight_bytes"), stage_num(shp, 0, "weight_bytes"));
+        json_decref(real);
+        json_decref(shp);
+    }
     json_t *l = info_layout(glm5, "--tp 8 --gpu-mem 141");
     ASSERT(l);
     EXPECT(json_is_true(json_object_get(l, "fits")));
