@@ -627,6 +627,10 @@ TEST(cuda_attention_mla_and_indexer)
         {2, {300, 700}, {2, 1}, 16, 512, 128, 64, 128, 32, 128, 256, 0},
         {1, {5000}, {1}, 8, 512, 192, 64, 256, 32, 128, 2048, 0},
         {1, {100}, {20}, 4, 64, 32, 16, 32, 8, 32, 8, 1}, /* exact ties in the indexer keys */
+        /* GLM-5's 64 heads, a 2048-token context next to a short prefill (the keys split over blocks) */
+        {2, {2048, 37}, {1, 37}, 64, 512, 192, 64, 256, 32, 128, 2048, 0},
+        /* more tokens than one pass of the absorbed kernel (512), 20 heads: a partial head group */
+        {1, {600}, {600}, 20, 64, 32, 16, 32, 8, 32, 64, 0},
     };
     for (size_t cs = 0; cs < sizeof cases / sizeof cases[0]; cs++) {
         int bs = 16, H = cases[cs].H, C = cases[cs].C, Dn = cases[cs].Dn, Dr = cases[cs].Dr, Dv = cases[cs].Dv;

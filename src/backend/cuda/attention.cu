@@ -139,7 +139,7 @@ static __global__ void attention_mla_kernel(float *out, const float *q, const vo
     }
 }
 
-void attention_mla_cuda(Backend *be, float *out, const float *q, const KVLayer *kv, const QTensor *wkv_b,
+static void attention_mla_v0(Backend *be, float *out, const float *q, const KVLayer *kv, const QTensor *wkv_b,
                         const int *topk, int ktop, const Batch *b, const ModelConfig *c)
 {
     if (!b->n_tokens) return;
@@ -151,6 +151,297 @@ void attention_mla_cuda(Backend *be, float *out, const float *q, const KVLayer *
         b->block_table, b->bt_stride, c->n_heads, c->kv_lora_rank, c->qk_nope_dim, c->qk_rope_dim, c->v_head_dim,
         c->attn_scale);
     LAUNCH_CHECK("attention_mla_kernel");
+}
+
+/* ---- MLA absorbed form, v1: every key read once for a group of heads ----
+ * In the absorbed form all heads of a token attend to the same cached rows [latent C | k_pe Dr]
+ * (multi-query attention with 576-wide keys and 512-wide values for GLM-5), so a block takes
+ * one token, MLA_HG heads and one split of the keys: each chunk of MLA_KC rows is read once,
+ * coalesced, into shared memory and serves every head of the group. Three steps around it:
+ * mla_qabs_kernel (q_nope through W_UK for 16 tokens a block, each weight read once per
+ * block), the split-K partials combined by mla_combine_kernel (flash-decoding), and
+ * mla_out_kernel (W_UV, 16 tokens a block). Tokens go MLA_TC at a time so that the scratch is
+ * bounded; the number of splits depends only on the token count, never on the contexts, so a
+ * captured graph replays with any context. MOESERVE_MLA_KERNEL=v0 keeps the first kernel. */
+#define MLA_HG 16     /* heads a block */
+#define MLA_KC 16     /* keys a chunk (MLA_HG x MLA_KC = ATT_THREADS score threads) */
+#define MLA_TC 512    /* tokens a pass */
+#define MLA_TT 16     /* tokens a block of the W_UK and W_UV products */
+#define MLA_V1_MAX_C 512
+#define MLA_V1_MAX_DN 256
+
+static size_t mla_v1_smem(int C, int Dr) { return (size_t)(MLA_HG * (C + Dr) + MLA_KC * (C + Dr + 4)) * sizeof(float); }
+
+static int mla_v1_ok(Backend *be, const ModelConfig *c)
+{
+    static int env = -1;
+    if (env < 0) {
+        const char *e = getenv("MOESERVE_MLA_KERNEL");
+        env = e && !strcmp(e, "v0") ? 0 : 1;
+    }
+    if (!env || c->kv_lora_rank > MLA_V1_MAX_C || c->qk_nope_dim > MLA_V1_MAX_DN || (c->kv_lora_rank + c->qk_rope_dim) % 4)
+        return 0;
+    int optin = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, cuda_state(be)->device));
+    return mla_v1_smem(c->kv_lora_rank, c->qk_rope_dim) <= (size_t)optin;
+}
+
+/* splits of the keys for a pass of T tokens: about two blocks per SM in all */
+static int mla_splits(Backend *be, int T, int H)
+{
+    int sms = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, cuda_state(be)->device));
+    int blocks = T * ((H + MLA_HG - 1) / MLA_HG), S = (2 * sms + blocks - 1) / blocks;
+    return S < 1 ? 1 : S > 32 ? 32 : S;
+}
+
+/* qa[t, h] = [q_nope . W_UK[h] (C) | q_pe (Dr)]. Block (h, 64 latent columns, MLA_TT tokens):
+ * thread owns column c for 4 of the tokens; W_UK[h][d][c] read once per block */
+static __global__ void mla_qabs_kernel(float *qa, const float *q, QTensor w, int t0, int T, int H, int C, int Dn, int Dr,
+                                       int Dv)
+{
+    __shared__ float qs[MLA_TT][MLA_V1_MAX_DN];
+    int h = blockIdx.x, c = blockIdx.y * 64 + (threadIdx.x & 63), tg = threadIdx.x >> 6;
+    int tb = blockIdx.z * MLA_TT, nt = min(MLA_TT, T - tb), Dq = Dn + Dr;
+    for (int i = threadIdx.x; i < MLA_TT * Dn; i += blockDim.x) {
+        int tt = i / Dn, d = i % Dn;
+        qs[tt][d] = tt < nt ? q[((int64_t)(t0 + tb + tt) * H + h) * Dq + d] : 0.f;
+    }
+    __syncthreads();
+    if (c < C) {
+        float a[MLA_TT / 4] = {};
+        int64_t row = (int64_t)h * (Dn + Dv);
+        for (int d = 0; d < Dn; d++) {
+            float wv = qt_elem(w, row + d, c);
+#pragma unroll
+            for (int k = 0; k < MLA_TT / 4; k++) a[k] += qs[tg * (MLA_TT / 4) + k][d] * wv;
+        }
+#pragma unroll
+        for (int k = 0; k < MLA_TT / 4; k++) {
+            int tt = tg * (MLA_TT / 4) + k;
+            if (tt < nt) qa[((int64_t)(tb + tt) * H + h) * (C + Dr) + c] = a[k];
+        }
+    }
+    if (blockIdx.y == 0)
+        for (int i = threadIdx.x; i < nt * Dr; i += blockDim.x) {
+            int tt = i / Dr, e = i % Dr;
+            qa[((int64_t)(tb + tt) * H + h) * (C + Dr) + C + e] = q[((int64_t)(t0 + tb + tt) * H + h) * Dq + Dn + e];
+        }
+}
+
+/* block (token t0 + x, split y, head group z). Score thread (sh, sj) = (tid / MLA_KC, tid %
+ * MLA_KC) scores key sj of the chunk for head sh; then thread owns latent dims c = tid + 256 i of
+ * every head of the group. One split: ol = the normalised output; several: unnormalised partials
+ * and (max, sum) per head into part / ml. */
+static __global__ void __launch_bounds__(ATT_THREADS) mla_decode_kernel(
+    float *ol, float *part, float *ml, const float *qa, const void *cache, KVDtype dt, float ks, int W, int bs,
+    const int *topk, int ktop, const int *seq, const int *pos, const int *block_table, int bt_stride, int t0, int H, int C,
+    int Dr, float scale, int S)
+{
+    extern __shared__ float mla_sm[];
+    /* rows of QW floats (QW % 4 == 0: 16-byte loads); the keys' stride QW + 4 puts the 8 keys of a
+     * quarter warp's 16-byte loads in different banks */
+    const int QW = C + Dr, KW = C + Dr + 4;
+    float *qs = mla_sm, *kc = qs + MLA_HG * QW;
+    __shared__ float ps[MLA_HG][MLA_KC], mh[MLA_HG], lh[MLA_HG], cr[MLA_HG];
+    __shared__ int sl[MLA_KC];
+    int i0 = blockIdx.x, t = t0 + i0, sp = blockIdx.y, h0 = blockIdx.z * MLA_HG, nh = min(MLA_HG, H - h0);
+    int tid = threadIdx.x, s = seq[t], n = topk ? ktop : pos[t] + 1;
+    int jb = (int)((int64_t)n * sp / S), je = (int)((int64_t)n * (sp + 1) / S);
+    const float *qsrc = qa + ((int64_t)i0 * H + h0) * QW;
+    for (int i = tid; i < nh * QW; i += blockDim.x) qs[i] = qsrc[i];
+    if (tid < MLA_HG) {
+        mh[tid] = -INFINITY;
+        lh[tid] = 0.f;
+    }
+    float acc[MLA_HG][MLA_V1_MAX_C / ATT_THREADS];
+#pragma unroll
+    for (int h = 0; h < MLA_HG; h++)
+#pragma unroll
+        for (int i = 0; i < MLA_V1_MAX_C / ATT_THREADS; i++) acc[h][i] = 0.f;
+    const int sh = tid / MLA_KC, sj = tid % MLA_KC;
+    __syncthreads();
+    for (int j0 = jb; j0 < je; j0 += MLA_KC) {
+        if (tid < MLA_KC) {
+            int j = j0 + tid, key = -1;
+            if (j < je) key = topk ? topk[(int64_t)t * ktop + j] : j;
+            sl[tid] = key >= 0 ? batch_slot(block_table, bt_stride, s, key, bs) : -1;
+        }
+        __syncthreads();
+        for (int i = tid; i < MLA_KC * QW; i += blockDim.x) {
+            int jj = i / QW, e = i - jj * QW;
+            kc[jj * KW + e] = sl[jj] >= 0 ? kv_elem_load(cache, dt, (int64_t)sl[jj] * W + e, ks) : 0.f;
+        }
+        __syncthreads();
+        float z = -INFINITY;
+        if (sh < nh && sl[sj] >= 0) {
+            const float4 *qh = (const float4 *)(qs + sh * QW), *kj = (const float4 *)(kc + sj * KW);
+            float d0 = 0.f, d1 = 0.f;
+            for (int e = 0; e < QW / 4; e++) {
+                float4 a = qh[e], k = kj[e];
+                d0 += a.x * k.x + a.z * k.z;
+                d1 += a.y * k.y + a.w * k.w;
+            }
+            z = (d0 + d1) * scale;
+        }
+        /* the head's 16 scores sit in 16 neighbouring lanes of one warp */
+        float mx = z;
+#pragma unroll
+        for (int o = MLA_KC / 2; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        float mold = mh[sh], mnew = fmaxf(mold, mx);
+        float p = z == -INFINITY ? 0.f : expf(z - mnew), psum = p;
+#pragma unroll
+        for (int o = MLA_KC / 2; o > 0; o >>= 1) psum += __shfl_xor_sync(0xffffffffu, psum, o);
+        ps[sh][sj] = p;
+        __syncthreads(); /* every thread has read mh */
+        if (sj == 0) {
+            float corr = mold == -INFINITY ? 0.f : expf(mold - mnew);
+            cr[sh] = corr;
+            lh[sh] = lh[sh] * corr + psum;
+            mh[sh] = mnew;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < MLA_V1_MAX_C / ATT_THREADS; i++) {
+            int c = tid + ATT_THREADS * i;
+            if (c < C) {
+                float kv[MLA_KC];
+#pragma unroll
+                for (int jj = 0; jj < MLA_KC; jj++) kv[jj] = kc[jj * KW + c];
+#pragma unroll
+                for (int h = 0; h < MLA_HG; h++)
+                    if (h < nh) {
+                        float a = acc[h][i] * cr[h];
+#pragma unroll
+                        for (int jj = 0; jj < MLA_KC; jj++) a += ps[h][jj] * kv[jj];
+                        acc[h][i] = a;
+                    }
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < MLA_V1_MAX_C / ATT_THREADS; i++) {
+        int c = tid + ATT_THREADS * i;
+        if (c >= C) continue;
+#pragma unroll
+        for (int h = 0; h < MLA_HG; h++)
+            if (h < nh) {
+                if (S == 1) ol[((int64_t)i0 * H + h0 + h) * C + c] = lh[h] > 0.f ? acc[h][i] / lh[h] : 0.f;
+                else part[(((int64_t)i0 * S + sp) * H + h0 + h) * C + c] = acc[h][i];
+            }
+    }
+    if (S > 1 && tid < nh) {
+        float *o = ml + (((int64_t)i0 * S + sp) * H + h0 + tid) * 2;
+        o[0] = mh[tid];
+        o[1] = lh[tid];
+    }
+}
+
+/* block (token, head): the splits' partials rescaled to their common max and normalised */
+static __global__ void mla_combine_kernel(float *ol, const float *part, const float *ml, int H, int C, int S)
+{
+    int i0 = blockIdx.x, h = blockIdx.y;
+    float M = -INFINITY, L = 0.f;
+    for (int sp = 0; sp < S; sp++) M = fmaxf(M, ml[(((int64_t)i0 * S + sp) * H + h) * 2]);
+    for (int sp = 0; sp < S; sp++) {
+        const float *o = ml + (((int64_t)i0 * S + sp) * H + h) * 2;
+        if (o[1] > 0.f) L += o[1] * expf(o[0] - M);
+    }
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float a = 0.f;
+        for (int sp = 0; sp < S; sp++) {
+            const float *o = ml + (((int64_t)i0 * S + sp) * H + h) * 2;
+            if (o[1] > 0.f) a += part[(((int64_t)i0 * S + sp) * H + h) * C + c] * expf(o[0] - M);
+        }
+        ol[((int64_t)i0 * H + h) * C + c] = L > 0.f ? a / L : 0.f;
+    }
+}
+
+/* out[t, h, v] = W_UV[h][v] . ol[t, h]. Block (h, 32 values, MLA_TT tokens): warp w takes
+ * values 4w..4w+3, its lanes the latent dims; each W_UV row read once per block */
+static __global__ void mla_out_kernel(float *out, const float *ol, QTensor w, int t0, int T, int H, int C, int Dn, int Dv)
+{
+    extern __shared__ float mla_os[]; /* [MLA_TT][C] */
+    int h = blockIdx.x, v0 = blockIdx.y * 32, tb = blockIdx.z * MLA_TT, nt = min(MLA_TT, T - tb);
+    int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+    for (int i = threadIdx.x; i < MLA_TT * C; i += blockDim.x) {
+        int tt = i / C, c = i - tt * C;
+        mla_os[i] = tt < nt ? ol[((int64_t)(tb + tt) * H + h) * C + c] : 0.f;
+    }
+    __syncthreads();
+    for (int k = 0; k < 4; k++) {
+        int v = v0 + wp * 4 + k;
+        if (v >= Dv) break;
+        int64_t row = (int64_t)h * (Dn + Dv) + Dn + v;
+        float a[MLA_TT] = {};
+        for (int c = lane; c < C; c += 32) {
+            float wv = qt_elem(w, row, c);
+#pragma unroll
+            for (int tt = 0; tt < MLA_TT; tt++) a[tt] += wv * mla_os[tt * C + c];
+        }
+#pragma unroll
+        for (int tt = 0; tt < MLA_TT; tt++) {
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) a[tt] += __shfl_xor_sync(0xffffffffu, a[tt], o);
+            if (lane == 0 && tt < nt) out[((int64_t)(t0 + tb + tt) * H + h) * Dv + v] = a[tt];
+        }
+    }
+}
+
+/* scratch of the v1 path for a step of T tokens (cuda_reserve) */
+void mla_v1_reserve(Backend *be, const ModelConfig *c, int T)
+{
+    if (c->kv_lora_rank <= 0 || !mla_v1_ok(be, c)) return;
+    int H = c->n_heads, C = c->kv_lora_rank, Tc = T < MLA_TC ? T : MLA_TC;
+    int64_t rows = 0; /* the largest splits x tokens of any pass */
+    for (int n = 1; n <= Tc; n++) {
+        int S = mla_splits(be, n, H);
+        if (S > 1 && (int64_t)S * n > rows) rows = (int64_t)S * n;
+    }
+    cuda_scratch(be, SCR_MLA_QA, (size_t)Tc * H * (C + c->qk_rope_dim) * 4);
+    cuda_scratch(be, SCR_MLA_OL, (size_t)Tc * H * C * 4);
+    if (rows) cuda_scratch(be, SCR_MLA_PART, (size_t)rows * H * (C + 2) * 4);
+}
+
+void attention_mla_cuda(Backend *be, float *out, const float *q, const KVLayer *kv, const QTensor *wkv_b,
+                        const int *topk, int ktop, const Batch *b, const ModelConfig *c)
+{
+    if (!b->n_tokens) return;
+    if (!mla_v1_ok(be, c)) {
+        attention_mla_v0(be, out, q, kv, wkv_b, topk, ktop, b, c);
+        return;
+    }
+    cudaStream_t st = cuda_stream(be);
+    int H = c->n_heads, C = c->kv_lora_rank, Dr = c->qk_rope_dim, Dn = c->qk_nope_dim, Dv = c->v_head_dim;
+    int HG = (H + MLA_HG - 1) / MLA_HG;
+    size_t smem = mla_v1_smem(C, Dr);
+    static size_t smem_set = 0;
+    if (smem > 48 * 1024 && smem > smem_set) {
+        CUDA_CHECK(cudaFuncSetAttribute(mla_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        smem_set = smem;
+    }
+    for (int t0 = 0; t0 < b->n_tokens; t0 += MLA_TC) {
+        int T = b->n_tokens - t0 < MLA_TC ? b->n_tokens - t0 : MLA_TC, S = mla_splits(be, T, H);
+        float *qa = (float *)cuda_scratch(be, SCR_MLA_QA, (size_t)T * H * (C + Dr) * 4);
+        float *ol = (float *)cuda_scratch(be, SCR_MLA_OL, (size_t)T * H * C * 4);
+        float *part = S > 1 ? (float *)cuda_scratch(be, SCR_MLA_PART, (size_t)S * T * H * (C + 2) * 4) : NULL;
+        float *ml = part ? part + (size_t)S * T * H * C : NULL;
+        int tz = (T + MLA_TT - 1) / MLA_TT;
+        mla_qabs_kernel<<<dim3(H, (C + 63) / 64, tz), ATT_THREADS, 0, st>>>(qa, q, *wkv_b, t0, T, H, C, Dn, Dr, Dv);
+        LAUNCH_CHECK("mla_qabs_kernel");
+        mla_decode_kernel<<<dim3(T, S, HG), ATT_THREADS, smem, st>>>(
+            ol, part, ml, qa, kv->kv, kv->dtype, kv->k_scale, kv->kv_width, kv->block_size, topk, ktop, b->seq, b->pos,
+            b->block_table, b->bt_stride, t0, H, C, Dr, c->attn_scale, S);
+        LAUNCH_CHECK("mla_decode_kernel");
+        if (S > 1) {
+            mla_combine_kernel<<<dim3(T, H), ATT_THREADS, 0, st>>>(ol, part, ml, H, C, S);
+            LAUNCH_CHECK("mla_combine_kernel");
+        }
+        mla_out_kernel<<<dim3(H, (Dv + 31) / 32, tz), ATT_THREADS, (size_t)MLA_TT * C * 4, st>>>(out, ol, *wkv_b, t0, T, H,
+                                                                                              C, Dn, Dv);
+        LAUNCH_CHECK("mla_out_kernel");
+    }
 }
 
 /* block i: row j0 + i of the sequence; thread k owns columns k, k + blockDim, ... */

@@ -286,6 +286,7 @@ static void cuda_reserve(Backend *be, const ModelConfig *c, int T, int max_out, 
     cuda_scratch(be, SCR_W4_X, (size_t)2 * rows * imax(kmax, c->hidden) * 2); /* hi and lo halves */
     cuda_scratch(be, SCR_W4_PART, (size_t)2 * 16 * sms * 512 * 4);
     if (c->index_n_heads > 0) cuda_scratch(be, SCR_IDX_SCORES, (size_t)T * max_ctx * 4);
+    mla_v1_reserve(be, c, T); /* the absorbed MLA kernels' q, latent output and split partials */
     /* prefill's BF16 copy of the largest dense weight (w4_matmul_lt), when a step can be that long */
     if (w4_lt_rows() > 0 && gm >= w4_lt_rows()) {
         int64_t D = c->hidden, Fs = (int64_t)c->moe_intermediate * c->n_shared_experts, H = c->n_heads;
