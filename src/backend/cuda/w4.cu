@@ -477,6 +477,28 @@ static __global__ void w4_route_kernel(int *offset, int *count_out, int *rows, i
     }
 }
 
+/* The gate/up epilogue of one warp's row tile: h[pos, f] = silu(gate) * up as BF16 (and its low
+ * half with SP) for the tile's valid token slots; up(nt, q) gives the up sum of accumulator q. */
+template <int NT, bool SP, typename Up>
+__device__ __forceinline__ void w4_swiglu_store(__nv_bfloat16 *h, size_t hlo, const float (&gate)[NT][4], Up up, float sg,
+                                                float su, int m, int base, int F, int i)
+{
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            int slot = nt * 8 + 2 * t + (q & 1), f = 16 * i + g + 8 * (q >> 1);
+            if (slot >= m) continue;
+            float gv = gate[nt][q] * sg, uv = up(nt, q) * su;
+            size_t at = (size_t)(base + slot) * F + f;
+            float hv = gv / (1.f + __expf(-gv)) * uv;
+            __nv_bfloat16 hh = __float2bfloat16(hv);
+            h[at] = hh;
+            if (SP) h[hlo + at] = __float2bfloat16(hv - __bfloat162float(hh));
+        }
+}
+
 /* gate and up of expert e for one tile of its pairs: h[pos, f] = silu(gate) * up (BF16), pos the
  * pair's place in the sorted list. Row tiles of F along blockIdx.y. SS: warps 2r and 2r + 1
  * stream gate and up of the block's row tile r (one weight stream a warp: half the registers);
@@ -489,7 +511,7 @@ static __global__ void __launch_bounds__(W4_WARPS * 32) w4_moe_gateup_kernel(
 {
     extern __shared__ __align__(16) __nv_bfloat16 w4_sx[];
     __shared__ const void *rowp[8 * NT];
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int lane = threadIdx.x & 31;
     int tile = blockIdx.x;
     if (tile >= *n_tiles) return;
     static_assert(!SS || KS == 1, "stream split and K split do not combine");
@@ -517,19 +539,7 @@ static __global__ void __launch_bounds__(W4_WARPS * 32) w4_moe_gateup_kernel(
                 for (int q = 0; q < 4; q++) xu[(nt * 4 + q) * 32 + lane] = acc[0][nt][q];
         __syncthreads();
         if (up || !active) return;
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                int slot = nt * 8 + 2 * t + (q & 1), f = 16 * i + g + 8 * (q >> 1);
-                if (slot >= m) continue;
-                float gv = acc[0][nt][q] * sg, uv = xu[(nt * 4 + q) * 32 + lane] * su;
-                size_t at = (size_t)(base + slot) * F + f;
-                float hv = gv / (1.f + __expf(-gv)) * uv;
-                __nv_bfloat16 hh = __float2bfloat16(hv);
-                h[at] = hh;
-                if (SP) h[hlo + at] = __float2bfloat16(hv - __bfloat162float(hh));
-            }
+        w4_swiglu_store<NT, SP>(h, hlo, acc[0], [&](int nt, int q) { return xu[(nt * 4 + q) * 32 + lane]; }, sg, su, m, base, F, i);
         return;
     }
     const uint8_t *rec[2] = {wg.data + (size_t)ia * ng * W4_REC, wu.data + (size_t)ia * ng * W4_REC};
@@ -538,19 +548,7 @@ static __global__ void __launch_bounds__(W4_WARPS * 32) w4_moe_gateup_kernel(
     w4_krange<KS>(g0, g1);
     w4_tile<NT, 2, ST, false, SP>(acc, rec, active, rowp, xlo, (m + 7) / 8, g0, g1, w4_sx);
     if (!w4_kreduce<2, NT, KS>(acc, red) || !active) return;
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            int slot = nt * 8 + 2 * t + (q & 1), f = 16 * i + g + 8 * (q >> 1);
-            if (slot >= m) continue;
-            float gv = acc[0][nt][q] * sg, uv = acc[1][nt][q] * su;
-            size_t at = (size_t)(base + slot) * F + f;
-            float hv = gv / (1.f + __expf(-gv)) * uv;
-            __nv_bfloat16 hh = __float2bfloat16(hv);
-            h[at] = hh;
-            if (SP) h[hlo + at] = __float2bfloat16(hv - __bfloat162float(hh));
-        }
+    w4_swiglu_store<NT, SP>(h, hlo, acc[0], [&](int nt, int q) { return acc[1][nt][q]; }, sg, su, m, base, F, i);
 }
 
 /* down of expert e: y[pair, d] = h[pos] . W_down[d] */
