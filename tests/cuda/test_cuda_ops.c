@@ -15,6 +15,7 @@
 #include "backend/cuda/cuda.h"
 #include "backend/cuda/w4.h"
 #include "model/forward.h"
+#include "batch_fixture.h"
 #include "test.h"
 
 #define TOL_F32 1e-5   /* float32 on both sides, different summation order */
@@ -524,55 +525,20 @@ typedef struct {
 static TB tb_make(Rng *r, int S, const int *ctx, const int *ntok, int bs)
 {
     TB b = {0};
-    int T = 0, maxb = 0, nblk = 0;
-    for (int s = 0; s < S; s++) {
-        T += ntok[s];
-        int nb = (ctx[s] + bs - 1) / bs;
-        maxb = nb > maxb ? nb : maxb;
-        nblk += nb;
-    }
-    int *perm = malloc(nblk * sizeof(int));
-    for (int i = 0; i < nblk; i++) perm[i] = i;
-    for (int i = nblk - 1; i > 0; i--) {
-        int j = (int)(rng_u64(r) % (i + 1)), x = perm[i];
-        perm[i] = perm[j];
-        perm[j] = x;
-    }
+    b.h = test_batch_make(r, S, ctx, ntok, bs, &b.n_slots);
     Batch *h = &b.h;
-    h->n_tokens = T;
-    h->n_seqs = S;
-    h->bt_stride = maxb;
-    h->tokens = calloc(T, 4); h->pos = calloc(T, 4); h->seq = calloc(T, 4); h->slot = calloc(T, 4);
-    h->seq_start = calloc(S, 4); h->seq_ntok = calloc(S, 4); h->ctx_len = calloc(S, 4);
-    h->block_table = calloc((size_t)S * maxb, 4);
-    int t = 0, used = 0;
-    for (int s = 0; s < S; s++) {
-        int nb = (ctx[s] + bs - 1) / bs;
-        for (int i = 0; i < nb; i++) h->block_table[s * maxb + i] = perm[used++];
-        h->seq_start[s] = t;
-        h->seq_ntok[s] = ntok[s];
-        h->ctx_len[s] = ctx[s];
-        h->max_ctx = ctx[s] > h->max_ctx ? ctx[s] : h->max_ctx;
-        for (int i = 0; i < ntok[s]; i++, t++) {
-            h->seq[t] = s;
-            h->pos[t] = ctx[s] - ntok[s] + i;
-            h->slot[t] = cpu_slot(h, s, h->pos[t], bs);
-        }
-    }
-    b.n_slots = nblk * bs;
+    int T = h->n_tokens, maxb = h->bt_stride;
     b.d = *h;
     b.d.pos = up(h->pos, T * 4);
     b.d.seq = up(h->seq, T * 4);
     b.d.slot = up(h->slot, T * 4);
     b.d.block_table = up(h->block_table, (size_t)S * maxb * 4);
-    free(perm);
     return b;
 }
 
 static void tb_free(TB *b)
 {
-    free(b->h.tokens); free(b->h.pos); free(b->h.seq); free(b->h.slot); free(b->h.seq_start);
-    free(b->h.seq_ntok); free(b->h.ctx_len); free(b->h.block_table);
+    test_batch_free(&b->h);
     be_free(&gpu, b->d.pos); be_free(&gpu, b->d.seq); be_free(&gpu, b->d.slot); be_free(&gpu, b->d.block_table);
 }
 

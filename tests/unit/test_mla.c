@@ -11,6 +11,7 @@
 #include "backend/cpu/cpu.h"
 #include "base/util.h"
 #include "model/forward.h"
+#include "batch_fixture.h"
 #include "test.h"
 
 /* Relative L2 error of the expanded output against the absorbed one. Both read the same decoded
@@ -26,57 +27,14 @@ typedef struct {
     int n_slots;
 } MB;
 
-/* A batch of S sequences, sequence s with ctx[s] positions cached after this step and its
- * last ntok[s] tokens in the batch; blocks of 16 shuffled over the pool. */
 static MB mb_make(Rng *r, int S, const int *ctx, const int *ntok)
 {
     MB m = {0};
-    int T = 0, maxb = 0, nblk = 0, bs = 16;
-    for (int s = 0; s < S; s++) {
-        T += ntok[s];
-        int nb = (ctx[s] + bs - 1) / bs;
-        maxb = nb > maxb ? nb : maxb;
-        nblk += nb;
-    }
-    int *perm = malloc(nblk * sizeof(int));
-    for (int i = 0; i < nblk; i++) perm[i] = i;
-    for (int i = nblk - 1; i > 0; i--) {
-        int j = (int)(rng_u64(r) % (i + 1)), x = perm[i];
-        perm[i] = perm[j];
-        perm[j] = x;
-    }
-    Batch *b = &m.b;
-    b->n_tokens = T;
-    b->n_seqs = S;
-    b->bt_stride = maxb;
-    b->tokens = calloc(T, 4); b->pos = calloc(T, 4); b->seq = calloc(T, 4); b->slot = calloc(T, 4);
-    b->seq_start = calloc(S, 4); b->seq_ntok = calloc(S, 4); b->ctx_len = calloc(S, 4);
-    b->block_table = calloc((size_t)S * maxb, 4);
-    int t = 0, used = 0;
-    for (int s = 0; s < S; s++) {
-        int nb = (ctx[s] + bs - 1) / bs;
-        for (int i = 0; i < nb; i++) b->block_table[s * maxb + i] = perm[used++];
-        b->seq_start[s] = t;
-        b->seq_ntok[s] = ntok[s];
-        b->ctx_len[s] = ctx[s];
-        b->max_ctx = ctx[s] > b->max_ctx ? ctx[s] : b->max_ctx;
-        for (int i = 0; i < ntok[s]; i++, t++) {
-            b->seq[t] = s;
-            b->pos[t] = ctx[s] - ntok[s] + i;
-            b->slot[t] = cpu_slot(b, s, b->pos[t], bs);
-        }
-    }
-    m.n_slots = nblk * bs;
-    free(perm);
+    m.b = test_batch_make(r, S, ctx, ntok, 16, &m.n_slots);
     return m;
 }
 
-static void mb_free(MB *m)
-{
-    Batch *b = &m->b;
-    free(b->tokens); free(b->pos); free(b->seq); free(b->slot); free(b->seq_start); free(b->seq_ntok);
-    free(b->ctx_len); free(b->block_table);
-}
+static void mb_free(MB *m) { test_batch_free(&m->b); }
 
 /* An indexer-like selection: all causal keys when there are at most Ki, else Ki distinct
  * positions <= pos in a random order, some rows -1 padded at random places. */
