@@ -1,6 +1,6 @@
 /* indexer: the DSA lightning indexer on the GPU (§1.5.4), the twin of indexer_cpu.
- * Scores: block per query token, thread per cached key: I(s,t) = sum_h w[s,h] Hi^-0.5 *
- * relu(q[s,h] . k[t] Di^-0.5). Top-k: block per query, an exact radix select over the scores
+ * Scores: I(s,t) = sum_h w[s,h] Hi^-0.5 * relu(q[s,h] . k[t] Di^-0.5), blocks over chunks of
+ * keys (indexer_scores_kernel). Top-k: block per query, an exact radix select over the scores
  * as order-preserving 32-bit keys finds the k-th largest value; every larger score is kept and,
  * of those equal to it, the lowest positions; the selection is written in increasing position
  * order, -1 padded. Queries with no more than Ki causal keys take them all. The keys are read
@@ -9,28 +9,51 @@
 
 #define IDX_THREADS 256
 
+#define IDX_KB 32      /* keys a chunk of the scores kernel */
+#define IDX_HG (IDX_THREADS / IDX_KB) /* head groups: thread (key kk, heads hg, hg + IDX_HG, ...) */
+
+/* Scores: block (x, token t) takes the chunks x, x + gridDim.x, ... of IDX_KB keys: the chunk's
+ * keys are read once, coalesced, into shared memory (stride Di + 1: the 32 keys of a warp in 32
+ * banks) and scored against every head's q held there; the head groups' sums added in order. */
 static __global__ void indexer_scores_kernel(float *scores, int ld, const float *q, const float *w, const void *kcache,
                                              KVDtype dt, int Wd, int bs, const int *seq, const int *pos,
                                              const int *block_table, int bt_stride, int Hi, int Di, int Ki, float kscale,
                                              float hscale)
 {
-    extern __shared__ float qs[]; /* [Hi * Di] then [Hi] */
-    int t = blockIdx.x, n = pos[t] + 1, s = seq[t];
-    if (n <= Ki) return;
-    float *ws = qs + Hi * Di;
+    extern __shared__ float qs[]; /* q [Hi * Di], w [Hi], keys [IDX_KB][Di + 1], sums [IDX_HG][IDX_KB] */
+    __shared__ int sl[IDX_KB];
+    int t = blockIdx.y, n = pos[t] + 1, s = seq[t];
+    if (n <= Ki || (int)blockIdx.x * IDX_KB >= n) return;
+    float *ws = qs + Hi * Di, *kb = ws + Hi, *part = kb + IDX_KB * (Di + 1);
     for (int i = threadIdx.x; i < Hi * Di; i += blockDim.x) qs[i] = q[(int64_t)t * Hi * Di + i];
     for (int i = threadIdx.x; i < Hi; i += blockDim.x) ws[i] = w[(int64_t)t * Hi + i] * hscale;
-    __syncthreads();
-    for (int j = threadIdx.x; j < n; j += blockDim.x) {
-        int64_t k0 = (int64_t)batch_slot(block_table, bt_stride, s, j, bs) * Wd;
+    const int kk = threadIdx.x % IDX_KB, hg = threadIdx.x / IDX_KB;
+    for (int j0 = blockIdx.x * IDX_KB; j0 < n; j0 += gridDim.x * IDX_KB) {
+        __syncthreads(); /* the previous chunk is read (and q is in) */
+        if (threadIdx.x < IDX_KB)
+            sl[threadIdx.x] = j0 + threadIdx.x < n ? batch_slot(block_table, bt_stride, s, j0 + threadIdx.x, bs) : -1;
+        __syncthreads();
+        for (int i = threadIdx.x; i < IDX_KB * Di; i += blockDim.x) {
+            int r = i / Di, e = i - r * Di;
+            kb[r * (Di + 1) + e] = sl[r] >= 0 ? kv_elem_load(kcache, dt, (int64_t)sl[r] * Wd + e, 1.0f) : 0.f;
+        }
+        __syncthreads();
+        const float *kr = kb + kk * (Di + 1);
         float acc = 0.f;
-        for (int h = 0; h < Hi; h++) {
+        for (int h = hg; h < Hi; h += IDX_HG) {
+            const float *qh = qs + h * Di;
             float d = 0.f;
-            for (int i = 0; i < Di; i++) d += qs[h * Di + i] * kv_elem_load(kcache, dt, k0 + i, 1.0f);
+            for (int e = 0; e < Di; e++) d += qh[e] * kr[e];
             d *= kscale;
             acc += ws[h] * (d > 0.f ? d : 0.f);
         }
-        scores[(int64_t)t * ld + j] = acc;
+        part[hg * IDX_KB + kk] = acc;
+        __syncthreads();
+        if (threadIdx.x < IDX_KB && sl[threadIdx.x] >= 0) {
+            float a = 0.f;
+            for (int g = 0; g < IDX_HG; g++) a += part[g * IDX_KB + threadIdx.x];
+            scores[(int64_t)t * ld + j0 + threadIdx.x] = a;
+        }
     }
 }
 
@@ -120,10 +143,13 @@ void indexer_cuda(Backend *be, int *topk, const float *q, const float *w, const 
     if (!T) return;
     int ld = b->max_ctx > 0 ? b->max_ctx : 1;
     float *scores = (float *)cuda_scratch(be, SCR_IDX_SCORES, (size_t)T * ld * sizeof(float));
-    size_t smem = (size_t)(Hi * Di + Hi) * sizeof(float);
+    size_t smem = (size_t)(Hi * Di + Hi + IDX_KB * (Di + 1) + IDX_HG * IDX_KB) * sizeof(float);
     if (smem > 48 * 1024) die("indexer_cuda: %d heads x %d exceed the kernel's shared memory", Hi, Di);
     cudaStream_t st = cuda_stream(be);
-    indexer_scores_kernel<<<T, IDX_THREADS, smem, st>>>(scores, ld, q, w, kv->idx, kv->dtype, kv->idx_width,
+    /* chunks a token: enough blocks in all to fill the GPU, from the row length alone (graphs) */
+    int chunks = (ld + IDX_KB - 1) / IDX_KB, per = 1024 / T > 1 ? 1024 / T : 1;
+    dim3 grid(chunks < per ? chunks : per, T);
+    indexer_scores_kernel<<<grid, IDX_THREADS, smem, st>>>(scores, ld, q, w, kv->idx, kv->dtype, kv->idx_width,
                                                       kv->block_size, b->seq, b->pos, b->block_table, b->bt_stride,
                                                       Hi, Di, Ki, 1.0f / sqrtf((float)Di), 1.0f / sqrtf((float)Hi));
     LAUNCH_CHECK("indexer_scores_kernel");
