@@ -27,8 +27,8 @@ const W4Tile w4_tiles[W4_N_TILES] = {
 
 size_t w4_tile_smem(W4Tile t)
 {
-    if (t.pf) /* the stages, plus the row pointers and the block's record pointers */
-        return (size_t)t.st * W4_PF_STAGE(t.nt) + (size_t)8 * t.nt * sizeof(void *) + W4_PF_RECS * sizeof(void *);
+    if (t.pf) /* the stages, plus the row pointers, the block's record pointers and the tile's facts (an int4) */
+        return (size_t)t.st * W4_PF_STAGE(t.nt) + (size_t)8 * t.nt * sizeof(void *) + W4_PF_RECS * sizeof(void *) + 16;
     size_t dyn = (size_t)t.st * 2 * 8 * t.nt * XS_BYTES, rowp = (size_t)8 * t.nt * sizeof(void *);
     size_t red = t.ks > 1 ? (size_t)(t.ks - 1) * 2 * t.nt * 4 * 32 * sizeof(float) : 0; /* 2: gate and up */
     if (t.ss) red = (size_t)(4 / 2) * t.nt * 4 * 32 * sizeof(float); /* the up sums of the block's 2 row tiles */
@@ -41,7 +41,7 @@ int w4_tile_fits(W4Tile t, size_t budget, char *why, size_t n)
     if (need <= budget) return 1;
     if (why && t.pf)
         snprintf(why, n, "needs %zu B of shared memory (%d stages x (%d records x %d B + %d tokens x %d B), row and record "
-                 "pointers), %zu B over the %zu B budget", need, t.st, W4_PF_RECS, W4_PF_REC_BYTES, 8 * t.nt, W4_PF_ROW_BYTES,
+                 "pointers, 16 B), %zu B over the %zu B budget", need, t.st, W4_PF_RECS, W4_PF_REC_BYTES, 8 * t.nt, W4_PF_ROW_BYTES,
                  need - budget, budget);
     else if (why)
         snprintf(why, n, "needs %zu B of shared memory (%d stages x %d tokens x 2 halves x %d B, row pointers, K-split sums), "
