@@ -303,8 +303,9 @@ __device__ __forceinline__ int w4_kreduce(float (&acc)[NS][NT][4], float *red)
  * so each lane reads its 32 contiguous bytes of a token row with 16-byte loads; rows are 272
  * bytes apart, 16 mod 128, so the 8 lanes of a load phase (2 rows x 4 t) hit 8 distinct 16-byte
  * bank groups.
- * Split activations (low halves lo_g groups of 256 elements after the high ones; 0: plain BF16) run K twice, the high halves then the low halves (virtual stages
- * 2 ng .. 4 ng - 1 re-read the weights; the same products as w4_tile's, summed in another order).
+ * Split activations (the low halves lo_g groups of 256 elements after the high ones; 0: plain
+ * BF16) run K twice, the high halves then the low halves (virtual stages 2 ng .. 4 ng - 1 re-read
+ * the weights; the same products as w4_tile's, summed in another order).
  * recp (shared, 16): the first record of each slot's row tile, clamped to a valid one; rowp
  * (shared, 8 NT): each token slot's BF16 row, clamped to a valid token; rows from 8 ntv on are
  * neither staged nor computed. Every thread of the block must call (barriers). */
