@@ -500,6 +500,67 @@ TEST(cuda_moe)
         }
 }
 
+/* The grouped W4P MoE with ragged experts (0, 1, 63, 64, 65, 300 pairs...: every token-tile
+ * tail of the 32- and 64-token pf tiles) in both activation modes: every tile that fits against
+ * the CPU twin (two BF16 halves) and against tile 0 in the same mode (plain BF16: h rounds to
+ * BF16 in both, the same products summed in another order). */
+TEST(cuda_w4_moe_ragged)
+{
+    NEED_GPU();
+    Rng r;
+    rng_seed(&r, 23);
+    const int E = 16, K = 4, T = 300, D = 768, F = 512;
+    const int counts[16] = {0, 1, 63, 64, 65, 300, 299, 200, 208, 0, 0, 0, 0, 0, 0, 0}; /* 1200 pairs = T K */
+    ModelConfig c = moe_cfg(E, K, 1, 1, D, F, 0);
+    TW *ws = malloc(3 * E * sizeof(TW));
+    LayerWeights hl = {0}, dl = {0};
+    hl.exp_gate = malloc(3 * E * sizeof(QTensor));
+    hl.exp_up = hl.exp_gate + E;
+    hl.exp_down = hl.exp_gate + 2 * E;
+    dl.exp_gate = malloc(3 * E * sizeof(QTensor));
+    dl.exp_up = dl.exp_gate + E;
+    dl.exp_down = dl.exp_gate + 2 * E;
+    for (int i = 0; i < 3 * E; i++) {
+        ws[i] = tw_make_w4(&r, i < 2 * E ? F : D, i < 2 * E ? D : F);
+        hl.exp_gate[i] = ws[i].host;
+        dl.exp_gate[i] = ws[i].dev;
+    }
+    dl.exp_table = up(dl.exp_gate, 3 * E * sizeof(QTensor));
+    /* pair p of the list sorted by expert goes to token p % T, choice p / T: no expert has more
+     * than T pairs, so a token's K experts are distinct */
+    int *idx = malloc((size_t)T * K * 4);
+    for (int e = 0, p = 0; e < E; e++)
+        for (int n = 0; n < counts[e]; n++, p++) idx[(p % T) * K + p / T] = e;
+    float *x = rnd(&r, (size_t)T * D, 1), *wts = rnd(&r, (size_t)T * K, 0.5f), *ref = malloc((size_t)T * D * 4);
+    moe_cpu(&cpu, ref, x, idx, wts, T, &hl, &c);
+    float *dx = up(x, (size_t)T * D * 4), *dwts = up(wts, (size_t)T * K * 4), *dout = be_alloc(&gpu, (size_t)T * D * 4);
+    int *didx = up(idx, (size_t)T * K * 4);
+    for (int split = 1; split >= 0; split--) {
+        w4_set_act_split(split);
+        float *ref0 = NULL;
+        for (int tile = 0; tile < W4_N_TILES; tile++) {
+            if (!w4_tile_fits(w4_tiles[tile], w4_smem_budget(0), NULL, 0)) continue;
+            w4_set_config((W4Config){tile, 0});
+            be_moe(&gpu, dout, dx, didx, dwts, T, &dl, &c);
+            float *got = down(dout, (size_t)T * D);
+            if (split) EXPECT_CLOSE(got, ref, (size_t)T * D, TOL_W4, "ragged moe, split activations, tile %d", tile);
+            if (!ref0) ref0 = got;
+            else {
+                EXPECT_CLOSE(got, ref0, (size_t)T * D, TOL_W4, "ragged moe, split %d, tile %d against tile 0", split, tile);
+                free(got);
+            }
+        }
+        free(ref0);
+    }
+    w4_set_act_split(-1);
+    w4_set_config((W4Config){-1, 0});
+    free(ref); free(x); free(idx); free(wts);
+    be_free(&gpu, dx); be_free(&gpu, dwts); be_free(&gpu, dout); be_free(&gpu, didx);
+    be_free(&gpu, (void *)dl.exp_table);
+    for (int i = 0; i < 3 * E; i++) tw_free(&ws[i]);
+    free(ws); free(hl.exp_gate); free(dl.exp_gate);
+}
+
 /* ---- attention and the indexer over a paged cache ---- */
 
 /* x [slots, W] float32 stored as a cache of dt through kv_write_cpu: columns [0, split) with

@@ -13,24 +13,55 @@
 TEST(w4_tile_smem_and_budgets)
 {
     /* 3 stages x 64 tokens x 2 halves x 528-byte rows, plus 64 row pointers */
-    EXPECT(w4_tile_smem((W4Tile){8, 3, 1, 0}) == 3 * 64 * 2 * 528 + 64 * 8, "smem %zu", w4_tile_smem((W4Tile){8, 3, 1, 0}));
-    EXPECT(w4_tile_smem((W4Tile){1, 0, 1, 0}) == 8 * 8, "no staging: only the row pointers");
+    EXPECT(w4_tile_smem((W4Tile){8, 3, 1, 0, 0}) == 3 * 64 * 2 * 528 + 64 * 8, "smem %zu", w4_tile_smem((W4Tile){8, 3, 1, 0, 0}));
+    EXPECT(w4_tile_smem((W4Tile){1, 0, 1, 0, 0}) == 8 * 8, "no staging: only the row pointers");
     char why[256] = "";
     size_t kb99 = 99 * 1024, kb101 = 101 * 1024;
-    EXPECT(!w4_tile_fits((W4Tile){4, 3, 1, 0}, kb99, why, sizeof why), "nt 4 st 3 (101632 B) must not fit 99 KB");
+    EXPECT(!w4_tile_fits((W4Tile){4, 3, 1, 0, 0}, kb99, why, sizeof why), "nt 4 st 3 (101632 B) must not fit 99 KB");
     EXPECT(strstr(why, "256 B over the 101376 B budget") != NULL, "reason: %s", why);
-    EXPECT(w4_tile_fits((W4Tile){4, 3, 1, 0}, kb101, NULL, 0), "nt 4 st 3 fits 101 KB");
-    EXPECT(!w4_tile_fits((W4Tile){8, 2, 1, 0}, kb101, NULL, 0), "nt 8 st 2 (135 KB) must not fit 101 KB");
-    EXPECT(w4_tile_fits((W4Tile){8, 3, 1, 0}, 227 * 1024, NULL, 0), "nt 8 st 3 (199 KB) fits the H200's 227 KB");
-    EXPECT(!w4_tile_fits((W4Tile){8, 4, 1, 0}, 227 * 1024, NULL, 0), "nt 8 st 4 (265 KB) fits no GPU we know");
+    EXPECT(w4_tile_fits((W4Tile){4, 3, 1, 0, 0}, kb101, NULL, 0), "nt 4 st 3 fits 101 KB");
+    EXPECT(!w4_tile_fits((W4Tile){8, 2, 1, 0, 0}, kb101, NULL, 0), "nt 8 st 2 (135 KB) must not fit 101 KB");
+    EXPECT(w4_tile_fits((W4Tile){8, 3, 1, 0, 0}, 227 * 1024, NULL, 0), "nt 8 st 3 (199 KB) fits the H200's 227 KB");
+    EXPECT(!w4_tile_fits((W4Tile){8, 4, 1, 0, 0}, 227 * 1024, NULL, 0), "nt 8 st 4 (265 KB) fits no GPU we know");
     int rejected99 = 0, rejected101 = 0;
     for (int i = 0; i < W4_N_TILES; i++) {
         rejected99 += !w4_tile_fits(w4_tiles[i], kb99, NULL, 0);
         rejected101 += !w4_tile_fits(w4_tiles[i], kb101, NULL, 0);
     }
     /* the stream-split tiles add the up sums' exchange: nt 4 st 3 ss (105728 B) is over 101 KB too */
-    EXPECT(w4_tile_smem((W4Tile){4, 3, 1, 1}) == w4_tile_smem((W4Tile){4, 3, 1, 0}) + 2 * 4 * 4 * 32 * 4, "ss exchange");
-    EXPECT(rejected99 == 7 && rejected101 == 6, "rejected: %d at 99 KB, %d at 101 KB", rejected99, rejected101);
+    EXPECT(w4_tile_smem((W4Tile){4, 3, 1, 1, 0}) == w4_tile_smem((W4Tile){4, 3, 1, 0, 0}) + 2 * 4 * 4 * 32 * 4, "ss exchange");
+    /* the pf tiles: 19 (64 tokens, 3 stages) is over both, 20 (2 stages) and 21 (32 tokens) fit 99 KB */
+    EXPECT(rejected99 == 8 && rejected101 == 7, "rejected: %d at 99 KB, %d at 101 KB", rejected99, rejected101);
+}
+
+TEST(w4_pf_tiles)
+{
+    /* a stage: 16 records x (1024 B of codes + 256 B of scales), then 8 nt rows of 272 B; plus 8 nt
+     * row pointers, 16 record pointers and the tile's int4 (the kernels' static shared memory) */
+    size_t s19 = 3 * (16 * 1280 + 64 * 272) + 64 * 8 + 16 * 8 + 16, s20 = 2 * (16 * 1280 + 64 * 272) + 64 * 8 + 16 * 8 + 16,
+           s21 = 3 * (16 * 1280 + 32 * 272) + 32 * 8 + 16 * 8 + 16;
+    EXPECT(w4_tiles[19].pf && w4_tiles[20].pf && w4_tiles[21].pf, "tiles 19-21 are the pf tiles");
+    EXPECT(w4_tile_smem(w4_tiles[19]) == s19, "tile 19: %zu B", w4_tile_smem(w4_tiles[19]));
+    EXPECT(w4_tile_smem(w4_tiles[20]) == s20, "tile 20: %zu B", w4_tile_smem(w4_tiles[20]));
+    EXPECT(w4_tile_smem(w4_tiles[21]) == s21, "tile 21: %zu B", w4_tile_smem(w4_tiles[21]));
+    /* two blocks of tile 19 on an H200 SM (228 KB, 1 KB reserved a block) */
+    EXPECT(2 * (s19 + 1024) <= 228 * 1024, "tile 19: %zu B", s19);
+    char why[256] = "";
+    EXPECT(!w4_tile_fits(w4_tiles[19], 99 * 1024, why, sizeof why) && strstr(why, "12944 B over the 101376 B budget"), "%s", why);
+    EXPECT(w4_tile_fits(w4_tiles[20], 99 * 1024, NULL, 0) && w4_tile_fits(w4_tiles[21], 99 * 1024, NULL, 0), "99 KB pf tiles");
+    /* dense runs a pf tile as its twin, which must fit wherever any pf tile fits */
+    W4Tile twin = w4_tiles[W4_PF_DENSE_TWIN];
+    EXPECT(!twin.pf && !twin.ss, "the twin is a dense tile");
+    for (int i = 0; i < W4_N_TILES; i++)
+        if (w4_tiles[i].pf) EXPECT(w4_tile_smem(twin) <= w4_tile_smem(w4_tiles[i]), "tile %d: twin needs more", i);
+    /* the built-in MoE choice from 48 pairs per expert, by budget; dense never */
+    EXPECT(w4_default_tile(W4_MOE, 64, 227 * 1024) == 19, "MoE 64 pairs per expert on 227 KB");
+    EXPECT(w4_default_tile(W4_MOE, 256, 99 * 1024) == 20, "MoE 256 pairs per expert on 99 KB");
+    EXPECT(w4_default_tile(W4_MOE, 40, 227 * 1024) == 7, "MoE 40 pairs per expert: the 64-token tile");
+    EXPECT(w4_default_tile(W4_MOE, 64, 48 * 1024) == 3, "48 KB: no pf tile fits");
+    for (double rows = 1; rows <= 65536; rows *= 1.5)
+        for (size_t b = 48 * 1024; b <= 227 * 1024; b += 1024)
+            EXPECT(!w4_tiles[w4_default_tile(W4_DENSE, rows, b)].pf, "dense %.0f rows: a pf tile", rows);
 }
 
 TEST(w4_default_never_over_budget)
@@ -73,7 +104,7 @@ TEST(w4_table_cache_file)
     ASSERT(w4_table_load(&u, path, err, sizeof err) == 0, "%s", err);
     EXPECT(memcmp(&t, &u, sizeof t) == 0, "the table does not round-trip");
     FILE *f = fopen(path, "w");
-    fputs("{\"device\": \"x\", \"moe\": {\"64\": {\"tile\": 19}}}", f);
+    fputs("{\"device\": \"x\", \"moe\": {\"64\": {\"tile\": 22}}}", f);
     fclose(f);
     EXPECT(w4_table_load(&u, path, err, sizeof err) < 0 && strstr(err, "tile"), "out-of-range tile accepted: %s", err);
     f = fopen(path, "w");

@@ -470,7 +470,7 @@ extern "C" int cuda_w4_tune(const W4TuneOpts *o)
             for (int tile = 0; tile < W4_N_TILES; tile++) {
                 W4Tile w = w4_tiles[tile];
                 char why[256];
-                if (kind == W4_DENSE && w.ss) continue; /* one weight stream: the same kernel as its ss 0 twin */
+                if (kind == W4_DENSE && (w.ss || w.pf)) continue; /* one weight stream: the same kernel as a twin */
                 printf("%-6s %6d %5d %3d %3d %3d %3d %8zu  ", kind == W4_MOE ? "moe" : "dense", T, tile, w.nt, w.st, w.ks, w.ss,
                        w4_tile_smem(w));
                 if (!w4_tile_fits(w, budget, why, sizeof why)) {

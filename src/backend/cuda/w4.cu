@@ -379,7 +379,9 @@ void w4_matmul_cuda(Backend *be, float *out, int ldo, const float *x, int ldx, i
         w4_matmul_lt(be, out, ldo, x, ldx, T, w, bias);
         return;
     }
-    int tile = w4_pick(be, W4_DENSE, T, T), nt = w4_tiles[tile].nt;
+    int tile = w4_pick(be, W4_DENSE, T, T);
+    if (w4_tiles[tile].pf) tile = W4_PF_DENSE_TWIN; /* MoE-only: fits wherever the pf tile fits (test_w4_tiles) */
+    int nt = w4_tiles[tile].nt;
     int splits = w4_splits(T, N, K, nt, w4_tiles[tile].ks, sm_count(be));
     /* tiles reading activations from global memory round the float32 rows themselves */
     int xf = w4_tiles[tile].st == 0 && ldx % 4 == 0 && ((uintptr_t)x & 15) == 0, split = w4_split_act();
@@ -587,6 +589,138 @@ static __global__ void __launch_bounds__(W4_WARPS * 32) w4_moe_down_kernel(
         }
 }
 
+/* ---- many tokens per expert: the pf tiles (w4_pf_gemm, w4.cuh) ----
+ * The same ops and outputs as the two kernels above, for tiles of 8 NT tokens; block
+ * (blockIdx.x, blockIdx.y) takes row block blockIdx.x of the token tiles blockIdx.y,
+ * blockIdx.y + gridDim.y, ... (consecutive blocks share a token tile: its activations and the
+ * expert's weights stay in L2 across the row blocks). */
+template <int NT, int ST>
+static __global__ void __launch_bounds__(NT * 32, 16 / NT) w4_moe_gateup_pf_kernel(
+    __nv_bfloat16 *h, const __nv_bfloat16 *xb, const QTensor *table, int E, int topk, const int *count,
+    const int *offset, const int *rows, const int *tile_e, const int *tile_m0, const int *n_tiles, int F, int K,
+    size_t xlo, size_t hlo)
+{
+    extern __shared__ __align__(16) uint8_t w4_pf_sm[];
+    __shared__ const __nv_bfloat16 *rowp[8 * NT];
+    __shared__ const uint8_t *recp[W4_PF_RECS];
+    __shared__ int4 tinfo; /* the token tile's valid tokens, first pair, gate and up scales (float bits) */
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5, wm = warp & 3, wn = warp >> 2;
+    const int ng = K / W4_KG, nrt = F / 16;
+    for (int tile = blockIdx.y; tile < *n_tiles; tile += gridDim.y) {
+        {
+            int e = tile_e[tile], m0 = tile_m0[tile], m = min(8 * NT, count[e] - m0), base = offset[e] + m0;
+            const QTensor &wg = table[e], &wu = table[E + e];
+            __syncthreads(); /* the previous tile's readers of rowp, recp and tinfo are done */
+            if (threadIdx.x < 8 * NT) rowp[threadIdx.x] = xb + (size_t)(rows[base + min((int)threadIdx.x, m - 1)] / topk) * K;
+            if (threadIdx.x < W4_PF_RECS) { /* slot 4 w + q: gate (q < 2) or up of row tile 8 blockIdx.x + 2 w + (q & 1) */
+                int r = threadIdx.x, q = r & 3, i = 8 * blockIdx.x + 2 * (r >> 2) + (q & 1);
+                recp[r] = (q < 2 ? wg : wu).data + (size_t)(i < nrt ? i : 0) * ng * W4_REC;
+            }
+            if (threadIdx.x == 0) tinfo = make_int4(m, base, __float_as_int(wg.gscale * 512.f), __float_as_int(wu.gscale * 512.f));
+            __syncthreads();
+        }
+        float acc[4][4][4];
+        w4_pf_gemm<NT, ST>(acc, recp, rowp, (unsigned)(xlo / W4_KG), ng, (tinfo.x + 7) / 8, w4_pf_sm);
+        /* the tile's facts from shared memory: fewer registers held across the GEMM */
+        int m = tinfo.x, base = tinfo.y;
+        float sg = __int_as_float(tinfo.z), su = __int_as_float(tinfo.w);
+        /* acc[q] (gate) and acc[q + 2] (up): row tile 8 blockIdx.x + 2 wm + q; element d of n8
+         * tile nt: token slot 32 wn + 8 nt + 2 t + (d & 1), row g + 8 (d >> 1) of the tile */
+#pragma unroll
+        for (int q = 0; q < 2; q++) {
+            int i = 8 * blockIdx.x + 2 * wm + q;
+            if (i >= nrt) continue;
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (int d = 0; d < 4; d++) {
+                    int slot = 32 * wn + 8 * nt + 2 * t + (d & 1), f = 16 * i + g + 8 * (d >> 1);
+                    if (slot >= m) continue;
+                    float gv = acc[q][nt][d] * sg, uv = acc[q + 2][nt][d] * su;
+                    size_t at = (size_t)(base + slot) * F + f;
+                    float hv = gv / (1.f + __expf(-gv)) * uv;
+                    __nv_bfloat16 hh = __float2bfloat16(hv);
+                    h[at] = hh;
+                    if (hlo) h[hlo + at] = __float2bfloat16(hv - __bfloat162float(hh));
+                }
+        }
+    }
+}
+
+template <int NT, int ST>
+static __global__ void __launch_bounds__(NT * 32, 16 / NT) w4_moe_down_pf_kernel(
+    float *y, const __nv_bfloat16 *h, const QTensor *table, int E, const int *count, const int *offset,
+    const int *rows, const int *tile_e, const int *tile_m0, const int *n_tiles, int D, int F, size_t hlo)
+{
+    extern __shared__ __align__(16) uint8_t w4_pf_sm[];
+    __shared__ const __nv_bfloat16 *rowp[8 * NT];
+    __shared__ const uint8_t *recp[W4_PF_RECS];
+    __shared__ int4 tinfo; /* the token tile's valid tokens, first pair, down scale (float bits) */
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5, wm = warp & 3, wn = warp >> 2;
+    const int ng = F / W4_KG, nrt = D / 16;
+    for (int tile = blockIdx.y; tile < *n_tiles; tile += gridDim.y) {
+        {
+            int e = tile_e[tile], m0 = tile_m0[tile], m = min(8 * NT, count[e] - m0), base = offset[e] + m0;
+            const QTensor &wd = table[2 * E + e];
+            __syncthreads(); /* the previous tile's readers of rowp, recp and tinfo are done */
+            if (threadIdx.x < 8 * NT) rowp[threadIdx.x] = h + (size_t)(base + min((int)threadIdx.x, m - 1)) * F;
+            if (threadIdx.x < W4_PF_RECS) { /* slot r: row tile 16 blockIdx.x + r */
+                int i = 16 * blockIdx.x + threadIdx.x;
+                recp[threadIdx.x] = wd.data + (size_t)(i < nrt ? i : 0) * ng * W4_REC;
+            }
+            if (threadIdx.x == 0) tinfo = make_int4(m, base, __float_as_int(wd.gscale * 512.f), 0);
+            __syncthreads();
+        }
+        float acc[4][4][4];
+        w4_pf_gemm<NT, ST>(acc, recp, rowp, (unsigned)(hlo / W4_KG), ng, (tinfo.x + 7) / 8, w4_pf_sm);
+        int m = tinfo.x, base = tinfo.y;
+        float sd = __int_as_float(tinfo.z);
+        /* acc[q]: row tile 16 blockIdx.x + 4 wm + q, token slots as in the gate/up kernel */
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int p = 0; p < 2; p++) {
+                int slot = 32 * wn + 8 * nt + 2 * t + p;
+                if (slot >= m) continue;
+                float *yr = y + (size_t)rows[base + slot] * D;
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    int i = 16 * blockIdx.x + 4 * wm + q;
+                    if (i >= nrt) continue;
+                    yr[16 * i + g] = acc[q][nt][p] * sd;
+                    yr[16 * i + g + 8] = acc[q][nt][p + 2] * sd;
+                }
+            }
+    }
+}
+
+/* gate/up then down on pf tile <NT, ST>; the grids' y walk the token tiles (at most 65535) */
+template <int NT, int ST>
+static void w4_moe_pf(cudaStream_t st, int max_tiles, __nv_bfloat16 *h, const __nv_bfloat16 *xb, float *y,
+                      const QTensor *tb, int E, int topk, const int *count, const int *offset, const int *rows,
+                      const int *tile_e, const int *tile_m0, const int *n_tiles, int D, int F, size_t xlo, size_t hlo)
+{
+    const int smem = (int)(ST * W4_PF_STAGE(NT));
+    static int ready = 0;
+    if (!ready) { /* over 48 KB: opt in; and the most shared memory an SM can hold, for 2 blocks of 64 tokens */
+        CUDA_CHECK(cudaFuncSetAttribute(w4_moe_gateup_pf_kernel<NT, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        CUDA_CHECK(cudaFuncSetAttribute(w4_moe_down_pf_kernel<NT, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        CUDA_CHECK(cudaFuncSetAttribute(w4_moe_gateup_pf_kernel<NT, ST>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        (int)cudaSharedmemCarveoutMaxShared));
+        CUDA_CHECK(cudaFuncSetAttribute(w4_moe_down_pf_kernel<NT, ST>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        (int)cudaSharedmemCarveoutMaxShared));
+        ready = 1;
+    }
+    int ny = max_tiles < 65535 ? max_tiles : 65535;
+    dim3 gf(cdiv(F / 16, W4_PF_RECS / 2), ny), gd(cdiv(D / 16, W4_PF_RECS), ny);
+    w4_moe_gateup_pf_kernel<NT, ST><<<gf, NT * 32, smem, st>>>(h, xb, tb, E, topk, count, offset, rows, tile_e, tile_m0,
+                                                              n_tiles, F, D, xlo, hlo);
+    LAUNCH_CHECK("w4_moe_gateup_pf_kernel");
+    w4_moe_down_pf_kernel<NT, ST><<<gd, NT * 32, smem, st>>>(y, h, tb, E, count, offset, rows, tile_e, tile_m0, n_tiles,
+                                                            D, F, hlo);
+    LAUNCH_CHECK("w4_moe_down_pf_kernel");
+}
+
 int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const float *wts, int T, const LayerWeights *lw,
                 const ModelConfig *c)
 {
@@ -612,6 +746,20 @@ int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const f
     int rpb_gu = w4_tiles[tile].ss ? W4_WARPS / 2 : rpb; /* gate and up on two warps a row tile */
     dim3 gf(max_tiles, cdiv(F / 16, rpb_gu)), gd(max_tiles, cdiv(D / 16, rpb));
     const QTensor *tb = lw->exp_table;
+    if (w4_tiles[tile].pf) {
+        /* the pf tiles (w4_tiles.c), by index */
+#define W4_MOE_PF(NTV, STV)                                                                                            \
+    CHECK(w4_tiles[tile].nt == NTV && w4_tiles[tile].st == STV, "w4: pf tile %d is not <%d, %d>", tile, NTV, STV);        \
+    w4_moe_pf<NTV, STV>(st, max_tiles, h, xb, y, tb, E, K, count, offset, rows, tile_e, tile_m0, n_tiles, D, F, xlo, hlo)
+        switch (tile) {
+        case 19: W4_MOE_PF(8, 3); break;
+        case 20: W4_MOE_PF(8, 2); break;
+        default: W4_MOE_PF(4, 3); break;
+        }
+#undef W4_MOE_PF
+        moe_combine_cuda(be, out, y, wts, idx, T, K, D);
+        return -1;
+    }
 #define W4_MOE_SP(NTV, STV, KSV, SPV, SSV)                                                                               \
     W4_SET_SMEM2(w4_moe_gateup_kernel, NTV, STV, KSV, SPV, SSV);                                                            \
     W4_SET_SMEM(w4_moe_down_kernel, NTV, STV, KSV, SPV);                                                                    \

@@ -20,12 +20,27 @@ extern "C" {
  * projections of a row tile on two warps instead of one (half the registers a warp holds, so
  * twice the warps resident; the up half crosses to the gate warp through shared memory for
  * SwiGLU; dense GEMMs have one stream and run such a tile as its ss 0 twin). Every block is 4
- * warps. */
+ * warps, except pf tiles.
+ * pf 1: the MoE prefill block GEMM (many tokens per expert): nt / 4 x 4 warps, each warp 32
+ * tokens x 4 W4P row tiles (gate and up of 2, or 4 of down), weights and activations both
+ * staged by cp.async, st stages of half a record group (128 columns) each; ks 1, ss 0. Dense
+ * GEMMs run such a tile as W4_PF_DENSE_TWIN. */
 typedef struct {
-    int nt, st, ks, ss;
+    int nt, st, ks, ss, pf;
 } W4Tile;
 
-#define W4_N_TILES 19
+#define W4_N_TILES 22
+
+/* pf tiles' shared memory (w4.cu's w4_pf_gemm): a stage holds W4_PF_RECS records' halves, each
+ * 1024 bytes of codes (2 chunks) and the record's 256 bytes of scales, then 8 nt activation rows
+ * of 128 BF16 padded to 272 bytes (rows 16 bytes apart mod 128: 16-byte loads without bank
+ * conflicts). Split activations run as a second pass over K, so a stage never holds two halves. */
+#define W4_PF_RECS 16
+#define W4_PF_REC_BYTES 1280
+#define W4_PF_ROW_BYTES 272
+#define W4_PF_STAGE(nt) (W4_PF_RECS * W4_PF_REC_BYTES + 8 * (nt) * W4_PF_ROW_BYTES)
+/* the dense tile a pf tile runs as (nt 4, st 2: less shared memory than any pf tile) */
+#define W4_PF_DENSE_TWIN 4
 extern const W4Tile w4_tiles[W4_N_TILES];     /* the parameter space, by index */
 
 /* Shared memory a block of this tile needs: the dynamic staging ring plus the static row

@@ -16,16 +16,19 @@
 #define XS_BYTES (264 * 2)
 
 const W4Tile w4_tiles[W4_N_TILES] = {
-    {1, 0, 1, 0}, {2, 0, 1, 0}, {4, 0, 1, 0},               /* activations from global memory (L1): small batches */
-    {2, 2, 1, 0}, {4, 2, 1, 0}, {4, 3, 1, 0}, {4, 4, 1, 0}, /* staged through shared memory */
-    {8, 2, 1, 0}, {8, 3, 1, 0}, {8, 4, 1, 0},               /* 64 tokens a block: prefill */
-    {1, 0, 4, 0}, {2, 0, 4, 0},                             /* K split over the block's 4 warps: decode */
-    {1, 0, 1, 1}, {2, 0, 1, 1}, {4, 0, 1, 1},               /* MoE gate and up on separate warps */
-    {2, 2, 1, 1}, {4, 2, 1, 1}, {4, 3, 1, 1}, {8, 2, 1, 1},
+    {1, 0, 1, 0, 0}, {2, 0, 1, 0, 0}, {4, 0, 1, 0, 0},               /* activations from global memory (L1): small batches */
+    {2, 2, 1, 0, 0}, {4, 2, 1, 0, 0}, {4, 3, 1, 0, 0}, {4, 4, 1, 0, 0}, /* staged through shared memory */
+    {8, 2, 1, 0, 0}, {8, 3, 1, 0, 0}, {8, 4, 1, 0, 0},               /* 64 tokens a block: prefill */
+    {1, 0, 4, 0, 0}, {2, 0, 4, 0, 0},                             /* K split over the block's 4 warps: decode */
+    {1, 0, 1, 1, 0}, {2, 0, 1, 1, 0}, {4, 0, 1, 1, 0},               /* MoE gate and up on separate warps */
+    {2, 2, 1, 1, 0}, {4, 2, 1, 1, 0}, {4, 3, 1, 1, 0}, {8, 2, 1, 1, 0},
+    {8, 3, 1, 0, 1}, {8, 2, 1, 0, 1}, {4, 3, 1, 0, 1},      /* MoE prefill block GEMM: 64 or 32 tokens a block */
 };
 
 size_t w4_tile_smem(W4Tile t)
 {
+    if (t.pf) /* the stages, plus the row pointers, the block's record pointers and the tile's facts (an int4) */
+        return (size_t)t.st * W4_PF_STAGE(t.nt) + (size_t)8 * t.nt * sizeof(void *) + W4_PF_RECS * sizeof(void *) + 16;
     size_t dyn = (size_t)t.st * 2 * 8 * t.nt * XS_BYTES, rowp = (size_t)8 * t.nt * sizeof(void *);
     size_t red = t.ks > 1 ? (size_t)(t.ks - 1) * 2 * t.nt * 4 * 32 * sizeof(float) : 0; /* 2: gate and up */
     if (t.ss) red = (size_t)(4 / 2) * t.nt * 4 * 32 * sizeof(float); /* the up sums of the block's 2 row tiles */
@@ -36,7 +39,11 @@ int w4_tile_fits(W4Tile t, size_t budget, char *why, size_t n)
 {
     size_t need = w4_tile_smem(t);
     if (need <= budget) return 1;
-    if (why)
+    if (why && t.pf)
+        snprintf(why, n, "needs %zu B of shared memory (%d stages x (%d records x %d B + %d tokens x %d B), row and record "
+                 "pointers, 16 B), %zu B over the %zu B budget", need, t.st, W4_PF_RECS, W4_PF_REC_BYTES, 8 * t.nt, W4_PF_ROW_BYTES,
+                 need - budget, budget);
+    else if (why)
         snprintf(why, n, "needs %zu B of shared memory (%d stages x %d tokens x 2 halves x %d B, row pointers, K-split sums), "
                  "%zu B over the %zu B budget", need, t.st, 8 * t.nt, XS_BYTES, need - budget, budget);
     return 0;
@@ -62,13 +69,16 @@ static int first_fit(const int *prefs, int n, size_t budget)
  * the block (tile 10), 16 rows 2 staged groups of 16 tokens (3), 64 rows 32 tokens (4), more 64
  * tokens (7); MoE by pairs per expert: up to 8 the 8-token tile with gate and up on separate
  * warps (12; session 4: 1-7% faster than tile 0 from 1 to 256 tokens), up to 24 tile 4, more 7.
- * Each falls back to smaller tiles when the budget is short. */
+ * Each falls back to smaller tiles when the budget is short. MoE from 48 pairs per expert: the
+ * prefill block GEMM (19: 64 tokens, 3 stages; 20: 2 stages, fits 99 KB; 21: 32 tokens), not
+ * yet tuned on the H200. */
 int w4_default_tile(W4Kind kind, double rows, size_t budget)
 {
-    static const int big[] = {7, 4, 3, 0}, mid[] = {4, 3, 0}, d16[] = {3, 0};
+    static const int big[] = {7, 4, 3, 0}, mid[] = {4, 3, 0}, d16[] = {3, 0}, pf[] = {19, 20, 21, 7, 4, 3, 0};
     if (kind == W4_MOE) {
         if (rows <= 8) return first_fit((const int[]){12, 0}, 2, budget);
         if (rows <= 24) return first_fit(mid, 3, budget);
+        if (rows >= 48) return first_fit(pf, 7, budget);
         return first_fit(big, 4, budget);
     }
     if (rows <= 8) return first_fit((const int[]){10, 0}, 2, budget);
@@ -97,7 +107,8 @@ int w4_table_save(const W4Table *t, const char *path, char *err, size_t n)
                 char key[16];
                 snprintf(key, sizeof key, "%d", w4_bucket_tokens(b));
                 W4Tile w = w4_tiles[t->tile[k][b]];
-                json_object_set_new(m, key, json_pack("{s:i, s:i, s:i, s:i, s:i}", "tile", t->tile[k][b], "nt", w.nt, "st", w.st, "ks", w.ks, "ss", w.ss));
+                json_object_set_new(m, key, json_pack("{s:i, s:i, s:i, s:i, s:i, s:i}", "tile", t->tile[k][b], "nt", w.nt, "st", w.st, "ks", w.ks, "ss", w.ss,
+                                                     "pf", w.pf));
             }
         json_object_set_new(root, kind_key[k], m);
     }
