@@ -87,8 +87,8 @@ test-cuda: $(BUILD)/moeserve $(BUILD)/test_cuda
 	MOESERVE_BIN=$(CURDIR)/$(BUILD)/moeserve ./$(BUILD)/test_cuda $(FILTER)
 
 # make test-cuda-memcheck: compute-sanitizer memcheck over the tiny models on the GPU (clean or it fails).
-test-cuda-memcheck: $(BUILD)/moeserve
-	scripts/memcheck.sh $(BUILD)/moeserve
+test-cuda-memcheck: $(BUILD)/moeserve $(BUILD)/test_cuda
+	MOESERVE_BIN=$(CURDIR)/$(BUILD)/moeserve scripts/memcheck.sh $(BUILD)/moeserve $(BUILD)/test_cuda
 
 # make test-dist: the parallel layouts (under mpirun) and the diagnosis tests alone.
 test-dist: $(BUILD)/moeserve $(BUILD)/test_unit

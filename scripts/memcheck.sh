@@ -1,8 +1,9 @@
 #!/bin/sh
-# scripts/memcheck.sh BIN: compute-sanitizer memcheck over the CUDA forward of the tiny models
+# scripts/memcheck.sh BIN [TEST_CUDA]: compute-sanitizer memcheck over the CUDA forward of the tiny models
 # (issue #4): the golden fixtures of both architectures (BF16 and NVFP4) at full length and in
 # chunks of 7, MLA's expanded and absorbed forms, an FP8 KV cache, and the built-in model
-# generating through the engine (CUDA graphs, greedy and sampled). Any error fails the run.
+# generating through the engine (CUDA graphs, greedy and sampled); with TEST_CUDA also the W4A16
+# MoE tiles over ragged experts (every tile, prefill ones included). Any error fails the run.
 # Run on a machine with a GPU: make test-cuda-memcheck.
 set -eu
 BIN=${1:-build/moeserve}
@@ -29,4 +30,7 @@ done
 run "$BIN" generate --model models/builtin-nvfp4 --device cuda --max-tokens 24 --seed 1 --prompt "The Debian package"
 run "$BIN" generate --model models/builtin-nvfp4 --device cuda --max-tokens 24 --seed 1 --temperature 0.8 --top-k 40 \
     --top-p 0.9 --prompt "The Debian package"
+if [ -n "${2:-}" ]; then
+    run "$2" cuda_w4_moe_ragged
+fi
 echo "memcheck: clean"
