@@ -36,6 +36,8 @@ const char *test_root(void);
 const char *test_bin(void);               /* build/moeserve, or $MOESERVE_BIN */
 const char *test_data(const char *name);  /* tests/data/<name> (static buffer, rotates 8) */
 const char *test_tmpdir(void);            /* a fresh directory for this run */
+/* relative L2 error of got against ref (INFINITY when got holds a NaN) */
+double test_rel_l2(const float *got, const float *ref, size_t n);
 const char *test_assets(void);            /* $MOESERVE_ASSETS, else ../shared/assets (may be absent) */
 /* A whole file of little-endian float32 (malloc'ed; *n floats), or NULL. */
 float *test_read_f32(const char *path, size_t *n);

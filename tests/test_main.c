@@ -4,6 +4,7 @@
 #endif
 #include "test.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -174,4 +175,16 @@ int main(int argc, char **argv)
     if (skipped) fprintf(stderr, "%d skipped\n", skipped);
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
+}
+
+double test_rel_l2(const float *got, const float *ref, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)got[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    if (num != num) return INFINITY;
+    return den > 0 ? sqrt(num / den) : sqrt(num);
 }

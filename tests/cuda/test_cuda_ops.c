@@ -65,20 +65,8 @@ static float *down(const void *d, size_t n)
     return h;
 }
 
-/* relative L2 error of got against ref */
-static double rel_err(const float *got, const float *ref, size_t n)
-{
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)got[i] - ref[i];
-        num += d * d;
-        den += (double)ref[i] * ref[i];
-    }
-    if (num != num) return INFINITY;
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
 
-#define EXPECT_CLOSE(got, ref, n, tol, ...) do { double e_ = rel_err(got, ref, n); \
+#define EXPECT_CLOSE(got, ref, n, tol, ...) do { double e_ = test_rel_l2(got, ref, n); \
     if (!(e_ <= (tol))) { test_fail(__FILE__, __LINE__, "rel err %.3g > %.3g", e_, (double)(tol)); \
         fprintf(stderr, "      case: " __VA_ARGS__); fputc('\n', stderr); } } while (0)
 
@@ -442,6 +430,37 @@ TEST(cuda_router)
         }
 }
 
+/* A MoE layer's E experts (gate and up [F, D], down [D, F]) in fmt, or W4P-packed NVFP4 with
+ * w4: host tensors in hl, device tensors and their table in dl; experts_free releases them. */
+static TW *experts_make(Rng *r, QFormat fmt, int w4, int E, int D, int F, LayerWeights *hl, LayerWeights *dl)
+{
+    TW *ws = malloc(3 * E * sizeof(TW));
+    *hl = (LayerWeights){0};
+    *dl = (LayerWeights){0};
+    hl->exp_gate = malloc(3 * E * sizeof(QTensor));
+    hl->exp_up = hl->exp_gate + E;
+    hl->exp_down = hl->exp_gate + 2 * E;
+    dl->exp_gate = malloc(3 * E * sizeof(QTensor));
+    dl->exp_up = dl->exp_gate + E;
+    dl->exp_down = dl->exp_gate + 2 * E;
+    for (int i = 0; i < 3 * E; i++) {
+        ws[i] = w4 ? tw_make_w4(r, i < 2 * E ? F : D, i < 2 * E ? D : F) : tw_make(r, fmt, i < 2 * E ? F : D, i < 2 * E ? D : F);
+        hl->exp_gate[i] = ws[i].host;
+        dl->exp_gate[i] = ws[i].dev;
+    }
+    dl->exp_table = up(dl->exp_gate, 3 * E * sizeof(QTensor));
+    return ws;
+}
+
+static void experts_free(TW *ws, int E, LayerWeights *hl, LayerWeights *dl)
+{
+    be_free(&gpu, (void *)dl->exp_table);
+    for (int i = 0; i < 3 * E; i++) tw_free(&ws[i]);
+    free(ws);
+    free(hl->exp_gate);
+    free(dl->exp_gate);
+}
+
 TEST(cuda_moe)
 {
     NEED_GPU();
@@ -458,21 +477,8 @@ TEST(cuda_moe)
             if (w4 && (cases[cs][3] % 256 || cases[cs][4] % 256)) continue;
             int T = cases[cs][0], E = cases[cs][1], K = cases[cs][2], D = cases[cs][3], F = cases[cs][4];
             ModelConfig c = moe_cfg(E, K, 1, 1, D, F, 0);
-            TW *ws = malloc(3 * E * sizeof(TW));
-            LayerWeights hl = {0}, dl = {0};
-            hl.exp_gate = malloc(3 * E * sizeof(QTensor));
-            hl.exp_up = hl.exp_gate + E;
-            hl.exp_down = hl.exp_gate + 2 * E;
-            dl.exp_gate = malloc(3 * E * sizeof(QTensor));
-            dl.exp_up = dl.exp_gate + E;
-            dl.exp_down = dl.exp_gate + 2 * E;
-            for (int i = 0; i < 3 * E; i++) {
-                ws[i] = w4 ? tw_make_w4(&r, i < 2 * E ? F : D, i < 2 * E ? D : F)
-                           : tw_make(&r, fmts[f], i < 2 * E ? F : D, i < 2 * E ? D : F);
-                hl.exp_gate[i] = ws[i].host;
-                dl.exp_gate[i] = ws[i].dev;
-            }
-            dl.exp_table = up(dl.exp_gate, 3 * E * sizeof(QTensor));
+            LayerWeights hl, dl;
+            TW *ws = experts_make(&r, w4 ? QF_NVFP4 : fmts[f], w4, E, D, F, &hl, &dl);
             float *x = rnd(&r, (size_t)T * D, 1);
             int *idx = malloc((size_t)T * K * 4);
             float *wts = rnd(&r, (size_t)T * K, 0.5f);
@@ -494,9 +500,7 @@ TEST(cuda_moe)
             w4_set_config((W4Config){-1, 0});
             free(ref); free(x); free(idx); free(wts);
             be_free(&gpu, dx); be_free(&gpu, dwts); be_free(&gpu, dout); be_free(&gpu, didx);
-            be_free(&gpu, (void *)dl.exp_table);
-            for (int i = 0; i < 3 * E; i++) tw_free(&ws[i]);
-            free(ws); free(hl.exp_gate); free(dl.exp_gate);
+            experts_free(ws, E, &hl, &dl);
         }
 }
 
@@ -512,20 +516,8 @@ TEST(cuda_w4_moe_ragged)
     const int E = 16, K = 4, T = 300, D = 768, F = 512;
     const int counts[16] = {0, 1, 63, 64, 65, 300, 299, 200, 208, 0, 0, 0, 0, 0, 0, 0}; /* 1200 pairs = T K */
     ModelConfig c = moe_cfg(E, K, 1, 1, D, F, 0);
-    TW *ws = malloc(3 * E * sizeof(TW));
-    LayerWeights hl = {0}, dl = {0};
-    hl.exp_gate = malloc(3 * E * sizeof(QTensor));
-    hl.exp_up = hl.exp_gate + E;
-    hl.exp_down = hl.exp_gate + 2 * E;
-    dl.exp_gate = malloc(3 * E * sizeof(QTensor));
-    dl.exp_up = dl.exp_gate + E;
-    dl.exp_down = dl.exp_gate + 2 * E;
-    for (int i = 0; i < 3 * E; i++) {
-        ws[i] = tw_make_w4(&r, i < 2 * E ? F : D, i < 2 * E ? D : F);
-        hl.exp_gate[i] = ws[i].host;
-        dl.exp_gate[i] = ws[i].dev;
-    }
-    dl.exp_table = up(dl.exp_gate, 3 * E * sizeof(QTensor));
+    LayerWeights hl, dl;
+    TW *ws = experts_make(&r, QF_NVFP4, 1, E, D, F, &hl, &dl);
     /* pair p of the list sorted by expert goes to token p % T, choice p / T: no expert has more
      * than T pairs, so a token's K experts are distinct */
     int *idx = malloc((size_t)T * K * 4);
@@ -556,9 +548,7 @@ TEST(cuda_w4_moe_ragged)
     w4_set_config((W4Config){-1, 0});
     free(ref); free(x); free(idx); free(wts);
     be_free(&gpu, dx); be_free(&gpu, dwts); be_free(&gpu, dout); be_free(&gpu, didx);
-    be_free(&gpu, (void *)dl.exp_table);
-    for (int i = 0; i < 3 * E; i++) tw_free(&ws[i]);
-    free(ws); free(hl.exp_gate); free(dl.exp_gate);
+    experts_free(ws, E, &hl, &dl);
 }
 
 /* ---- attention and the indexer over a paged cache ---- */

@@ -70,17 +70,6 @@ static QTensor bf16_weight(Rng *r, int N, int K)
     return (QTensor){.fmt = QF_BF16, .rows = N, .cols = K, .data = (uint8_t *)w, .gscale = 1.0f};
 }
 
-static double rel_l2(const float *got, const float *ref, size_t n)
-{
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)got[i] - ref[i];
-        num += d * d;
-        den += (double)ref[i] * ref[i];
-    }
-    if (num != num) return INFINITY;
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
 
 TEST(mla_expanded_matches_absorbed)
 {
@@ -128,7 +117,7 @@ TEST(mla_expanded_matches_absorbed)
                 be_attention_mla(&be, ref, q, &L, &wkvb, tk, Ki, &m.b, &m.b, &c);
                 for (size_t i = 0; i < (size_t)T * H * Dv; i++) got[i] = NAN; /* every element must be written */
                 mla_attention_expanded(&be, &x, got, q, &L, &wkvb, tk, Ki, &m.b, &m.b, &c);
-                double e = rel_l2(got, ref, (size_t)T * H * Dv);
+                double e = test_rel_l2(got, ref, (size_t)T * H * Dv);
                 worst = e > worst ? e : worst;
                 EXPECT(e <= MLA_FORMS_TOL, "case %zu (T %d, piece %d), %s cache, topk %d: rel err %.3g > %g", cs, T,
                        cases[cs].piece, model_kv_dtype_name(dts[d]), use_topk, e, MLA_FORMS_TOL);
@@ -177,7 +166,7 @@ TEST(mla_expanded_piece_sizes_agree)
             mla_expand_free(&x, &be);
         }
         for (int p = 1; p < 3; p++) {
-            double e = rel_l2(out[p], out[0], n);
+            double e = test_rel_l2(out[p], out[0], n);
             EXPECT(e <= MLA_FORMS_TOL, "pieces of %d against 16, topk %d: rel err %.3g", pieces[p], use_topk, e);
         }
         for (int p = 0; p < 3; p++) free(out[p]);
