@@ -262,9 +262,15 @@ int report_sweep(const char *layouts, const char *pass, const char *device, cons
         if (launcher) snprintf(launch, sizeof launch, "%s -np %d", launcher, r->world);
         else if (!gpu && r->world > 1)
             snprintf(launch, sizeof launch, "mpirun --allow-run-as-root --oversubscribe -np %d", r->world);
+        /* stdout holds rank 0's one JSON line alone; the ranks' logs go to a file (merged into the
+         * same pipe, another rank's log line could land inside the JSON line) */
+        char errpath[] = "/tmp/moeserve-sweep-XXXXXX";
+        int efd = mkstemp(errpath);
+        if (efd < 0) fatal("diagnose --sweep: cannot make a log file in /tmp: %s", strerror(errno));
+        close(efd);
         char cmd[8192];
-        snprintf(cmd, sizeof cmd, "%s '%s' diagnose --json --tp %d --pp %d --ep %d%s%s%s </dev/null 2>&1", launch, self, r->tp, r->pp,
-                 r->ep, device ? " --device " : "", device ? device : "", pass);
+        snprintf(cmd, sizeof cmd, "%s '%s' diagnose --json --tp %d --pp %d --ep %d%s%s%s </dev/null 2>'%s'", launch, self, r->tp,
+                 r->pp, r->ep, device ? " --device " : "", device ? device : "", pass, errpath);
         log_info("diagnose --sweep: %s", cmd);
         FILE *p = popen(cmd, "r");
         if (!p) fatal("diagnose --sweep: %s: %s", cmd, strerror(errno));
@@ -291,10 +297,17 @@ int report_sweep(const char *layouts, const char *pass, const char *device, cons
             }
             if (o) json_decref(o);
         }
-        if (!r->diag) log_error("diagnose --sweep: %s gave no diagnosis (exit %d)", r->name, st);
+        if (!r->diag) {
+            log_error("diagnose --sweep: %s gave no diagnosis (exit %d); its log:", r->name, st);
+            FILE *ef = fopen(errpath, "r");
+            char line[1024];
+            while (ef && fgets(line, sizeof line, ef)) fprintf(stderr, "    %s", line);
+            if (ef) fclose(ef);
+        }
         else log_info("diagnose --sweep: %s: %.1f tokens/s, %s", r->name, jnum(r->diag, "tokens_per_s"),
                       json_string_value(json_object_get(r->diag, "verdict")));
         free(out);
+        unlink(errpath);
     }
     if (report_write(runs, n, out_dir, "moeserve diagnose --sweep") != 0) fatal("diagnose --sweep: cannot write %s", out_dir);
     char scal[4096];
