@@ -482,13 +482,22 @@ void forward_worker(const Model *m, Backend *be)
         DistMsg msg;
         dist_bcast_host(d, &msg, sizeof msg);
         switch (msg.op) {
-        case DIST_MSG_INIT:
+        case DIST_MSG_INIT: {
             CHECK(!live, "worker: a second Forward while one is live");
+            /* rank 0 sized the pool from its own memory and layers; a stage holding more (more
+             * layers, the lm_head) says so here rather than failing inside an allocation */
+            size_t per = kv_cache_block_bytes(&m->cfg, msg.v[4]), avail = be_mem_free(be);
+            if ((double)msg.v[5] * per > (double)avail)
+                fatal("rank %d (layers %d..%d): the KV cache of %lld blocks needs %.2f GiB, %.2f GiB is free here; "
+                      "give --num-kv-blocks %lld or fewer, or a lower --kv-fraction", d->rank, m->cfg.layer_begin,
+                      m->cfg.layer_end - 1, (long long)msg.v[5], (double)msg.v[5] * per / 1073741824.0,
+                      avail / 1073741824.0, (long long)(0.9 * avail / per));
             kv_cache_init(&kv, &m->cfg, be, msg.v[4], msg.v[5]);
             forward_init(&f, m, be, msg.v[0], msg.v[1], msg.v[2], msg.v[3]);
             table = xcalloc((size_t)msg.v[2] * msg.v[3], sizeof(int));
             live = 1;
             break;
+        }
         case DIST_MSG_GRAPHS:
             CHECK(live, "worker: graphs without a Forward");
             forward_enable_graphs(&f, msg.v[0]);
