@@ -158,6 +158,7 @@ int main(int argc, char **argv)
 {
     const char *filter = argc > 1 ? argv[1] : NULL;
     int passed = 0, failed = 0, skipped = 0;
+    const char *failed_names[64];
     qsort(tests, n_tests, sizeof tests[0], cmp_tests);
     for (int i = 0; i < n_tests; i++) {
         if (filter && !strstr(tests[i].name, filter)) continue;
@@ -165,7 +166,11 @@ int main(int argc, char **argv)
         cur_skipped = 0;
         fprintf(stderr, "  %-40s\n", tests[i].name);
         tests[i].fn();
-        if (cur_failed) { failed++; fprintf(stderr, "  %s: FAILED\n", tests[i].name); }
+        if (cur_failed) {
+            if (failed < 64) failed_names[failed] = tests[i].name;
+            failed++;
+            fprintf(stderr, "  %s: FAILED\n", tests[i].name);
+        }
         else if (cur_skipped) skipped++;
         else passed++;
     }
@@ -173,6 +178,8 @@ int main(int argc, char **argv)
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", test_tmpdir());
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", test_tmpdir());
     if (skipped) fprintf(stderr, "%d skipped\n", skipped);
+    /* The names again at the end: CI keeps only the tail of a long log. */
+    for (int i = 0; i < failed && i < 64; i++) fprintf(stderr, "FAILED: %s\n", failed_names[i]);
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }
