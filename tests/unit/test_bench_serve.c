@@ -6,9 +6,13 @@
  * all, then a usage chunk and [DONE]. The chat stream opens with an empty role chunk at once, as
  * real servers do: TTFT must not count it. It can fail every k-th request with HTTP 500, split
  * events across writes and interleave SSE comments.
- * Truth for R requests at concurrency C (R a multiple of C, rate inf): E2E = TTFT + (N-1) GAP,
- * TPOT = ITL = GAP, duration = (R/C) E2E, throughputs = totals / duration. Timings are coarse
- * (200 ms, 20 ms) so that scheduling noise on 2 cores stays far below the 3% tolerance. */
+ * The nominal timeline for R requests at concurrency C (R a multiple of C, rate inf) is E2E =
+ * TTFT + (N-1) GAP, TPOT = ITL = GAP, duration = (R/C) E2E; but a loaded machine wakes the
+ * server's threads late (CI saw +13 ms on one first token), and that lateness is the server's,
+ * not a measuring error. So the server also records when it read each request and when each of
+ * its writes left, and the truth the client is held to is that record: the client may differ from
+ * it only by loopback transit and its own lag. Timings stay coarse (400 ms, 40 ms) so that the
+ * client's own lag on 2 loaded cores (a few ms to open 15 connections at once) is far below 3%. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -42,7 +46,16 @@ typedef struct {
     atomic_int posts, active, peak_active, failed;
     atomic_int min_prompt, max_prompt;
     atomic_long prompt_tokens;
+    pthread_mutex_t mu;        /* guards recs */
+    struct FakeRec *recs;
+    int n_recs;
 } Fake;
+
+/* What the server did for one streamed request: when it had read the request, when each token's
+ * write returned, when the stream's last byte was written. */
+#define FAKE_MAX_RECS 2048
+#define FAKE_MAX_TOK 64
+typedef struct FakeRec { double recv, done; int n; double tok[FAKE_MAX_TOK]; } FakeRec;
 
 typedef struct { Fake *f; int fd; } Conn;
 
@@ -67,6 +80,27 @@ static int write_all(int fd, const char *p, size_t n)
         p += w, n -= (size_t)w;
     }
     return 0;
+}
+
+/* recv, and when the kernel had the first of these bytes (SO_TIMESTAMPNS, on the monotonic
+ * clock): a server thread that is woken late must not count its lateness as the client's. */
+static ssize_t recv_stamped(int fd, char *buf, size_t n, double *t_in)
+{
+    char ctl[CMSG_SPACE(sizeof(struct timespec))];
+    struct iovec iov = {buf, n};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl};
+    ssize_t r = recvmsg(fd, &m, 0);
+    double now = now_s();
+    *t_in = now;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); r > 0 && c; c = CMSG_NXTHDR(&m, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMPNS) {
+            struct timespec ts, rt;
+            memcpy(&ts, CMSG_DATA(c), sizeof ts);
+            clock_gettime(CLOCK_REALTIME, &rt);
+            double age = (rt.tv_sec - ts.tv_sec) + (rt.tv_nsec - ts.tv_nsec) * 1e-9;
+            if (age >= 0 && age < 10) *t_in = now - age;
+        }
+    return r;
 }
 
 /* One SSE event as one HTTP chunk (or two, split). */
@@ -102,10 +136,10 @@ static int words(const char *s)
 static void atomic_min(atomic_int *a, int v) { int o = atomic_load(a); while (v < o && !atomic_compare_exchange_weak(a, &o, v)) {} }
 static void atomic_max(atomic_int *a, int v) { int o = atomic_load(a); while (v > o && !atomic_compare_exchange_weak(a, &o, v)) {} }
 
-static int stream(Conn *c, json_t *req, int chat)
+static int stream(Conn *c, json_t *req, int chat, double t0)
 {
     Fake *f = c->f;
-    double t0 = now_s();
+    FakeRec rec = {.recv = t0};   /* the schedule counts from when the request arrived */
     int n = (int)json_integer_value(json_object_get(req, "max_tokens"));
     if (n <= 0) n = 16;
     json_t *p = json_object_get(req, "prompt");
@@ -135,6 +169,7 @@ static int stream(Conn *c, json_t *req, int chat)
             snprintf(ev, sizeof ev, "{\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"model\":\"fake-model\","
                      "\"choices\":[{\"index\":0,\"text\":\" w%d\",\"logprobs\":null,\"finish_reason\":%s}],\"usage\":null}", i, fin);
         if (send_event(c, ev)) return -1;
+        if (rec.n < FAKE_MAX_TOK) rec.tok[rec.n++] = now_s();
         if (f->split && write_all(c->fd, "8\r\n: ping\n\n\r\n", 13)) return -1;
     }
     if (usage) {
@@ -143,8 +178,12 @@ static int stream(Conn *c, json_t *req, int chat)
                  chat ? "chat.completion.chunk" : "text_completion", pt, n, pt + n);
         if (send_event(c, ev)) return -1;
     }
-    if (send_event(c, "[DONE]")) return -1;
-    return write_all(c->fd, "0\r\n\r\n", 5);
+    if (send_event(c, "[DONE]") || write_all(c->fd, "0\r\n\r\n", 5)) return -1;
+    rec.done = now_s();
+    pthread_mutex_lock(&f->mu);
+    if (f->n_recs < FAKE_MAX_RECS) f->recs[f->n_recs++] = rec;
+    pthread_mutex_unlock(&f->mu);
+    return 0;
 }
 
 static int respond(Conn *c, int status, const char *body)
@@ -162,12 +201,15 @@ static void *conn_main(void *arg)
     size_t cap = 1 << 16, len = 0;
     char *buf = malloc(cap);
     for (;;) {
-        /* headers */
+        /* headers; t_recv is when the request's first bytes were in */
         char *end;
+        double t_recv = now_s();
         while (!(end = memmem(buf, len, "\r\n\r\n", 4))) {
             if (len + 1 >= cap) buf = realloc(buf, cap *= 2);
-            ssize_t r = recv(c->fd, buf + len, cap - len - 1, 0);
+            double t_in;
+            ssize_t r = recv_stamped(c->fd, buf + len, cap - len - 1, &t_in);
             if (r <= 0) goto out;
+            if (len == 0) t_recv = t_in;
             len += (size_t)r;
         }
         size_t hlen = (size_t)(end - buf) + 4, clen = 0;
@@ -193,7 +235,7 @@ static void *conn_main(void *arg)
             } else {
                 int a = atomic_fetch_add(&f->active, 1) + 1;
                 atomic_max(&f->peak_active, a);
-                rc = stream(c, req, buf[6] == 'v' && buf[9] == 'c' && buf[10] == 'h');
+                rc = stream(c, req, buf[6] == 'v' && buf[9] == 'c' && buf[10] == 'h', t_recv);
                 atomic_fetch_sub(&f->active, 1);
             }
             json_decref(req);
@@ -226,6 +268,7 @@ static void *accept_main(void *arg)
         }
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof one);
         Conn *c = malloc(sizeof *c);
         c->f = f;
         c->fd = fd;
@@ -239,6 +282,8 @@ static void *accept_main(void *arg)
 static int fake_start(Fake *f, double ttft, double gap)
 {
     memset(f, 0, sizeof *f);
+    pthread_mutex_init(&f->mu, NULL);
+    f->recs = calloc(FAKE_MAX_RECS, sizeof *f->recs);
     f->ttft = ttft;
     f->gap = gap;
     atomic_store(&f->min_prompt, 1 << 30);
@@ -255,6 +300,79 @@ static void fake_stop(Fake *f)
     shutdown(f->fd, SHUT_RDWR);
     close(f->fd);
     pthread_join(f->acceptor, NULL);
+    free(f->recs);   /* connection threads still streaming would be a test bug: every run waits for its streams */
+    f->recs = NULL;
+}
+
+/* The metrics as the server's record makes them, skipping the first `skip` requests read (the
+ * warm-ups); then the record is cleared for the next run. Same definitions as report.c: TPOT
+ * (E2E - TTFT) / (n - 1), percentiles interpolated as numpy does, peak tokens per 1-second bucket
+ * from the first request. */
+typedef struct {
+    double ttft[3], tpot[2], itl[2], e2e[2];   /* mean, median / p99 as the checks use them (s) */
+    double duration, peak_tokens;
+    int n;
+} Truth;
+
+static int cmp_dbl(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int cmp_rec(const void *a, const void *b) { return cmp_dbl(&((const FakeRec *)a)->recv, &((const FakeRec *)b)->recv); }
+
+static double pct(double *x, int n, double p)
+{
+    if (n == 0) return 0;
+    qsort(x, (size_t)n, sizeof *x, cmp_dbl);
+    double k = p / 100 * (n - 1);
+    int i = (int)k;
+    return i + 1 < n ? x[i] + (k - i) * (x[i + 1] - x[i]) : x[n - 1];
+}
+
+static double mean(const double *x, int n)
+{
+    double s = 0;
+    for (int i = 0; i < n; i++) s += x[i];
+    return n ? s / n : 0;
+}
+
+static void fake_truth(Fake *f, int skip, Truth *t)
+{
+    memset(t, 0, sizeof *t);
+    pthread_mutex_lock(&f->mu);
+    qsort(f->recs, (size_t)f->n_recs, sizeof *f->recs, cmp_rec);
+    FakeRec *r = f->recs + skip;
+    int n = f->n_recs - skip;
+    double ttft[FAKE_MAX_RECS], tpot[FAKE_MAX_RECS], e2e[FAKE_MAX_RECS], *itl = malloc(sizeof(double) * FAKE_MAX_RECS * FAKE_MAX_TOK);
+    int n_tpot = 0, n_itl = 0;
+    double t_first = n > 0 ? r[0].recv : 0, t_last = t_first;
+    for (int i = 0; i < n; i++) {
+        ttft[i] = r[i].tok[0] - r[i].recv;
+        e2e[i] = r[i].done - r[i].recv;
+        if (r[i].n > 1) tpot[n_tpot++] = (e2e[i] - ttft[i]) / (r[i].n - 1);
+        for (int j = 1; j < r[i].n; j++) itl[n_itl++] = r[i].tok[j] - r[i].tok[j - 1];
+        if (r[i].done > t_last) t_last = r[i].done;
+    }
+    int nb = (int)(t_last - t_first) + 1;
+    double *bucket = calloc((size_t)nb, sizeof *bucket);
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < r[i].n; j++) {
+            int b = (int)(r[i].tok[j] - t_first);
+            if (b >= 0 && b < nb) bucket[b] += 1;
+        }
+    for (int b = 0; b < nb; b++) if (bucket[b] > t->peak_tokens) t->peak_tokens = bucket[b];
+    t->n = n;
+    t->duration = t_last - t_first;
+    t->ttft[0] = mean(ttft, n), t->ttft[1] = pct(ttft, n, 50), t->ttft[2] = pct(ttft, n, 99);
+    t->tpot[0] = mean(tpot, n_tpot), t->tpot[1] = pct(tpot, n_tpot, 99);
+    t->itl[0] = mean(itl, n_itl), t->itl[1] = pct(itl, n_itl, 50);
+    t->e2e[0] = mean(e2e, n), t->e2e[1] = pct(e2e, n, 99);
+    f->n_recs = 0;
+    pthread_mutex_unlock(&f->mu);
+    free(bucket);
+    free(itl);
 }
 
 /* ---- helpers ---- */
@@ -296,11 +414,11 @@ static double jnum(json_t *o, const char *k)
 
 TEST(bench_serve_accuracy)
 {
-    const double TTFT = 0.200, GAP = 0.020;
+    const double TTFT = 0.400, GAP = 0.040;
     const int N = 20, IN = 64, R = 32, C = 16;
     Fake f;
     ASSERT(fake_start(&f, TTFT, GAP) == 0);
-    const double e2e = TTFT + (N - 1) * GAP, dur = (double)(R / C) * e2e;
+    const double e2e = TTFT + (N - 1) * GAP;
     const char *apis[2] = {"openai-completions", "openai-chat"}, *fmts[2] = {"sglang", "vllm"};
     for (int a = 0; a < 2; a++)
         for (int fm = 0; fm < 2; fm++) {
@@ -315,39 +433,45 @@ TEST(bench_serve_accuracy)
             int rc = test_run(cmd, &out);
             if (rc != 0) { test_fail(__FILE__, __LINE__, "%s\n%s", cmd, out); free(out); continue; }
             json_t *j = last_json(file);
+            Truth t;
+            fake_truth(&f, 1, &t);
             if (!j) { test_fail(__FILE__, __LINE__, "no JSON line in %s", file); free(out); continue; }
             int vllm = fm == 1;
+            EXPECT_EQ_INT(t.n, R);
+            /* the server's own lateness, for the log: it is not held against the client */
+            fprintf(stderr, "    %-20s server: TTFT p99 %.1f ms (nominal %.0f), E2E p99 %.1f ms (nominal %.0f)\n", what,
+                    t.ttft[2] * 1e3, TTFT * 1e3, t.e2e[1] * 1e3, e2e * 1e3);
             EXPECT_EQ_INT(jnum(j, "completed"), R);
             EXPECT_EQ_INT(jnum(j, "failed"), 0);
             EXPECT_EQ_INT(jnum(j, "total_output_tokens"), R * N);
             /* chat prompts without a tokenizer are words, counted by the fake server */
             EXPECT_EQ_INT(jnum(j, "total_input_tokens"), (long)R * IN);
-            NEAR3("mean_ttft_ms", jnum(j, "mean_ttft_ms"), TTFT * 1e3, what);
-            NEAR3("median_ttft_ms", jnum(j, "median_ttft_ms"), TTFT * 1e3, what);
-            NEAR3("p99_ttft_ms", jnum(j, "p99_ttft_ms"), TTFT * 1e3, what);
-            NEAR3("mean_tpot_ms", jnum(j, "mean_tpot_ms"), GAP * 1e3, what);
-            NEAR3("p99_tpot_ms", jnum(j, "p99_tpot_ms"), GAP * 1e3, what);
-            NEAR3("mean_itl_ms", jnum(j, "mean_itl_ms"), GAP * 1e3, what);
-            NEAR3("median_itl_ms", jnum(j, "median_itl_ms"), GAP * 1e3, what);
-            NEAR3(vllm ? "mean_e2el_ms" : "mean_e2e_latency_ms", jnum(j, vllm ? "mean_e2el_ms" : "mean_e2e_latency_ms"), e2e * 1e3, what);
-            NEAR3(vllm ? "p99_e2el_ms" : "p99_e2e_latency_ms", jnum(j, vllm ? "p99_e2el_ms" : "p99_e2e_latency_ms"), e2e * 1e3, what);
-            NEAR3("duration", jnum(j, "duration"), dur, what);
-            NEAR3("request_throughput", jnum(j, "request_throughput"), R / dur, what);
-            NEAR3("output_throughput", jnum(j, "output_throughput"), R * N / dur, what);
-            NEAR3("input_throughput", jnum(j, "input_throughput"), R * IN / dur, what);
-            NEAR3(vllm ? "total_token_throughput" : "total_throughput", jnum(j, vllm ? "total_token_throughput" : "total_throughput"), R * (IN + N) / dur, what);
-            NEAR3("concurrency", jnum(j, "concurrency"), (double)C, what);
-            /* the busiest second: the first wave's 16 x 20 tokens and the second wave's 11 each */
-            NEAR3("max_output_tokens_per_s", jnum(j, "max_output_tokens_per_s"), C * N + C * 11.0, what);
+            NEAR3("mean_ttft_ms", jnum(j, "mean_ttft_ms"), t.ttft[0] * 1e3, what);
+            NEAR3("median_ttft_ms", jnum(j, "median_ttft_ms"), t.ttft[1] * 1e3, what);
+            NEAR3("p99_ttft_ms", jnum(j, "p99_ttft_ms"), t.ttft[2] * 1e3, what);
+            NEAR3("mean_tpot_ms", jnum(j, "mean_tpot_ms"), t.tpot[0] * 1e3, what);
+            NEAR3("p99_tpot_ms", jnum(j, "p99_tpot_ms"), t.tpot[1] * 1e3, what);
+            NEAR3("mean_itl_ms", jnum(j, "mean_itl_ms"), t.itl[0] * 1e3, what);
+            NEAR3("median_itl_ms", jnum(j, "median_itl_ms"), t.itl[1] * 1e3, what);
+            NEAR3(vllm ? "mean_e2el_ms" : "mean_e2e_latency_ms", jnum(j, vllm ? "mean_e2el_ms" : "mean_e2e_latency_ms"), t.e2e[0] * 1e3, what);
+            NEAR3(vllm ? "p99_e2el_ms" : "p99_e2e_latency_ms", jnum(j, vllm ? "p99_e2el_ms" : "p99_e2e_latency_ms"), t.e2e[1] * 1e3, what);
+            NEAR3("duration", jnum(j, "duration"), t.duration, what);
+            NEAR3("request_throughput", jnum(j, "request_throughput"), R / t.duration, what);
+            NEAR3("output_throughput", jnum(j, "output_throughput"), R * N / t.duration, what);
+            NEAR3("input_throughput", jnum(j, "input_throughput"), R * IN / t.duration, what);
+            NEAR3(vllm ? "total_token_throughput" : "total_throughput", jnum(j, vllm ? "total_token_throughput" : "total_throughput"), R * (IN + N) / t.duration, what);
+            NEAR3("concurrency", jnum(j, "concurrency"), t.e2e[0] * R / t.duration, what);
+            /* the busiest second: nominally the second, with the first wave's last 5 tokens and the second wave's first 11 */
+            NEAR3("max_output_tokens_per_s", jnum(j, "max_output_tokens_per_s"), t.peak_tokens, what);
             /* vLLM: sweep-line, at most C at once; SGLang: per second, both waves touch second 0 */
             EXPECT_EQ_INT(jnum(j, "max_concurrent_requests"), vllm ? C : R);
             /* the printed layout carries the same numbers */
-            NEAR3("Mean TTFT (ms):", printed(out, "Mean TTFT (ms):"), TTFT * 1e3, what);
-            NEAR3("Mean TPOT (ms):", printed(out, "Mean TPOT (ms):"), GAP * 1e3, what);
-            NEAR3("Mean ITL (ms):", printed(out, "Mean ITL (ms):"), GAP * 1e3, what);
-            NEAR3(vllm ? "Mean E2EL (ms):" : "Mean E2E Latency (ms):", printed(out, vllm ? "Mean E2EL (ms):" : "Mean E2E Latency (ms):"), e2e * 1e3, what);
-            NEAR3("Output token throughput (tok/s):", printed(out, "Output token throughput (tok/s):"), R * N / dur, what);
-            NEAR3("Request throughput (req/s):", printed(out, "Request throughput (req/s):"), R / dur, what);
+            NEAR3("Mean TTFT (ms):", printed(out, "Mean TTFT (ms):"), t.ttft[0] * 1e3, what);
+            NEAR3("Mean TPOT (ms):", printed(out, "Mean TPOT (ms):"), t.tpot[0] * 1e3, what);
+            NEAR3("Mean ITL (ms):", printed(out, "Mean ITL (ms):"), t.itl[0] * 1e3, what);
+            NEAR3(vllm ? "Mean E2EL (ms):" : "Mean E2E Latency (ms):", printed(out, vllm ? "Mean E2EL (ms):" : "Mean E2E Latency (ms):"), t.e2e[0] * 1e3, what);
+            NEAR3("Output token throughput (tok/s):", printed(out, "Output token throughput (tok/s):"), R * N / t.duration, what);
+            NEAR3("Request throughput (req/s):", printed(out, "Request throughput (req/s):"), R / t.duration, what);
             EXPECT(strstr(out, "Successful requests:") && strstr(out, "Peak output token throughput (tok/s):"));
             if (vllm) EXPECT(strstr(out, "P99 TTFT (ms):") && !strstr(out, "Concurrency:") && strstr(out, "Maximum request concurrency:"));
             else EXPECT(strstr(out, "Backend:") && strstr(out, "Concurrency:") && strstr(out, "P90 E2E Latency (ms):"));
@@ -365,7 +489,7 @@ TEST(bench_serve_accuracy)
 TEST(bench_serve_failures)
 {
     Fake f;
-    ASSERT(fake_start(&f, 0.05, 0.01) == 0);
+    ASSERT(fake_start(&f, 0.05, 0.03) == 0);   /* gaps coarse enough that a late wake-up stays under 3% */
     f.fail_every = 4;
     f.split = 1;   /* events split across writes, SSE comments between them */
     char file[512], cmd[2048];
@@ -384,7 +508,10 @@ TEST(bench_serve_failures)
     EXPECT_EQ_INT(jnum(j, "failed"), 4);
     EXPECT_EQ_INT(jnum(j, "total_output_tokens"), 12 * 8);
     EXPECT_EQ_INT(json_integer_value(json_object_get(json_object_get(j, "failure_reasons"), "HTTP 500: fake overload")), 4);
-    NEAR3("mean_itl_ms", jnum(j, "mean_itl_ms"), 10.0 * 1.0, "split events");
+    Truth t;
+    fake_truth(&f, 0, &t);
+    EXPECT_EQ_INT(t.n, 12);
+    NEAR3("mean_itl_ms", jnum(j, "mean_itl_ms"), t.itl[0] * 1e3, "split events");
     if (test_failed_now()) fprintf(stderr, "%s\n", out);
     json_decref(j);
     free(out);
@@ -533,8 +660,8 @@ TEST(bench_serve_many_streams)
     char file[512], cmd[2048];
     snprintf(file, sizeof file, "%s/many.jsonl", test_tmpdir());
     snprintf(cmd, sizeof cmd, "%s bench serve --base-url http://127.0.0.1:%d --dataset-name random-ids --random-input-len 32 "
-             "--random-output-len %d --random-range-ratio 1 --num-prompts %d --warmup-requests %d --output-file %s --quiet",
-             test_bin(), f.port, N, R, R, file);
+             "--random-output-len %d --random-range-ratio 1 --num-prompts %d --warmup-requests %d --request-rate 4000 "
+             "--output-file %s --quiet", test_bin(), f.port, N, R, R, file);
     char *out = NULL;
     int rc = test_run(cmd, &out);
     EXPECT_EQ_INT(rc, 0);
@@ -542,14 +669,20 @@ TEST(bench_serve_many_streams)
     ASSERT(j, "%s", out);
     EXPECT_EQ_INT(jnum(j, "completed"), R);
     EXPECT_EQ_INT(atomic_load(&f.peak_active) > R * 9 / 10, 1);
-    /* the warm-up opened the 1000 connections; the fake server's 1000 threads then share 2
-     * cores with the client, and all requests land at once: looser bounds than the 3% above */
-    EXPECT_NEAR(jnum(j, "mean_itl_ms"), GAP * 1e3, 0, 0.05);
-    EXPECT_NEAR(jnum(j, "mean_tpot_ms"), GAP * 1e3, 0, 0.05);
-    EXPECT_NEAR(jnum(j, "mean_ttft_ms"), TTFT * 1e3, 0, 0.15);
-    fprintf(stderr, "    %d streams: mean TTFT %.1f ms (truth %.0f), mean ITL %.2f ms (truth %.0f); client lag mean %.0f us, "
-            "p99 %.0f us; %.2f us CPU per chunk, %.1f%% of a core\n", R, jnum(j, "mean_ttft_ms"), TTFT * 1e3, jnum(j, "mean_itl_ms"),
-            GAP * 1e3, jnum(j, "client_lag_mean_us"), jnum(j, "client_lag_p99_us"), jnum(j, "client_cpu_us_per_chunk"),
+    /* the warm-up opened the 1000 connections; the requests then arrive over about 0.25 s (all
+     * 1000 stream at once from 0.25 s to 0.85 s) and the fake server's 1000 threads share 2 cores
+     * with the client: 5%, looser than the 3% above. (All at once, the client's sends of the
+     * last requests queue behind the server threads' CPU on 2 cores: tens of ms on TTFT that are
+     * the test machine's, not the bench's.) */
+    Truth t;
+    fake_truth(&f, R, &t);
+    EXPECT_EQ_INT(t.n, R);
+    EXPECT_NEAR(jnum(j, "mean_itl_ms"), t.itl[0] * 1e3, 0, 0.05);
+    EXPECT_NEAR(jnum(j, "mean_tpot_ms"), t.tpot[0] * 1e3, 0, 0.05);
+    EXPECT_NEAR(jnum(j, "mean_ttft_ms"), t.ttft[0] * 1e3, 0, 0.05);
+    fprintf(stderr, "    %d streams: mean TTFT %.1f ms (server %.1f, nominal %.0f), mean ITL %.2f ms (server %.2f, nominal %.0f); "
+            "client lag mean %.0f us, p99 %.0f us; %.2f us CPU per chunk, %.1f%% of a core\n", R, jnum(j, "mean_ttft_ms"),
+            t.ttft[0] * 1e3, TTFT * 1e3, jnum(j, "mean_itl_ms"), t.itl[0] * 1e3, GAP * 1e3, jnum(j, "client_lag_mean_us"), jnum(j, "client_lag_p99_us"), jnum(j, "client_cpu_us_per_chunk"),
             100 * jnum(j, "client_cpu_util"));
     json_decref(j);
     free(out);
