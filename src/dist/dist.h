@@ -27,7 +27,7 @@
 typedef struct Dist Dist;
 
 /* Rank 0's messages to the workers (host memory, dist_bcast_host): model/forward.c. */
-enum { DIST_MSG_INIT = 1, DIST_MSG_GRAPHS, DIST_MSG_RUN, DIST_MSG_FREE, DIST_MSG_STOP };
+enum { DIST_MSG_INIT = 1, DIST_MSG_GRAPHS, DIST_MSG_RUN, DIST_MSG_FREE, DIST_MSG_STOP, DIST_MSG_KV_FIT };
 typedef struct { int op; int v[11]; } DistMsg;
 
 typedef struct {

@@ -245,11 +245,15 @@ Engine *engine_create(const Model *m, Backend *be, const EngineOptions *o, const
     int nb = e->o.n_blocks;
     size_t per_block = kv_cache_block_bytes(c, bs);
     if (nb <= 0) {
-        /* the pool from the memory left, up to what every running sequence at full length needs */
-        size_t avail = be_mem_free(be);
+        /* the pool from the memory left, up to what every running sequence at full length needs;
+         * under parallelism, the smallest that any rank can hold (its layers, its memory) */
+        int from = 0;
         double want = (double)e->o.max_running * e->max_blocks_per_seq;
-        double fit = avail * e->o.kv_fraction / per_block;
+        double fit = forward_kv_fit(c, be, bs, e->o.kv_fraction, &from);
         nb = (int)(fit < want ? fit : want);
+        if (from > 0 && fit < want)
+            log_info("engine: the KV pool is sized to rank %d, whose free memory and layers hold the fewest blocks (%d)",
+                     from, nb);
     }
     if (nb < e->max_blocks_per_seq)
         fatal("engine: the KV cache holds %d blocks of %d tokens (%.2f MiB each), but one request of --max-model-len "

@@ -469,6 +469,34 @@ void forward_share(Forward *f, const KVCache *kv)
     f->shared = 1;
 }
 
+/* a rank's answer to DIST_MSG_KV_FIT: blocks, capped to what an int holds */
+static int64_t kv_fit_here(const ModelConfig *c, Backend *be, int block_size, double fraction)
+{
+    double fit = (double)be_mem_free(be) * fraction / (double)kv_cache_block_bytes(c, block_size);
+    return fit > 2147483647.0 ? 2147483647 : (int64_t)fit;
+}
+
+double forward_kv_fit(const ModelConfig *c, Backend *be, int block_size, double fraction, int *rank)
+{
+    double best = (double)kv_fit_here(c, be, block_size, fraction);
+    *rank = 0;
+    Dist *d = dist_get();
+    if (!d || d->world == 1) return best;
+    CHECK(d->rank == 0, "forward_kv_fit on rank %d", d->rank);
+    DistMsg msg = {.op = DIST_MSG_KV_FIT, .v = {block_size, (int)(fraction * 1e6 + 0.5)}};
+    dist_bcast_host(d, &msg, sizeof msg);
+    int64_t *dv = be_alloc(be, sizeof(int64_t)); /* backend memory: NCCL moves device buffers */
+    for (int r = 1; r < d->world; r++) {
+        int64_t v = 0;
+        dist_recv(d, be, dv, sizeof v, r);
+        dist_flush(d, be);
+        be_to_host(be, &v, dv, sizeof v);
+        if ((double)v < best) best = (double)v, *rank = r;
+    }
+    be_free(be, dv);
+    return best;
+}
+
 void forward_worker(const Model *m, Backend *be)
 {
     Dist *d = dist_get();
@@ -484,8 +512,9 @@ void forward_worker(const Model *m, Backend *be)
         switch (msg.op) {
         case DIST_MSG_INIT: {
             CHECK(!live, "worker: a second Forward while one is live");
-            /* rank 0 sized the pool from its own memory and layers; a stage holding more (more
-             * layers, the lm_head) says so here rather than failing inside an allocation */
+            /* rank 0 sized the pool to fit every rank (DIST_MSG_KV_FIT), unless --num-kv-blocks
+             * gave it: a rank that cannot hold it says so here rather than failing inside an
+             * allocation */
             size_t per = kv_cache_block_bytes(&m->cfg, msg.v[4]), avail = be_mem_free(be);
             if ((double)msg.v[5] * per > (double)avail)
                 fatal("rank %d (layers %d..%d): the KV cache of %lld blocks needs %.2f GiB, %.2f GiB is free here; "
@@ -496,6 +525,14 @@ void forward_worker(const Model *m, Backend *be)
             forward_init(&f, m, be, msg.v[0], msg.v[1], msg.v[2], msg.v[3]);
             table = xcalloc((size_t)msg.v[2] * msg.v[3], sizeof(int));
             live = 1;
+            break;
+        }
+        case DIST_MSG_KV_FIT: { /* rank 0 sizes the pool to the rank that holds the fewest blocks */
+            int64_t v = kv_fit_here(&m->cfg, be, msg.v[0], msg.v[1] / 1e6), *dv = be_alloc(be, sizeof v);
+            be_to_device(be, dv, &v, sizeof v);
+            dist_send(d, be, dv, sizeof v, 0);
+            dist_flush(d, be);
+            be_free(be, dv);
             break;
         }
         case DIST_MSG_GRAPHS:

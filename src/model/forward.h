@@ -82,6 +82,10 @@ void forward_init(Forward *f, const Model *m, Backend *be, int max_tokens, int m
  * like kv; from then on each forward_run of rank 0 is repeated by every rank, and forward_free
  * ends it. Alone: nothing. Call right after forward_init. */
 void forward_share(Forward *f, const KVCache *kv);
+/* The KV pool every rank can hold (rank 0, before sizing it): the blocks of block_size tokens
+ * that `fraction` of each rank's free memory holds, each rank counting its own layers' bytes;
+ * the smallest, and in *rank the rank it came from. Alone: this process's. */
+double forward_kv_fit(const ModelConfig *c, Backend *be, int block_size, double fraction, int *rank);
 /* A worker rank: repeat rank 0's Forwards until dist_shutdown (dist_worker). */
 void forward_worker(const Model *m, Backend *be);
 void forward_free(Forward *f);

@@ -215,13 +215,23 @@ TEST(dist_serve_tp2_pp2)
     int rc = completions(s.port, ref);
     srv_stop(&s, 30);
     ASSERT(rc == 0, "single-rank server");
-    const char *lay[] = {"--tp 2", "--pp 2", "--pp 2 --pp-microbatches 4"};
+    /* the last: uneven stages, and a pool sized from memory (a small fraction of it, under what
+     * 1024 requests at full length would want) must be sized to the stage of 3 layers, rank 1 */
+    const char *lay[] = {"--tp 2", "--pp 2", "--pp 2 --pp-microbatches 4",
+                         "--pp-layers 1,3 --kv-fraction 0.01 --max-running-requests 1024"};
     for (size_t k = 0; k < sizeof lay / sizeof lay[0]; k++) {
         char launcher[256];
         snprintf(launcher, sizeof launcher, MPIRUN "-np 2");
         int st = srv_start_launched(&s, "dist", model_dir(), launcher, lay[k]);
         EXPECT(st == 0, "%s: the server did not start", lay[k]);
         if (st) continue;
+        if (strstr(lay[k], "--pp-layers")) {
+            size_t n = 0;
+            char *log = file_read_all(s.log, &n);
+            EXPECT(log && strstr(log, "the KV pool is sized to rank 1"), "%s: the pool was not sized to rank 1:\n%s", lay[k],
+                   log ? log : "(no log)");
+            free(log);
+        }
         for (int round = 0; round < 2; round++) {
             rc = completions(s.port, got);
             EXPECT(rc == 0, "%s: requests failed", lay[k]);
