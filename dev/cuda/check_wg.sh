@@ -1,0 +1,28 @@
+#!/bin/bash
+# dev/cuda/check_wg.sh: the GPU checks of w4_wg_v1.patch, in one device call (~5 min of an H200).
+# Here (no GPU): git apply dev/cuda/w4_wg_v1.patch; make -j2 BUILD=build-wg build-wg/moeserve
+# build-wg/test_cuda; strip both into carry/ (gitignored, with carry/lib holding libmicrohttpd.so.12
+# and libutf8proc.so.2); then on the device: bash dev/cuda/check_wg.sh (logs into $OUT).
+export LD_LIBRARY_PATH=$PWD/carry/lib:$LD_LIBRARY_PATH PATH=$PATH:/usr/local/cuda/bin
+export MOESERVE_BIN=$PWD/carry/moeserve
+B=./carry/moeserve
+OUT=${OUT:-/tmp}
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+# correctness first: every tile, wg ones included, against the CPU twin (0-300 pairs per expert)
+timeout 150 ./carry/test_cuda cuda_w4_moe_ragged > $OUT/ragged.log 2>&1; echo "ragged rc=$? $(tail -1 $OUT/ragged.log)"
+grep FAIL $OUT/ragged.log | head -12
+for t in cuda_moe cuda_tune cuda_golden; do
+  timeout 90 ./carry/test_cuda $t > $OUT/$t.log 2>&1; echo "$t rc=$? $(tail -1 $OUT/$t.log)"
+done
+# speed, BF16 activations then the split default: the wg tiles against the best earlier ones
+for t in 22 23 24 25 26 19 1 12; do
+  echo "== tile $t bf16"
+  MOESERVE_W4_ACT=bf16 timeout 40 $B bench kernels --tokens 64,256,512,2048,8192 --no-dense --routing random --iters 10 --tile $t 2>&1 | grep -E "^random|rror"
+done | tee $OUT/wg_bench_bf16.txt
+for t in 22 26 19 1; do
+  echo "== tile $t split"
+  timeout 40 $B bench kernels --tokens 256,512,2048,8192 --no-dense --routing random --iters 10 --tile $t 2>&1 | grep -E "^random|rror"
+done | tee $OUT/wg_bench_split.txt
+timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 10 ./carry/test_cuda cuda_w4_moe_ragged \
+  > $OUT/ragged_memcheck.log 2>&1
+echo "ragged memcheck rc=$? $(grep 'ERROR SUMMARY' $OUT/ragged_memcheck.log | tail -1)"
