@@ -23,6 +23,9 @@ const char *sampling_params_check(const SamplingParams *p)
     if (!(p->frequency_penalty >= -2 && p->frequency_penalty <= 2)) return "frequency_penalty must be in [-2, 2]";
     if (!(p->presence_penalty >= -2 && p->presence_penalty <= 2)) return "presence_penalty must be in [-2, 2]";
     if (p->logprobs > SAMPLER_MAX_LOGPROBS) return "top_logprobs must be at most 20";
+    if (p->n_bias < 0 || p->n_bias > SAMPLER_MAX_BIAS) return "logit_bias may hold at most 1024 tokens";
+    for (int i = 0; i < p->n_bias; i++)
+        if (!(p->bias_val[i] >= -100 && p->bias_val[i] <= 100)) return "logit_bias values must be in [-100, 100]";
     return NULL;
 }
 
@@ -142,6 +145,8 @@ int sampler_sample(Sampler *s, float *logits, SampleResult *res)
                 logits[t] = logits[t] > 0 ? logits[t] / p->repetition_penalty : logits[t] * p->repetition_penalty;
             if (cnt > 0) logits[t] -= p->frequency_penalty * cnt + p->presence_penalty;
         }
+    for (int i = 0; i < p->n_bias; i++)
+        if (p->bias_id[i] >= 0 && p->bias_id[i] < V) logits[p->bias_id[i]] += p->bias_val[i];
     SampleRow row;
     sampler_row(s, &row);
     int token = sample_row(logits, V, &row, s->work);
@@ -163,7 +168,8 @@ void sampler_score(const Sampler *s, const float *logits, int token, SampleResul
 int sampler_logits_only(const Sampler *s)
 {
     const SamplingParams *p = &s->p;
-    return p->logprobs < 0 && p->repetition_penalty == 1.0f && p->frequency_penalty == 0 && p->presence_penalty == 0;
+    return p->logprobs < 0 && p->repetition_penalty == 1.0f && p->frequency_penalty == 0 && p->presence_penalty == 0 &&
+           p->n_bias == 0;
 }
 
 int sampler_is_argmax(const Sampler *s) { return s->p.temperature == 0 && sampler_logits_only(s); }

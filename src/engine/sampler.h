@@ -13,6 +13,7 @@
 #include "../base/util.h"
 
 #define SAMPLER_MAX_LOGPROBS 20
+#define SAMPLER_MAX_BIAS 1024   /* logit_bias entries a request may give */
 
 typedef struct {
     float temperature;         /* 0: greedy */
@@ -24,6 +25,10 @@ typedef struct {
     float presence_penalty;    /* 0: off */
     int64_t seed;              /* < 0: drawn from the clock */
     int logprobs;              /* top alternatives to report (0..20); < 0: none */
+    int n_bias;                /* logit_bias: bias_val[i] added to token bias_id[i]'s logit before
+                                * the penalties' result is sampled (OpenAI's; -100 bans, +100 forces) */
+    int bias_id[SAMPLER_MAX_BIAS];
+    float bias_val[SAMPLER_MAX_BIAS];
 } SamplingParams;
 
 void sampling_params_default(SamplingParams *p);
@@ -62,7 +67,7 @@ void sampler_score(const Sampler *s, const float *logits, int token, SampleResul
 /* 1 if the next token is plain argmax of the logits (temperature 0, no penalties, no logprobs):
  * the engine then takes it from the backend's argmax and copies no logits. */
 int sampler_is_argmax(const Sampler *s);
-/* 1 if the next token depends on the logits alone (no penalties, no log-probabilities): the
+/* 1 if the next token depends on the logits alone (no penalties, no logit bias, no log-probabilities): the
  * engine then draws it with the backend's sample op, from sampler_row's parameters. */
 int sampler_logits_only(const Sampler *s);
 /* The parameters of the next draw after the penalties (SampleRow, backend.h). Takes the draw's

@@ -3,6 +3,7 @@
  * request parsing and submission -> events to text, stop strings and chunks -> errors. */
 #include "openai.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -504,7 +505,7 @@ static int parse_messages(json_t *m, json_t **out, ApiErr *err)
 static const char *sampling_param_name(const char *msg)
 {
     static const char *names[] = {"temperature", "top_p", "min_p", "top_k", "repetition_penalty",
-                                  "frequency_penalty", "presence_penalty", "top_logprobs", "logprobs"};
+                                  "frequency_penalty", "presence_penalty", "top_logprobs", "logprobs", "logit_bias"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!strncmp(msg, names[i], strlen(names[i])) && msg[strlen(names[i])] == ' ') return names[i];
     return NULL;
@@ -778,9 +779,6 @@ static int parse_request(Api *a, ApiReq *r, json_t *root, int **ids, int **force
     json_t *suffix = json_object_get(root, "suffix");
     if (suffix && !json_is_null(suffix) && !(json_is_string(suffix) && json_string_length(suffix) == 0))
         return bad_field(err, "suffix", "'suffix' is not supported");
-    json_t *bias = json_object_get(root, "logit_bias");
-    if (bias && !json_is_null(bias) && !(json_is_object(bias) && json_object_size(bias) == 0))
-        return bad_field(err, "logit_bias", "'logit_bias' is not supported");
     json_t *rf = json_object_get(root, "response_format");
     if (rf && !json_is_null(rf)) {
         json_t *t = json_object_get(rf, "type");
@@ -815,6 +813,27 @@ static int parse_request(Api *a, ApiReq *r, json_t *root, int **ids, int **force
         if (rc) sp.logprobs = (int)x;
     }
     r->logprobs = sp.logprobs;
+    /* logit_bias: {"token id": bias in [-100, 100]} (the OpenAI form; vLLM and SGLang take it too) */
+    sp.n_bias = 0;
+    json_t *bias = json_object_get(root, "logit_bias");
+    if (bias && !json_is_null(bias)) {
+        if (!json_is_object(bias)) return bad_field(err, "logit_bias", "'logit_bias' must be an object of token ids to biases");
+        if (json_object_size(bias) > SAMPLER_MAX_BIAS)
+            return bad_field(err, "logit_bias", "'logit_bias' holds %zu tokens, at most %d", json_object_size(bias), SAMPLER_MAX_BIAS);
+        const char *key;
+        json_t *v;
+        json_object_foreach(bias, key, v) {
+            char *end = NULL;
+            errno = 0;
+            long long id = strtoll(key, &end, 10);
+            if (!*key || *end || errno || id < 0 || id >= a->vocab)
+                return bad_field(err, "logit_bias", "logit_bias key '%.32s' is not a token id in [0, %d)", key, a->vocab);
+            if (!json_is_number(v) || !(json_number_value(v) >= -100 && json_number_value(v) <= 100))
+                return bad_field(err, "logit_bias", "logit_bias['%.32s'] must be a number in [-100, 100]", key);
+            sp.bias_id[sp.n_bias] = (int)id;
+            sp.bias_val[sp.n_bias++] = (float)json_number_value(v);
+        }
+    }
     const char *bad = sampling_params_check(&sp);
     if (bad) {
         errbuf_set(err->msg, sizeof err->msg, "%s", bad);

@@ -374,6 +374,54 @@ TEST(server_05_seed)
     resp_free(&r);
 }
 
+/* logit_bias: +100 on a token makes greedy decoding repeat it; -100 on the greedy choice bans it
+ * (the sampler adds the biases to the logits on the host: the device sampler does not take them) */
+TEST(server_05_logit_bias)
+{
+    Srv *s = srv();
+    ASSERT(s);
+    int id = tokenizer_token_id(model_text()->tok, "the");
+    if (id < 0) id = tokenizer_token_id(model_text()->tok, "\xc4\xa0the"); /* byte-level BPE's " the" */
+    ASSERT(id >= 0, "no token 'the' in the tiny model's vocabulary");
+    char *piece = NULL, body[512];
+    size_t n = 0;
+    ASSERT(tokenizer_decode(model_text()->tok, &id, 1, 0, &piece, &n) == 0);
+    Resp r;
+    Full f, g;
+    for (int chat = 0; chat < 2; chat++) {
+        if (chat)
+            snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":4,"
+                     "\"temperature\":0,\"ignore_eos\":true,\"logit_bias\":{\"%d\":100}}", id);
+        else
+            snprintf(body, sizeof body, "{\"prompt\":\"Random text:\",\"max_tokens\":4,\"temperature\":0,\"ignore_eos\":true,"
+                     "\"logit_bias\":{\"%d\":100,\"7\":-3.5}}", id);
+        post(s->port, chat ? "/v1/chat/completions" : "/v1/completions", body, &r);
+        full_check(__FILE__, __LINE__, &r, chat, &f);
+        resp_free(&r);
+        char want[256] = "";
+        for (int i = 0; i < 4; i++) strcat(want, piece);
+        EXPECT(!strcmp(f.text, want), "%s: +100 on token %d ('%s'): got '%s'", chat ? "chat" : "completions", id, piece, f.text);
+    }
+    /* two tokens raised, the larger one banned: the other wins; both raised: the larger wins */
+    int id2 = tokenizer_token_id(model_text()->tok, "and");
+    if (id2 < 0) id2 = tokenizer_token_id(model_text()->tok, "\xc4\xa0" "and");
+    ASSERT(id2 >= 0 && id2 != id, "no token 'and' in the tiny model's vocabulary");
+    char *piece2 = NULL;
+    ASSERT(tokenizer_decode(model_text()->tok, &id2, 1, 0, &piece2, &n) == 0);
+    for (int ban = 0; ban < 2; ban++) {
+        snprintf(body, sizeof body, "{\"prompt\":\"Random text:\",\"max_tokens\":2,\"temperature\":0,\"ignore_eos\":true,"
+                 "\"logit_bias\":{\"%d\":%s,\"%d\":90}}", id, ban ? "-100" : "100", id2);
+        post(s->port, "/v1/completions", body, &r);
+        full_check(__FILE__, __LINE__, &r, 0, &g);
+        resp_free(&r);
+        char want[256];
+        snprintf(want, sizeof want, "%s%s", ban ? piece2 : piece, ban ? piece2 : piece);
+        EXPECT(!strcmp(g.text, want), "%s: got '%s', want '%s'", ban ? "banned" : "raised", g.text, want);
+    }
+    free(piece2);
+    free(piece);
+}
+
 TEST(server_06_errors)
 {
     Srv *s = srv();
@@ -420,7 +468,13 @@ TEST(server_06_errors)
         {"/v1/completions", "{\"prompt\": \"x\", \"ignore_eos\": 1}", 400, "boolean", "ignore_eos"},
         {"/v1/completions", "{\"prompt\": \"x\", \"seed\": \"abc\"}", 400, "integer", "seed"},
         {"/v1/completions", "{\"prompt\": \"x\", \"model\": 5}", 400, "string", "model"},
-        {"/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": {\"5\": 10}}", 400, "not supported", "logit_bias"},
+        {"/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": {\"abc\": 10}}", 400, "not a token id", "logit_bias"},
+        {"/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": {\"5x\": 10}}", 400, "not a token id", "logit_bias"},
+        {"/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": {\"-1\": 10}}", 400, "not a token id", "logit_bias"},
+        {"/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": {\"99999999\": 10}}", 400, "not a token id", "logit_bias"},
+        {"/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": {\"5\": 100.5}}", 400, "[-100, 100]", "logit_bias"},
+        {"/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": {\"5\": \"up\"}}", 400, "[-100, 100]", "logit_bias"},
+        {"/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": [5]}", 400, "object", "logit_bias"},
         {"/v1/completions", "{\"prompt\": \"x\", \"suffix\": \"end\"}", 400, "not supported", "suffix"},
         {"/v1/completions", "{\"prompt\": \"\\ud800\"}", 400, "JSON", NULL},
         {"/v1/completions", "{\"prompt\": \"x\", \"model\": \"gpt-4o\"}", 404, "does not exist", "model"},
