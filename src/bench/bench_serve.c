@@ -34,7 +34,7 @@
     "    [--max-concurrency N[,N...]] [--warmup-requests N] [--ignore-eos | --disable-ignore-eos]\n" \
     "    [--temperature T] [--extra-body JSON] [--seed N] [--format sglang|vllm] [--output-file F]\n" \
     "    [--percentile-metrics ttft,tpot,itl,e2el] [--metric-percentiles 99] [--label S] [--gpus N]\n" \
-    "    [--request-timeout S] [--quiet]"
+    "    [--request-timeout S] [--burstiness B] [--goodput ttft:MS [tpot:MS] [e2el:MS]] [--quiet]"
 
 #define MAX_LEVELS 64
 #define MAX_LINE (16 << 20)   /* one SSE line; a server sending more is broken */
@@ -761,6 +761,23 @@ static void results_free(RequestResult *res, int n)
     free(res);
 }
 
+/* ---- arrivals ---- */
+
+static double unif(Rng *r) { return ((rng_u64(r) >> 11) + 0.5) * (1.0 / 9007199254740992.0); } /* (0, 1) */
+
+/* Gamma(k, 1) (Marsaglia and Tsang; k < 1 through Gamma(k + 1) U^(1/k)) */
+static double gamma_draw(Rng *r, double k)
+{
+    if (k < 1) return gamma_draw(r, k + 1) * pow(unif(r), 1.0 / k);
+    double d = k - 1.0 / 3, c = 1 / sqrt(9 * d);
+    for (;;) {
+        double x = sqrt(-2 * log(unif(r))) * cos(2 * M_PI * unif(r)), v = 1 + c * x;
+        if (v <= 0) continue;
+        v = v * v * v;
+        if (log(unif(r)) < 0.5 * x * x + d - d * v + d * log(v)) return d * v;
+    }
+}
+
 /* ---- the command ---- */
 
 int bench_serve_main(int argc, char **argv)
@@ -772,7 +789,30 @@ int bench_serve_main(int argc, char **argv)
                            .range_ratio = 0.0, .vocab = 8000, .seed = 1, .temperature = -1};
     int warmup = 1, no_ignore_eos = 0, quiet = 0, help = 0, seed = 1, gpus = 1, timeout_s = 6 * 3600;
     int force_eos = 0;
+    double burstiness = 1.0, slo[3] = {-1, -1, -1};
+    int has_goodput = 0;
     for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--goodput")) { /* vLLM's form: one or more KEY:MS after it (or KEY:MS,KEY:MS) */
+            int took = 0;
+            while (i + 1 < argc && strchr(argv[i + 1], ':') && strncmp(argv[i + 1], "--", 2)) {
+                char buf[256];
+                snprintf(buf, sizeof buf, "%s", argv[++i]);
+                for (char *save = NULL, *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
+                    char *colon = strchr(kv, ':'), *end = NULL;
+                    if (!colon) fatal("bench serve: --goodput: '%s' is not KEY:MS", kv);
+                    *colon = 0;
+                    double v = strtod(colon + 1, &end);
+                    int q = !strcmp(kv, "ttft") ? 0 : !strcmp(kv, "tpot") ? 1 : !strcmp(kv, "e2el") ? 2 : -1;
+                    if (q < 0) fatal("bench serve: --goodput: '%s' is not one of ttft, tpot, e2el", kv);
+                    if (end == colon + 1 || *end || !(v >= 0)) fatal("bench serve: --goodput %s: '%s' is not milliseconds >= 0", kv, colon + 1);
+                    slo[q] = v;
+                    took++;
+                }
+            }
+            if (!took) fatal("bench serve: --goodput needs KEY:MS values (ttft, tpot, e2el), e.g. --goodput ttft:500 tpot:50");
+            has_goodput = 1;
+            continue;
+        }
         if (opt_str(argc, argv, &i, "--base-url", &base_url) || opt_str(argc, argv, &i, "--backend", &backend) ||
             opt_str(argc, argv, &i, "--endpoint", &endpoint) || opt_str(argc, argv, &i, "--model", &model) ||
             opt_str(argc, argv, &i, "--tokenizer", &tok_path) || opt_str(argc, argv, &i, "--dataset-name", &dopt.name) ||
@@ -798,6 +838,7 @@ int bench_serve_main(int argc, char **argv)
             opt_str(argc, argv, &i, "--metric-percentiles", &pct_s) || opt_str(argc, argv, &i, "--label", &label) ||
             opt_int(argc, argv, &i, "--gpus", 1, 1 << 16, &gpus) ||
             opt_int(argc, argv, &i, "--request-timeout", 1, 1 << 30, &timeout_s) ||
+            opt_double(argc, argv, &i, "--burstiness", 1e-3, 1e3, &burstiness) ||
             opt_flag(argv, &i, "--quiet", &quiet) || opt_flag(argv, &i, "--disable-tqdm", &quiet) ||
             opt_flag(argv, &i, "--help", &help))
             continue;
@@ -931,16 +972,14 @@ int bench_serve_main(int argc, char **argv)
     int any_ok = 0;
     for (int l = 0; l < n_levels; l++) {
         int conc = levels[l] ? (levels[l] < n ? levels[l] : n) : n;
-        /* Poisson arrivals: exponential gaps of mean 1/rate, drawn from --seed */
+        /* Poisson arrivals: exponential gaps of mean 1/rate, drawn from --seed; with
+         * --burstiness B != 1, gamma gaps of shape B and the same mean (vLLM's) */
         Rng r;
         rng_seed(&r, (uint64_t)seed * 0xD1B54A32D192ED03ull + 7);
         double t = 0;
         for (int i = 0; i < n; i++) {
             arrival[i] = t;
-            if (isfinite(rate)) {
-                double u = ((rng_u64(&r) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-                t += -log(u) / rate;
-            }
+            if (isfinite(rate)) t += burstiness == 1.0 ? -log(unif(&r)) / rate : gamma_draw(&r, burstiness) / (rate * burstiness);
         }
         RequestResult *res = xcalloc((size_t)n, sizeof *res);
         for (int i = 0; i < n; i++) {
@@ -962,6 +1001,9 @@ int bench_serve_main(int argc, char **argv)
         ri->dataset_path = dopt.path;
         ri->num_prompts = n;
         ri->request_rate = rate;
+        ri->burstiness = burstiness;
+        ri->has_goodput = has_goodput;
+        memcpy(ri->slo_ms, slo, sizeof slo);
         ri->max_concurrency = levels[l];
         ri->random_input_len = dopt.input_len;
         ri->random_output_len = dopt.output_len;

@@ -100,6 +100,8 @@ typedef struct {
     double peak_output_throughput; /* tokens in the busiest 1-second bucket */
     int peak_concurrency;      /* vLLM: sweep-line maximum; SGLang: per 1-second bucket */
     double mean_concurrency;   /* sum of E2E latencies / duration (SGLang's "Concurrency") */
+    int good;                  /* completed requests within every --goodput limit */
+    double request_goodput;    /* good / duration (vLLM's "Request goodput") */
     MetricDist ttft, tpot, itl, e2e;
     char **reasons;            /* [n_reasons] distinct failure reasons ... */
     int *reason_count;         /* ... and how many requests failed so */
@@ -114,6 +116,9 @@ typedef struct {
     const char *model, *tokenizer, *dataset_name, *dataset_path;
     int num_prompts;
     double request_rate;       /* INFINITY: all at once */
+    double burstiness;         /* gamma shape of the arrival gaps (1: Poisson), vLLM's --burstiness */
+    double slo_ms[3];          /* --goodput limits on TTFT, TPOT, E2E latency (ms); < 0: none */
+    int has_goodput;
     int max_concurrency;       /* 0: not set */
     int random_input_len, random_output_len;
     double random_range_ratio;

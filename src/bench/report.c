@@ -117,6 +117,12 @@ void report_compute(Metrics *m, const RunInfo *run, const Dataset *ds, const Req
         e2e[m->completed - 1] = lat;
         sum_lat += lat;
         if (out > 1) tpot[n_tpot++] = (lat - r->ttft) / (out - 1);
+        /* vLLM's goodput: every limit given holds (a one-token output counts TPOT 0) */
+        double ms[3] = {r->ttft * 1e3, out > 1 ? (lat - r->ttft) / (out - 1) * 1e3 : 0, lat * 1e3};
+        int good = 1;
+        for (int q = 0; q < 3; q++)
+            if (run->has_goodput && run->slo_ms[q] >= 0 && ms[q] > run->slo_ms[q]) good = 0;
+        m->good += good;
         for (int j = 0; j < r->n_itl; j++) itl[k++] = r->itl[j];
         if (r->t_start < min_start) min_start = r->t_start;
         if (r->t_start + lat > max_end) max_end = r->t_start + lat;
@@ -130,6 +136,7 @@ void report_compute(Metrics *m, const RunInfo *run, const Dataset *ds, const Req
     }
     double d = duration > 0 ? duration : 1e-9;
     m->request_throughput = m->completed / d;
+    m->request_goodput = m->good / d;
     m->input_throughput = m->total_input / d;
     m->output_throughput = m->total_output / d;
     m->total_throughput = (m->total_input + m->total_output) / d;
@@ -269,6 +276,7 @@ void report_print(const Metrics *m, const RunInfo *run)
         line_i("Total generated tokens:", m->total_output);
         if (m->total_output_retok >= 0) line_i("Total generated tokens (retokenized):", m->total_output_retok);
         line_f("Request throughput (req/s):", m->request_throughput);
+        if (run->has_goodput) line_f("Request goodput (req/s):", m->request_goodput);
         line_f("Input token throughput (tok/s):", m->input_throughput);
         line_f("Output token throughput (tok/s):", m->output_throughput);
         line_f("Peak output token throughput (tok/s):", m->peak_output_throughput);
@@ -304,6 +312,7 @@ void report_print(const Metrics *m, const RunInfo *run)
         line_i("Total input tokens:", m->total_input);
         line_i("Total generated tokens:", m->total_output);
         line_f("Request throughput (req/s):", m->request_throughput);
+        if (run->has_goodput) line_f("Request goodput (req/s):", m->request_goodput);
         line_f("Output token throughput (tok/s):", m->output_throughput);
         line_f("Peak output token throughput (tok/s):", m->peak_output_throughput);
         line_f("Peak concurrent requests:", m->peak_concurrency);
@@ -373,6 +382,7 @@ int report_append_json(const char *path, const Metrics *m, const RunInfo *run)
         json_object_set_new(o, "total_output_tokens", json_integer(m->total_output));
         json_object_set_new(o, "total_output_tokens_retokenized", m->total_output_retok >= 0 ? json_integer(m->total_output_retok) : json_null());
         set_real(o, "request_throughput", m->request_throughput);
+        if (run->has_goodput) set_real(o, "request_goodput", m->request_goodput);
         set_real(o, "input_throughput", m->input_throughput);
         set_real(o, "output_throughput", m->output_throughput);
         set_real(o, "total_throughput", m->total_throughput);
@@ -398,7 +408,7 @@ int report_append_json(const char *path, const Metrics *m, const RunInfo *run)
         json_object_set_new(o, "tokenizer_id", run->tokenizer ? json_string(run->tokenizer) : json_null());
         json_object_set_new(o, "num_prompts", json_integer(run->num_prompts));
         json_object_set_new(o, "request_rate", rate);
-        set_real(o, "burstiness", 1.0);
+        set_real(o, "burstiness", run->burstiness > 0 ? run->burstiness : 1.0);
         json_object_set_new(o, "max_concurrency", conc);
         set_real(o, "duration", m->duration);
         json_object_set_new(o, "completed", json_integer(m->completed));
@@ -406,7 +416,8 @@ int report_append_json(const char *path, const Metrics *m, const RunInfo *run)
         json_object_set_new(o, "total_input_tokens", json_integer(m->total_input));
         json_object_set_new(o, "total_output_tokens", json_integer(m->total_output));
         set_real(o, "request_throughput", m->request_throughput);
-        json_object_set_new(o, "request_goodput", json_null());
+        if (run->has_goodput) set_real(o, "request_goodput", m->request_goodput);
+        else json_object_set_new(o, "request_goodput", json_null());
         set_real(o, "output_throughput", m->output_throughput);
         set_real(o, "total_token_throughput", m->total_throughput);
         set_real(o, "input_throughput", m->input_throughput);

@@ -649,6 +649,90 @@ TEST(bench_serve_datasets)
     tokenizer_free(tok);
 }
 
+/* ---- vLLM's --goodput and --burstiness ---- */
+
+TEST(bench_serve_goodput_burstiness)
+{
+    Fake f;
+    ASSERT(fake_start(&f, 0.05, 0.02) == 0);
+    char file[512], cmd[2048];
+    snprintf(file, sizeof file, "%s/goodput.jsonl", test_tmpdir());
+    /* outputs of 8..16 tokens: E2E 190..350 ms; the limit 280 ms sits between 12 tokens (270) and 13
+     * (290), so which requests are good is what the server did, 10 ms either side */
+    const char *limits[] = {"--goodput e2el:280", "--goodput ttft:5 e2el:100000", "--goodput ttft:1000,tpot:1000"};
+    for (int k = 0; k < 3; k++) {
+        snprintf(cmd, sizeof cmd, "%s bench serve --base-url http://127.0.0.1:%d --dataset-name random-ids --random-input-len 8 "
+                 "--random-output-len 16 --random-range-ratio 0.5 --num-prompts 24 --max-concurrency 8 --warmup-requests 1 "
+                 "--format vllm %s --output-file %s --quiet", test_bin(), f.port, limits[k], file);
+        char *out = NULL;
+        EXPECT_EQ_INT(test_run(cmd, &out), 0);
+        json_t *j = last_json(file);
+        ASSERT(j, "%s", out);
+        pthread_mutex_lock(&f.mu);
+        qsort(f.recs, (size_t)f.n_recs, sizeof *f.recs, cmp_rec);
+        int truth = 0, n = f.n_recs - 1; /* the first is the warm-up */
+        for (int i = 1; i < f.n_recs; i++) truth += (f.recs[i].done - f.recs[i].recv) * 1e3 <= 280;
+        f.n_recs = 0;
+        pthread_mutex_unlock(&f.mu);
+        EXPECT_EQ_INT(n, 24);
+        double gp = jnum(j, "request_goodput"), dur = jnum(j, "duration"), good = gp * dur;
+        EXPECT(strstr(out, "Request goodput (req/s):"), "%s", out);
+        if (k == 0) {
+            EXPECT(truth > 0 && truth < 24, "the lengths did not straddle the limit: %d of 24 within 280 ms", truth);
+            EXPECT(fabs(good - truth) <= 1.001, "goodput %.3f x %.3f s = %.2f good requests; the server's record: %d", gp, dur, good, truth);
+            fprintf(stderr, "    e2el <= 280 ms: %.0f good (server: %d of 24)\n", good, truth);
+        } else if (k == 1) {
+            EXPECT(gp == 0, "TTFT 50 ms against a 5 ms limit: goodput %.3f", gp);
+        } else {
+            EXPECT_NEAR(gp, jnum(j, "request_throughput"), 1e-9, 1e-9);
+        }
+        json_decref(j);
+        free(out);
+    }
+    /* burstiness: the gaps between arrivals have a coefficient of variation 1 / sqrt(B) */
+    double cv[2];
+    const double bs[2] = {0.25, 4};
+    for (int k = 0; k < 2; k++) {
+        snprintf(cmd, sizeof cmd, "%s bench serve --base-url http://127.0.0.1:%d --dataset-name random-ids --random-input-len 8 "
+                 "--random-output-len 2 --random-range-ratio 1 --num-prompts 200 --request-rate 200 --burstiness %g "
+                 "--warmup-requests 0 --format vllm --output-file %s --quiet", test_bin(), f.port, bs[k], file);
+        char *out = NULL;
+        EXPECT_EQ_INT(test_run(cmd, &out), 0);
+        json_t *j = last_json(file);
+        ASSERT(j, "%s", out);
+        EXPECT_NEAR(jnum(j, "burstiness"), bs[k], 0, 1e-9);
+        pthread_mutex_lock(&f.mu);
+        qsort(f.recs, (size_t)f.n_recs, sizeof *f.recs, cmp_rec);
+        double s = 0, s2 = 0;
+        int n = f.n_recs - 1;
+        for (int i = 1; i < f.n_recs; i++) {
+            double g = f.recs[i].recv - f.recs[i - 1].recv;
+            s += g, s2 += g * g;
+        }
+        f.n_recs = 0;
+        pthread_mutex_unlock(&f.mu);
+        double mean = s / n;
+        cv[k] = sqrt(s2 / n - mean * mean) / mean;
+        fprintf(stderr, "    burstiness %g: mean gap %.2f ms (rate 200/s: 5), CV %.2f (gamma: %.2f)\n", bs[k], mean * 1e3, cv[k],
+                1 / sqrt(bs[k]));
+        EXPECT(mean > 0.003 && mean < 0.008, "burstiness %g: mean gap %.2f ms, 5 expected", bs[k], mean * 1e3);
+        json_decref(j);
+        free(out);
+    }
+    /* Poisson gaps have CV 1: well above it with B 0.25, well below with B 4 (the sample CV of 199
+     * heavy-tailed gaps, with the client's millisecond timer, reads 1.5-1.6 for the 2 of gamma 0.25) */
+    EXPECT(cv[0] > 1.25 && cv[1] < 0.75, "gap CVs %.2f (B 0.25, 2 expected), %.2f (B 4, 0.5 expected)", cv[0], cv[1]);
+    /* bad limits are errors */
+    snprintf(cmd, sizeof cmd, "%s bench serve --base-url http://127.0.0.1:%d --goodput ttfb:5 --num-prompts 1", test_bin(), f.port);
+    char *out = NULL;
+    EXPECT(test_run(cmd, &out) != 0 && strstr(out, "ttft, tpot, e2el"), "%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s bench serve --base-url http://127.0.0.1:%d --goodput --num-prompts 1", test_bin(), f.port);
+    EXPECT(test_run(cmd, &out) != 0 && strstr(out, "needs KEY:MS"), "%s", out);
+    free(out);
+    fake_stop(&f);
+}
+
 /* ---- a thousand streams from one client thread ---- */
 
 TEST(bench_serve_many_streams)
