@@ -322,6 +322,20 @@ static int cmp_dbl(const void *a, const void *b)
 
 static int cmp_rec(const void *a, const void *b) { return cmp_dbl(&((const FakeRec *)a)->recv, &((const FakeRec *)b)->recv); }
 
+/* The server's record in arrival order without its first `skip` requests (the warm-ups), as a
+ * copy (*out, malloc'ed) and its length; the record is cleared for the next run. */
+static int fake_take(Fake *f, int skip, FakeRec **out)
+{
+    pthread_mutex_lock(&f->mu);
+    qsort(f->recs, (size_t)f->n_recs, sizeof *f->recs, cmp_rec);
+    int n = f->n_recs > skip ? f->n_recs - skip : 0;
+    *out = malloc((size_t)(n ? n : 1) * sizeof **out);
+    memcpy(*out, f->recs + skip, (size_t)n * sizeof **out);
+    f->n_recs = 0;
+    pthread_mutex_unlock(&f->mu);
+    return n;
+}
+
 static double pct(double *x, int n, double p)
 {
     if (n == 0) return 0;
@@ -341,10 +355,8 @@ static double mean(const double *x, int n)
 static void fake_truth(Fake *f, int skip, Truth *t)
 {
     memset(t, 0, sizeof *t);
-    pthread_mutex_lock(&f->mu);
-    qsort(f->recs, (size_t)f->n_recs, sizeof *f->recs, cmp_rec);
-    FakeRec *r = f->recs + skip;
-    int n = f->n_recs - skip;
+    FakeRec *r;
+    int n = fake_take(f, skip, &r);
     double ttft[FAKE_MAX_RECS], tpot[FAKE_MAX_RECS], e2e[FAKE_MAX_RECS], *itl = malloc(sizeof(double) * FAKE_MAX_RECS * FAKE_MAX_TOK);
     int n_tpot = 0, n_itl = 0;
     double t_first = n > 0 ? r[0].recv : 0, t_last = t_first;
@@ -369,8 +381,7 @@ static void fake_truth(Fake *f, int skip, Truth *t)
     t->tpot[0] = mean(tpot, n_tpot), t->tpot[1] = pct(tpot, n_tpot, 99);
     t->itl[0] = mean(itl, n_itl), t->itl[1] = pct(itl, n_itl, 50);
     t->e2e[0] = mean(e2e, n), t->e2e[1] = pct(e2e, n, 99);
-    f->n_recs = 0;
-    pthread_mutex_unlock(&f->mu);
+    free(r);
     free(bucket);
     free(itl);
 }
@@ -668,12 +679,10 @@ TEST(bench_serve_goodput_burstiness)
         EXPECT_EQ_INT(test_run(cmd, &out), 0);
         json_t *j = last_json(file);
         ASSERT(j, "%s", out);
-        pthread_mutex_lock(&f.mu);
-        qsort(f.recs, (size_t)f.n_recs, sizeof *f.recs, cmp_rec);
-        int truth = 0, n = f.n_recs - 1; /* the first is the warm-up */
-        for (int i = 1; i < f.n_recs; i++) truth += (f.recs[i].done - f.recs[i].recv) * 1e3 <= 280;
-        f.n_recs = 0;
-        pthread_mutex_unlock(&f.mu);
+        FakeRec *rec;
+        int truth = 0, n = fake_take(&f, 1, &rec); /* after the warm-up */
+        for (int i = 0; i < n; i++) truth += (rec[i].done - rec[i].recv) * 1e3 <= 280;
+        free(rec);
         EXPECT_EQ_INT(n, 24);
         double gp = jnum(j, "request_goodput"), dur = jnum(j, "duration"), good = gp * dur;
         EXPECT(strstr(out, "Request goodput (req/s):"), "%s", out);
@@ -701,16 +710,15 @@ TEST(bench_serve_goodput_burstiness)
         json_t *j = last_json(file);
         ASSERT(j, "%s", out);
         EXPECT_NEAR(jnum(j, "burstiness"), bs[k], 0, 1e-9);
-        pthread_mutex_lock(&f.mu);
-        qsort(f.recs, (size_t)f.n_recs, sizeof *f.recs, cmp_rec);
+        FakeRec *rec;
+        int nr = fake_take(&f, 0, &rec), n = nr - 1; /* gaps */
         double s = 0, s2 = 0;
-        int n = f.n_recs - 1;
-        for (int i = 1; i < f.n_recs; i++) {
-            double g = f.recs[i].recv - f.recs[i - 1].recv;
+        for (int i = 1; i < nr; i++) {
+            double g = rec[i].recv - rec[i - 1].recv;
             s += g, s2 += g * g;
         }
-        f.n_recs = 0;
-        pthread_mutex_unlock(&f.mu);
+        free(rec);
+        EXPECT_EQ_INT(nr, 200);
         double mean = s / n;
         cv[k] = sqrt(s2 / n - mean * mean) / mean;
         fprintf(stderr, "    burstiness %g: mean gap %.2f ms (rate 200/s: 5), CV %.2f (gamma: %.2f)\n", bs[k], mean * 1e3, cv[k],
