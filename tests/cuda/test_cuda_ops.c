@@ -358,7 +358,7 @@ TEST(cuda_w4_matmul)
         float *dx = up(x, (size_t)T * ldx * 4), *db = up(bias, N * 4), *dout = be_alloc(&gpu, (size_t)T * ldo * 4);
         /* the built-in choice (the BF16 + cuBLASLt route from 256 rows), then every tile that fits */
         for (int tile = -1; tile < W4_N_TILES; tile++) {
-            if (tile >= 0 && !w4_tile_fits(w4_tiles[tile], w4_smem_budget(0), NULL, 0)) continue;
+            if (tile >= 0 && (!w4_tile_fits(w4_tiles[tile], w4_smem_budget(0), NULL, 0) || !w4_tile_runs(w4_tiles[tile], w4_wg_supported(0), NULL, 0))) continue;
             w4_set_config((W4Config){tile, 0});
             w4_set_lt_rows(tile >= 0 ? 0 : -1);
             be_matmul(&gpu, OP_GEMM_MLP, dout, ldo, dx, ldx, T, &w.dev, db);
@@ -489,7 +489,7 @@ TEST(cuda_moe)
             float *dx = up(x, (size_t)T * D * 4), *dwts = up(wts, (size_t)T * K * 4), *dout = be_alloc(&gpu, (size_t)T * D * 4);
             int *didx = up(idx, (size_t)T * K * 4);
             for (int tile = -1; tile < (w4 ? W4_N_TILES : 0); tile++) { /* W4P: the choice, then every tile */
-                if (tile >= 0 && !w4_tile_fits(w4_tiles[tile], w4_smem_budget(0), NULL, 0)) continue;
+                if (tile >= 0 && (!w4_tile_fits(w4_tiles[tile], w4_smem_budget(0), NULL, 0) || !w4_tile_runs(w4_tiles[tile], w4_wg_supported(0), NULL, 0))) continue;
                 w4_set_config((W4Config){tile, 0});
                 be_moe(&gpu, dout, dx, didx, dwts, T, &dl, &c);
                 float *got = down(dout, (size_t)T * D);
@@ -511,6 +511,10 @@ TEST(cuda_moe)
 TEST(cuda_w4_moe_ragged)
 {
     NEED_GPU();
+    /* the wg tiles run (and are checked below) wherever the GPU is sm_90 and the build has sm_90a */
+    int cc = w4_device_cc(0);
+    if (cc == 90) EXPECT(w4_wg_supported(0), "an sm_90 GPU: the build must have sm_90a (CUDA_ARCH)");
+    else EXPECT(!w4_wg_supported(0), "sm_%d runs no wg tile", cc);
     Rng r;
     rng_seed(&r, 23);
     const int E = 16, K = 4, T = 300, D = 768, F = 512;
@@ -531,7 +535,8 @@ TEST(cuda_w4_moe_ragged)
         w4_set_act_split(split);
         float *ref0 = NULL;
         for (int tile = 0; tile < W4_N_TILES; tile++) {
-            if (!w4_tile_fits(w4_tiles[tile], w4_smem_budget(0), NULL, 0)) continue;
+            if (!w4_tile_fits(w4_tiles[tile], w4_smem_budget(0), NULL, 0) || !w4_tile_runs(w4_tiles[tile], w4_wg_supported(0), NULL, 0))
+                continue;
             w4_set_config((W4Config){tile, 0});
             be_moe(&gpu, dout, dx, didx, dwts, T, &dl, &c);
             float *got = down(dout, (size_t)T * D);
@@ -709,6 +714,76 @@ static void topk_random(Rng *r, const Batch *b, int Ki, int *topk)
         for (int j = 0; j < n && k < Ki; j++)
             if (n <= Ki || rng_uniform(r) * n < Ki) row[k++] = j;
         while (k < Ki) row[k++] = -1;
+    }
+}
+
+/* The absorbed form's kernels (MOESERVE_MLA_KERNEL v2, the default: tensor cores; v1; v0) each
+ * against the CPU twin: contexts 1 to 32k, causal and top-k keys (with -1 holes), ragged batches
+ * of prefill and decode tokens, every cache dtype (v2 hands a float32 cache to v1), GLM-5's
+ * shapes (C 512, Dr 64) with 64 and 8 heads, a small C, and 20 heads (a partial group of v2's
+ * 32). TOL_F32: v2 feeds q_abs and p to the tensor cores as three BF16 parts (2^-24 |x|) and
+ * the BF16 / FP8 keys exactly, so it keeps the float32 tolerance. */
+TEST(cuda_attention_mla_kernels)
+{
+    NEED_GPU();
+    Rng r;
+    rng_seed(&r, 27);
+    struct { int S, ctx[3], ntok[3], H, C, Dn, Dr, Dv, Ki; } cases[] = {
+        {1, {1}, {1}, 64, 512, 192, 64, 256, 2048},                     /* first decode token */
+        {1, {17}, {1}, 8, 512, 192, 64, 256, 2048},
+        {2, {300, 17}, {1, 17}, 64, 512, 192, 64, 256, 2048},           /* a decode and a prefill */
+        {1, {2048}, {1}, 64, 512, 192, 64, 256, 2048},                  /* GLM-5 decode at 2048 */
+        {3, {4096, 2048, 300}, {1, 2, 1}, 8, 512, 192, 64, 256, 2048},  /* top-k below the context */
+        {1, {32768}, {1}, 8, 512, 192, 64, 256, 2048},                  /* 32k context */
+        {3, {1, 17, 300}, {1, 17, 2}, 8, 64, 32, 16, 32, 64},           /* small C (the golden fixtures') */
+        {2, {2048, 9}, {3, 9}, 64, 64, 32, 16, 32, 256},
+        {1, {600}, {40}, 20, 64, 32, 16, 32, 64},                       /* 20 heads: a partial group */
+    };
+    const char *kernels[3] = {"v2", "v1", "v0"};
+    for (size_t cs = 0; cs < sizeof cases / sizeof cases[0]; cs++) {
+        int bs = 16, H = cases[cs].H, C = cases[cs].C, Dn = cases[cs].Dn, Dr = cases[cs].Dr, Dv = cases[cs].Dv;
+        int Ki = cases[cs].Ki;
+        TB b = tb_make(&r, cases[cs].S, cases[cs].ctx, cases[cs].ntok, bs);
+        int T = b.h.n_tokens, W = C + Dr;
+        ModelConfig c = {0};
+        c.n_heads = H; c.kv_lora_rank = C; c.qk_nope_dim = Dn; c.qk_rope_dim = Dr; c.v_head_dim = Dv;
+        c.index_topk = Ki;
+        c.attn_scale = 1.0f / sqrtf((float)(Dn + Dr));
+        float *cache = rnd(&r, (size_t)b.n_slots * W, 1), *q = rnd(&r, (size_t)T * H * (Dn + Dr), 1);
+        int *topk = malloc((size_t)T * Ki * 4);
+        topk_random(&r, &b.h, Ki, topk);
+        for (size_t i = 3; i < (size_t)T * Ki; i += 7) topk[i] = -1; /* holes among the selected */
+        int *dtopk = up(topk, (size_t)T * Ki * 4);
+        float *dq = up(q, (size_t)T * H * (Dn + Dr) * 4);
+        size_t n = (size_t)T * H * Dv;
+        float *ref = malloc(n * 4), *dout = be_alloc(&gpu, n * 4);
+        TW wkvb = tw_make(&r, QF_NVFP4, H * (Dn + Dv), C);
+        for (int d = 0; d < 3; d++) {
+            KVDtype dt = kv_dtypes[d];
+            float ks = dt == KV_DTYPE_FP8 ? KV_KSCALE : 1;
+            void *hkv = kv_store(cache, b.n_slots, W, dt, ks, ks, W);
+            KVLayer hk = {.kv = hkv, .block_size = bs, .kv_width = W, .dtype = dt, .k_scale = ks, .v_scale = 1};
+            KVLayer dk = hk;
+            dk.kv = up(hkv, (size_t)b.n_slots * W * kv_elem_size(dt));
+            for (int use_topk = 0; use_topk < 2; use_topk++) {
+                attention_mla_cpu(&cpu, ref, q, &hk, &wkvb.host, use_topk ? topk : NULL, Ki, &b.h, &c);
+                for (int k = 0; k < 3; k++) {
+                    setenv("MOESERVE_MLA_KERNEL", kernels[k], 1);
+                    be_attention_mla(&gpu, dout, dq, &dk, &wkvb.dev, use_topk ? dtopk : NULL, Ki, &b.h, &b.d, &c);
+                    float *got = down(dout, n);
+                    EXPECT_CLOSE(got, ref, n, TOL_F32, "mla kernel %s case %zu (T %d H %d C %d) topk %d, %s cache",
+                                 kernels[k], cs, T, H, C, use_topk, model_kv_dtype_name(dt));
+                    free(got);
+                }
+                unsetenv("MOESERVE_MLA_KERNEL");
+            }
+            free(hkv);
+            be_free(&gpu, dk.kv);
+        }
+        tw_free(&wkvb);
+        free(cache); free(q); free(topk); free(ref);
+        be_free(&gpu, dtopk); be_free(&gpu, dq); be_free(&gpu, dout);
+        tb_free(&b);
     }
 }
 

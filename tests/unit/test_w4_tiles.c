@@ -30,8 +30,10 @@ TEST(w4_tile_smem_and_budgets)
     }
     /* the stream-split tiles add the up sums' exchange: nt 4 st 3 ss (105728 B) is over 101 KB too */
     EXPECT(w4_tile_smem((W4Tile){4, 3, 1, 1, 0}) == w4_tile_smem((W4Tile){4, 3, 1, 0, 0}) + 2 * 4 * 4 * 32 * 4, "ss exchange");
-    /* the pf tiles: 19 (64 tokens, 3 stages) is over both, 20 (2 stages) and 21 (32 tokens) fit 99 KB */
-    EXPECT(rejected99 == 8 && rejected101 == 7, "rejected: %d at 99 KB, %d at 101 KB", rejected99, rejected101);
+    /* the pf tiles: 19 (64 tokens, 3 stages) is over both, 20 (2 stages) and 21 (32 tokens) fit 99 KB;
+     * the wg tiles: 22 (128 tokens, 4 stages, 130 KB) and 24 (6 stages, 194 KB) are over both,
+     * 23 (3 stages, 98 KB), 25 and 26 fit 99 KB */
+    EXPECT(rejected99 == 10 && rejected101 == 9, "rejected: %d at 99 KB, %d at 101 KB", rejected99, rejected101);
 }
 
 TEST(w4_pf_tiles)
@@ -52,16 +54,38 @@ TEST(w4_pf_tiles)
     /* dense runs a pf tile as its twin, which must fit wherever any pf tile fits */
     W4Tile twin = w4_tiles[W4_PF_DENSE_TWIN];
     EXPECT(!twin.pf && !twin.ss, "the twin is a dense tile");
+    W4Tile wtwin = w4_tiles[W4_WG_DENSE_TWIN];
+    EXPECT(!wtwin.pf && !wtwin.ss, "the wg twin is a dense tile");
     for (int i = 0; i < W4_N_TILES; i++)
-        if (w4_tiles[i].pf) EXPECT(w4_tile_smem(twin) <= w4_tile_smem(w4_tiles[i]), "tile %d: twin needs more", i);
+        if (w4_tiles[i].pf) EXPECT(w4_tile_smem(w4_tiles[i].pf == 2 ? wtwin : twin) <= w4_tile_smem(w4_tiles[i]), "tile %d: twin needs more", i);
+    /* wg tiles: stages of 2 halves x 8 nt rows x 128 B, 1 KB of alignment slack, the row pointers */
+    for (int i = 22; i < 27; i++) EXPECT(w4_tiles[i].pf == 2, "tile %d is a wg tile", i);
+    EXPECT(w4_tile_smem(w4_tiles[22]) == 4 * 2 * 128 * 128 + 1024 + 128 * 8, "tile 22: %zu B", w4_tile_smem(w4_tiles[22]));
+    EXPECT(w4_tile_smem(w4_tiles[25]) == 5 * 2 * 64 * 128 + 1024 + 64 * 8, "tile 25: %zu B", w4_tile_smem(w4_tiles[25]));
+    EXPECT(!w4_tile_fits(w4_tiles[22], 227 * 1024 / 2, why, sizeof why) && strstr(why, "4 stages x 2 halves x 128 tokens"), "%s", why);
     /* the built-in MoE choice from 48 pairs per expert, by budget; dense never */
-    EXPECT(w4_default_tile(W4_MOE, 64, 227 * 1024) == 19, "MoE 64 pairs per expert on 227 KB");
-    EXPECT(w4_default_tile(W4_MOE, 256, 99 * 1024) == 20, "MoE 256 pairs per expert on 99 KB");
-    EXPECT(w4_default_tile(W4_MOE, 40, 227 * 1024) == 7, "MoE 40 pairs per expert: the 64-token tile");
-    EXPECT(w4_default_tile(W4_MOE, 64, 48 * 1024) == 3, "48 KB: no pf tile fits");
+    EXPECT(w4_default_tile(W4_MOE, 64, 227 * 1024, 0, 1) == 19, "MoE 64 pairs per expert on 227 KB");
+    EXPECT(w4_default_tile(W4_MOE, 256, 99 * 1024, 0, 1) == 20, "MoE 256 pairs per expert on 99 KB");
+    EXPECT(w4_default_tile(W4_MOE, 40, 227 * 1024, 0, 1) == 7, "MoE 40 pairs per expert: the 64-token tile");
+    EXPECT(w4_default_tile(W4_MOE, 64, 48 * 1024, 0, 1) == 3, "48 KB: no pf tile fits");
+    /* where wgmma runs: the wg tiles from 96 pairs per expert (48 with split activations) */
+    EXPECT(w4_default_tile(W4_MOE, 128, 227 * 1024, 1, 0) == 24, "sm_90a, 128 pairs: tile 24");
+    EXPECT(w4_default_tile(W4_MOE, 64, 227 * 1024, 1, 0) == 19, "sm_90a, 64 pairs, BF16 activations: tile 19");
+    EXPECT(w4_default_tile(W4_MOE, 64, 227 * 1024, 1, 1) == 24, "sm_90a, 64 pairs, split activations: tile 24");
+    EXPECT(w4_default_tile(W4_MOE, 128, 101 * 1024, 1, 0) == 23, "sm_90a on 101 KB: tile 23 (3 stages, 98 KB)");
+    EXPECT(w4_default_tile(W4_MOE, 128, 227 * 1024, 0, 0) == 19, "no wgmma: tile 19");
+    EXPECT(w4_default_tile(W4_MOE, 8, 227 * 1024, 1, 1) == 12, "decode is not a wg tile's");
     for (double rows = 1; rows <= 65536; rows *= 1.5)
         for (size_t b = 48 * 1024; b <= 227 * 1024; b += 1024)
-            EXPECT(!w4_tiles[w4_default_tile(W4_DENSE, rows, b)].pf, "dense %.0f rows: a pf tile", rows);
+            for (int wg = 0; wg < 2; wg++) {
+                int t = w4_default_tile(W4_DENSE, rows, b, wg, 1);
+                EXPECT(!w4_tiles[t].pf, "dense %.0f rows: a pf tile", rows);
+                t = w4_default_tile(W4_MOE, rows, b, wg, rows > 1000);
+                EXPECT(wg || w4_tiles[t].pf != 2, "MoE %.0f rows on %zu B without wgmma: wg tile %d", rows, b, t);
+            }
+    /* a wg tile says why it does not run without wgmma */
+    EXPECT(w4_tile_runs(w4_tiles[22], 1, NULL, 0) && w4_tile_runs(w4_tiles[19], 0, NULL, 0), "runs");
+    EXPECT(!w4_tile_runs(w4_tiles[24], 0, why, sizeof why) && strstr(why, "sm_90a"), "%s", why);
 }
 
 TEST(w4_default_never_over_budget)
@@ -70,18 +94,18 @@ TEST(w4_default_never_over_budget)
     for (size_t b = 0; b < sizeof budgets / sizeof budgets[0]; b++)
         for (int kind = 0; kind < W4_KINDS; kind++)
             for (double rows = 1; rows <= 65536; rows *= 1.5) {
-                int t = w4_default_tile((W4Kind)kind, rows, budgets[b]);
+                int t = w4_default_tile((W4Kind)kind, rows, budgets[b], (int)b & 1, rows > 100);
                 ASSERT(t >= 0 && t < W4_N_TILES, "tile %d", t);
                 EXPECT(w4_tile_fits(w4_tiles[t], budgets[b], NULL, 0), "kind %d rows %.0f budget %zu: tile %d does not fit", kind,
                        rows, budgets[b], t);
             }
     /* with room, prefill takes the 64-token staged tile; on smaller GPUs the largest that fits */
-    EXPECT(w4_default_tile(W4_DENSE, 4096, 227 * 1024) == 7, "dense 4096 rows on 227 KB");
-    EXPECT(w4_default_tile(W4_DENSE, 4096, 99 * 1024) == 4, "99 KB: 32 tokens, 2 stages");
-    EXPECT(w4_default_tile(W4_DENSE, 4096, 48 * 1024) == 3, "48 KB: 16 tokens, 2 stages");
-    EXPECT(w4_default_tile(W4_DENSE, 1, 227 * 1024) == 10, "one row: K split over the block");
-    EXPECT(w4_default_tile(W4_MOE, 1, 227 * 1024) == 12, "MoE decode: gate and up on separate warps");
-    EXPECT(w4_default_tile(W4_MOE, 1, 1024) == 0, "1 KB: the 8-token tile without the exchange");
+    EXPECT(w4_default_tile(W4_DENSE, 4096, 227 * 1024, 1, 1) == 7, "dense 4096 rows on 227 KB");
+    EXPECT(w4_default_tile(W4_DENSE, 4096, 99 * 1024, 1, 1) == 4, "99 KB: 32 tokens, 2 stages");
+    EXPECT(w4_default_tile(W4_DENSE, 4096, 48 * 1024, 0, 1) == 3, "48 KB: 16 tokens, 2 stages");
+    EXPECT(w4_default_tile(W4_DENSE, 1, 227 * 1024, 1, 1) == 10, "one row: K split over the block");
+    EXPECT(w4_default_tile(W4_MOE, 1, 227 * 1024, 1, 1) == 12, "MoE decode: gate and up on separate warps");
+    EXPECT(w4_default_tile(W4_MOE, 1, 1024, 1, 1) == 0, "1 KB: the 8-token tile without the exchange");
 }
 
 TEST(w4_buckets)
@@ -104,7 +128,7 @@ TEST(w4_table_cache_file)
     ASSERT(w4_table_load(&u, path, err, sizeof err) == 0, "%s", err);
     EXPECT(memcmp(&t, &u, sizeof t) == 0, "the table does not round-trip");
     FILE *f = fopen(path, "w");
-    fputs("{\"device\": \"x\", \"moe\": {\"64\": {\"tile\": 22}}}", f);
+    fprintf(f, "{\"device\": \"x\", \"moe\": {\"64\": {\"tile\": %d}}}", W4_N_TILES);
     fclose(f);
     EXPECT(w4_table_load(&u, path, err, sizeof err) < 0 && strstr(err, "tile"), "out-of-range tile accepted: %s", err);
     f = fopen(path, "w");

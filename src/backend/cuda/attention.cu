@@ -11,7 +11,7 @@
  * the piece into each (query, head)'s online softmax, kept across pieces in st and out. Twins
  * of kv_gather_cpu and attention_mla_piece_cpu. Correct first versions: the fast kernels come
  * later. */
-#include "common.cuh"
+#include "w4.cuh" /* mma_bf16 */
 
 #define ATT_THREADS 256
 #define MLA_MAX_C 1024
@@ -169,28 +169,51 @@ static void attention_mla_v0(Backend *be, float *out, const float *q, const KVLa
 #define MLA_TT 16     /* tokens a block of the W_UK and W_UV products */
 #define MLA_V1_MAX_C 512
 #define MLA_V1_MAX_DN 256
+/* v2 (below) */
+#define MLA_MMA_HB 32      /* heads a block: two m16 tiles */
+#define MLA_MMA_KC 32      /* keys a chunk: four n8 tiles, two k16 steps of P V */
+#define MLA_MMA_THREADS 256
+#define MLA_MMA_MAX_C 512  /* C % 64 == 0: eight warps of n8 tiles */
+#define MLA_MMA_MAX_QW 768 /* C + Dr, a multiple of 16 */
+#define MLA_MMA_MAX_S 64
+#define MLA_MMA_PS (MLA_MMA_KC + 8) /* bf16 stride of a P row (80 bytes: ldmatrix without conflicts) */
+#define MLA_MMA_SS (MLA_MMA_KC + 1) /* float stride of a score row */
 
 static size_t mla_v1_smem(int C, int Dr) { return (size_t)(MLA_HG * (C + Dr) + MLA_KC * (C + Dr + 4)) * sizeof(float); }
 
-static int mla_v1_ok(Backend *be, const ModelConfig *c)
+/* MOESERVE_MLA_KERNEL: "v0", "v1", else the newest (2); read at every call, so that a test can
+ * run each kernel in one process */
+static int mla_kernel_env(void)
 {
-    static int env = -1;
-    if (env < 0) {
-        const char *e = getenv("MOESERVE_MLA_KERNEL");
-        env = e && !strcmp(e, "v0") ? 0 : 1;
-    }
-    if (!env || c->kv_lora_rank > MLA_V1_MAX_C || c->qk_nope_dim > MLA_V1_MAX_DN || (c->kv_lora_rank + c->qk_rope_dim) % 4)
-        return 0;
-    int optin = 0;
-    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, cuda_state(be)->device));
-    return mla_v1_smem(c->kv_lora_rank, c->qk_rope_dim) <= (size_t)optin;
+    const char *e = getenv("MOESERVE_MLA_KERNEL");
+    return e && !strcmp(e, "v0") ? 0 : e && !strcmp(e, "v1") ? 1 : 2;
 }
 
-/* splits of the keys for a pass of T tokens: about two blocks per SM in all */
-static int mla_splits(Backend *be, int T, int H)
+static int mla_smem_fits(Backend *be, size_t smem)
+{
+    int optin = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, cuda_state(be)->device));
+    return smem <= (size_t)optin;
+}
+
+static int mla_v1_ok(Backend *be, const ModelConfig *c)
+{
+    if (c->kv_lora_rank > MLA_V1_MAX_C || c->qk_nope_dim > MLA_V1_MAX_DN || (c->kv_lora_rank + c->qk_rope_dim) % 4)
+        return 0;
+    return mla_smem_fits(be, mla_v1_smem(c->kv_lora_rank, c->qk_rope_dim));
+}
+
+/* splits of the keys for a pass of T tokens. v1 (two blocks an SM fit): about two blocks per SM
+ * in all, at most 32. v2 (one block an SM): at most one wave, at least one split, at most
+ * MLA_MMA_MAX_S (2048 keys: chunks of 32 keys each). */
+static int mla_splits(Backend *be, int T, int H, int v2)
 {
     int sms = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, cuda_state(be)->device));
+    if (v2) {
+        int blocks = T * ((H + MLA_MMA_HB - 1) / MLA_MMA_HB), S = sms / blocks;
+        return S < 1 ? 1 : S > MLA_MMA_MAX_S ? MLA_MMA_MAX_S : S;
+    }
     int blocks = T * ((H + MLA_HG - 1) / MLA_HG), S = (2 * sms + blocks - 1) / blocks;
     return S < 1 ? 1 : S > 32 ? 32 : S;
 }
@@ -389,16 +412,273 @@ static __global__ void mla_out_kernel(float *out, const float *ol, QTensor w, in
     }
 }
 
-/* scratch of the v1 path for a step of T tokens (cuda_reserve) */
+/* ---- MLA absorbed form, v2: the keys' products on the tensor cores ----
+ * Same steps as v1 (mla_qabs_kernel, split-K partials, mla_combine_kernel, mla_out_kernel); the
+ * block (token, split, 32 heads) runs the scores S = Q K^T [32 heads x 32 keys, K = C + Dr]
+ * and the latent P V [32 heads x C, K = 32 keys] as mma.sync m16n8k16 BF16 with float32
+ * accumulators. The keys enter exact: BF16 rows as stored, FP8 codes converted to BF16 (3
+ * significant bits) with k_scale applied to the scores and the output in float32. q_abs and p
+ * are split into three BF16 parts (x = hi + mid + lo, the residual below 2^-24 |x|, as float32
+ * rounding) and every product runs three times, so the op keeps the float32 tolerance of its
+ * CPU twin (two parts would leave 2^-16 |x|, about TOL_F32 itself). A float32 cache (a test
+ * setting) takes v1. Warps: scores, warp w owns head tile w & 1 and key tile w >> 1; softmax,
+ * 8 threads a head; latent output, warp w owns columns w C/8 .. (w + 1) C/8 - 1 of both head
+ * tiles (C/64 n-tiles of 8). MOESERVE_MLA_KERNEL=v1 / v0 select the older kernels. */
+/* bf16 stride of a q / key row: 16-byte rows whose stride is an odd multiple of 16 bytes mod 128,
+ * so the 8 rows of an ldmatrix fall in different banks */
+static __host__ __device__ int mla_mma_qs(int QW) { return QW + 8; }
+
+static size_t mla_mma_smem(int C, int Dr)
+{
+    int QS = mla_mma_qs(C + Dr);
+    return (size_t)(3 * MLA_MMA_HB + MLA_MMA_KC) * QS * 2 + (size_t)3 * MLA_MMA_HB * MLA_MMA_PS * 2 +
+           (size_t)MLA_MMA_HB * MLA_MMA_SS * 4;
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t *r, const void *p)
+{
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+
+__device__ __forceinline__ void ldsm_x2(uint32_t *r, const void *p)
+{
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
+}
+
+__device__ __forceinline__ void ldsm_x2_trans(uint32_t *r, const void *p)
+{
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
+}
+
+/* x = hi + mid + lo, each BF16 (round to nearest; the differences are exact in float32) */
+__device__ __forceinline__ void bf16_split3(float x, __nv_bfloat16 *hi, __nv_bfloat16 *mid, __nv_bfloat16 *lo)
+{
+    *hi = __float2bfloat16_rn(x);
+    float r = x - __bfloat162float(*hi);
+    *mid = __float2bfloat16_rn(r);
+    *lo = __float2bfloat16_rn(r - __bfloat162float(*mid));
+}
+
+/* Block (token t0 + x, split y, head group z of MLA_MMA_HB). Split y takes the chunks
+ * [y cps, (y + 1) cps) of the token's n keys (cps = ceil(ceil(n / KC) / S)); a split past the
+ * end writes an empty partial (max -inf, sum 0), so the grid depends on the token count only.
+ * Output as v1: S == 1 the normalised latent into ol, else partials into part / ml. */
+static __global__ void __launch_bounds__(MLA_MMA_THREADS, 1) mla_mma_decode_kernel(
+    float *ol, float *part, float *ml, const float *qa, const void *cache, KVDtype dt, float ks, int W, int bs,
+    const int *topk, int ktop, const int *seq, const int *pos, const int *block_table, int bt_stride, int t0, int H, int C,
+    int Dr, float scale, int S)
+{
+    extern __shared__ __align__(16) unsigned char mla_mma_sm[];
+    const int QW = C + Dr, QS = mla_mma_qs(QW);
+    __nv_bfloat16 *qs = (__nv_bfloat16 *)mla_mma_sm;          /* [3][HB][QS] q_abs | q_pe parts */
+    __nv_bfloat16 *kc = qs + 3 * MLA_MMA_HB * QS;              /* [KC][QS] the chunk's rows */
+    __nv_bfloat16 *ps = kc + MLA_MMA_KC * QS;                  /* [3][HB][PS] p parts */
+    float *sc = (float *)(ps + 3 * MLA_MMA_HB * MLA_MMA_PS);   /* [HB][SS] scores */
+    __shared__ float mh[MLA_MMA_HB], lh[MLA_MMA_HB], cr[MLA_MMA_HB];
+    __shared__ int sl[MLA_MMA_KC];
+    int i0 = blockIdx.x, t = t0 + i0, sp = blockIdx.y, h0 = blockIdx.z * MLA_MMA_HB, nh = min(MLA_MMA_HB, H - h0);
+    int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
+    int s = seq[t], n = topk ? ktop : pos[t] + 1;
+    int cps = ((n + MLA_MMA_KC - 1) / MLA_MMA_KC + S - 1) / S;
+    int jb = sp * cps * MLA_MMA_KC, je = min(n, jb + cps * MLA_MMA_KC);
+    float zs = scale * (dt == KV_DTYPE_FP8 ? ks : 1.f), vsc = dt == KV_DTYPE_FP8 ? ks : 1.f;
+
+    /* q rows of the group (rows past nh zero), split into parts: thread owns 4 columns a step */
+    const float *qsrc = qa + ((int64_t)i0 * H + h0) * QW;
+    for (int i = tid; i < MLA_MMA_HB * QW / 4; i += MLA_MMA_THREADS) {
+        int h = i / (QW / 4), e = (i - h * (QW / 4)) * 4;
+        float4 v = h < nh ? *(const float4 *)(qsrc + (int64_t)h * QW + e) : make_float4(0.f, 0.f, 0.f, 0.f);
+        float x[4] = {v.x, v.y, v.z, v.w};
+        for (int k = 0; k < 4; k++)
+            bf16_split3(x[k], &qs[h * QS + e + k], &qs[(MLA_MMA_HB + h) * QS + e + k], &qs[(2 * MLA_MMA_HB + h) * QS + e + k]);
+    }
+    if (tid < MLA_MMA_HB) {
+        mh[tid] = -INFINITY;
+        lh[tid] = 0.f;
+    }
+    const int NTW = C / 64; /* n8 tiles of the latent a warp owns */
+    float acc[2][MLA_MMA_MAX_C / 64][4];
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int j = 0; j < MLA_MMA_MAX_C / 64; j++)
+#pragma unroll
+            for (int k = 0; k < 4; k++) acc[m][j][k] = 0.f;
+    const int smt = w & 1, snt = w >> 1; /* the warp's score tile: heads 16 smt.., keys 8 snt.. */
+    const int sh = tid >> 3, sq = tid & 7; /* softmax: head sh, keys 4 sq .. 4 sq + 3 */
+    const int U = QW / 8;                  /* 8-element units of a row */
+    __syncthreads(); /* q parts, mh and lh set (the epilogue reads them when no chunk ran) */
+    for (int j0 = jb; j0 < je; j0 += MLA_MMA_KC) {
+        if (tid < MLA_MMA_KC) {
+            int j = j0 + tid, key = -1;
+            if (j < je) key = topk ? topk[(int64_t)t * ktop + j] : j;
+            sl[tid] = key >= 0 ? batch_slot(block_table, bt_stride, s, key, bs) : -1;
+        }
+        __syncthreads();
+        /* the chunk's rows, 8 elements (16 bytes of BF16) a unit; missing keys are zero rows */
+        for (int u = tid; u < MLA_MMA_KC * U; u += MLA_MMA_THREADS) {
+            int jj = u / U, e = (u - jj * U) * 8, slot = sl[jj];
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (slot >= 0) {
+                if (dt == KV_DTYPE_BF16) v = *(const uint4 *)((const uint16_t *)cache + (int64_t)slot * W + e);
+                else {
+                    uint2 b = *(const uint2 *)((const uint8_t *)cache + (int64_t)slot * W + e);
+                    uint32_t wd[2] = {b.x, b.y}, o[4];
+                    for (int k = 0; k < 4; k++) {
+                        uint32_t by = wd[k >> 1] >> (16 * (k & 1));
+                        __nv_bfloat162 p2 = __floats2bfloat162_rn(codec_e4m3_to_f32((uint8_t)(by & 255)),
+                                                                  codec_e4m3_to_f32((uint8_t)((by >> 8) & 255)));
+                        o[k] = *(uint32_t *)&p2;
+                    }
+                    v = make_uint4(o[0], o[1], o[2], o[3]);
+                }
+            }
+            *(uint4 *)(kc + jj * QS + e) = v;
+        }
+        __syncthreads();
+        /* scores: 16 heads x 8 keys a warp, three mma (q parts) per k16 step */
+        {
+            float z[4] = {0.f, 0.f, 0.f, 0.f};
+            /* A: lane supplies row (lane & 15), columns + 8 (lane >> 4); B: key row (lane & 7), dims + 8 ((lane >> 3) & 1) */
+            const __nv_bfloat16 *qa0 = qs + (smt * 16 + (lane & 15)) * QS + (lane >> 4) * 8;
+            const __nv_bfloat16 *kb0 = kc + (snt * 8 + (lane & 7)) * QS + ((lane >> 3) & 1) * 8;
+            for (int k0 = 0; k0 < QW; k0 += 16) {
+                uint32_t b[2], a[4];
+                ldsm_x2(b, kb0 + k0);
+#pragma unroll
+                for (int p = 0; p < 3; p++) {
+                    ldsm_x4(a, qa0 + p * MLA_MMA_HB * QS + k0);
+                    mma_bf16(z, a[0], a[1], a[2], a[3], b[0], b[1]);
+                }
+            }
+            /* C fragment: z[0..1] head g, keys 2 tq, 2 tq + 1; z[2..3] head g + 8 */
+            int hr = smt * 16 + g, kj = snt * 8 + 2 * tq;
+            sc[hr * MLA_MMA_SS + kj] = sl[kj] >= 0 ? z[0] * zs : -INFINITY;
+            sc[hr * MLA_MMA_SS + kj + 1] = sl[kj + 1] >= 0 ? z[1] * zs : -INFINITY;
+            sc[(hr + 8) * MLA_MMA_SS + kj] = sl[kj] >= 0 ? z[2] * zs : -INFINITY;
+            sc[(hr + 8) * MLA_MMA_SS + kj + 1] = sl[kj + 1] >= 0 ? z[3] * zs : -INFINITY;
+        }
+        __syncthreads();
+        /* online softmax: head sh's 32 scores over 8 neighbouring lanes */
+        {
+            float zz[4], mx = -INFINITY;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                zz[k] = sc[sh * MLA_MMA_SS + 4 * sq + k];
+                mx = fmaxf(mx, zz[k]);
+            }
+#pragma unroll
+            for (int o = 4; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            float mold = mh[sh], mnew = fmaxf(mold, mx), psum = 0.f;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                float p = zz[k] == -INFINITY ? 0.f : expf(zz[k] - mnew);
+                psum += p;
+                int e = sh * MLA_MMA_PS + 4 * sq + k;
+                bf16_split3(p, &ps[e], &ps[MLA_MMA_HB * MLA_MMA_PS + e], &ps[2 * MLA_MMA_HB * MLA_MMA_PS + e]);
+            }
+#pragma unroll
+            for (int o = 4; o > 0; o >>= 1) psum += __shfl_xor_sync(0xffffffffu, psum, o);
+            __syncwarp(); /* every lane of the head has read mh before lane sq == 0 writes it */
+            if (sq == 0) {
+                float corr = mold == -INFINITY ? 0.f : expf(mold - mnew);
+                cr[sh] = corr;
+                lh[sh] = lh[sh] * corr + psum;
+                mh[sh] = mnew;
+            }
+        }
+        __syncthreads();
+        /* latent: acc = acc * corr + P V over the chunk's two k16 steps, three mma (p parts) each */
+        {
+            float c0[2] = {cr[g], cr[16 + g]}, c1[2] = {cr[8 + g], cr[24 + g]};
+#pragma unroll
+            for (int m = 0; m < 2; m++)
+#pragma unroll
+                for (int j = 0; j < MLA_MMA_MAX_C / 64; j++) {
+                    acc[m][j][0] *= c0[m];
+                    acc[m][j][1] *= c0[m];
+                    acc[m][j][2] *= c1[m];
+                    acc[m][j][3] *= c1[m];
+                }
+#pragma unroll
+            for (int kk = 0; kk < MLA_MMA_KC; kk += 16) {
+                uint32_t a[3][2][4];
+#pragma unroll
+                for (int p = 0; p < 3; p++)
+#pragma unroll
+                    for (int m = 0; m < 2; m++)
+                        ldsm_x4(a[p][m], ps + (p * MLA_MMA_HB + m * 16 + (lane & 15)) * MLA_MMA_PS + kk + (lane >> 4) * 8);
+                /* B = V [16 keys x 8 columns] stored key-major: transposed ldmatrix, lane supplies
+                 * key row kk + (lane & 15) */
+                const __nv_bfloat16 *vb = kc + (kk + (lane & 15)) * QS + w * (C / 8);
+#pragma unroll
+                for (int j = 0; j < MLA_MMA_MAX_C / 64; j++)
+                    if (j < NTW) {
+                        uint32_t b[2];
+                        ldsm_x2_trans(b, vb + 8 * j);
+#pragma unroll
+                        for (int m = 0; m < 2; m++)
+#pragma unroll
+                            for (int p = 0; p < 3; p++)
+                                mma_bf16(acc[m][j], a[p][m][0], a[p][m][1], a[p][m][2], a[p][m][3], b[0], b[1]);
+                    }
+            }
+        }
+        __syncthreads();
+    }
+    /* acc[m][j]: heads 16 m + g (0..1) and 16 m + g + 8 (2..3), columns w C/8 + 8 j + 2 tq, + 1 */
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int h = m * 16 + g + 8 * r;
+            if (h >= nh) continue;
+            float l = lh[h], f = S == 1 ? (l > 0.f ? vsc / l : 0.f) : vsc;
+            float *dst = S == 1 ? ol + ((int64_t)i0 * H + h0 + h) * C : part + (((int64_t)i0 * S + sp) * H + h0 + h) * C;
+#pragma unroll
+            for (int j = 0; j < MLA_MMA_MAX_C / 64; j++)
+                if (j < NTW) {
+                    int c = w * (C / 8) + 8 * j + 2 * tq;
+                    *(float2 *)(dst + c) = make_float2(acc[m][j][2 * r] * f, acc[m][j][2 * r + 1] * f);
+                }
+        }
+    if (S > 1 && tid < nh) {
+        float *o = ml + (((int64_t)i0 * S + sp) * H + h0 + tid) * 2;
+        o[0] = mh[tid];
+        o[1] = lh[tid];
+    }
+}
+
+/* v2 covers the shape (C % 64, C + Dr % 16, row stride % 8: 16-byte rows) and a BF16 or FP8 cache
+ * (kv NULL: any cache, for the reservation) */
+static int mla_v2_ok(Backend *be, const ModelConfig *c, const KVLayer *kv)
+{
+    int C = c->kv_lora_rank, QW = C + c->qk_rope_dim;
+    if (C <= 0 || C > MLA_MMA_MAX_C || C % 64 || QW > MLA_MMA_MAX_QW || QW % 16 || c->qk_nope_dim > MLA_V1_MAX_DN)
+        return 0;
+    if (kv && (kv->dtype == KV_DTYPE_F32 || kv->kv_width % 8 || kv->kv_width < QW || (uintptr_t)kv->kv % 16))
+        return 0;
+    return mla_smem_fits(be, mla_mma_smem(C, c->qk_rope_dim));
+}
+
+/* scratch of the v1 and v2 paths for a step of T tokens (cuda_reserve): the largest of either */
 void mla_v1_reserve(Backend *be, const ModelConfig *c, int T)
 {
-    if (c->kv_lora_rank <= 0 || !mla_v1_ok(be, c)) return;
+    if (c->kv_lora_rank <= 0 || mla_kernel_env() == 0) return;
+    int ok1 = mla_v1_ok(be, c), ok2 = mla_kernel_env() == 2 && mla_v2_ok(be, c, NULL);
+    if (!ok1 && !ok2) return;
     int H = c->n_heads, C = c->kv_lora_rank, Tc = T < MLA_TC ? T : MLA_TC;
     int64_t rows = 0; /* the largest splits x tokens of any pass */
-    for (int n = 1; n <= Tc; n++) {
-        int S = mla_splits(be, n, H);
-        if (S > 1 && (int64_t)S * n > rows) rows = (int64_t)S * n;
-    }
+    for (int n = 1; n <= Tc; n++)
+        for (int v = 0; v < 2; v++) {
+            if (!(v ? ok2 : ok1)) continue;
+            int S = mla_splits(be, n, H, v);
+            if (S > 1 && (int64_t)S * n > rows) rows = (int64_t)S * n;
+        }
     cuda_scratch(be, SCR_MLA_QA, (size_t)Tc * H * (C + c->qk_rope_dim) * 4);
     cuda_scratch(be, SCR_MLA_OL, (size_t)Tc * H * C * 4);
     if (rows) cuda_scratch(be, SCR_MLA_PART, (size_t)rows * H * (C + 2) * 4);
@@ -408,21 +688,27 @@ void attention_mla_cuda(Backend *be, float *out, const float *q, const KVLayer *
                         const int *topk, int ktop, const Batch *b, const ModelConfig *c)
 {
     if (!b->n_tokens) return;
-    if (!mla_v1_ok(be, c)) {
+    int env = mla_kernel_env();
+    int v2 = env == 2 && mla_v2_ok(be, c, kv);
+    if (env == 0 || (!v2 && !mla_v1_ok(be, c))) {
         attention_mla_v0(be, out, q, kv, wkv_b, topk, ktop, b, c);
         return;
     }
     cudaStream_t st = cuda_stream(be);
     int H = c->n_heads, C = c->kv_lora_rank, Dr = c->qk_rope_dim, Dn = c->qk_nope_dim, Dv = c->v_head_dim;
-    int HG = (H + MLA_HG - 1) / MLA_HG;
-    size_t smem = mla_v1_smem(C, Dr);
-    static size_t smem_set = 0;
-    if (smem > 48 * 1024 && smem > smem_set) {
-        CUDA_CHECK(cudaFuncSetAttribute(mla_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        smem_set = smem;
+    int HG = v2 ? (H + MLA_MMA_HB - 1) / MLA_MMA_HB : (H + MLA_HG - 1) / MLA_HG;
+    size_t smem = v2 ? mla_mma_smem(C, Dr) : mla_v1_smem(C, Dr);
+    static size_t smem_set[2][64]; /* per kernel and device: the attribute is a device's */
+    int dev = cuda_state(be)->device & 63;
+    if (smem > 48 * 1024 && smem > smem_set[v2][dev]) {
+        if (v2)
+            CUDA_CHECK(cudaFuncSetAttribute(mla_mma_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        else
+            CUDA_CHECK(cudaFuncSetAttribute(mla_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        smem_set[v2][dev] = smem;
     }
     for (int t0 = 0; t0 < b->n_tokens; t0 += MLA_TC) {
-        int T = b->n_tokens - t0 < MLA_TC ? b->n_tokens - t0 : MLA_TC, S = mla_splits(be, T, H);
+        int T = b->n_tokens - t0 < MLA_TC ? b->n_tokens - t0 : MLA_TC, S = mla_splits(be, T, H, v2);
         float *qa = (float *)cuda_scratch(be, SCR_MLA_QA, (size_t)T * H * (C + Dr) * 4);
         float *ol = (float *)cuda_scratch(be, SCR_MLA_OL, (size_t)T * H * C * 4);
         float *part = S > 1 ? (float *)cuda_scratch(be, SCR_MLA_PART, (size_t)S * T * H * (C + 2) * 4) : NULL;
@@ -430,10 +716,17 @@ void attention_mla_cuda(Backend *be, float *out, const float *q, const KVLayer *
         int tz = (T + MLA_TT - 1) / MLA_TT;
         mla_qabs_kernel<<<dim3(H, (C + 63) / 64, tz), ATT_THREADS, 0, st>>>(qa, q, *wkv_b, t0, T, H, C, Dn, Dr, Dv);
         LAUNCH_CHECK("mla_qabs_kernel");
-        mla_decode_kernel<<<dim3(T, S, HG), ATT_THREADS, smem, st>>>(
-            ol, part, ml, qa, kv->kv, kv->dtype, kv->k_scale, kv->kv_width, kv->block_size, topk, ktop, b->seq, b->pos,
-            b->block_table, b->bt_stride, t0, H, C, Dr, c->attn_scale, S);
-        LAUNCH_CHECK("mla_decode_kernel");
+        if (v2) {
+            mla_mma_decode_kernel<<<dim3(T, S, HG), MLA_MMA_THREADS, smem, st>>>(
+                ol, part, ml, qa, kv->kv, kv->dtype, kv->k_scale, kv->kv_width, kv->block_size, topk, ktop, b->seq,
+                b->pos, b->block_table, b->bt_stride, t0, H, C, Dr, c->attn_scale, S);
+            LAUNCH_CHECK("mla_mma_decode_kernel");
+        } else {
+            mla_decode_kernel<<<dim3(T, S, HG), ATT_THREADS, smem, st>>>(
+                ol, part, ml, qa, kv->kv, kv->dtype, kv->k_scale, kv->kv_width, kv->block_size, topk, ktop, b->seq,
+                b->pos, b->block_table, b->bt_stride, t0, H, C, Dr, c->attn_scale, S);
+            LAUNCH_CHECK("mla_decode_kernel");
+        }
         if (S > 1) {
             mla_combine_kernel<<<dim3(T, H), ATT_THREADS, 0, st>>>(ol, part, ml, H, C, S);
             LAUNCH_CHECK("mla_combine_kernel");

@@ -416,6 +416,7 @@ extern "C" int cuda_w4_tune(const W4TuneOpts *o)
     w4_set_lt_rows(0); /* the tiles themselves, also where prefill takes the BF16 route */
     if (o->budget) w4_set_smem_budget(o->budget);
     size_t budget = w4_smem_budget(o->device);
+    int wg = w4_wg_supported(o->device);
     W4Table tab;
     w4_table_clear(&tab);
     w4_device_key(o->device, tab.device, sizeof tab.device);
@@ -473,7 +474,7 @@ extern "C" int cuda_w4_tune(const W4TuneOpts *o)
                 if (kind == W4_DENSE && (w.ss || w.pf)) continue; /* one weight stream: the same kernel as a twin */
                 printf("%-6s %6d %5d %3d %3d %3d %3d %8zu  ", kind == W4_MOE ? "moe" : "dense", T, tile, w.nt, w.st, w.ks, w.ss,
                        w4_tile_smem(w));
-                if (!w4_tile_fits(w, budget, why, sizeof why)) {
+                if (!w4_tile_fits(w, budget, why, sizeof why) || !w4_tile_runs(w, wg, why, sizeof why)) {
                     printf("rejected: %s\n", why);
                     continue;
                 }

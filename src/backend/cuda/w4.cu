@@ -4,6 +4,7 @@
  * Activations enter as BF16 (one conversion per op); accumulation is float32; outputs are
  * float32 except the SwiGLU output h, which is the down projection's BF16 input. */
 #include "w4.cuh"
+#include "w4_wg.cuh"
 #include "w4.h"
 
 #define W4_WARPS 4      /* warps per block: 4 row tiles of 16 */
@@ -221,19 +222,52 @@ extern "C" int w4_load_cached(int device)
     return 1;
 }
 
+static __global__ void w4_wg_probe_kernel(int *out) { *out = W4_WG_ARCH; }
+
+/* 1 if the wg tiles run on this device: the code loaded for it is sm_90a's (a build without
+ * sm_90a, or another GPU, runs w4_wg.cuh's kernels as empty bodies: the probe says 0) */
+extern "C" int w4_wg_supported(int device)
+{
+    static int known[64], wg[64];
+    if (device < 0 || device >= 64) return 0;
+    if (!known[device]) {
+        int prev = 0, *d = NULL, v = 0;
+        CUDA_CHECK(cudaGetDevice(&prev));
+        CUDA_CHECK(cudaSetDevice(device));
+        CUDA_CHECK(cudaMalloc(&d, sizeof(int)));
+        w4_wg_probe_kernel<<<1, 1>>>(d);
+        LAUNCH_CHECK("w4_wg_probe_kernel");
+        CUDA_CHECK(cudaMemcpy(&v, d, sizeof(int), cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaFree(d));
+        CUDA_CHECK(cudaSetDevice(prev));
+        wg[device] = v;
+        known[device] = 1;
+    }
+    return wg[device];
+}
+
+extern "C" int w4_device_cc(int device)
+{
+    int major = 0, minor = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    return 10 * major + minor;
+}
+
 /* The tile for an op with `tokens` rows (dense) or tokens (MoE, rows_per_weight pairs per expert) */
 static int w4_pick(Backend *be, W4Kind kind, int tokens, double rows_per_weight)
 {
-    size_t budget = w4_smem_budget(cuda_state(be)->device);
-    int tile = w4_force.tile;
+    int dev = cuda_state(be)->device;
+    size_t budget = w4_smem_budget(dev);
+    int tile = w4_force.tile, wg = w4_wg_supported(dev);
     if (tile < 0 && w4_have_table) tile = w4_table.tile[kind][w4_bucket(tokens)];
     if (tile >= 0) {
         char why[256];
-        if (!w4_tile_fits(w4_tiles[tile], budget, why, sizeof why))
+        if (!w4_tile_fits(w4_tiles[tile], budget, why, sizeof why) || !w4_tile_runs(w4_tiles[tile], wg, why, sizeof why))
             die("w4: tile %d (nt %d, st %d, ks %d) %s", tile, w4_tiles[tile].nt, w4_tiles[tile].st, w4_tiles[tile].ks, why);
         return tile;
     }
-    return w4_default_tile(kind, rows_per_weight, budget);
+    return w4_default_tile(kind, rows_per_weight, budget, wg, w4_split_act());
 }
 
 static int sm_count(Backend *be)
@@ -380,7 +414,7 @@ void w4_matmul_cuda(Backend *be, float *out, int ldo, const float *x, int ldx, i
         return;
     }
     int tile = w4_pick(be, W4_DENSE, T, T);
-    if (w4_tiles[tile].pf) tile = W4_PF_DENSE_TWIN; /* MoE-only: fits wherever the pf tile fits (test_w4_tiles) */
+    if (w4_tiles[tile].pf) tile = w4_tiles[tile].pf == 2 ? W4_WG_DENSE_TWIN : W4_PF_DENSE_TWIN; /* MoE-only: fits wherever the pf tile fits (test_w4_tiles) */
     int nt = w4_tiles[tile].nt;
     int splits = w4_splits(T, N, K, nt, w4_tiles[tile].ks, sm_count(be));
     /* tiles reading activations from global memory round the float32 rows themselves */
@@ -434,11 +468,11 @@ void w4_matmul_cuda(Backend *be, float *out, int ldo, const float *x, int ldx, i
  * each pair's result does not (every token column of the MMA is computed alone). */
 static __global__ void w4_route_kernel(int *offset, int *count_out, int *rows, int *tile_e, int *tile_m0, int *n_tiles,
                                        const int *idx, int P, int E, int MT, __nv_bfloat16 *xb, const float *x, int64_t nx,
-                                       int split)
+                                       int split, int perm_d)
 {
-    if (blockIdx.x > 0) {
+    if (blockIdx.x > 0) { /* perm_d: rows of perm_d, each stored permuted for the wg tiles (w4_wg_perm) */
         for (int64_t i = (blockIdx.x - 1) * (int64_t)blockDim.x + threadIdx.x; i < nx; i += (int64_t)(gridDim.x - 1) * blockDim.x)
-            w4_split_store(xb, i, nx, x[i], split);
+            w4_split_store(xb, perm_d ? i - i % perm_d + w4_wg_perm((int)(i % perm_d)) : i, nx, x[i], split);
         return;
     }
     __shared__ int cnt[1024], sc[1024], st[1024], fill[1024];
@@ -721,6 +755,116 @@ static void w4_moe_pf(cudaStream_t st, int max_tiles, __nv_bfloat16 *h, const __
     LAUNCH_CHECK("w4_moe_down_pf_kernel");
 }
 
+/* ---- many tokens per expert on wgmma: the wg tiles (pf 2; w4_wg.cuh, sm_90a) ----
+ * Grids as the pf kernels': blockIdx.x a row block, blockIdx.y the token tiles in strides.
+ * gate/up: warpgroup 0 computes gate, warpgroup 1 up, of the same 64 rows of F (row tiles
+ * 4 blockIdx.x + warp % 4); the up sums cross to warpgroup 0 through shared memory for SwiGLU,
+ * and h is written permuted (w4_wg_perm) for the down kernel. down: 128 rows of D a block. */
+template <int NT, int ST>
+static __global__ void __launch_bounds__(256, NT == 4 ? 2 : 1) w4_moe_gateup_wg_kernel(
+    __nv_bfloat16 *h, const __nv_bfloat16 *xb, const QTensor *table, int E, int topk, const int *count,
+    const int *offset, const int *rows, const int *tile_e, const int *tile_m0, const int *n_tiles, int F, int K,
+    size_t xlo, size_t hlo)
+{
+#if W4_WG_ARCH
+    extern __shared__ __align__(16) uint8_t w4_wg_raw[];
+    uint8_t *sm = (uint8_t *)(((uintptr_t)w4_wg_raw + 1023) & ~(uintptr_t)1023);
+    __shared__ const __nv_bfloat16 *rowp[8 * NT];
+    constexpr int XS = 8 * NT + 1; /* the exchanged up sums' row stride (floats) */
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5, wgp = warp >> 2;
+    const int ng = K / W4_KG, nrt = F / 16, i = 4 * blockIdx.x + (warp & 3);
+    float *ex = (float *)sm;
+    for (int tile = blockIdx.y; tile < *n_tiles; tile += gridDim.y) {
+        int e = tile_e[tile], m0 = tile_m0[tile], m = min(8 * NT, count[e] - m0), base = offset[e] + m0;
+        __syncthreads(); /* the previous tile's readers of rowp and ex are done */
+        if (threadIdx.x < 8 * NT) rowp[threadIdx.x] = xb + (size_t)(rows[base + min((int)threadIdx.x, m - 1)] / topk) * K;
+        __syncthreads();
+        const QTensor &wq = table[wgp * E + e]; /* gate, or up */
+        float acc[4 * NT];
+        w4_wg_gemm<NT, ST>(acc, wq.data + (size_t)(i < nrt ? i : 0) * ng * W4_REC, rowp, xlo, ng, m, sm);
+        float sc = wq.gscale * 512.f;
+        __syncthreads(); /* every warp is done with the stages: ex reuses them */
+        if (wgp == 1)
+#pragma unroll
+            for (int b = 0; b < NT; b++)
+#pragma unroll
+                for (int d = 0; d < 4; d++) ex[(16 * (warp & 3) + g + 8 * (d >> 1)) * XS + 8 * b + 2 * t + (d & 1)] = acc[4 * b + d] * sc;
+        __syncthreads();
+        if (wgp == 1 || i >= nrt) continue;
+#pragma unroll
+        for (int b = 0; b < NT; b++)
+#pragma unroll
+            for (int d = 0; d < 4; d++) {
+                int slot = 8 * b + 2 * t + (d & 1), r = g + 8 * (d >> 1);
+                if (slot >= m) continue;
+                float gv = acc[4 * b + d] * sc, uv = ex[(16 * (warp & 3) + r) * XS + slot];
+                size_t at = (size_t)(base + slot) * F + w4_wg_perm(16 * i + r);
+                float hv = gv / (1.f + __expf(-gv)) * uv;
+                __nv_bfloat16 hh = __float2bfloat16(hv);
+                h[at] = hh;
+                if (hlo) h[hlo + at] = __float2bfloat16(hv - __bfloat162float(hh));
+            }
+    }
+#endif
+}
+
+template <int NT, int ST>
+static __global__ void __launch_bounds__(256, NT == 4 ? 2 : 1) w4_moe_down_wg_kernel(
+    float *y, const __nv_bfloat16 *h, const QTensor *table, int E, const int *count, const int *offset,
+    const int *rows, const int *tile_e, const int *tile_m0, const int *n_tiles, int D, int F, size_t hlo)
+{
+#if W4_WG_ARCH
+    extern __shared__ __align__(16) uint8_t w4_wg_raw[];
+    uint8_t *sm = (uint8_t *)(((uintptr_t)w4_wg_raw + 1023) & ~(uintptr_t)1023);
+    __shared__ const __nv_bfloat16 *rowp[8 * NT];
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
+    const int ng = F / W4_KG, nrt = D / 16, i = 8 * blockIdx.x + warp;
+    for (int tile = blockIdx.y; tile < *n_tiles; tile += gridDim.y) {
+        int e = tile_e[tile], m0 = tile_m0[tile], m = min(8 * NT, count[e] - m0), base = offset[e] + m0;
+        __syncthreads(); /* the previous tile's readers of rowp are done */
+        if (threadIdx.x < 8 * NT) rowp[threadIdx.x] = h + (size_t)(base + min((int)threadIdx.x, m - 1)) * F;
+        __syncthreads();
+        const QTensor &wd = table[2 * E + e];
+        float acc[4 * NT];
+        w4_wg_gemm<NT, ST>(acc, wd.data + (size_t)(i < nrt ? i : 0) * ng * W4_REC, rowp, hlo, ng, m, sm);
+        if (i >= nrt) continue;
+        float sd = wd.gscale * 512.f;
+#pragma unroll
+        for (int b = 0; b < NT; b++)
+#pragma unroll
+            for (int p = 0; p < 2; p++) {
+                int slot = 8 * b + 2 * t + p;
+                if (slot >= m) continue;
+                float *yr = y + (size_t)rows[base + slot] * D + 16 * i + g;
+                yr[0] = acc[4 * b + p] * sd;
+                yr[8] = acc[4 * b + p + 2] * sd;
+            }
+    }
+#endif
+}
+
+template <int NT, int ST>
+static void w4_moe_wg(cudaStream_t st, int max_tiles, __nv_bfloat16 *h, const __nv_bfloat16 *xb, float *y,
+                      const QTensor *tb, int E, int topk, const int *count, const int *offset, const int *rows,
+                      const int *tile_e, const int *tile_m0, const int *n_tiles, int D, int F, size_t xlo, size_t hlo)
+{
+    const int smem = W4_WG_SMEM(NT, ST);
+    static int ready = 0;
+    if (!ready) {
+        CUDA_CHECK(cudaFuncSetAttribute(w4_moe_gateup_wg_kernel<NT, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        CUDA_CHECK(cudaFuncSetAttribute(w4_moe_down_wg_kernel<NT, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        ready = 1;
+    }
+    int ny = max_tiles < 65535 ? max_tiles : 65535;
+    dim3 gf(F / 64, ny), gd(D / 128, ny);
+    w4_moe_gateup_wg_kernel<NT, ST><<<gf, 256, smem, st>>>(h, xb, tb, E, topk, count, offset, rows, tile_e, tile_m0,
+                                                          n_tiles, F, D, xlo, hlo);
+    LAUNCH_CHECK("w4_moe_gateup_wg_kernel");
+    w4_moe_down_wg_kernel<NT, ST><<<gd, 256, smem, st>>>(y, h, tb, E, count, offset, rows, tile_e, tile_m0, n_tiles, D, F,
+                                                        hlo);
+    LAUNCH_CHECK("w4_moe_down_wg_kernel");
+}
+
 int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const float *wts, int T, const LayerWeights *lw,
                 const ModelConfig *c)
 {
@@ -740,12 +884,29 @@ int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const f
     float *y = (float *)cuda_scratch(be, SCR_MOE_Y, (size_t)P * D * sizeof(float));
     int64_t nx = (int64_t)T * D;
     int nb = 1 + (int)(nx / 4096 < 512 ? (nx + 4095) / 4096 : 512);
-    w4_route_kernel<<<nb, 1024, 0, st>>>(offset, count, rows, tile_e, tile_m0, n_tiles, idx, P, E, MT, xb, x, nx, split);
+    int wg = w4_tiles[tile].pf == 2;
+    w4_route_kernel<<<nb, 1024, 0, st>>>(offset, count, rows, tile_e, tile_m0, n_tiles, idx, P, E, MT, xb, x, nx, split,
+                                         wg ? D : 0);
     LAUNCH_CHECK("w4_route_kernel");
     int rpb = W4_WARPS / w4_tiles[tile].ks; /* row tiles per block */
     int rpb_gu = w4_tiles[tile].ss ? W4_WARPS / 2 : rpb; /* gate and up on two warps a row tile */
     dim3 gf(max_tiles, cdiv(F / 16, rpb_gu)), gd(max_tiles, cdiv(D / 16, rpb));
     const QTensor *tb = lw->exp_table;
+    if (wg) {
+#define W4_MOE_WG(NTV, STV)                                                                                            \
+    CHECK(w4_tiles[tile].nt == NTV && w4_tiles[tile].st == STV, "w4: wg tile %d is not <%d, %d>", tile, NTV, STV);        \
+    w4_moe_wg<NTV, STV>(st, max_tiles, h, xb, y, tb, E, K, count, offset, rows, tile_e, tile_m0, n_tiles, D, F, xlo, hlo)
+        switch (tile) {
+        case 22: W4_MOE_WG(16, 4); break;
+        case 23: W4_MOE_WG(16, 3); break;
+        case 24: W4_MOE_WG(16, 6); break;
+        case 25: W4_MOE_WG(8, 5); break;
+        default: W4_MOE_WG(4, 4); break;
+        }
+#undef W4_MOE_WG
+        moe_combine_cuda(be, out, y, wts, idx, T, K, D);
+        return -1;
+    }
     if (w4_tiles[tile].pf) {
         /* the pf tiles (w4_tiles.c), by index */
 #define W4_MOE_PF(NTV, STV)                                                                                            \

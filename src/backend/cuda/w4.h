@@ -24,12 +24,15 @@ extern "C" {
  * pf 1: the MoE prefill block GEMM (many tokens per expert): nt / 4 x 4 warps, each warp 32
  * tokens x 4 W4P row tiles (gate and up of 2, or 4 of down), weights and activations both
  * staged by cp.async, st stages of half a record group (128 columns) each; ks 1, ss 0. Dense
- * GEMMs run such a tile as W4_PF_DENSE_TWIN. */
+ * GEMMs run such a tile as W4_PF_DENSE_TWIN.
+ * pf 2: the MoE GEMM on wgmma (w4_wg.cuh; sm_90a only): 256 threads, 8 nt = 32, 64 or 128
+ * tokens a block, st stages of 64 columns; activations stored permuted (w4_wg_perm). Elsewhere
+ * the choice falls back to the pf tiles. */
 typedef struct {
     int nt, st, ks, ss, pf;
 } W4Tile;
 
-#define W4_N_TILES 22
+#define W4_N_TILES 27
 
 /* pf tiles' shared memory (w4.cu's w4_pf_gemm): a stage holds W4_PF_RECS records' halves, each
  * 1024 bytes of codes (2 chunks) and the record's 256 bytes of scales, then 8 nt activation rows
@@ -41,6 +44,8 @@ typedef struct {
 #define W4_PF_STAGE(nt) (W4_PF_RECS * W4_PF_REC_BYTES + 8 * (nt) * W4_PF_ROW_BYTES)
 /* the dense tile a pf tile runs as (nt 4, st 2: less shared memory than any pf tile) */
 #define W4_PF_DENSE_TWIN 4
+/* the dense tile a wg tile runs as (nt 2, st 2: fits wherever a wg tile fits) */
+#define W4_WG_DENSE_TWIN 3
 extern const W4Tile w4_tiles[W4_N_TILES];     /* the parameter space, by index */
 
 /* Shared memory a block of this tile needs: the dynamic staging ring plus the static row
@@ -61,9 +66,14 @@ typedef enum { W4_DENSE, W4_MOE, W4_KINDS } W4Kind;
 int w4_bucket(int tokens);
 int w4_bucket_tokens(int b);                /* the bucket's upper end (its representative) */
 
+/* 1 if the tile runs here: wg (pf 2) tiles need wgmma, which only sm_90a code has (wg: this
+ * device and binary have it, w4_wg_supported); else 0 with why. */
+int w4_tile_runs(W4Tile t, int wg, char *why, size_t n);
+
 /* The built-in choice for tokens (the rows of a dense GEMM; for MoE, pairs per expert on
- * average is tokens * top-k / experts) among the tiles that fit budget. */
-int w4_default_tile(W4Kind kind, double rows_per_weight, size_t budget);
+ * average is tokens * top-k / experts) among the tiles that fit budget and run here (wg: the wg
+ * tiles do; split: activations enter as two BF16 halves, which doubles a tile's MMAs). */
+int w4_default_tile(W4Kind kind, double rows_per_weight, size_t budget, int wg, int split);
 
 /* The tuned table: a tile per (kind, bucket), -1 where untuned. */
 typedef struct {
@@ -97,6 +107,10 @@ void w4_set_act_split(int on);
  * the 99 KB and 101 KB of sm_120 parts); 0 restores the device's. */
 void w4_set_smem_budget(size_t bytes);
 size_t w4_smem_budget(int device);
+/* 1 if the wg tiles (w4_tile_runs) run on this device with this build (a probe kernel, once) */
+int w4_wg_supported(int device);
+/* the compute capability as 10 major + minor (90: H100, H200) */
+int w4_device_cc(int device);
 /* Use this tuned table (copied), or none (NULL). */
 void w4_use_table(const W4Table *t);
 /* "NVIDIA H200|132 SMs|232448 B smem|driver 13000": what a tuned table is valid for */
