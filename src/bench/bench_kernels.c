@@ -13,12 +13,12 @@
 
 #define BK_USAGE "moeserve bench kernels [--device N] [--tokens 1,8,64,256,512,2048,8192] [--rows 1,2,4,8,16,64,256,4096] " \
                  "[--routing random,skewed] [--iters N] [--no-moe] [--no-dense] [--v0] [--torch FILE] [--json FILE] " \
-                 "[--tile 0..26] [--splits N]"
+                 "[--tile 0..27] [--splits N]"
 
 #define BK_MAX_LIST 64
 
 #ifdef MOESERVE_CUDA
-_Static_assert(W4_N_TILES == 27, "--tile's range is the tile table's");
+_Static_assert(W4_N_TILES == 28, "--tile's range is the tile table's");
 #endif
 
 /* "1,8,64" -> values in [1, 1<<20]; the count, or -1 */
@@ -44,7 +44,7 @@ int bench_kernels_main(int argc, char **argv)
         if (opt_int(argc, argv, &i, "--device", 0, 64, &device) || opt_int(argc, argv, &i, "--iters", 1, 10000, &iters) ||
             opt_str(argc, argv, &i, "--tokens", &tokens_s) || opt_str(argc, argv, &i, "--rows", &rows_s) ||
             opt_str(argc, argv, &i, "--routing", &routing_s) || opt_str(argc, argv, &i, "--torch", &torch_path) ||
-            opt_str(argc, argv, &i, "--json", &json_path) || opt_int(argc, argv, &i, "--tile", 0, 26, &tile) ||
+            opt_str(argc, argv, &i, "--json", &json_path) || opt_int(argc, argv, &i, "--tile", 0, W4_N_TILES - 1, &tile) ||
             opt_int(argc, argv, &i, "--splits", 0, 64, &splits) || opt_flag(argv, &i, "--no-moe", &no_moe) ||
             opt_flag(argv, &i, "--no-dense", &no_dense) || opt_flag(argv, &i, "--v0", &v0) || opt_flag(argv, &i, "--help", &help))
             continue;
