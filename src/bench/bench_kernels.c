@@ -16,9 +16,10 @@
                  "[--tile 0..27] [--splits N]"
 
 #define BK_MAX_LIST 64
+#define BK_MAX_TILE 27 /* the last W4A16 tile (w4.h's W4_N_TILES - 1) */
 
 #ifdef MOESERVE_CUDA
-_Static_assert(W4_N_TILES == 28, "--tile's range is the tile table's");
+_Static_assert(W4_N_TILES == BK_MAX_TILE + 1, "--tile's range is the tile table's");
 #endif
 
 /* "1,8,64" -> values in [1, 1<<20]; the count, or -1 */
@@ -44,7 +45,7 @@ int bench_kernels_main(int argc, char **argv)
         if (opt_int(argc, argv, &i, "--device", 0, 64, &device) || opt_int(argc, argv, &i, "--iters", 1, 10000, &iters) ||
             opt_str(argc, argv, &i, "--tokens", &tokens_s) || opt_str(argc, argv, &i, "--rows", &rows_s) ||
             opt_str(argc, argv, &i, "--routing", &routing_s) || opt_str(argc, argv, &i, "--torch", &torch_path) ||
-            opt_str(argc, argv, &i, "--json", &json_path) || opt_int(argc, argv, &i, "--tile", 0, W4_N_TILES - 1, &tile) ||
+            opt_str(argc, argv, &i, "--json", &json_path) || opt_int(argc, argv, &i, "--tile", 0, BK_MAX_TILE, &tile) ||
             opt_int(argc, argv, &i, "--splits", 0, 64, &splits) || opt_flag(argv, &i, "--no-moe", &no_moe) ||
             opt_flag(argv, &i, "--no-dense", &no_dense) || opt_flag(argv, &i, "--v0", &v0) || opt_flag(argv, &i, "--help", &help))
             continue;
