@@ -901,7 +901,6 @@ int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const f
         case 23: W4_MOE_WG(16, 3); break;
         case 24: W4_MOE_WG(16, 6); break;
         case 25: W4_MOE_WG(8, 5); break;
-        case 27: W4_MOE_WG(32, 3); break;
         default: W4_MOE_WG(4, 4); break;
         }
 #undef W4_MOE_WG

@@ -32,7 +32,7 @@ typedef struct {
     int nt, st, ks, ss, pf;
 } W4Tile;
 
-#define W4_N_TILES 28
+#define W4_N_TILES 27
 
 /* pf tiles' shared memory (w4.cu's w4_pf_gemm): a stage holds W4_PF_RECS records' halves, each
  * 1024 bytes of codes (2 chunks) and the record's 256 bytes of scales, then 8 nt activation rows

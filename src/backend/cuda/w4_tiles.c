@@ -25,7 +25,6 @@ const W4Tile w4_tiles[W4_N_TILES] = {
     {8, 3, 1, 0, 1}, {8, 2, 1, 0, 1}, {4, 3, 1, 0, 1},      /* MoE prefill block GEMM: 64 or 32 tokens a block */
     {16, 4, 1, 0, 2}, {16, 3, 1, 0, 2}, {16, 6, 1, 0, 2}, {8, 5, 1, 0, 2}, /* the same on wgmma (sm_90a): 128, 64 */
     {4, 4, 1, 0, 2},                                                        /* or 32 tokens a block */
-    {32, 3, 1, 0, 2},                                                       /* 256 tokens, 3 stages */
 };
 
 size_t w4_tile_smem(W4Tile t)

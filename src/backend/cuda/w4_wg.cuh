@@ -5,8 +5,8 @@
  * A block is 2 warpgroups (256 threads). Each warp decodes its own W4P row tile (16 rows) into
  * registers exactly as w4_tile does; the 4 warps of a warpgroup hold one 64-row A operand in the
  * register layout wgmma takes (the mma.sync m16n8k16 A fragment, warp w holding rows 16 w ..),
- * and one wgmma m64nNk16 multiplies it by N = 32, 64, 128 or 256 tokens staged in shared memory:
- * a decoded weight fragment feeds up to 256 tokens (32 in the pf tiles) and the MMA runs
+ * and one wgmma m64nNk16 multiplies it by N = 32, 64 or 128 tokens staged in shared memory: a
+ * decoded weight fragment now feeds up to 128 tokens (32 in the pf tiles) and the MMA runs
  * asynchronously while the warp decodes the next chunk.
  *
  * B (the tokens) is read by the hardware through a shared-memory descriptor: K-major rows of 64
@@ -18,8 +18,8 @@
  * (w4_wg_perm; the routing launch writes x so, the gate/up epilogue writes h so).
  *
  * Stages: one 64-column chunk of the token tile (its high and, with split activations, low
- * BF16 halves), copied by cp.async from all 256 threads ST - 2 steps ahead; weights stream to
- * registers one record group ahead (w4_wg_gemm_n says how a step runs). */
+ * BF16 halves), ST in flight by cp.async from all 256 threads; weights stream to registers one
+ * record group ahead. */
 #ifndef MOESERVE_W4_WG_CUH
 #define MOESERVE_W4_WG_CUH
 
@@ -104,21 +104,10 @@ __device__ __forceinline__ void wg_mma_n128(float *d, const uint32_t *a, uint64_
 #endif
 }
 
-__device__ __forceinline__ void wg_mma_n256(float *d, const uint32_t *a, uint64_t desc)
-{
-#if W4_WG_ARCH
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-#endif
-}
-
 template <int NN>
 __device__ __forceinline__ void wg_mma(float *d, const uint32_t *a, uint64_t desc)
 {
-    if constexpr (NN == 256) wg_mma_n256(d, a, desc);
-    else if constexpr (NN == 128) wg_mma_n128(d, a, desc);
+    if constexpr (NN == 128) wg_mma_n128(d, a, desc);
     else if constexpr (NN == 64) wg_mma_n64(d, a, desc);
     else wg_mma_n32(d, a, desc);
 }
@@ -146,19 +135,15 @@ __device__ __forceinline__ void w4_wg_gemm_n(float (&acc)[4 * NT], const uint8_t
     const int nvs = 4 * ng; /* steps: (group, chunk) */
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(sm);
     const uint32_t d0 = r0 * W4_WG_ROW_BYTES + ((u ^ (r0 & 7)) << 4);
-    /* the rows' addresses in registers up to 128 tokens; at 256 (whose accumulators take half the
-     * registers) read again from shared memory each step */
-    constexpr int CR = CH > 4 ? 1 : CH;
-    const __nv_bfloat16 *src[CR];
+    const __nv_bfloat16 *src[CH];
 #pragma unroll
-    for (int i = 0; i < CR; i++) src[i] = rowp[min(r0 + 32 * i, nv - 1)] + u * 8;
+    for (int i = 0; i < CH; i++) src[i] = rowp[min(r0 + 32 * i, nv - 1)] + u * 8;
     auto stage = [&](int v) {
         uint32_t dst = sbase + (v % ST) * STAGE + d0;
 #pragma unroll
         for (int i = 0; i < CH; i++) {
-            const __nv_bfloat16 *sp = CH > 4 ? rowp[min(r0 + 32 * i, nv - 1)] + u * 8 : src[i];
-            cp_async16_s(dst + i * 32 * W4_WG_ROW_BYTES, sp + (size_t)v * 64);
-            if (SPLIT) cp_async16_s(dst + HALF + i * 32 * W4_WG_ROW_BYTES, sp + lo + (size_t)v * 64);
+            cp_async16_s(dst + i * 32 * W4_WG_ROW_BYTES, src[i] + (size_t)v * 64);
+            if (SPLIT) cp_async16_s(dst + HALF + i * 32 * W4_WG_ROW_BYTES, src[i] + lo + (size_t)v * 64);
         }
     };
 #pragma unroll
@@ -218,13 +203,7 @@ template <int NT, int ST, bool SPLIT>
 __device__ __forceinline__ void w4_wg_gemm_s(float (&acc)[4 * NT], const uint8_t *rec, const __nv_bfloat16 *const *rowp,
                                              size_t lo, int ng, int nv, uint8_t *sm)
 {
-    if constexpr (NT == 32) {
-        if (nv > 128) {
-            w4_wg_gemm_n<NT, ST, 256, SPLIT>(acc, rec, rowp, lo, ng, nv, sm);
-            return;
-        }
-    }
-    if constexpr (NT >= 16) {
+    if constexpr (NT == 16) {
         if (nv > 64) {
             w4_wg_gemm_n<NT, ST, 128, SPLIT>(acc, rec, rowp, lo, ng, nv, sm);
             return;
@@ -249,7 +228,7 @@ template <int NT, int ST>
 __device__ __forceinline__ void w4_wg_gemm(float (&acc)[4 * NT], const uint8_t *rec, const __nv_bfloat16 *const *rowp,
                                            size_t lo, int ng, int nv, uint8_t *sm)
 {
-    static_assert(NT == 4 || NT == 8 || NT == 16 || NT == 32, "wg tile: 32, 64, 128 or 256 tokens");
+    static_assert(NT == 4 || NT == 8 || NT == 16, "wg tile: 32, 64 or 128 tokens");
 #pragma unroll
     for (int i = 0; i < 4 * NT; i++) acc[i] = 0.f;
     if (lo)
