@@ -18,8 +18,8 @@
  * (w4_wg_perm; the routing launch writes x so, the gate/up epilogue writes h so).
  *
  * Stages: one 64-column chunk of the token tile (its high and, with split activations, low
- * BF16 halves), ST in flight by cp.async from all 256 threads; weights stream to registers one
- * record group ahead. */
+ * BF16 halves), copied by cp.async from all 256 threads ST - 2 steps ahead; weights stream to
+ * registers one record group ahead (w4_wg_gemm_n says how a step runs). */
 #ifndef MOESERVE_W4_WG_CUH
 #define MOESERVE_W4_WG_CUH
 
