@@ -1,6 +1,7 @@
 /* batch_fixture: random paged batches for the attention op tests (batch_fixture.h). */
 #include "batch_fixture.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 #include "backend/cpu/cpu.h"
@@ -48,4 +49,13 @@ void test_batch_free(Batch *b)
 {
     free(b->tokens); free(b->pos); free(b->seq); free(b->slot); free(b->seq_start); free(b->seq_ntok);
     free(b->ctx_len); free(b->block_table);
+}
+
+ModelConfig test_mla_cfg(int H, int C, int Dn, int Dr, int Dv, int Ki)
+{
+    ModelConfig c = {0};
+    c.n_heads = H, c.kv_lora_rank = C, c.qk_nope_dim = Dn, c.qk_rope_dim = Dr, c.v_head_dim = Dv;
+    c.index_topk = Ki;
+    c.attn_scale = 1.0f / sqrtf((float)(Dn + Dr));
+    return c;
 }

@@ -659,10 +659,8 @@ TEST(cuda_attention_mla_and_indexer)
         int Hi = cases[cs].Hi, Di = cases[cs].Di, Ki = cases[cs].Ki;
         TB b = tb_make(&r, cases[cs].S, cases[cs].ctx, cases[cs].ntok, bs);
         int T = b.h.n_tokens, W = C + Dr;
-        ModelConfig c = {0};
-        c.n_heads = H; c.kv_lora_rank = C; c.qk_nope_dim = Dn; c.qk_rope_dim = Dr; c.v_head_dim = Dv;
-        c.index_n_heads = Hi; c.index_head_dim = Di; c.index_topk = Ki;
-        c.attn_scale = 1.0f / sqrtf((float)(Dn + Dr));
+        ModelConfig c = test_mla_cfg(H, C, Dn, Dr, Dv, Ki);
+        c.index_n_heads = Hi; c.index_head_dim = Di;
         float *cache = rnd(&r, (size_t)b.n_slots * W, 1), *icache = rnd(&r, (size_t)b.n_slots * Di, 1);
         if (cases[cs].ties) /* every key equal to one of four: many exactly tied scores */
             for (int s = 0; s < b.n_slots; s++) memcpy(icache + (size_t)s * Di, icache + (size_t)(s % 4) * Di, Di * 4);
@@ -745,10 +743,7 @@ TEST(cuda_attention_mla_kernels)
         int Ki = cases[cs].Ki;
         TB b = tb_make(&r, cases[cs].S, cases[cs].ctx, cases[cs].ntok, bs);
         int T = b.h.n_tokens, W = C + Dr;
-        ModelConfig c = {0};
-        c.n_heads = H; c.kv_lora_rank = C; c.qk_nope_dim = Dn; c.qk_rope_dim = Dr; c.v_head_dim = Dv;
-        c.index_topk = Ki;
-        c.attn_scale = 1.0f / sqrtf((float)(Dn + Dr));
+        ModelConfig c = test_mla_cfg(H, C, Dn, Dr, Dv, Ki);
         float *cache = rnd(&r, (size_t)b.n_slots * W, 1), *q = rnd(&r, (size_t)T * H * (Dn + Dr), 1);
         int *topk = malloc((size_t)T * Ki * 4);
         topk_random(&r, &b.h, Ki, topk);
@@ -811,10 +806,7 @@ TEST(cuda_attention_mla_expanded)
         int Ki = cases[cs].Ki;
         TB b = tb_make(&r, cases[cs].S, cases[cs].ctx, cases[cs].ntok, bs);
         int T = b.h.n_tokens, W = C + Dr;
-        ModelConfig c = {0};
-        c.n_heads = H; c.kv_lora_rank = C; c.qk_nope_dim = Dn; c.qk_rope_dim = Dr; c.v_head_dim = Dv;
-        c.index_topk = Ki;
-        c.attn_scale = 1.0f / sqrtf((float)(Dn + Dr));
+        ModelConfig c = test_mla_cfg(H, C, Dn, Dr, Dv, Ki);
         int piece = cases[cs].piece ? cases[cs].piece : be_mla_piece(&c);
         float *cache = rnd(&r, (size_t)b.n_slots * W, 1), *q = rnd(&r, (size_t)T * H * (Dn + Dr), 1);
         int *topk = malloc((size_t)T * Ki * 4);

@@ -63,16 +63,6 @@ static void topk_make(Rng *r, const Batch *b, int Ki, int *topk)
 }
 
 /* A random BF16 [N, K] weight (rows of 1/sqrt(K) scale). */
-/* the MLA shape of a test: heads, latent rank, nope / rope / value dims, indexer top-k */
-static ModelConfig mla_cfg(int H, int C, int Dn, int Dr, int Dv, int Ki)
-{
-    ModelConfig c = {0};
-    c.n_heads = H, c.kv_lora_rank = C, c.qk_nope_dim = Dn, c.qk_rope_dim = Dr, c.v_head_dim = Dv;
-    c.index_topk = Ki;
-    c.attn_scale = 1.0f / sqrtf((float)(Dn + Dr));
-    return c;
-}
-
 static QTensor bf16_weight(Rng *r, int N, int K)
 {
     uint16_t *w = malloc((size_t)N * K * 2);
@@ -104,7 +94,7 @@ TEST(mla_expanded_matches_absorbed)
         int Ki = cases[cs].Ki, W = C + Dr;
         MB m = mb_make(&r, cases[cs].S, cases[cs].ctx, cases[cs].ntok);
         int T = m.b.n_tokens;
-        ModelConfig c = mla_cfg(H, C, Dn, Dr, Dv, Ki);
+        ModelConfig c = test_mla_cfg(H, C, Dn, Dr, Dv, Ki);
         float *rows = malloc((size_t)m.n_slots * W * 4), *q = malloc((size_t)T * H * (Dn + Dr) * 4);
         for (size_t i = 0; i < (size_t)m.n_slots * W; i++) rows[i] = rng_normal(&r);
         for (size_t i = 0; i < (size_t)T * H * (Dn + Dr); i++) q[i] = rng_normal(&r);
@@ -150,7 +140,7 @@ TEST(mla_expanded_piece_sizes_agree)
     int ctx[2] = {70, 33}, ntok[2] = {30, 33}, H = 3, C = 64, Dn = 32, Dr = 16, Dv = 24, W = C + Dr, Ki = 20;
     MB m = mb_make(&r, 2, ctx, ntok);
     int T = m.b.n_tokens;
-    ModelConfig c = mla_cfg(H, C, Dn, Dr, Dv, Ki);
+    ModelConfig c = test_mla_cfg(H, C, Dn, Dr, Dv, Ki);
     float *cache = malloc((size_t)m.n_slots * W * 4), *q = malloc((size_t)T * H * (Dn + Dr) * 4);
     for (size_t i = 0; i < (size_t)m.n_slots * W; i++) cache[i] = rng_normal(&r);
     for (size_t i = 0; i < (size_t)T * H * (Dn + Dr); i++) q[i] = rng_normal(&r);
