@@ -211,6 +211,7 @@ extern "C" void backend_cuda_init(Backend *be, int device)
     const char *sy = getenv("MOESERVE_SYNC");
     s->sync = sy && *sy == '1';
     w4_load_cached(device);
+    w4_wg_supported(device); /* its probe launch and copy now, never first inside a graph capture */
 }
 
 /* ---- graphs and scratch reservation ---- */
