@@ -16,12 +16,7 @@ Batch test_batch_make(Rng *r, int S, const int *ctx, const int *ntok, int bs, in
         nblk += nb;
     }
     int *perm = xmalloc(nblk * sizeof(int));
-    for (int i = 0; i < nblk; i++) perm[i] = i;
-    for (int i = nblk - 1; i > 0; i--) {
-        int j = (int)(rng_u64(r) % (i + 1)), x = perm[i];
-        perm[i] = perm[j];
-        perm[j] = x;
-    }
+    test_shuffle(r, perm, nblk);
     Batch b = {.n_tokens = T, .n_seqs = S, .bt_stride = maxb};
     b.tokens = xcalloc(T, 4); b.pos = xcalloc(T, 4); b.seq = xcalloc(T, 4); b.slot = xcalloc(T, 4);
     b.seq_start = xcalloc(S, 4); b.seq_ntok = xcalloc(S, 4); b.ctx_len = xcalloc(S, 4);
@@ -58,4 +53,14 @@ ModelConfig test_mla_cfg(int H, int C, int Dn, int Dr, int Dv, int Ki)
     c.index_topk = Ki;
     c.attn_scale = 1.0f / sqrtf((float)(Dn + Dr));
     return c;
+}
+
+void test_shuffle(Rng *r, int *perm, int n)
+{
+    for (int i = 0; i < n; i++) perm[i] = i;
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(rng_u64(r) % (i + 1)), x = perm[i];
+        perm[i] = perm[j];
+        perm[j] = x;
+    }
 }

@@ -11,6 +11,9 @@
 Batch test_batch_make(Rng *r, int S, const int *ctx, const int *ntok, int bs, int *n_slots);
 void test_batch_free(Batch *b);
 
+/* perm[0..n) = 0..n-1 in a random order (Fisher-Yates) */
+void test_shuffle(Rng *r, int *perm, int n);
+
 /* The MLA shape of a test: heads, latent rank, nope / rope / value dims, indexer top-k; the
  * softmax scale 1 / sqrt(Dn + Dr). */
 ModelConfig test_mla_cfg(int H, int C, int Dn, int Dr, int Dv, int Ki);

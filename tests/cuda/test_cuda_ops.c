@@ -571,6 +571,30 @@ static void *kv_store(const float *x, int slots, int W, KVDtype dt, float ks, fl
     return c;
 }
 
+/* An MLA cache layer (rows [latent | k_pe] of width W, one scale ks; with ix, indexer keys of
+ * width Di at scale 1) on the host and its copy on the GPU; mla_layers_free gives both back */
+static void mla_layers(const float *x, const float *ix, int slots, int W, int Di, KVDtype dt, float ks, int bs, KVLayer *hk,
+                       KVLayer *dk)
+{
+    *hk = (KVLayer){.kv = kv_store(x, slots, W, dt, ks, ks, W), .block_size = bs, .kv_width = W, .dtype = dt,
+                    .k_scale = ks, .v_scale = 1};
+    if (ix) {
+        hk->idx = kv_store(ix, slots, Di, dt, 1, 1, Di);
+        hk->idx_width = Di;
+    }
+    *dk = *hk;
+    dk->kv = up(hk->kv, (size_t)slots * W * kv_elem_size(dt));
+    if (ix) dk->idx = up(hk->idx, (size_t)slots * Di * kv_elem_size(dt));
+}
+
+static void mla_layers_free(KVLayer *hk, KVLayer *dk)
+{
+    free(hk->kv);
+    free(hk->idx);
+    be_free(&gpu, dk->kv);
+    if (dk->idx) be_free(&gpu, dk->idx);
+}
+
 /* A batch of S sequences: seq s has ctx[s] tokens in the cache and its last ntok[s] are the
  * batch's tokens; blocks of size bs assigned in a shuffled order. */
 typedef struct {
@@ -671,12 +695,8 @@ TEST(cuda_attention_mla_and_indexer)
         for (int d = 0; d < 3; d++) {
             KVDtype dt = kv_dtypes[d];
             float ks = dt == KV_DTYPE_FP8 ? KV_KSCALE : 1; /* MLA: one scale for the row; indexer keys: 1 */
-            void *hkv = kv_store(cache, b.n_slots, W, dt, ks, ks, W), *hidx = kv_store(icache, b.n_slots, Di, dt, 1, 1, Di);
-            KVLayer hk = {.kv = hkv, .idx = hidx, .block_size = bs, .kv_width = W, .idx_width = Di, .dtype = dt,
-                          .k_scale = ks, .v_scale = 1};
-            KVLayer dk = hk;
-            dk.kv = up(hkv, (size_t)b.n_slots * W * kv_elem_size(dt));
-            dk.idx = up(hidx, (size_t)b.n_slots * Di * kv_elem_size(dt));
+            KVLayer hk, dk;
+            mla_layers(cache, icache, b.n_slots, W, Di, dt, ks, bs, &hk, &dk);
             indexer_cpu(&cpu, topk, iq, iw, &hk, &b.h, &c);
             be_indexer(&gpu, dtopk, diq, diw, &dk, &b.h, &b.d, &c);
             int *gtopk = (int *)down(dtopk, (size_t)T * Ki);
@@ -693,8 +713,8 @@ TEST(cuda_attention_mla_and_indexer)
                 free(got); free(ref);
                 be_free(&gpu, dq); be_free(&gpu, dout);
             }
-            free(gtopk); free(hkv); free(hidx);
-            be_free(&gpu, dk.kv); be_free(&gpu, dk.idx);
+            free(gtopk);
+            mla_layers_free(&hk, &dk);
         }
         free(cache); free(icache); free(q); free(iq); free(iw); free(topk);
         be_free(&gpu, diq); be_free(&gpu, diw); be_free(&gpu, dtopk);
@@ -756,10 +776,8 @@ TEST(cuda_attention_mla_kernels)
         for (int d = 0; d < 3; d++) {
             KVDtype dt = kv_dtypes[d];
             float ks = dt == KV_DTYPE_FP8 ? KV_KSCALE : 1;
-            void *hkv = kv_store(cache, b.n_slots, W, dt, ks, ks, W);
-            KVLayer hk = {.kv = hkv, .block_size = bs, .kv_width = W, .dtype = dt, .k_scale = ks, .v_scale = 1};
-            KVLayer dk = hk;
-            dk.kv = up(hkv, (size_t)b.n_slots * W * kv_elem_size(dt));
+            KVLayer hk, dk;
+            mla_layers(cache, NULL, b.n_slots, W, 0, dt, ks, bs, &hk, &dk);
             for (int use_topk = 0; use_topk < 2; use_topk++) {
                 attention_mla_cpu(&cpu, ref, q, &hk, &wkvb.host, use_topk ? topk : NULL, Ki, &b.h, &c);
                 for (int k = 0; k < 3; k++) {
@@ -772,8 +790,7 @@ TEST(cuda_attention_mla_kernels)
                 }
                 unsetenv("MOESERVE_MLA_KERNEL");
             }
-            free(hkv);
-            be_free(&gpu, dk.kv);
+            mla_layers_free(&hk, &dk);
         }
         tw_free(&wkvb);
         free(cache); free(q); free(topk); free(ref);
@@ -824,10 +841,8 @@ TEST(cuda_attention_mla_expanded)
             for (int d = 0; d < 3; d++) {
                 KVDtype dt = kv_dtypes[d];
                 float ks = dt == KV_DTYPE_FP8 ? KV_KSCALE : 1;
-                void *hkv = kv_store(cache, b.n_slots, W, dt, ks, ks, W);
-                KVLayer hk = {.kv = hkv, .block_size = bs, .kv_width = W, .dtype = dt, .k_scale = ks, .v_scale = 1};
-                KVLayer dk = hk;
-                dk.kv = up(hkv, (size_t)b.n_slots * W * kv_elem_size(dt));
+                KVLayer hk, dk;
+                mla_layers(cache, NULL, b.n_slots, W, 0, dt, ks, bs, &hk, &dk);
                 for (int use_topk = 0; use_topk < 2; use_topk++) {
                     mla_attention_expanded(&cpu, &hx, ref, q, &hk, &wkvb.host, use_topk ? topk : NULL, Ki, &b.h, &b.h, &c);
                     mla_attention_expanded(&gpu, &dx, dout, dq, &dk, &wkvb.dev, use_topk ? dtopk : NULL, Ki, &b.h, &b.d, &c);
@@ -839,8 +854,7 @@ TEST(cuda_attention_mla_expanded)
                                  cs, piece, qformat_name(fmts[f]), use_topk, model_kv_dtype_name(dt));
                     free(got); free(absd);
                 }
-                free(hkv);
-                be_free(&gpu, dk.kv);
+                mla_layers_free(&hk, &dk);
             }
             tw_free(&wkvb);
         }

@@ -43,12 +43,7 @@ static void topk_make(Rng *r, const Batch *b, int Ki, int *topk)
     for (int t = 0; t < b->n_tokens; t++) {
         int n = b->pos[t] + 1, *row = topk + (size_t)t * Ki;
         int *perm = malloc(n * sizeof(int));
-        for (int i = 0; i < n; i++) perm[i] = i;
-        for (int i = n - 1; i > 0; i--) {
-            int j = (int)(rng_u64(r) % (i + 1)), x = perm[i];
-            perm[i] = perm[j];
-            perm[j] = x;
-        }
+        test_shuffle(r, perm, n);
         int take = n < Ki ? n : Ki - (int)(rng_u64(r) % 3); /* a few -1 even when full */
         for (int k = 0; k < Ki; k++) row[k] = -1;
         for (int k = 0; k < take; k++) row[k] = perm[k];
