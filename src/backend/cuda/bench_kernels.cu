@@ -451,7 +451,8 @@ extern "C" int cuda_w4_tune(const W4TuneOpts *o)
     float *dw = (float *)be_alloc(&be, (size_t)maxT * K * 4);
     std::vector<float> wts((size_t)maxT * K, 1.0f / K);
     be_to_device(&be, dw, wts.data(), wts.size() * 4);
-    printf("\n%-6s %6s %5s %3s %3s %3s %3s %8s  %s\n", "kind", "tokens", "tile", "nt", "st", "ks", "ss", "smem B", "result");
+    printf("\n%-6s %6s %5s %3s %3s %3s %3s %3s %3s %8s  %s\n", "kind", "tokens", "tile", "nt", "st", "ks", "ss", "pf", "wr",
+           "smem B", "result");
     for (int kind = 0; kind < W4_KINDS; kind++) {
         std::vector<int> &ts = kind == W4_MOE ? moe_t : dense_t;
         for (int T : ts) {
@@ -472,8 +473,8 @@ extern "C" int cuda_w4_tune(const W4TuneOpts *o)
                 W4Tile w = w4_tiles[tile];
                 char why[256];
                 if (kind == W4_DENSE && (w.ss || w.pf)) continue; /* one weight stream: the same kernel as a twin */
-                printf("%-6s %6d %5d %3d %3d %3d %3d %8zu  ", kind == W4_MOE ? "moe" : "dense", T, tile, w.nt, w.st, w.ks, w.ss,
-                       w4_tile_smem(w));
+                printf("%-6s %6d %5d %3d %3d %3d %3d %3d %3d %8zu  ", kind == W4_MOE ? "moe" : "dense", T, tile, w.nt, w.st, w.ks,
+                       w.ss, w.pf, w.wr, w4_tile_smem(w));
                 if (!w4_tile_fits(w, budget, why, sizeof why) || !w4_tile_runs(w, wg, why, sizeof why)) {
                     printf("rejected: %s\n", why);
                     continue;

@@ -72,6 +72,15 @@ __device__ __forceinline__ float e2m1_dec(int code)
 /* The W4P layout of NVFP4 weights: see w4.cuh. */
 #define W4_REC 2304     /* bytes of a 16 x 256 record */
 #define W4_KG 256       /* columns per record */
+/* Where the pack puts the code of register r (0..3), BF16 half h (0 low, 1 high) of a word: the
+ * lowest of its 3 magnitude bits, then its sign bit. w4_decode (w4.cuh) takes them back: register
+ * 0 as is, 1 shifted left by 3, 2 its magnitudes by 6 and signs by 2, 3 its magnitudes rotated by
+ * 13 and signs shifted by 1 (the 32 bits: 0-2 r2, 3-5 r1, 6-8 r0, 9-11 r3, 12 r1, 13 r2, 14 r3,
+ * 15 r0, then the same + 16 with the halves swapped for r3). */
+#define W4_BITS                                                                                                        \
+    {                                                                                                                  \
+        {{6, 15}, {22, 31}}, {{3, 12}, {19, 28}}, {{0, 13}, {16, 29}}, { {25, 14}, {9, 30} }                           \
+    }
 
 __device__ __forceinline__ float w4_scale_dec(uint8_t b)
 {
@@ -88,8 +97,9 @@ __device__ __forceinline__ float w4_elem(const QTensor &w, int64_t r, int64_t k)
     const uint8_t *rec = w.data + (i * (w.cols >> 8) + G) * W4_REC;
     int lane = g * 4 + t;
     uint32_t word = *(const uint32_t *)(rec + c * 512 + lane * 16 + j * 4);
-    int nib = (q & 1) * 4 + (q >> 1) * 2 + hi;
-    int code = (word >> (4 * nib)) & 15;
+    const int bits[4][2][2] = W4_BITS;
+    const int *b = bits[2 * (q >> 1) + hi][q & 1];
+    int code = (int)((word >> b[0]) & 7) | (int)((word >> b[1]) & 1) << 3;
     return e2m1_dec(code) * (w4_scale_dec(rec[2048 + lane * 8 + 2 * c + hi]) * w.gscale);
 }
 

@@ -46,6 +46,7 @@ static __global__ void w4_pack_kernel(uint8_t *dst, const uint8_t *codes, const 
                 neg[hi] = (s & 0x80) != 0;
                 out[2048 + lane * 8 + 2 * c + hi] = b;
             }
+            const int bits[4][2][2] = W4_BITS; /* [register][half]: magnitude, sign bit */
             uint32_t words[4];
             for (int j = 0; j < 4; j++) {
                 uint32_t w = 0;
@@ -56,7 +57,8 @@ static __global__ void w4_pack_kernel(uint8_t *dst, const uint8_t *codes, const 
                         uint32_t code = (k & 1) ? byte >> 4 : byte & 15;
                         if (zero[hi]) code = 0;
                         if (neg[hi]) code ^= 8;
-                        w |= code << (4 * ((q & 1) * 4 + (q >> 1) * 2 + hi));
+                        const int *b = bits[2 * (q >> 1) + hi][q & 1];
+                        w |= (code & 7) << b[0] | (code >> 3) << b[1];
                     }
                 words[j] = w;
             }
@@ -760,8 +762,8 @@ static void w4_moe_pf(cudaStream_t st, int max_tiles, __nv_bfloat16 *h, const __
  * gate/up: warpgroup 0 computes gate, warpgroup 1 up, of the same 64 rows of F (row tiles
  * 4 blockIdx.x + warp % 4); the up sums cross to warpgroup 0 through shared memory for SwiGLU,
  * and h is written permuted (w4_wg_perm) for the down kernel. down: 128 rows of D a block. */
-template <int NT, int ST>
-static __global__ void __launch_bounds__(256, NT == 4 ? 2 : 1) w4_moe_gateup_wg_kernel(
+template <int NT, int ST, int WR>
+static __global__ void __launch_bounds__(256, NT == 4 || WR > 0 ? 2 : 1) w4_moe_gateup_wg_kernel(
     __nv_bfloat16 *h, const __nv_bfloat16 *xb, const QTensor *table, int E, int topk, const int *count,
     const int *offset, const int *rows, const int *tile_e, const int *tile_m0, const int *n_tiles, int F, int K,
     size_t xlo, size_t hlo)
@@ -774,6 +776,7 @@ static __global__ void __launch_bounds__(256, NT == 4 ? 2 : 1) w4_moe_gateup_wg_
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5, wgp = warp >> 2;
     const int ng = K / W4_KG, nrt = F / 16, i = 4 * blockIdx.x + (warp & 3);
     float *ex = (float *)sm;
+    WgRing ring = wg_ring_init<NT, ST, WR>(sm);
     for (int tile = blockIdx.y; tile < *n_tiles; tile += gridDim.y) {
         int e = tile_e[tile], m0 = tile_m0[tile], m = min(8 * NT, count[e] - m0), base = offset[e] + m0;
         __syncthreads(); /* the previous tile's readers of rowp and ex are done */
@@ -781,7 +784,7 @@ static __global__ void __launch_bounds__(256, NT == 4 ? 2 : 1) w4_moe_gateup_wg_
         __syncthreads();
         const QTensor &wq = table[wgp * E + e]; /* gate, or up */
         float acc[4 * NT];
-        w4_wg_gemm<NT, ST>(acc, wq.data + (size_t)(i < nrt ? i : 0) * ng * W4_REC, rowp, xlo, ng, m, sm);
+        w4_wg_gemm<NT, ST, WR>(acc, wq.data + (size_t)(i < nrt ? i : 0) * ng * W4_REC, rowp, xlo, ng, m, sm, ring);
         float sc = wq.gscale * 512.f;
         __syncthreads(); /* every warp is done with the stages: ex reuses them */
         if (wgp == 1)
@@ -808,8 +811,8 @@ static __global__ void __launch_bounds__(256, NT == 4 ? 2 : 1) w4_moe_gateup_wg_
 #endif
 }
 
-template <int NT, int ST>
-static __global__ void __launch_bounds__(256, NT == 4 ? 2 : 1) w4_moe_down_wg_kernel(
+template <int NT, int ST, int WR>
+static __global__ void __launch_bounds__(256, NT == 4 || WR > 0 ? 2 : 1) w4_moe_down_wg_kernel(
     float *y, const __nv_bfloat16 *h, const QTensor *table, int E, const int *count, const int *offset,
     const int *rows, const int *tile_e, const int *tile_m0, const int *n_tiles, int D, int F, size_t hlo)
 {
@@ -819,6 +822,7 @@ static __global__ void __launch_bounds__(256, NT == 4 ? 2 : 1) w4_moe_down_wg_ke
     __shared__ const __nv_bfloat16 *rowp[8 * NT];
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
     const int ng = F / W4_KG, nrt = D / 16, i = 8 * blockIdx.x + warp;
+    WgRing ring = wg_ring_init<NT, ST, WR>(sm);
     for (int tile = blockIdx.y; tile < *n_tiles; tile += gridDim.y) {
         int e = tile_e[tile], m0 = tile_m0[tile], m = min(8 * NT, count[e] - m0), base = offset[e] + m0;
         __syncthreads(); /* the previous tile's readers of rowp are done */
@@ -826,7 +830,7 @@ static __global__ void __launch_bounds__(256, NT == 4 ? 2 : 1) w4_moe_down_wg_ke
         __syncthreads();
         const QTensor &wd = table[2 * E + e];
         float acc[4 * NT];
-        w4_wg_gemm<NT, ST>(acc, wd.data + (size_t)(i < nrt ? i : 0) * ng * W4_REC, rowp, hlo, ng, m, sm);
+        w4_wg_gemm<NT, ST, WR>(acc, wd.data + (size_t)(i < nrt ? i : 0) * ng * W4_REC, rowp, hlo, ng, m, sm, ring);
         if (i >= nrt) continue;
         float sd = wd.gscale * 512.f;
 #pragma unroll
@@ -843,24 +847,24 @@ static __global__ void __launch_bounds__(256, NT == 4 ? 2 : 1) w4_moe_down_wg_ke
 #endif
 }
 
-template <int NT, int ST>
+template <int NT, int ST, int WR>
 static void w4_moe_wg(cudaStream_t st, int max_tiles, __nv_bfloat16 *h, const __nv_bfloat16 *xb, float *y,
                       const QTensor *tb, int E, int topk, const int *count, const int *offset, const int *rows,
                       const int *tile_e, const int *tile_m0, const int *n_tiles, int D, int F, size_t xlo, size_t hlo)
 {
-    const int smem = W4_WG_SMEM(NT, ST);
+    const int smem = W4_WG_SMEM(NT, ST, WR);
     static int ready = 0;
     if (!ready) {
-        CUDA_CHECK(cudaFuncSetAttribute(w4_moe_gateup_wg_kernel<NT, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        CUDA_CHECK(cudaFuncSetAttribute(w4_moe_down_wg_kernel<NT, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        CUDA_CHECK(cudaFuncSetAttribute(w4_moe_gateup_wg_kernel<NT, ST, WR>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        CUDA_CHECK(cudaFuncSetAttribute(w4_moe_down_wg_kernel<NT, ST, WR>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         ready = 1;
     }
     int ny = max_tiles < 65535 ? max_tiles : 65535;
     dim3 gf(F / 64, ny), gd(D / 128, ny);
-    w4_moe_gateup_wg_kernel<NT, ST><<<gf, 256, smem, st>>>(h, xb, tb, E, topk, count, offset, rows, tile_e, tile_m0,
+    w4_moe_gateup_wg_kernel<NT, ST, WR><<<gf, 256, smem, st>>>(h, xb, tb, E, topk, count, offset, rows, tile_e, tile_m0,
                                                           n_tiles, F, D, xlo, hlo);
     LAUNCH_CHECK("w4_moe_gateup_wg_kernel");
-    w4_moe_down_wg_kernel<NT, ST><<<gd, 256, smem, st>>>(y, h, tb, E, count, offset, rows, tile_e, tile_m0, n_tiles, D, F,
+    w4_moe_down_wg_kernel<NT, ST, WR><<<gd, 256, smem, st>>>(y, h, tb, E, count, offset, rows, tile_e, tile_m0, n_tiles, D, F,
                                                         hlo);
     LAUNCH_CHECK("w4_moe_down_wg_kernel");
 }
@@ -893,15 +897,18 @@ int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const f
     dim3 gf(max_tiles, cdiv(F / 16, rpb_gu)), gd(max_tiles, cdiv(D / 16, rpb));
     const QTensor *tb = lw->exp_table;
     if (wg) {
-#define W4_MOE_WG(NTV, STV)                                                                                            \
-    CHECK(w4_tiles[tile].nt == NTV && w4_tiles[tile].st == STV, "w4: wg tile %d is not <%d, %d>", tile, NTV, STV);        \
-    w4_moe_wg<NTV, STV>(st, max_tiles, h, xb, y, tb, E, K, count, offset, rows, tile_e, tile_m0, n_tiles, D, F, xlo, hlo)
+#define W4_MOE_WG(NTV, STV, WRV)                                                                                       \
+    CHECK(w4_tiles[tile].nt == NTV && w4_tiles[tile].st == STV && w4_tiles[tile].wr == WRV, "w4: wg tile %d is not <%d, %d, %d>", \
+          tile, NTV, STV, WRV);                                                                                        \
+    w4_moe_wg<NTV, STV, WRV>(st, max_tiles, h, xb, y, tb, E, K, count, offset, rows, tile_e, tile_m0, n_tiles, D, F, xlo, hlo)
         switch (tile) {
-        case 22: W4_MOE_WG(16, 4); break;
-        case 23: W4_MOE_WG(16, 3); break;
-        case 24: W4_MOE_WG(16, 6); break;
-        case 25: W4_MOE_WG(8, 5); break;
-        default: W4_MOE_WG(4, 4); break;
+        case 22: W4_MOE_WG(16, 4, 0); break;
+        case 23: W4_MOE_WG(16, 3, 0); break;
+        case 24: W4_MOE_WG(16, 6, 0); break;
+        case 25: W4_MOE_WG(8, 5, 0); break;
+        case 27: W4_MOE_WG(4, 4, 4); break;
+        case 28: W4_MOE_WG(8, 3, 3); break;
+        default: W4_MOE_WG(4, 4, 0); break;
         }
 #undef W4_MOE_WG
         moe_combine_cuda(be, out, y, wts, idx, T, K, D);

@@ -10,14 +10,21 @@
  *   lane l = 4g + t (g = l / 4 holds rows g and g + 8; t = l % 4 holds columns 16t..16t+15 of
  *   each 64-column chunk c, which is exactly one NVFP4 scale block);
  *   codes: [c 0..3][lane][16 bytes]: word j (0..3) holds columns 64c + 16t + 4j + q, q = 0..3,
- *   for rows g and g + 8, nibble (q & 1) * 4 + (q >> 1) * 2 + (row is g + 8);
+ *   for rows g and g + 8: the 8 codes of the step's 4 A registers (register r = 2 (q >> 1) + (row
+ *   is g + 8), q & 1 its high BF16), each code's sign and 3 magnitude bits at separate places
+ *   (W4_BITS, w4_decode);
  *   scales: [lane][c][2 bytes]: row g's then row g + 8's scale of that block.
  * mma.sync m16n8k16 reads logical k = 2t, 2t+1, 2t+8, 2t+9 in lane t; logical k of step j maps to
  * physical column 16t + 4j + q, the same map for the weights (A) and the activations (B), so B is
  * the activation row read in its natural order, 32 contiguous bytes per lane per chunk.
  *
  * Decoding in registers. A code's 3 magnitude bits shifted to bits 6..8 of a BF16 word (sign to
- * bit 15) give its value times 2^-126 (E2M1's subnormal 0.5 lands on BF16's subnormal); one
+ * bit 15) give its value times 2^-126 (E2M1's subnormal 0.5 lands on BF16's subnormal). The bits
+ * of a word are placed so that a register takes its two magnitudes and two signs with 11 shifts
+ * and logic ops a word, not 15: register 0's are where the BF16 pair wants them (one AND),
+ * register 1's three places lower (one shift, one AND), registers 2 and 3 take their magnitudes
+ * and signs from two shifts each (a 32-bit word has no room for four single-shift registers:
+ * their 8-bit patterns do not tile it); one
  * bf16x2 multiply by S = scale * 2^117 makes it value * scale * 2^-9, exact in BF16 (2 + 4
  * significant bits), and the epilogue multiplies by gscale * 2^9. Scales are stored as an
  * unsigned E5M3 byte (exponent bias 10, no subnormals: E4M3's subnormals become normal) so that
@@ -58,10 +65,10 @@ __device__ __forceinline__ uint32_t w4_scale2(uint32_t s, int p)
 /* One k16 step: the four A registers of word w, scaled (rows g: sg, rows g + 8: sh). */
 __device__ __forceinline__ void w4_decode(uint32_t w, uint32_t sg, uint32_t sh, uint32_t *a)
 {
-    a[0] = bf16x2_mul(((w << 6) & W4_MAG) | ((w << 12) & W4_SIGN), sg);
-    a[1] = bf16x2_mul(((w << 2) & W4_MAG) | ((w << 8) & W4_SIGN), sh);
-    a[2] = bf16x2_mul(((w >> 2) & W4_MAG) | ((w << 4) & W4_SIGN), sg);
-    a[3] = bf16x2_mul(((w >> 6) & W4_MAG) | (w & W4_SIGN), sh);
+    a[0] = bf16x2_mul(w & (W4_MAG | W4_SIGN), sg);
+    a[1] = bf16x2_mul((w << 3) & (W4_MAG | W4_SIGN), sh);
+    a[2] = bf16x2_mul(((w << 6) & W4_MAG) | ((w << 2) & W4_SIGN), sg);
+    a[3] = bf16x2_mul((__funnelshift_l(w, w, 13) & W4_MAG) | ((w << 1) & W4_SIGN), sh);
 }
 
 struct W4Frag {

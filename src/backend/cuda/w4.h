@@ -27,12 +27,14 @@ extern "C" {
  * GEMMs run such a tile as W4_PF_DENSE_TWIN.
  * pf 2: the MoE GEMM on wgmma (w4_wg.cuh; sm_90a only): 256 threads, 8 nt = 32, 64 or 128
  * tokens a block, st stages of 64 columns; activations stored permuted (w4_wg_perm). Elsewhere
- * the choice falls back to the pf tiles. */
+ * the choice falls back to the pf tiles. wr (wg tiles): 0, each warp's next record group is
+ * loaded into registers; else a ring of wr records per warp in shared memory, filled by bulk
+ * copies wr - 1 groups ahead (memory-bound sizes: more bytes in flight without registers). */
 typedef struct {
-    int nt, st, ks, ss, pf;
+    int nt, st, ks, ss, pf, wr;
 } W4Tile;
 
-#define W4_N_TILES 27
+#define W4_N_TILES 29
 
 /* pf tiles' shared memory (w4.cu's w4_pf_gemm): a stage holds W4_PF_RECS records' halves, each
  * 1024 bytes of codes (2 chunks) and the record's 256 bytes of scales, then 8 nt activation rows

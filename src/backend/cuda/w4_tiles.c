@@ -16,21 +16,23 @@
 #define XS_BYTES (264 * 2)
 
 const W4Tile w4_tiles[W4_N_TILES] = {
-    {1, 0, 1, 0, 0}, {2, 0, 1, 0, 0}, {4, 0, 1, 0, 0},               /* activations from global memory (L1): small batches */
-    {2, 2, 1, 0, 0}, {4, 2, 1, 0, 0}, {4, 3, 1, 0, 0}, {4, 4, 1, 0, 0}, /* staged through shared memory */
-    {8, 2, 1, 0, 0}, {8, 3, 1, 0, 0}, {8, 4, 1, 0, 0},               /* 64 tokens a block: prefill */
-    {1, 0, 4, 0, 0}, {2, 0, 4, 0, 0},                             /* K split over the block's 4 warps: decode */
-    {1, 0, 1, 1, 0}, {2, 0, 1, 1, 0}, {4, 0, 1, 1, 0},               /* MoE gate and up on separate warps */
-    {2, 2, 1, 1, 0}, {4, 2, 1, 1, 0}, {4, 3, 1, 1, 0}, {8, 2, 1, 1, 0},
-    {8, 3, 1, 0, 1}, {8, 2, 1, 0, 1}, {4, 3, 1, 0, 1},      /* MoE prefill block GEMM: 64 or 32 tokens a block */
-    {16, 4, 1, 0, 2}, {16, 3, 1, 0, 2}, {16, 6, 1, 0, 2}, {8, 5, 1, 0, 2}, /* the same on wgmma (sm_90a): 128, 64 */
-    {4, 4, 1, 0, 2},                                                        /* or 32 tokens a block */
+    {1, 0, 1, 0, 0, 0}, {2, 0, 1, 0, 0, 0}, {4, 0, 1, 0, 0, 0},               /* activations from global memory (L1): small batches */
+    {2, 2, 1, 0, 0, 0}, {4, 2, 1, 0, 0, 0}, {4, 3, 1, 0, 0, 0}, {4, 4, 1, 0, 0, 0}, /* staged through shared memory */
+    {8, 2, 1, 0, 0, 0}, {8, 3, 1, 0, 0, 0}, {8, 4, 1, 0, 0, 0},               /* 64 tokens a block: prefill */
+    {1, 0, 4, 0, 0, 0}, {2, 0, 4, 0, 0, 0},                             /* K split over the block's 4 warps: decode */
+    {1, 0, 1, 1, 0, 0}, {2, 0, 1, 1, 0, 0}, {4, 0, 1, 1, 0, 0},               /* MoE gate and up on separate warps */
+    {2, 2, 1, 1, 0, 0}, {4, 2, 1, 1, 0, 0}, {4, 3, 1, 1, 0, 0}, {8, 2, 1, 1, 0, 0},
+    {8, 3, 1, 0, 1, 0}, {8, 2, 1, 0, 1, 0}, {4, 3, 1, 0, 1, 0},      /* MoE prefill block GEMM: 64 or 32 tokens a block */
+    {16, 4, 1, 0, 2, 0}, {16, 3, 1, 0, 2, 0}, {16, 6, 1, 0, 2, 0}, {8, 5, 1, 0, 2, 0}, /* the same on wgmma (sm_90a): 128, 64 */
+    {4, 4, 1, 0, 2, 0},                                                        /* or 32 tokens a block */
+    {4, 4, 1, 0, 2, 4}, {8, 3, 1, 0, 2, 3}, /* wg, the weights through a ring of records in shared memory */
 };
 
 size_t w4_tile_smem(W4Tile t)
 {
-    if (t.pf == 2) /* stages of 2 halves x 8 nt rows x 128 B, 1024-aligned; the row pointers */
-        return (size_t)t.st * 2 * 8 * t.nt * 128 + 1024 + (size_t)8 * t.nt * sizeof(void *);
+    if (t.pf == 2) /* stages of 2 halves x 8 nt rows x 128 B, 1024-aligned; 8 warps' record rings and
+                    * their 8-byte barriers (W4_REC: 2304 B a record); the row pointers */
+        return (size_t)t.st * 2 * 8 * t.nt * 128 + 1024 + (size_t)8 * t.wr * (2304 + 8) + (size_t)8 * t.nt * sizeof(void *);
     if (t.pf) /* the stages, plus the row pointers, the block's record pointers and the tile's facts (an int4) */
         return (size_t)t.st * W4_PF_STAGE(t.nt) + (size_t)8 * t.nt * sizeof(void *) + W4_PF_RECS * sizeof(void *) + 16;
     size_t dyn = (size_t)t.st * 2 * 8 * t.nt * XS_BYTES, rowp = (size_t)8 * t.nt * sizeof(void *);
@@ -44,8 +46,9 @@ int w4_tile_fits(W4Tile t, size_t budget, char *why, size_t n)
     size_t need = w4_tile_smem(t);
     if (need <= budget) return 1;
     if (why && t.pf == 2)
-        snprintf(why, n, "needs %zu B of shared memory (%d stages x 2 halves x %d tokens x 128 B, 1 KB alignment, row "
-                 "pointers), %zu B over the %zu B budget", need, t.st, 8 * t.nt, need - budget, budget);
+        snprintf(why, n, "needs %zu B of shared memory (%d stages x 2 halves x %d tokens x 128 B, 1 KB alignment, "
+                 "8 warps x %d ring records, row pointers), %zu B over the %zu B budget", need, t.st, 8 * t.nt, t.wr,
+                 need - budget, budget);
     else if (why && t.pf)
         snprintf(why, n, "needs %zu B of shared memory (%d stages x (%d records x %d B + %d tokens x %d B), row and record "
                  "pointers, 16 B), %zu B over the %zu B budget", need, t.st, W4_PF_RECS, W4_PF_REC_BYTES, 8 * t.nt, W4_PF_ROW_BYTES,
@@ -88,12 +91,22 @@ static int first_fit(const int *prefs, int n, size_t budget, int wg)
  * sm_90a from 96 pairs (48 with split activations) the wgmma tiles (24: 128 tokens, 6 stages;
  * 23: 3 stages, fits 99 KB): session 6, tile 24 against 19 at 128 pairs 9.3 against 12.0 ms
  * (BF16 activations), at 64 pairs 6.7 against 6.6 ms, and with split activations 8.7 against
- * 13.0 ms at 64 pairs. */
+ * 13.0 ms at 64 pairs. Session 7 (H200, docs/PERFORMANCE.md): on sm_90a the wg tiles with the
+ * weight ring take over from 9 pairs per expert (7 with split activations: tile 12 at 8 pairs
+ * 1.88 ms BF16 against tile 27's 2.04, split 2.79 against 2.51): tile 27 (32 tokens) to 40
+ * pairs (16 pairs 2.15 ms against tile 19's 2.99; 32 pairs 3.06 against tile 28's 3.66), tile
+ * 28 (64 tokens) to 192 (64 pairs 5.09 ms against tile 24's 6.41, 128 pairs 8.68 against 9.26),
+ * then tile 24 (256 pairs 14.96 against 15.62 ms). */
 int w4_default_tile(W4Kind kind, double rows, size_t budget, int wg, int split)
 {
     static const int big[] = {7, 4, 3, 0}, mid[] = {4, 3, 0}, d16[] = {3, 0}, pf[] = {19, 20, 21, 7, 4, 3, 0};
-    static const int wgp[] = {24, 23, 19, 20, 21, 7, 4, 3, 0};
+    static const int wgp[] = {24, 23, 19, 20, 21, 7, 4, 3, 0}, ring27[] = {27, 4, 3, 0}, ring28[] = {28, 24, 23, 19, 20, 21, 7, 4, 3, 0};
     if (kind == W4_MOE) {
+        if (wg && rows > (split ? 6 : 8)) {
+            if (rows <= 40) return first_fit(ring27, 4, budget, wg);
+            if (rows <= 192) return first_fit(ring28, 10, budget, wg);
+            return first_fit(wgp, 9, budget, wg);
+        }
         if (rows <= 8) return first_fit((const int[]){12, 0}, 2, budget, wg);
         if (rows <= 24) return first_fit(mid, 3, budget, wg);
         if (wg && rows >= (split ? 48 : 96)) return first_fit(wgp, 9, budget, wg);
@@ -126,8 +139,8 @@ int w4_table_save(const W4Table *t, const char *path, char *err, size_t n)
                 char key[16];
                 snprintf(key, sizeof key, "%d", w4_bucket_tokens(b));
                 W4Tile w = w4_tiles[t->tile[k][b]];
-                json_object_set_new(m, key, json_pack("{s:i, s:i, s:i, s:i, s:i, s:i}", "tile", t->tile[k][b], "nt", w.nt, "st", w.st, "ks", w.ks, "ss", w.ss,
-                                                     "pf", w.pf));
+                json_object_set_new(m, key, json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i}", "tile", t->tile[k][b], "nt", w.nt, "st", w.st, "ks", w.ks,
+                                                     "ss", w.ss, "pf", w.pf, "wr", w.wr));
             }
         json_object_set_new(root, kind_key[k], m);
     }

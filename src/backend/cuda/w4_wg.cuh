@@ -19,9 +19,12 @@
  *
  * Stages: one 64-column chunk of the token tile (its high and, with split activations, low
  * BF16 halves), copied by cp.async from all 256 threads ST - 2 steps ahead; weights stream to
- * registers one record group ahead (w4_wg_gemm_n says how a step runs). */
+ * registers one record group ahead, or (WR > 0) through a ring of WR records per warp in shared
+ * memory filled by bulk copies, WR - 1 groups ahead (w4_wg_gemm_n says how a step runs). */
 #ifndef MOESERVE_W4_WG_CUH
 #define MOESERVE_W4_WG_CUH
+
+#include <type_traits>
 
 #include "w4.cuh"
 
@@ -40,8 +43,9 @@ __host__ __device__ __forceinline__ int w4_wg_perm(int k)
 
 #define W4_WG_ROW_BYTES 128 /* a staged token row: 64 BF16 */
 
-/* shared memory of a wg block: ST stages x 2 halves x 8 NT token rows x 128 bytes, 1024-aligned */
-#define W4_WG_SMEM(NT, ST) ((ST) * 2 * 8 * (NT) * W4_WG_ROW_BYTES + 1024)
+/* shared memory of a wg block: ST stages x 2 halves x 8 NT token rows x 128 bytes, 1024-aligned;
+ * then, with a weight ring (WR > 0), each of the 8 warps' WR record slots and their WR mbarriers */
+#define W4_WG_SMEM(NT, ST, WR) ((ST) * 2 * 8 * (NT) * W4_WG_ROW_BYTES + 1024 + 8 * (WR) * (W4_REC + 8))
 
 __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr)
 {
@@ -115,6 +119,71 @@ __device__ __forceinline__ void wg_mma(float *d, const uint32_t *a, uint64_t des
 __device__ __forceinline__ void cp_async16_s(uint32_t saddr, const void *gmem)
 {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(saddr), "l"(gmem));
+}
+
+/* The weight ring (WR > 0): each warp streams its records through WR slots of its own in shared
+ * memory, one bulk copy (the TMA engine, cp.async.bulk) of a whole 2304-byte record a slot,
+ * completing on the slot's mbarrier; WR - 1 records are in flight while the warp decodes, and
+ * none of them holds a register (session 4: a second record in registers cost more occupancy
+ * than it gained). A slot's n-th fill completes phase n of its barrier: the warp keeps the
+ * parity of each slot's next wait in a bit of ph. */
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count)
+{
+#if W4_WG_ARCH
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_init_fence()
+{
+#if W4_WG_ARCH
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+/* lane 0 of the warp: record src (W4_REC bytes) into the slot at dst, completing on bar */
+__device__ __forceinline__ void wg_ring_fill(uint32_t dst, const void *src, uint32_t bar)
+{
+#if W4_WG_ARCH
+    asm volatile("fence.proxy.async.shared::cta;\n"
+                 "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%2], %3;\n"
+                 "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %3, [%2];"
+                 ::"r"(dst), "l"(src), "r"(bar), "n"(W4_REC) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
+{
+#if W4_WG_ARCH
+    uint32_t ok;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
+    } while (!ok);
+#endif
+}
+
+/* What a warp's weight ring needs: slot 0's shared address (slot s at + s W4_REC), its first
+ * mbarrier's (barrier s at + 8 s), and the parity bits of the next waits. */
+struct WgRing {
+    uint32_t slots, bars, ph;
+};
+
+/* The kernels' start: warp w's ring in the dynamic shared memory after the ST stages (sm: the
+ * 1024-aligned base), its barriers initialised by its lane 0. The caller's next __syncthreads
+ * publishes them. */
+template <int NT, int ST, int WR>
+__device__ __forceinline__ WgRing wg_ring_init(uint8_t *sm)
+{
+    WgRing r = {0, 0, 0};
+    if constexpr (WR > 0) {
+        const int warp = threadIdx.x >> 5;
+        uint32_t base = (uint32_t)__cvta_generic_to_shared(sm) + ST * 2 * 8 * NT * W4_WG_ROW_BYTES;
+        r.slots = base + warp * WR * W4_REC;
+        r.bars = base + 8 * WR * W4_REC + warp * WR * 8;
+        if ((threadIdx.x & 31) == 0) {
+            for (int s = 0; s < WR; s++) mbar_init(r.bars + 8 * s, 1);
+            mbar_init_fence();
+        }
+    }
+    return r;
 }
 
 /* One N (32, 64 or 128 tokens) of w4_wg_gemm below.
@@ -199,23 +268,151 @@ __device__ __forceinline__ void w4_wg_gemm_n(float (&acc)[4 * NT], const uint8_t
     cp_async_wait<0>();
 }
 
-template <int NT, int ST, bool SPLIT>
+/* w4_wg_gemm_n with the weights through the ring (WR > 0): the same steps, but the loop runs a
+ * record group (4 steps) an iteration so that the chunk is a constant, and every address,
+ * descriptor and source pointer moves by an add (session 7: in the SASS of w4_wg_gemm_n about
+ * half of a step's ~160 instructions recompute them, against ~85 for the decode); token rows
+ * from nv on are not staged (their columns are never stored). */
+template <int NT, int ST, int WR, int NN, bool SPLIT>
+__device__ __forceinline__ void w4_wg_gemm_r(float (&acc)[4 * NT], const uint8_t *rec, const __nv_bfloat16 *const *rowp,
+                                             size_t lo, int ng, int nv, uint8_t *sm, WgRing &ring)
+{
+    static_assert(ST >= 3 && NN <= 8 * NT && W4_KG == 256, "wg tile: 3+ stages; a record group is 4 chunks of 64");
+    static_assert(WR >= 2, "a weight ring holds the group being decoded and at least one in flight");
+    constexpr int NR = 8 * NT, HALF = NR * W4_WG_ROW_BYTES, STAGE = 2 * HALF, CH = NN / 32;
+    const int lane = threadIdx.x & 31, u = threadIdx.x & 7, r0 = threadIdx.x >> 3;
+    const int nvs = 4 * ng; /* steps: (group, chunk) */
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(sm);
+    /* the copies: this thread's rows, the next stage to issue and the slot it goes to */
+    const __nv_bfloat16 *src[CH];
+    bool live[CH];
+#pragma unroll
+    for (int i = 0; i < CH; i++) {
+        live[i] = r0 + 32 * i < nv;
+        src[i] = rowp[min(r0 + 32 * i, nv - 1)] + u * 8;
+    }
+    const uint32_t dst0 = sbase + r0 * W4_WG_ROW_BYTES + ((u ^ (r0 & 7)) << 4);
+    uint32_t dst = dst0;
+    int vn = 0;
+    auto stage = [&]() { /* stage vn into its slot, then move on */
+        if (vn < nvs) {
+#pragma unroll
+            for (int i = 0; i < CH; i++)
+                if (live[i]) {
+                    cp_async16_s(dst + i * 32 * W4_WG_ROW_BYTES, src[i]);
+                    if (SPLIT) cp_async16_s(dst + HALF + i * 32 * W4_WG_ROW_BYTES, src[i] + lo);
+                }
+        }
+#pragma unroll
+        for (int i = 0; i < CH; i++) src[i] += 64;
+        dst = dst == dst0 + (ST - 1) * STAGE ? dst0 : dst + STAGE;
+        vn++;
+    };
+#pragma unroll
+    for (int p = 0; p < ST - 2; p++) {
+        stage();
+        cp_async_commit();
+    }
+    /* the MMAs' B descriptor of the slot of the step being issued (start address in 16-byte units
+     * in the low 14 bits: moving it is an add) */
+    const uint64_t d0 = wg_desc(sbase);
+    uint64_t dc = d0;
+    /* the weights: the ring slot of the group being decoded (this lane's 16 bytes of its chunk 0)
+     * and its scale words */
+    uint32_t rs = ring.slots + lane * 16, rsl = rs;
+    uint2 sw2;
+    if (lane == 0)
+        for (int G = 0; G < WR - 1 && G < ng; G++) wg_ring_fill(ring.slots + G * W4_REC, rec + (size_t)G * W4_REC, ring.bars + 8 * G);
+    /* the first chunk of group G: wait for its slot, then refill the slot group G - 1 used (every
+     * lane's reads of it are done: __syncwarp) with group G + WR - 1 */
+    auto group = [&](int G) {
+        {
+            int s = G % WR;
+            if (G > 0) rs = rs == rsl + (WR - 1) * W4_REC ? rsl : rs + W4_REC;
+            mbar_wait(ring.bars + 8 * s, (ring.ph >> s) & 1);
+            ring.ph ^= 1u << s;
+            __syncwarp();
+            int Gn = G + WR - 1, sn = Gn % WR;
+            if (lane == 0 && Gn < ng) wg_ring_fill(ring.slots + sn * W4_REC, rec + (size_t)Gn * W4_REC, ring.bars + 8 * sn);
+            asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(sw2.x), "=r"(sw2.y) : "r"(rs - lane * 8 + 2048) : "memory");
+        }
+    };
+    uint32_t a0[4][4], a1[4][4]; /* A of this chunk and of the next (two names: registers, not an indexed array) */
+    auto decode = [&](auto cc, uint32_t (&out)[4][4]) { /* chunk cc of the group being decoded */
+        constexpr int c = decltype(cc)::value;
+        uint4 wc;
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(wc.x), "=r"(wc.y), "=r"(wc.z), "=r"(wc.w) : "r"(rs + c * 512)
+                     : "memory");
+        uint32_t sw = c < 2 ? sw2.x : sw2.y;
+        uint32_t sg = w4_scale2(sw, (2 * c) & 3), sh = w4_scale2(sw, (2 * c + 1) & 3);
+        w4_decode(wc.x, sg, sh, out[0]);
+        w4_decode(wc.y, sg, sh, out[1]);
+        w4_decode(wc.z, sg, sh, out[2]);
+        w4_decode(wc.w, sg, sh, out[3]);
+    };
+    /* step v = 4 G + c */
+    auto step = [&](int G, auto cc, uint32_t (&av)[4][4], uint32_t (&an)[4][4]) {
+        constexpr int c = decltype(cc)::value;
+        cp_async_wait<ST - 3>(); /* this thread's copies of stage v have landed ... */
+        fence_proxy_async();     /* ... visible to the tensor cores ... */
+        __syncthreads();         /* ... everyone's; and MMAs v - 2 are done everywhere */
+        stage();                 /* v + ST - 2 */
+        cp_async_commit();
+        wg_fence();
+#pragma unroll
+        for (int j = 0; j < 4; j++) wg_mma<NN>(acc, av[j], dc + 2 * j);
+        if constexpr (SPLIT) { /* no branch between the MMAs and their commit: one group */
+#pragma unroll
+            for (int j = 0; j < 4; j++) wg_mma<NN>(acc, av[j], dc + HALF / 16 + 2 * j);
+        }
+        wg_commit();
+        dc = dc == d0 + (ST - 1) * (STAGE / 16) ? d0 : dc + STAGE / 16;
+        wg_wait<1>(); /* MMAs v - 1 are done: an is free */
+        if constexpr (c < 3) {
+            decode(std::integral_constant<int, c + 1>(), an);
+        } else if (G + 1 < ng) {
+            group(G + 1);
+            decode(std::integral_constant<int, 0>(), an);
+        }
+    };
+    group(0);
+    decode(std::integral_constant<int, 0>(), a0);
+    for (int G = 0; G < ng; G++) {
+        step(G, std::integral_constant<int, 0>(), a0, a1);
+        step(G, std::integral_constant<int, 1>(), a1, a0);
+        step(G, std::integral_constant<int, 2>(), a0, a1);
+        step(G, std::integral_constant<int, 3>(), a1, a0);
+    }
+    wg_wait<0>();
+    cp_async_wait<0>();
+}
+
+/* one N of the tile: the weights through registers (WR == 0) or the ring */
+template <int NT, int ST, int WR, int NN, bool SPLIT>
+__device__ __forceinline__ void w4_wg_gemm_nr(float (&acc)[4 * NT], const uint8_t *rec, const __nv_bfloat16 *const *rowp,
+                                              size_t lo, int ng, int nv, uint8_t *sm, WgRing &ring)
+{
+    if constexpr (WR == 0) w4_wg_gemm_n<NT, ST, NN, SPLIT>(acc, rec, rowp, lo, ng, nv, sm);
+    else w4_wg_gemm_r<NT, ST, WR, NN, SPLIT>(acc, rec, rowp, lo, ng, nv, sm, ring);
+}
+
+template <int NT, int ST, int WR, bool SPLIT>
 __device__ __forceinline__ void w4_wg_gemm_s(float (&acc)[4 * NT], const uint8_t *rec, const __nv_bfloat16 *const *rowp,
-                                             size_t lo, int ng, int nv, uint8_t *sm)
+                                             size_t lo, int ng, int nv, uint8_t *sm, WgRing &ring)
 {
     if constexpr (NT == 16) {
         if (nv > 64) {
-            w4_wg_gemm_n<NT, ST, 128, SPLIT>(acc, rec, rowp, lo, ng, nv, sm);
+            w4_wg_gemm_nr<NT, ST, WR, 128, SPLIT>(acc, rec, rowp, lo, ng, nv, sm, ring);
             return;
         }
     }
     if constexpr (NT >= 8) {
         if (nv > 32) {
-            w4_wg_gemm_n<NT, ST, 64, SPLIT>(acc, rec, rowp, lo, ng, nv, sm);
+            w4_wg_gemm_nr<NT, ST, WR, 64, SPLIT>(acc, rec, rowp, lo, ng, nv, sm, ring);
             return;
         }
     }
-    w4_wg_gemm_n<NT, ST, 32, SPLIT>(acc, rec, rowp, lo, ng, nv, sm);
+    w4_wg_gemm_nr<NT, ST, WR, 32, SPLIT>(acc, rec, rowp, lo, ng, nv, sm, ring);
 }
 
 /* acc (4 NT floats: rows 16 w + g (+8) x tokens, the wgmma m64nNk16 accumulator layout:
@@ -224,17 +421,17 @@ __device__ __forceinline__ void w4_wg_gemm_s(float (&acc)[4 * NT], const uint8_t
  * permuted, lo elements further for the low halves when lo != 0). sm: the stage ring, 1024-byte
  * aligned. Every thread of the block calls (barriers); nv is block-uniform. The instruction's N
  * is the smallest of 32, 64, 128 (up to the tile's) that holds the valid tokens. */
-template <int NT, int ST>
+template <int NT, int ST, int WR>
 __device__ __forceinline__ void w4_wg_gemm(float (&acc)[4 * NT], const uint8_t *rec, const __nv_bfloat16 *const *rowp,
-                                           size_t lo, int ng, int nv, uint8_t *sm)
+                                           size_t lo, int ng, int nv, uint8_t *sm, WgRing &ring)
 {
     static_assert(NT == 4 || NT == 8 || NT == 16, "wg tile: 32, 64 or 128 tokens");
 #pragma unroll
     for (int i = 0; i < 4 * NT; i++) acc[i] = 0.f;
     if (lo)
-        w4_wg_gemm_s<NT, ST, true>(acc, rec, rowp, lo, ng, nv, sm);
+        w4_wg_gemm_s<NT, ST, WR, true>(acc, rec, rowp, lo, ng, nv, sm, ring);
     else
-        w4_wg_gemm_s<NT, ST, false>(acc, rec, rowp, lo, ng, nv, sm);
+        w4_wg_gemm_s<NT, ST, WR, false>(acc, rec, rowp, lo, ng, nv, sm, ring);
 }
 
 #endif
