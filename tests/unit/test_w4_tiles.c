@@ -32,8 +32,9 @@ TEST(w4_tile_smem_and_budgets)
     EXPECT(w4_tile_smem((W4Tile){4, 3, 1, 1, 0, 0}) == w4_tile_smem((W4Tile){4, 3, 1, 0, 0, 0}) + 2 * 4 * 4 * 32 * 4, "ss exchange");
     /* the pf tiles: 19 (64 tokens, 3 stages) is over both, 20 (2 stages) and 21 (32 tokens) fit 99 KB;
      * the wg tiles: 22 (128 tokens, 4 stages, 130 KB) and 24 (6 stages, 194 KB) are over both,
-     * 23 (3 stages, 98 KB), 25 and 26 fit 99 KB; the ring tiles 27 (108032 B) and 28 (106176 B) fit neither */
-    EXPECT(rejected99 == 12 && rejected101 == 11, "rejected: %d at 99 KB, %d at 101 KB", rejected99, rejected101);
+     * 23 (3 stages, 98 KB), 25 and 26 fit 99 KB; the ring tiles 27 (108032 B), 28 (106176 B) and 29
+     * (188608 B) fit neither */
+    EXPECT(rejected99 == 13 && rejected101 == 12, "rejected: %d at 99 KB, %d at 101 KB", rejected99, rejected101);
 }
 
 TEST(w4_pf_tiles)
@@ -59,13 +60,15 @@ TEST(w4_pf_tiles)
     for (int i = 0; i < W4_N_TILES; i++)
         if (w4_tiles[i].pf) EXPECT(w4_tile_smem(w4_tiles[i].pf == 2 ? wtwin : twin) <= w4_tile_smem(w4_tiles[i]), "tile %d: twin needs more", i);
     /* wg tiles: stages of 2 halves x 8 nt rows x 128 B, 1 KB of alignment slack, the row pointers */
-    for (int i = 22; i < 29; i++) EXPECT(w4_tiles[i].pf == 2, "tile %d is a wg tile", i);
+    for (int i = 22; i < 30; i++) EXPECT(w4_tiles[i].pf == 2, "tile %d is a wg tile", i);
     for (int i = 0; i < 27; i++) EXPECT(w4_tiles[i].wr == 0, "tile %d has no weight ring", i);
     /* the ring tiles add 8 warps x wr records (2304 B) and their barriers (8 B); two blocks of each
      * still fit an H200 SM (228 KB, 1 KB reserved a block) */
     EXPECT(w4_tile_smem(w4_tiles[27]) == 4 * 2 * 32 * 128 + 1024 + 8 * 4 * 2312 + 32 * 8, "tile 27: %zu B", w4_tile_smem(w4_tiles[27]));
     EXPECT(w4_tile_smem(w4_tiles[28]) == 3 * 2 * 64 * 128 + 1024 + 8 * 3 * 2312 + 64 * 8, "tile 28: %zu B", w4_tile_smem(w4_tiles[28]));
     for (int i = 27; i < 29; i++) EXPECT(2 * (w4_tile_smem(w4_tiles[i]) + 1024) <= 228 * 1024, "tile %d: two blocks an SM", i);
+    EXPECT(w4_tile_smem(w4_tiles[29]) == 4 * 2 * 128 * 128 + 1024 + 8 * 3 * 2312 + 128 * 8, "tile 29: %zu B", w4_tile_smem(w4_tiles[29]));
+    EXPECT(w4_tile_fits(w4_tiles[29], 227 * 1024, NULL, 0), "tile 29 fits the H200");
     EXPECT(w4_tile_smem(w4_tiles[22]) == 4 * 2 * 128 * 128 + 1024 + 128 * 8, "tile 22: %zu B", w4_tile_smem(w4_tiles[22]));
     EXPECT(w4_tile_smem(w4_tiles[25]) == 5 * 2 * 64 * 128 + 1024 + 64 * 8, "tile 25: %zu B", w4_tile_smem(w4_tiles[25]));
     EXPECT(!w4_tile_fits(w4_tiles[22], 227 * 1024 / 2, why, sizeof why) && strstr(why, "4 stages x 2 halves x 128 tokens"), "%s", why);
@@ -75,13 +78,15 @@ TEST(w4_pf_tiles)
     EXPECT(w4_default_tile(W4_MOE, 40, 227 * 1024, 0, 1) == 7, "MoE 40 pairs per expert: the 64-token tile");
     EXPECT(w4_default_tile(W4_MOE, 64, 48 * 1024, 0, 1) == 3, "48 KB: no pf tile fits");
     /* where wgmma runs: the ring tiles from 9 pairs per expert (7 with split activations), 27 to 40
-     * pairs, 28 to 192, then tile 24; on 101 KB (the ring tiles do not fit) tile 23 */
+     * pairs, 28 to 56 (80 split), then tile 29; on 101 KB (the ring tiles do not fit) tile 23 */
     EXPECT(w4_default_tile(W4_MOE, 8, 227 * 1024, 1, 0) == 12, "sm_90a, 8 pairs, BF16 activations: tile 12");
     EXPECT(w4_default_tile(W4_MOE, 8, 227 * 1024, 1, 1) == 27, "sm_90a, 8 pairs, split activations: tile 27");
     EXPECT(w4_default_tile(W4_MOE, 16, 227 * 1024, 1, 0) == 27, "sm_90a, 16 pairs: tile 27");
-    EXPECT(w4_default_tile(W4_MOE, 64, 227 * 1024, 1, 0) == 28, "sm_90a, 64 pairs: tile 28");
-    EXPECT(w4_default_tile(W4_MOE, 128, 227 * 1024, 1, 1) == 28, "sm_90a, 128 pairs: tile 28");
-    EXPECT(w4_default_tile(W4_MOE, 256, 227 * 1024, 1, 0) == 24, "sm_90a, 256 pairs: tile 24");
+    EXPECT(w4_default_tile(W4_MOE, 48, 227 * 1024, 1, 0) == 28, "sm_90a, 48 pairs: tile 28");
+    EXPECT(w4_default_tile(W4_MOE, 64, 227 * 1024, 1, 0) == 29, "sm_90a, 64 pairs: tile 29");
+    EXPECT(w4_default_tile(W4_MOE, 64, 227 * 1024, 1, 1) == 28, "sm_90a, 64 pairs, split activations: tile 28");
+    EXPECT(w4_default_tile(W4_MOE, 256, 227 * 1024, 1, 0) == 29, "sm_90a, 256 pairs: tile 29");
+    EXPECT(w4_default_tile(W4_MOE, 256, 150 * 1024, 1, 0) == 23, "sm_90a on 150 KB: tile 23 (tiles 29 and 24 need 184 and 194 KB)");
     EXPECT(w4_default_tile(W4_MOE, 256, 101 * 1024, 1, 0) == 23, "sm_90a on 101 KB: tile 23 (3 stages, 98 KB)");
     EXPECT(w4_default_tile(W4_MOE, 64, 101 * 1024, 1, 0) == 23, "sm_90a, 64 pairs on 101 KB: tile 23");
     EXPECT(w4_default_tile(W4_MOE, 16, 101 * 1024, 1, 0) == 4, "sm_90a, 16 pairs on 101 KB: tile 4");

@@ -763,7 +763,7 @@ static void w4_moe_pf(cudaStream_t st, int max_tiles, __nv_bfloat16 *h, const __
  * 4 blockIdx.x + warp % 4); the up sums cross to warpgroup 0 through shared memory for SwiGLU,
  * and h is written permuted (w4_wg_perm) for the down kernel. down: 128 rows of D a block. */
 template <int NT, int ST, int WR>
-static __global__ void __launch_bounds__(256, NT == 4 || WR > 0 ? 2 : 1) w4_moe_gateup_wg_kernel(
+static __global__ void __launch_bounds__(256, NT == 4 || (WR > 0 && NT == 8) ? 2 : 1) w4_moe_gateup_wg_kernel(
     __nv_bfloat16 *h, const __nv_bfloat16 *xb, const QTensor *table, int E, int topk, const int *count,
     const int *offset, const int *rows, const int *tile_e, const int *tile_m0, const int *n_tiles, int F, int K,
     size_t xlo, size_t hlo)
@@ -812,7 +812,7 @@ static __global__ void __launch_bounds__(256, NT == 4 || WR > 0 ? 2 : 1) w4_moe_
 }
 
 template <int NT, int ST, int WR>
-static __global__ void __launch_bounds__(256, NT == 4 || WR > 0 ? 2 : 1) w4_moe_down_wg_kernel(
+static __global__ void __launch_bounds__(256, NT == 4 || (WR > 0 && NT == 8) ? 2 : 1) w4_moe_down_wg_kernel(
     float *y, const __nv_bfloat16 *h, const QTensor *table, int E, const int *count, const int *offset,
     const int *rows, const int *tile_e, const int *tile_m0, const int *n_tiles, int D, int F, size_t hlo)
 {
@@ -908,6 +908,7 @@ int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const f
         case 25: W4_MOE_WG(8, 5, 0); break;
         case 27: W4_MOE_WG(4, 4, 4); break;
         case 28: W4_MOE_WG(8, 3, 3); break;
+        case 29: W4_MOE_WG(16, 4, 3); break;
         default: W4_MOE_WG(4, 4, 0); break;
         }
 #undef W4_MOE_WG

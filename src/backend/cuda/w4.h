@@ -34,7 +34,7 @@ typedef struct {
     int nt, st, ks, ss, pf, wr;
 } W4Tile;
 
-#define W4_N_TILES 29
+#define W4_N_TILES 30
 
 /* pf tiles' shared memory (w4.cu's w4_pf_gemm): a stage holds W4_PF_RECS records' halves, each
  * 1024 bytes of codes (2 chunks) and the record's 256 bytes of scales, then 8 nt activation rows

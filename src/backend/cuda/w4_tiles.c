@@ -25,7 +25,7 @@ const W4Tile w4_tiles[W4_N_TILES] = {
     {8, 3, 1, 0, 1, 0}, {8, 2, 1, 0, 1, 0}, {4, 3, 1, 0, 1, 0},      /* MoE prefill block GEMM: 64 or 32 tokens a block */
     {16, 4, 1, 0, 2, 0}, {16, 3, 1, 0, 2, 0}, {16, 6, 1, 0, 2, 0}, {8, 5, 1, 0, 2, 0}, /* the same on wgmma (sm_90a): 128, 64 */
     {4, 4, 1, 0, 2, 0},                                                        /* or 32 tokens a block */
-    {4, 4, 1, 0, 2, 4}, {8, 3, 1, 0, 2, 3}, /* wg, the weights through a ring of records in shared memory */
+    {4, 4, 1, 0, 2, 4}, {8, 3, 1, 0, 2, 3}, {16, 4, 1, 0, 2, 3}, /* wg, the weights through a ring of records in shared memory */
 };
 
 size_t w4_tile_smem(W4Tile t)
@@ -94,18 +94,21 @@ static int first_fit(const int *prefs, int n, size_t budget, int wg)
  * 13.0 ms at 64 pairs. Session 7 (H200, docs/PERFORMANCE.md): on sm_90a the wg tiles with the
  * weight ring take over from 9 pairs per expert (7 with split activations: tile 12 at 8 pairs
  * 1.88 ms BF16 against tile 27's 2.04, split 2.79 against 2.51): tile 27 (32 tokens) to 40
- * pairs (16 pairs 2.15 ms against tile 19's 2.99; 32 pairs 3.06 against tile 28's 3.66), tile
- * 28 (64 tokens) to 192 (64 pairs 5.09 ms against tile 24's 6.41, 128 pairs 8.68 against 9.26),
- * then tile 24 (256 pairs 14.96 against 15.62 ms). */
+ * pairs (16 pairs 2.15 ms against tile 19's 2.99; 32 pairs 3.06 against tile 28's 3.66; 48
+ * pairs 4.26 against 4.02), tile 28 (64 tokens) to 56 pairs (80 with split activations: 48 pairs
+ * 4.00 ms against tile 29's 4.60, 64 pairs 5.16 against 4.76; split 6.42 against 6.62 at 64, 9.03
+ * against 8.71 at 96), then tile 29 (128 tokens, 1 block an SM: 256 pairs 12.56 ms against tile
+ * 24's 14.99, split 19.77 against 21.38). */
 int w4_default_tile(W4Kind kind, double rows, size_t budget, int wg, int split)
 {
     static const int big[] = {7, 4, 3, 0}, mid[] = {4, 3, 0}, d16[] = {3, 0}, pf[] = {19, 20, 21, 7, 4, 3, 0};
     static const int wgp[] = {24, 23, 19, 20, 21, 7, 4, 3, 0}, ring27[] = {27, 4, 3, 0}, ring28[] = {28, 24, 23, 19, 20, 21, 7, 4, 3, 0};
+    static const int ring29[] = {29, 24, 23, 19, 20, 21, 7, 4, 3, 0};
     if (kind == W4_MOE) {
         if (wg && rows > (split ? 6 : 8)) {
             if (rows <= 40) return first_fit(ring27, 4, budget, wg);
-            if (rows <= 192) return first_fit(ring28, 10, budget, wg);
-            return first_fit(wgp, 9, budget, wg);
+            if (rows <= (split ? 80 : 56)) return first_fit(ring28, 10, budget, wg);
+            return first_fit(ring29, 10, budget, wg);
         }
         if (rows <= 8) return first_fit((const int[]){12, 0}, 2, budget, wg);
         if (rows <= 24) return first_fit(mid, 3, budget, wg);
