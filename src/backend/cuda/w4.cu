@@ -762,7 +762,7 @@ static void w4_moe_pf(cudaStream_t st, int max_tiles, __nv_bfloat16 *h, const __
  * gate/up: warpgroup 0 computes gate, warpgroup 1 up, of the same 64 rows of F (row tiles
  * 4 blockIdx.x + warp % 4); the up sums cross to warpgroup 0 through shared memory for SwiGLU,
  * and h is written permuted (w4_wg_perm) for the down kernel. down: 128 rows of D a block. */
-template <int NT, int ST, int WR>
+template <int NT, int ST, int WR, int CPS>
 static __global__ void __launch_bounds__(256, NT == 4 || (WR > 0 && NT == 8) ? 2 : 1) w4_moe_gateup_wg_kernel(
     __nv_bfloat16 *h, const __nv_bfloat16 *xb, const QTensor *table, int E, int topk, const int *count,
     const int *offset, const int *rows, const int *tile_e, const int *tile_m0, const int *n_tiles, int F, int K,
@@ -784,7 +784,7 @@ static __global__ void __launch_bounds__(256, NT == 4 || (WR > 0 && NT == 8) ? 2
         __syncthreads();
         const QTensor &wq = table[wgp * E + e]; /* gate, or up */
         float acc[4 * NT];
-        w4_wg_gemm<NT, ST, WR>(acc, wq.data + (size_t)(i < nrt ? i : 0) * ng * W4_REC, rowp, xlo, ng, m, sm, ring);
+        w4_wg_gemm<NT, ST, WR, CPS>(acc, wq.data + (size_t)(i < nrt ? i : 0) * ng * W4_REC, rowp, xlo, ng, m, sm, ring);
         float sc = wq.gscale * 512.f;
         __syncthreads(); /* every warp is done with the stages: ex reuses them */
         if (wgp == 1)
@@ -811,7 +811,7 @@ static __global__ void __launch_bounds__(256, NT == 4 || (WR > 0 && NT == 8) ? 2
 #endif
 }
 
-template <int NT, int ST, int WR>
+template <int NT, int ST, int WR, int CPS>
 static __global__ void __launch_bounds__(256, NT == 4 || (WR > 0 && NT == 8) ? 2 : 1) w4_moe_down_wg_kernel(
     float *y, const __nv_bfloat16 *h, const QTensor *table, int E, const int *count, const int *offset,
     const int *rows, const int *tile_e, const int *tile_m0, const int *n_tiles, int D, int F, size_t hlo)
@@ -830,7 +830,7 @@ static __global__ void __launch_bounds__(256, NT == 4 || (WR > 0 && NT == 8) ? 2
         __syncthreads();
         const QTensor &wd = table[2 * E + e];
         float acc[4 * NT];
-        w4_wg_gemm<NT, ST, WR>(acc, wd.data + (size_t)(i < nrt ? i : 0) * ng * W4_REC, rowp, hlo, ng, m, sm, ring);
+        w4_wg_gemm<NT, ST, WR, CPS>(acc, wd.data + (size_t)(i < nrt ? i : 0) * ng * W4_REC, rowp, hlo, ng, m, sm, ring);
         if (i >= nrt) continue;
         float sd = wd.gscale * 512.f;
 #pragma unroll
@@ -847,7 +847,7 @@ static __global__ void __launch_bounds__(256, NT == 4 || (WR > 0 && NT == 8) ? 2
 #endif
 }
 
-template <int NT, int ST, int WR>
+template <int NT, int ST, int WR, int CPS>
 static void w4_moe_wg(cudaStream_t st, int max_tiles, __nv_bfloat16 *h, const __nv_bfloat16 *xb, float *y,
                       const QTensor *tb, int E, int topk, const int *count, const int *offset, const int *rows,
                       const int *tile_e, const int *tile_m0, const int *n_tiles, int D, int F, size_t xlo, size_t hlo)
@@ -855,16 +855,16 @@ static void w4_moe_wg(cudaStream_t st, int max_tiles, __nv_bfloat16 *h, const __
     const int smem = W4_WG_SMEM(NT, ST, WR);
     static int ready = 0;
     if (!ready) {
-        CUDA_CHECK(cudaFuncSetAttribute(w4_moe_gateup_wg_kernel<NT, ST, WR>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        CUDA_CHECK(cudaFuncSetAttribute(w4_moe_down_wg_kernel<NT, ST, WR>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        CUDA_CHECK(cudaFuncSetAttribute(w4_moe_gateup_wg_kernel<NT, ST, WR, CPS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        CUDA_CHECK(cudaFuncSetAttribute(w4_moe_down_wg_kernel<NT, ST, WR, CPS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         ready = 1;
     }
     int ny = max_tiles < 65535 ? max_tiles : 65535;
     dim3 gf(F / 64, ny), gd(D / 128, ny);
-    w4_moe_gateup_wg_kernel<NT, ST, WR><<<gf, 256, smem, st>>>(h, xb, tb, E, topk, count, offset, rows, tile_e, tile_m0,
+    w4_moe_gateup_wg_kernel<NT, ST, WR, CPS><<<gf, 256, smem, st>>>(h, xb, tb, E, topk, count, offset, rows, tile_e, tile_m0,
                                                           n_tiles, F, D, xlo, hlo);
     LAUNCH_CHECK("w4_moe_gateup_wg_kernel");
-    w4_moe_down_wg_kernel<NT, ST, WR><<<gd, 256, smem, st>>>(y, h, tb, E, count, offset, rows, tile_e, tile_m0, n_tiles, D, F,
+    w4_moe_down_wg_kernel<NT, ST, WR, CPS><<<gd, 256, smem, st>>>(y, h, tb, E, count, offset, rows, tile_e, tile_m0, n_tiles, D, F,
                                                         hlo);
     LAUNCH_CHECK("w4_moe_down_wg_kernel");
 }
@@ -897,19 +897,21 @@ int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const f
     dim3 gf(max_tiles, cdiv(F / 16, rpb_gu)), gd(max_tiles, cdiv(D / 16, rpb));
     const QTensor *tb = lw->exp_table;
     if (wg) {
-#define W4_MOE_WG(NTV, STV, WRV)                                                                                       \
-    CHECK(w4_tiles[tile].nt == NTV && w4_tiles[tile].st == STV && w4_tiles[tile].wr == WRV, "w4: wg tile %d is not <%d, %d, %d>", \
-          tile, NTV, STV, WRV);                                                                                        \
-    w4_moe_wg<NTV, STV, WRV>(st, max_tiles, h, xb, y, tb, E, K, count, offset, rows, tile_e, tile_m0, n_tiles, D, F, xlo, hlo)
+#define W4_MOE_WG(NTV, STV, WRV, CPSV)                                                                                     \
+    CHECK(w4_tiles[tile].nt == NTV && w4_tiles[tile].st == STV && w4_tiles[tile].wr == WRV &&                           \
+              (w4_tiles[tile].sc > 1 ? w4_tiles[tile].sc : 1) == CPSV,                                                 \
+          "w4: wg tile %d is not <%d, %d, %d, %d>", tile, NTV, STV, WRV, CPSV);                                        \
+    w4_moe_wg<NTV, STV, WRV, CPSV>(st, max_tiles, h, xb, y, tb, E, K, count, offset, rows, tile_e, tile_m0, n_tiles, D, F, xlo, hlo)
         switch (tile) {
-        case 22: W4_MOE_WG(16, 4, 0); break;
-        case 23: W4_MOE_WG(16, 3, 0); break;
-        case 24: W4_MOE_WG(16, 6, 0); break;
-        case 25: W4_MOE_WG(8, 5, 0); break;
-        case 27: W4_MOE_WG(4, 4, 4); break;
-        case 28: W4_MOE_WG(8, 3, 3); break;
-        case 29: W4_MOE_WG(16, 4, 3); break;
-        default: W4_MOE_WG(4, 4, 0); break;
+        case 22: W4_MOE_WG(16, 4, 0, 1); break;
+        case 23: W4_MOE_WG(16, 3, 0, 1); break;
+        case 24: W4_MOE_WG(16, 6, 0, 1); break;
+        case 25: W4_MOE_WG(8, 5, 0, 1); break;
+        case 27: W4_MOE_WG(4, 4, 4, 1); break;
+        case 28: W4_MOE_WG(8, 3, 3, 1); break;
+        case 29: W4_MOE_WG(16, 4, 3, 1); break;
+        case 30: W4_MOE_WG(4, 6, 3, 2); break;
+        default: W4_MOE_WG(4, 4, 0, 1); break;
         }
 #undef W4_MOE_WG
         moe_combine_cuda(be, out, y, wts, idx, T, K, D);

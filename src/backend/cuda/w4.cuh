@@ -189,7 +189,8 @@ __device__ __forceinline__ void w4_tile(float (&acc)[NS][NT][4], const uint8_t *
         }
     }
     /* PF groups of weights in flight per warp beyond the one being used (2 was measured slower
-     * on the H200 at decode: the registers cost more occupancy than the depth gained) */
+     * on the H200 at decode: the registers cost more occupancy than the depth gained; session 8:
+     * so were 2-4 for the dense decode tiles, docs/PERFORMANCE.md) */
     constexpr int PF = 1;
     W4Frag nxt[PF][NS];
     if (active) {

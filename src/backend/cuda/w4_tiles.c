@@ -16,16 +16,17 @@
 #define XS_BYTES (264 * 2)
 
 const W4Tile w4_tiles[W4_N_TILES] = {
-    {1, 0, 1, 0, 0, 0}, {2, 0, 1, 0, 0, 0}, {4, 0, 1, 0, 0, 0},               /* activations from global memory (L1): small batches */
-    {2, 2, 1, 0, 0, 0}, {4, 2, 1, 0, 0, 0}, {4, 3, 1, 0, 0, 0}, {4, 4, 1, 0, 0, 0}, /* staged through shared memory */
-    {8, 2, 1, 0, 0, 0}, {8, 3, 1, 0, 0, 0}, {8, 4, 1, 0, 0, 0},               /* 64 tokens a block: prefill */
-    {1, 0, 4, 0, 0, 0}, {2, 0, 4, 0, 0, 0},                             /* K split over the block's 4 warps: decode */
-    {1, 0, 1, 1, 0, 0}, {2, 0, 1, 1, 0, 0}, {4, 0, 1, 1, 0, 0},               /* MoE gate and up on separate warps */
-    {2, 2, 1, 1, 0, 0}, {4, 2, 1, 1, 0, 0}, {4, 3, 1, 1, 0, 0}, {8, 2, 1, 1, 0, 0},
-    {8, 3, 1, 0, 1, 0}, {8, 2, 1, 0, 1, 0}, {4, 3, 1, 0, 1, 0},      /* MoE prefill block GEMM: 64 or 32 tokens a block */
-    {16, 4, 1, 0, 2, 0}, {16, 3, 1, 0, 2, 0}, {16, 6, 1, 0, 2, 0}, {8, 5, 1, 0, 2, 0}, /* the same on wgmma (sm_90a): 128, 64 */
-    {4, 4, 1, 0, 2, 0},                                                        /* or 32 tokens a block */
-    {4, 4, 1, 0, 2, 4}, {8, 3, 1, 0, 2, 3}, {16, 4, 1, 0, 2, 3}, /* wg, the weights through a ring of records in shared memory */
+    {1, 0, 1, 0, 0, 0, 0}, {2, 0, 1, 0, 0, 0, 0}, {4, 0, 1, 0, 0, 0, 0},               /* activations from global memory (L1): small batches */
+    {2, 2, 1, 0, 0, 0, 0}, {4, 2, 1, 0, 0, 0, 0}, {4, 3, 1, 0, 0, 0, 0}, {4, 4, 1, 0, 0, 0, 0}, /* staged through shared memory */
+    {8, 2, 1, 0, 0, 0, 0}, {8, 3, 1, 0, 0, 0, 0}, {8, 4, 1, 0, 0, 0, 0},               /* 64 tokens a block: prefill */
+    {1, 0, 4, 0, 0, 0, 0}, {2, 0, 4, 0, 0, 0, 0},                             /* K split over the block's 4 warps: decode */
+    {1, 0, 1, 1, 0, 0, 0}, {2, 0, 1, 1, 0, 0, 0}, {4, 0, 1, 1, 0, 0, 0},               /* MoE gate and up on separate warps */
+    {2, 2, 1, 1, 0, 0, 0}, {4, 2, 1, 1, 0, 0, 0}, {4, 3, 1, 1, 0, 0, 0}, {8, 2, 1, 1, 0, 0, 0},
+    {8, 3, 1, 0, 1, 0, 0}, {8, 2, 1, 0, 1, 0, 0}, {4, 3, 1, 0, 1, 0, 0},      /* MoE prefill block GEMM: 64 or 32 tokens a block */
+    {16, 4, 1, 0, 2, 0, 0}, {16, 3, 1, 0, 2, 0, 0}, {16, 6, 1, 0, 2, 0, 0}, {8, 5, 1, 0, 2, 0, 0}, /* the same on wgmma (sm_90a): 128, 64 */
+    {4, 4, 1, 0, 2, 0, 0},                                                        /* or 32 tokens a block */
+    {4, 4, 1, 0, 2, 4, 0}, {8, 3, 1, 0, 2, 3, 0}, {16, 4, 1, 0, 2, 3, 0}, /* wg, the weights through a ring of records in shared memory */
+    {4, 6, 1, 0, 2, 3, 2}, /* 32 tokens, the ring, stages of 2 chunks (one barrier per 128 columns) */
 };
 
 size_t w4_tile_smem(W4Tile t)
@@ -98,15 +99,17 @@ static int first_fit(const int *prefs, int n, size_t budget, int wg)
  * pairs 4.26 against 4.02), tile 28 (64 tokens) to 56 pairs (80 with split activations: 48 pairs
  * 4.00 ms against tile 29's 4.60, 64 pairs 5.16 against 4.76; split 6.42 against 6.62 at 64, 9.03
  * against 8.71 at 96), then tile 29 (128 tokens, 1 block an SM: 256 pairs 12.56 ms against tile
- * 24's 14.99, split 19.77 against 21.38). */
+ * 24's 14.99, split 19.77 against 21.38). Session 8: tile 30 (tile 27 with stages of 2 chunks)
+ * in 27's place, 3% faster at 8-16 pairs with BF16 activations, 6-8% split (512 tokens 2.10
+ * against 2.16 ms, split 2.57 against 2.78), even at 32 (3.07 against 3.11, split 4.10 against 4.04). */
 int w4_default_tile(W4Kind kind, double rows, size_t budget, int wg, int split)
 {
     static const int big[] = {7, 4, 3, 0}, mid[] = {4, 3, 0}, d16[] = {3, 0}, pf[] = {19, 20, 21, 7, 4, 3, 0};
-    static const int wgp[] = {24, 23, 19, 20, 21, 7, 4, 3, 0}, ring27[] = {27, 4, 3, 0}, ring28[] = {28, 24, 23, 19, 20, 21, 7, 4, 3, 0};
-    static const int ring29[] = {29, 24, 23, 19, 20, 21, 7, 4, 3, 0};
+    static const int wgp[] = {24, 23, 19, 20, 21, 7, 4, 3, 0}, ring28[] = {28, 24, 23, 19, 20, 21, 7, 4, 3, 0};
+    static const int ring29[] = {29, 24, 23, 19, 20, 21, 7, 4, 3, 0}, ring30[] = {30, 27, 4, 3, 0};
     if (kind == W4_MOE) {
         if (wg && rows > (split ? 6 : 8)) {
-            if (rows <= 40) return first_fit(ring27, 4, budget, wg);
+            if (rows <= 40) return first_fit(ring30, 5, budget, wg);
             if (rows <= (split ? 80 : 56)) return first_fit(ring28, 10, budget, wg);
             return first_fit(ring29, 10, budget, wg);
         }
@@ -142,8 +145,8 @@ int w4_table_save(const W4Table *t, const char *path, char *err, size_t n)
                 char key[16];
                 snprintf(key, sizeof key, "%d", w4_bucket_tokens(b));
                 W4Tile w = w4_tiles[t->tile[k][b]];
-                json_object_set_new(m, key, json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i}", "tile", t->tile[k][b], "nt", w.nt, "st", w.st, "ks", w.ks,
-                                                     "ss", w.ss, "pf", w.pf, "wr", w.wr));
+                json_object_set_new(m, key, json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i}", "tile", t->tile[k][b], "nt", w.nt, "st", w.st,
+                                                     "ks", w.ks, "ss", w.ss, "pf", w.pf, "wr", w.wr, "sc", w.sc));
             }
         json_object_set_new(root, kind_key[k], m);
     }

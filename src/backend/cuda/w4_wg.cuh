@@ -273,11 +273,13 @@ __device__ __forceinline__ void w4_wg_gemm_n(float (&acc)[4 * NT], const uint8_t
  * descriptor and source pointer moves by an add (session 7: in the SASS of w4_wg_gemm_n about
  * half of a step's ~160 instructions recompute them, against ~85 for the decode); token rows
  * from nv on are not staged (their columns are never stored). */
-template <int NT, int ST, int WR, int NN, bool SPLIT>
+template <int NT, int ST, int WR, int CPS, int NN, bool SPLIT>
 __device__ __forceinline__ void w4_wg_gemm_r(float (&acc)[4 * NT], const uint8_t *rec, const __nv_bfloat16 *const *rowp,
                                              size_t lo, int ng, int nv, uint8_t *sm, WgRing &ring)
 {
     static_assert(ST >= 3 && NN <= 8 * NT && W4_KG == 256, "wg tile: 3+ stages; a record group is 4 chunks of 64");
+    static_assert((CPS == 1 || CPS == 2) && ST % CPS == 0 && ST / CPS >= 3, "a stage of 1 or 2 chunks, 3+ stages");
+    constexpr int SP = ST / CPS; /* stages of CPS chunks: one barrier and one commit group a stage */
     static_assert(WR >= 2, "a weight ring holds the group being decoded and at least one in flight");
     constexpr int NR = 8 * NT, HALF = NR * W4_WG_ROW_BYTES, STAGE = 2 * HALF, CH = NN / 32;
     const int lane = threadIdx.x & 31, u = threadIdx.x & 7, r0 = threadIdx.x >> 3;
@@ -294,22 +296,24 @@ __device__ __forceinline__ void w4_wg_gemm_r(float (&acc)[4 * NT], const uint8_t
     const uint32_t dst0 = sbase + r0 * W4_WG_ROW_BYTES + ((u ^ (r0 & 7)) << 4);
     uint32_t dst = dst0;
     int vn = 0;
-    auto stage = [&]() { /* stage vn into its slot, then move on */
+    auto stage = [&]() { /* chunks vn .. vn + CPS - 1 into their slots, then move on */
         if (vn < nvs) {
 #pragma unroll
-            for (int i = 0; i < CH; i++)
-                if (live[i]) {
-                    cp_async16_s(dst + i * 32 * W4_WG_ROW_BYTES, src[i]);
-                    if (SPLIT) cp_async16_s(dst + HALF + i * 32 * W4_WG_ROW_BYTES, src[i] + lo);
-                }
+            for (int cc = 0; cc < CPS; cc++)
+#pragma unroll
+                for (int i = 0; i < CH; i++)
+                    if (live[i]) {
+                        cp_async16_s(dst + cc * STAGE + i * 32 * W4_WG_ROW_BYTES, src[i] + cc * 64);
+                        if (SPLIT) cp_async16_s(dst + cc * STAGE + HALF + i * 32 * W4_WG_ROW_BYTES, src[i] + cc * 64 + lo);
+                    }
         }
 #pragma unroll
-        for (int i = 0; i < CH; i++) src[i] += 64;
-        dst = dst == dst0 + (ST - 1) * STAGE ? dst0 : dst + STAGE;
-        vn++;
+        for (int i = 0; i < CH; i++) src[i] += 64 * CPS;
+        dst = dst == dst0 + (ST - CPS) * STAGE ? dst0 : dst + CPS * STAGE;
+        vn += CPS;
     };
 #pragma unroll
-    for (int p = 0; p < ST - 2; p++) {
+    for (int p = 0; p < SP - 2; p++) {
         stage();
         cp_async_commit();
     }
@@ -353,11 +357,13 @@ __device__ __forceinline__ void w4_wg_gemm_r(float (&acc)[4 * NT], const uint8_t
     /* step v = 4 G + c */
     auto step = [&](int G, auto cc, uint32_t (&av)[4][4], uint32_t (&an)[4][4]) {
         constexpr int c = decltype(cc)::value;
-        cp_async_wait<ST - 3>(); /* this thread's copies of stage v have landed ... */
-        fence_proxy_async();     /* ... visible to the tensor cores ... */
-        __syncthreads();         /* ... everyone's; and MMAs v - 2 are done everywhere */
-        stage();                 /* v + ST - 2 */
-        cp_async_commit();
+        if constexpr (c % CPS == 0) { /* a stage's first chunk */
+            cp_async_wait<SP - 3>(); /* this thread's copies of this stage have landed ... */
+            fence_proxy_async();     /* ... visible to the tensor cores ... */
+            __syncthreads();         /* ... everyone's; and the MMAs two stages back are done everywhere */
+            stage();                 /* the stage SP - 2 ahead */
+            cp_async_commit();
+        }
         wg_fence();
 #pragma unroll
         for (int j = 0; j < 4; j++) wg_mma<NN>(acc, av[j], dc + 2 * j);
@@ -388,31 +394,32 @@ __device__ __forceinline__ void w4_wg_gemm_r(float (&acc)[4 * NT], const uint8_t
 }
 
 /* one N of the tile: the weights through registers (WR == 0) or the ring */
-template <int NT, int ST, int WR, int NN, bool SPLIT>
+template <int NT, int ST, int WR, int CPS, int NN, bool SPLIT>
 __device__ __forceinline__ void w4_wg_gemm_nr(float (&acc)[4 * NT], const uint8_t *rec, const __nv_bfloat16 *const *rowp,
                                               size_t lo, int ng, int nv, uint8_t *sm, WgRing &ring)
 {
+    static_assert(WR > 0 || CPS == 1, "the register path stages one chunk at a time");
     if constexpr (WR == 0) w4_wg_gemm_n<NT, ST, NN, SPLIT>(acc, rec, rowp, lo, ng, nv, sm);
-    else w4_wg_gemm_r<NT, ST, WR, NN, SPLIT>(acc, rec, rowp, lo, ng, nv, sm, ring);
+    else w4_wg_gemm_r<NT, ST, WR, CPS, NN, SPLIT>(acc, rec, rowp, lo, ng, nv, sm, ring);
 }
 
-template <int NT, int ST, int WR, bool SPLIT>
+template <int NT, int ST, int WR, int CPS, bool SPLIT>
 __device__ __forceinline__ void w4_wg_gemm_s(float (&acc)[4 * NT], const uint8_t *rec, const __nv_bfloat16 *const *rowp,
                                              size_t lo, int ng, int nv, uint8_t *sm, WgRing &ring)
 {
     if constexpr (NT == 16) {
         if (nv > 64) {
-            w4_wg_gemm_nr<NT, ST, WR, 128, SPLIT>(acc, rec, rowp, lo, ng, nv, sm, ring);
+            w4_wg_gemm_nr<NT, ST, WR, CPS, 128, SPLIT>(acc, rec, rowp, lo, ng, nv, sm, ring);
             return;
         }
     }
     if constexpr (NT >= 8) {
         if (nv > 32) {
-            w4_wg_gemm_nr<NT, ST, WR, 64, SPLIT>(acc, rec, rowp, lo, ng, nv, sm, ring);
+            w4_wg_gemm_nr<NT, ST, WR, CPS, 64, SPLIT>(acc, rec, rowp, lo, ng, nv, sm, ring);
             return;
         }
     }
-    w4_wg_gemm_nr<NT, ST, WR, 32, SPLIT>(acc, rec, rowp, lo, ng, nv, sm, ring);
+    w4_wg_gemm_nr<NT, ST, WR, CPS, 32, SPLIT>(acc, rec, rowp, lo, ng, nv, sm, ring);
 }
 
 /* acc (4 NT floats: rows 16 w + g (+8) x tokens, the wgmma m64nNk16 accumulator layout:
@@ -421,7 +428,7 @@ __device__ __forceinline__ void w4_wg_gemm_s(float (&acc)[4 * NT], const uint8_t
  * permuted, lo elements further for the low halves when lo != 0). sm: the stage ring, 1024-byte
  * aligned. Every thread of the block calls (barriers); nv is block-uniform. The instruction's N
  * is the smallest of 32, 64, 128 (up to the tile's) that holds the valid tokens. */
-template <int NT, int ST, int WR>
+template <int NT, int ST, int WR, int CPS>
 __device__ __forceinline__ void w4_wg_gemm(float (&acc)[4 * NT], const uint8_t *rec, const __nv_bfloat16 *const *rowp,
                                            size_t lo, int ng, int nv, uint8_t *sm, WgRing &ring)
 {
@@ -429,9 +436,9 @@ __device__ __forceinline__ void w4_wg_gemm(float (&acc)[4 * NT], const uint8_t *
 #pragma unroll
     for (int i = 0; i < 4 * NT; i++) acc[i] = 0.f;
     if (lo)
-        w4_wg_gemm_s<NT, ST, WR, true>(acc, rec, rowp, lo, ng, nv, sm, ring);
+        w4_wg_gemm_s<NT, ST, WR, CPS, true>(acc, rec, rowp, lo, ng, nv, sm, ring);
     else
-        w4_wg_gemm_s<NT, ST, WR, false>(acc, rec, rowp, lo, ng, nv, sm, ring);
+        w4_wg_gemm_s<NT, ST, WR, CPS, false>(acc, rec, rowp, lo, ng, nv, sm, ring);
 }
 
 #endif
