@@ -76,11 +76,15 @@ struct W4Frag {
     uint2 s;
 };
 
+/* A warp's record group into registers. The weights are read once per call: they bypass L1
+ * (no_allocate), which then keeps the activation rows every warp of the SM reads again. */
 __device__ __forceinline__ void w4_load(W4Frag &f, const uint8_t *rec, int lane)
 {
 #pragma unroll
-    for (int c = 0; c < 4; c++) f.c[c] = __ldg((const uint4 *)(rec + c * 512 + lane * 16));
-    f.s = __ldg((const uint2 *)(rec + 2048 + lane * 8));
+    for (int c = 0; c < 4; c++)
+        asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(f.c[c].x), "=r"(f.c[c].y), "=r"(f.c[c].z), "=r"(f.c[c].w) : "l"(rec + c * 512 + lane * 16));
+    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(f.s.x), "=r"(f.s.y) : "l"(rec + 2048 + lane * 8));
 }
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
