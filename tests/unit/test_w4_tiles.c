@@ -72,6 +72,10 @@ TEST(w4_pf_tiles)
     EXPECT(w4_tile_smem(w4_tiles[30]) == 6 * 2 * 32 * 128 + 1024 + 8 * 3 * 2312 + 32 * 8 && w4_tile_smem(w4_tiles[30]) == 105920,
            "tile 30: %zu B", w4_tile_smem(w4_tiles[30]));
     for (int i = 0; i < W4_N_TILES; i++) EXPECT(w4_tiles[i].sc == (i == 30 ? 2 : 0), "tile %d: %d chunks a stage", i, w4_tiles[i].sc);
+    /* the dense ring tiles: tile 10's (3 K-split warps' sums, the row pointers) plus 4 warps x wr records */
+    EXPECT(w4_tile_smem(w4_tiles[31]) == w4_tile_smem(w4_tiles[10]) + 4 * 3 * 2304, "tile 31: %zu B", w4_tile_smem(w4_tiles[31]));
+    EXPECT(w4_tile_smem(w4_tiles[33]) == w4_tile_smem(w4_tiles[11]) + 4 * 3 * 2304, "tile 33: %zu B", w4_tile_smem(w4_tiles[33]));
+    for (int i = 31; i < W4_N_TILES; i++) EXPECT(w4_tiles[i].pf == 0 && w4_tiles[i].st == 0 && w4_tiles[i].wr >= 3, "tile %d", i);
     EXPECT(2 * (w4_tile_smem(w4_tiles[30]) + 1024) <= 228 * 1024, "tile 30: two blocks an SM");
     EXPECT(w4_tile_smem(w4_tiles[22]) == 4 * 2 * 128 * 128 + 1024 + 128 * 8, "tile 22: %zu B", w4_tile_smem(w4_tiles[22]));
     EXPECT(w4_tile_smem(w4_tiles[25]) == 5 * 2 * 64 * 128 + 1024 + 64 * 8, "tile 25: %zu B", w4_tile_smem(w4_tiles[25]));
@@ -99,6 +103,11 @@ TEST(w4_pf_tiles)
     EXPECT(w4_default_tile(W4_MOE, 16, 101 * 1024, 1, 0) == 4, "sm_90a, 16 pairs on 101 KB: tile 4");
     EXPECT(w4_default_tile(W4_MOE, 128, 227 * 1024, 0, 0) == 19, "no wgmma: tile 19");
     EXPECT(w4_default_tile(W4_MOE, 4, 227 * 1024, 1, 1) == 12, "decode is not a wg tile's");
+    /* dense decode: the ring tile 31 with split activations, tile 10 with BF16 ones */
+    EXPECT(w4_default_tile(W4_DENSE, 1, 227 * 1024, 1, 1) == 31, "dense 1 row, split activations: tile 31");
+    EXPECT(w4_default_tile(W4_DENSE, 8, 99 * 1024, 0, 1) == 31, "dense 8 rows, split, 99 KB: tile 31");
+    EXPECT(w4_default_tile(W4_DENSE, 1, 227 * 1024, 1, 0) == 10, "dense 1 row, BF16 activations: tile 10");
+    EXPECT(w4_default_tile(W4_DENSE, 1, 16 * 1024, 1, 1) == 10, "dense 1 row on 16 KB: tile 10 (31 needs %zu B)", w4_tile_smem(w4_tiles[31]));
     for (double rows = 1; rows <= 65536; rows *= 1.5)
         for (size_t b = 48 * 1024; b <= 227 * 1024; b += 1024)
             for (int wg = 0; wg < 2; wg++) {
@@ -127,7 +136,8 @@ TEST(w4_default_never_over_budget)
     EXPECT(w4_default_tile(W4_DENSE, 4096, 227 * 1024, 1, 1) == 7, "dense 4096 rows on 227 KB");
     EXPECT(w4_default_tile(W4_DENSE, 4096, 99 * 1024, 1, 1) == 4, "99 KB: 32 tokens, 2 stages");
     EXPECT(w4_default_tile(W4_DENSE, 4096, 48 * 1024, 0, 1) == 3, "48 KB: 16 tokens, 2 stages");
-    EXPECT(w4_default_tile(W4_DENSE, 1, 227 * 1024, 1, 1) == 10, "one row: K split over the block");
+    EXPECT(w4_default_tile(W4_DENSE, 1, 227 * 1024, 1, 0) == 10, "one row: K split over the block");
+    EXPECT(w4_default_tile(W4_DENSE, 1, 227 * 1024, 1, 1) == 31, "one row, split activations: K split, the weight ring");
     EXPECT(w4_default_tile(W4_MOE, 1, 227 * 1024, 1, 1) == 12, "MoE decode: gate and up on separate warps");
     EXPECT(w4_default_tile(W4_MOE, 1, 1024, 1, 1) == 0, "1 KB: the 8-token tile without the exchange");
 }

@@ -125,7 +125,7 @@ static int w4_split_act(void)
 
 /* block: W4_WARPS row tiles x 8 NT tokens x one K split. splits == 1: out = acc * gscale + bias;
  * else part[split][T][N] = acc * gscale (w4_reduce_kernel adds the splits and the bias). */
-template <int NT, int ST, int KS, bool XF, bool SP>
+template <int NT, int ST, int KS, bool XF, bool SP, int WRD = 0>
 static __global__ void __launch_bounds__(W4_WARPS * 32) w4_dense_kernel(float *out, int ldo, float *part,
                                                                          const void *x, int ldx, size_t lo, int T,
                                                                          QTensor w, const float *bias, int splits)
@@ -147,7 +147,7 @@ static __global__ void __launch_bounds__(W4_WARPS * 32) w4_dense_kernel(float *o
     __syncthreads();
     const uint8_t *rec[1] = {w.data + (size_t)(active ? i : 0) * ng * W4_REC};
     float acc[1][NT][4];
-    w4_tile<NT, 1, ST, XF, SP>(acc, rec, active, rowp, lo, (m + 7) / 8, g0, g1, w4_sx);
+    w4_tile<NT, 1, ST, XF, SP, WRD>(acc, rec, active, rowp, lo, (m + 7) / 8, g0, g1, w4_sx);
     if (!w4_kreduce<1, NT, KS>(acc, red) || !active) return;
     float sc = w.gscale * 512.f;
 #pragma unroll
@@ -407,6 +407,20 @@ static void w4_matmul_lt(Backend *be, float *out, int ldo, const float *x, int l
     if (bias) add_bias_cuda(be, out, ldo, bias, T, N);
 }
 
+/* the ring tiles of the decode GEMM (st 0, wr > 0): each warp's weights through wr slots of
+ * shared memory (w4_tile's WRD) */
+template <int NT, int KS, int WRD>
+static void w4_dense_ring(cudaStream_t st, dim3 grid, int xf, int split, float *out, int ldo, float *part, const void *xa,
+                          int lda, size_t lo, int T, const QTensor *w, const float *bias, int splits)
+{
+    size_t smem = (size_t)W4_WARPS * WRD * W4_REC; /* at most 46 KB: no opt-in */
+    static_assert(W4_WARPS * WRD * W4_REC <= 48 * 1024, "a dense ring tile over 48 KB");
+    if (xf && split) w4_dense_kernel<NT, 0, KS, true, true, WRD><<<grid, W4_WARPS * 32, smem, st>>>(out, ldo, part, xa, lda, lo, T, *w, bias, splits);
+    else if (xf) w4_dense_kernel<NT, 0, KS, true, false, WRD><<<grid, W4_WARPS * 32, smem, st>>>(out, ldo, part, xa, lda, lo, T, *w, bias, splits);
+    else if (split) w4_dense_kernel<NT, 0, KS, false, true, WRD><<<grid, W4_WARPS * 32, smem, st>>>(out, ldo, part, xa, lda, lo, T, *w, bias, splits);
+    else w4_dense_kernel<NT, 0, KS, false, false, WRD><<<grid, W4_WARPS * 32, smem, st>>>(out, ldo, part, xa, lda, lo, T, *w, bias, splits);
+}
+
 void w4_matmul_cuda(Backend *be, float *out, int ldo, const float *x, int ldx, int T, const QTensor *w, const float *bias)
 {
     int N = (int)w->rows, K = (int)w->cols;
@@ -445,7 +459,14 @@ void w4_matmul_cuda(Backend *be, float *out, int ldo, const float *x, int ldx, i
 /* one weight stream: a stream-split tile (ss) runs as its ss 0 twin */
 #define LAUNCH_DENSE_T(NTV, STV, KSV, SSV) LAUNCH_DENSE_SP(NTV, STV, KSV, true)
 #define LAUNCH_DENSE_F(NTV, STV, KSV, SSV) LAUNCH_DENSE_SP(NTV, STV, KSV, false)
-    if (split) {
+    if (!w4_tiles[tile].pf && w4_tiles[tile].wr) {
+        CHECK(w4_tiles[tile].st == 0, "w4: ring tile %d stages activations", tile);
+        switch (tile) {
+        case 31: w4_dense_ring<1, 4, 3>(st, grid, xf, split, out, ldo, part, xa, lda, lo, T, w, bias, splits); break;
+        case 32: w4_dense_ring<1, 4, 4>(st, grid, xf, split, out, ldo, part, xa, lda, lo, T, w, bias, splits); break;
+        default: w4_dense_ring<2, 4, 3>(st, grid, xf, split, out, ldo, part, xa, lda, lo, T, w, bias, splits); break;
+        }
+    } else if (split) {
         W4_DISPATCH(tile, LAUNCH_DENSE_T)
     } else {
         W4_DISPATCH(tile, LAUNCH_DENSE_F)
@@ -875,7 +896,9 @@ int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const f
     int E = c->n_experts, K = c->n_experts_per_tok, D = c->hidden, F = c->moe_intermediate, P = T * K;
     cudaStream_t st = cuda_stream(be);
     CHECK(E <= 1024, "w4_moe_cuda: %d experts (at most 1024)", E);
-    int tile = w4_pick(be, W4_MOE, T, (double)T * K / E), NT = w4_tiles[tile].nt, MT = 8 * NT;
+    int tile = w4_pick(be, W4_MOE, T, (double)T * K / E);
+    if (!w4_tiles[tile].pf && w4_tiles[tile].wr) tile = 10; /* the dense ring tiles: their register twin */
+    int NT = w4_tiles[tile].nt, MT = 8 * NT;
     int max_tiles = P / MT + (E < P ? E : P);
     int *ibuf = (int *)cuda_scratch(be, SCR_MOE_COUNT, (size_t)(4 * E + 1 + 2 * (P + E)) * sizeof(int));
     int *count = ibuf, *offset = count + E, *n_tiles = offset + E, *tile_e = n_tiles + 1,

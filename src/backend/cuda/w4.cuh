@@ -87,6 +87,25 @@ __device__ __forceinline__ void w4_load(W4Frag &f, const uint8_t *rec, int lane)
     asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(f.s.x), "=r"(f.s.y) : "l"(rec + 2048 + lane * 8));
 }
 
+/* A lane's share of a record group into a shared-memory slot by cp.async (each lane later reads
+ * back only the bytes it copied: no barrier), and back into registers as w4_load lays them out. */
+__device__ __forceinline__ void w4_copy(uint32_t slot, const uint8_t *rec, int lane)
+{
+#pragma unroll
+    for (int c = 0; c < 4; c++)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(slot + c * 512 + lane * 16), "l"(rec + c * 512 + lane * 16));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(slot + 2048 + lane * 8), "l"(rec + 2048 + lane * 8));
+}
+
+__device__ __forceinline__ void w4_lds(W4Frag &f, uint32_t slot, int lane)
+{
+#pragma unroll
+    for (int c = 0; c < 4; c++)
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(f.c[c].x), "=r"(f.c[c].y), "=r"(f.c[c].z), "=r"(f.c[c].w) : "r"(slot + c * 512 + lane * 16) : "memory");
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(f.s.x), "=r"(f.s.y) : "r"(slot + 2048 + lane * 8) : "memory");
+}
+
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
 {
     unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
@@ -162,7 +181,7 @@ __device__ __forceinline__ void w4_loadb(uint4 (&b)[2][2], const __nv_bfloat16 *
  * ST > 0: the block stages the activation tile of each group into shared memory sx (ST groups
  * in flight, cp.async), else each lane reads its B fragments from global memory (L1). The
  * weights always stream through registers, the next group's load issued before this one's math. */
-template <int NT, int NS, int ST, bool XF, bool SPLIT>
+template <int NT, int NS, int ST, bool XF, bool SPLIT, int WRD = 0>
 __device__ __forceinline__ void w4_tile(float (&acc)[NS][NT][4], const uint8_t *const (&rec)[NS], int active,
                                         const void *const *rowp, size_t lo, int ntv, int g0, int g1, __nv_bfloat16 *sx)
 {
@@ -197,7 +216,19 @@ __device__ __forceinline__ void w4_tile(float (&acc)[NS][NT][4], const uint8_t *
      * so were 2-4 for the dense decode tiles, docs/PERFORMANCE.md) */
     constexpr int PF = 1;
     W4Frag nxt[PF][NS];
-    if (active) {
+    /* WRD > 0 (ST 0 only): instead, each warp's records stream through a ring of WRD slots per
+     * stream in shared memory (sx), WRD - 1 groups ahead, by cp.async: depth without registers */
+    static_assert(WRD == 0 || (ST == 0 && WRD >= 2), "a weight ring: no staged activations, 2+ slots");
+    const uint32_t ring = WRD ? (uint32_t)__cvta_generic_to_shared(sx) + (threadIdx.x >> 5) * NS * WRD * W4_REC : 0;
+    if (WRD && active) {
+#pragma unroll
+        for (int p = 0; p < (WRD ? WRD - 1 : 0); p++) {
+            if (g0 + p < g1)
+#pragma unroll
+                for (int s = 0; s < NS; s++) w4_copy(ring + (s * WRD + p) * W4_REC, rec[s] + (size_t)(g0 + p) * W4_REC, lane);
+            cp_async_commit();
+        }
+    } else if (active) {
 #pragma unroll
         for (int p = 0; p < PF; p++)
             if (g0 + p < g1) {
@@ -216,6 +247,16 @@ __device__ __forceinline__ void w4_tile(float (&acc)[NS][NT][4], const uint8_t *
         }
         if (!active) continue;
         W4Frag cur[NS];
+        if constexpr (WRD > 0) {
+            int q = G - g0, Gn = G + WRD - 1; /* Gn refills the slot group G - 1 used (read back last step) */
+            if (Gn < g1)
+#pragma unroll
+                for (int s = 0; s < NS; s++) w4_copy(ring + (s * WRD + (q + WRD - 1) % WRD) * W4_REC, rec[s] + (size_t)Gn * W4_REC, lane);
+            cp_async_commit();
+            cp_async_wait<(WRD ? WRD - 1 : 0)>(); /* group G has landed */
+#pragma unroll
+            for (int s = 0; s < NS; s++) w4_lds(cur[s], ring + (s * WRD + q % WRD) * W4_REC, lane);
+        } else {
 #pragma unroll
         for (int s = 0; s < NS; s++) cur[s] = nxt[0][s];
 #pragma unroll
@@ -225,6 +266,7 @@ __device__ __forceinline__ void w4_tile(float (&acc)[NS][NT][4], const uint8_t *
         if (G + PF < g1) {
 #pragma unroll
             for (int s = 0; s < NS; s++) w4_load(nxt[PF - 1][s], rec[s] + (size_t)(G + PF) * W4_REC, lane);
+        }
         }
 #pragma unroll
         for (int c = 0; c < 4; c++) {
@@ -256,7 +298,7 @@ __device__ __forceinline__ void w4_tile(float (&acc)[NS][NT][4], const uint8_t *
                 }
         }
     }
-    if (ST > 0) cp_async_wait<0>();
+    if (ST > 0 || WRD > 0) cp_async_wait<0>();
 }
 
 /* Intra-block K split: KS (1 or W4_WARPS) warps share a row tile, warp part kp = warp % KS

@@ -31,12 +31,14 @@ extern "C" {
  * loaded into registers; else a ring of wr records per warp in shared memory, filled by bulk
  * copies wr - 1 groups ahead (memory-bound sizes: more bytes in flight without registers).
  * sc (ring tiles): chunks of 64 columns a stage waits for together, 0 or 1, or 2 (one barrier,
- * fence and commit group per 128 columns; st counts chunk slots either way). */
+ * fence and commit group per 128 columns; st counts chunk slots either way). wr (pf 0, st 0
+ * tiles 31 on: dense only, the MoE runs tile 10): each warp's records through wr slots of
+ * shared memory by cp.async, wr - 1 groups ahead, instead of one group ahead in registers. */
 typedef struct {
     int nt, st, ks, ss, pf, wr, sc;
 } W4Tile;
 
-#define W4_N_TILES 31
+#define W4_N_TILES 34
 
 /* pf tiles' shared memory (w4.cu's w4_pf_gemm): a stage holds W4_PF_RECS records' halves, each
  * 1024 bytes of codes (2 chunks) and the record's 256 bytes of scales, then 8 nt activation rows

@@ -27,6 +27,7 @@ const W4Tile w4_tiles[W4_N_TILES] = {
     {4, 4, 1, 0, 2, 0, 0},                                                        /* or 32 tokens a block */
     {4, 4, 1, 0, 2, 4, 0}, {8, 3, 1, 0, 2, 3, 0}, {16, 4, 1, 0, 2, 3, 0}, /* wg, the weights through a ring of records in shared memory */
     {4, 6, 1, 0, 2, 3, 2}, /* 32 tokens, the ring, stages of 2 chunks (one barrier per 128 columns) */
+    {1, 0, 4, 0, 0, 3, 0}, {1, 0, 4, 0, 0, 4, 0}, {2, 0, 4, 0, 0, 3, 0}, /* dense decode (10, 11) with the weights through a ring */
 };
 
 size_t w4_tile_smem(W4Tile t)
@@ -39,7 +40,8 @@ size_t w4_tile_smem(W4Tile t)
     size_t dyn = (size_t)t.st * 2 * 8 * t.nt * XS_BYTES, rowp = (size_t)8 * t.nt * sizeof(void *);
     size_t red = t.ks > 1 ? (size_t)(t.ks - 1) * 2 * t.nt * 4 * 32 * sizeof(float) : 0; /* 2: gate and up */
     if (t.ss) red = (size_t)(4 / 2) * t.nt * 4 * 32 * sizeof(float); /* the up sums of the block's 2 row tiles */
-    return dyn + rowp + red;
+    size_t ring = (size_t)4 * t.wr * 2304; /* dense ring tiles: 4 warps x wr records */
+    return dyn + rowp + red + ring;
 }
 
 int w4_tile_fits(W4Tile t, size_t budget, char *why, size_t n)
@@ -101,7 +103,10 @@ static int first_fit(const int *prefs, int n, size_t budget, int wg)
  * against 8.71 at 96), then tile 29 (128 tokens, 1 block an SM: 256 pairs 12.56 ms against tile
  * 24's 14.99, split 19.77 against 21.38). Session 8: tile 30 (tile 27 with stages of 2 chunks)
  * in 27's place, 3% faster at 8-16 pairs with BF16 activations, 6-8% split (512 tokens 2.10
- * against 2.16 ms, split 2.57 against 2.78), even at 32 (3.07 against 3.11, split 4.10 against 4.04). */
+ * against 2.16 ms, split 2.57 against 2.78), even at 32 (3.07 against 3.11, split 4.10 against 4.04).
+ * Dense up to 8 rows with split activations: tile 31 (tile 10 with a 3-slot weight ring in shared
+ * memory), 13-28% faster on the large GLM shapes (GLM-5 o_proj at 1 row 39.3 against 47.1 us, gate/up
+ * at 8 rows 37.9 against 52.6); with BF16 activations it is no faster than tile 10, which stays. */
 int w4_default_tile(W4Kind kind, double rows, size_t budget, int wg, int split)
 {
     static const int big[] = {7, 4, 3, 0}, mid[] = {4, 3, 0}, d16[] = {3, 0}, pf[] = {19, 20, 21, 7, 4, 3, 0};
@@ -119,7 +124,7 @@ int w4_default_tile(W4Kind kind, double rows, size_t budget, int wg, int split)
         if (rows >= 48) return first_fit(pf, 7, budget, wg);
         return first_fit(big, 4, budget, wg);
     }
-    if (rows <= 8) return first_fit((const int[]){10, 0}, 2, budget, wg);
+    if (rows <= 8) return split ? first_fit((const int[]){31, 10, 0}, 3, budget, wg) : first_fit((const int[]){10, 0}, 2, budget, wg);
     if (rows <= 16) return first_fit(d16, 2, budget, wg);
     if (rows <= 64) return first_fit(mid, 3, budget, wg);
     return first_fit(big, 4, budget, wg);
