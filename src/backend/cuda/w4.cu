@@ -460,12 +460,17 @@ void w4_matmul_cuda(Backend *be, float *out, int ldo, const float *x, int ldx, i
 #define LAUNCH_DENSE_T(NTV, STV, KSV, SSV) LAUNCH_DENSE_SP(NTV, STV, KSV, true)
 #define LAUNCH_DENSE_F(NTV, STV, KSV, SSV) LAUNCH_DENSE_SP(NTV, STV, KSV, false)
     if (!w4_tiles[tile].pf && w4_tiles[tile].wr) {
-        CHECK(w4_tiles[tile].st == 0, "w4: ring tile %d stages activations", tile);
+#define W4_DENSE_RING(NTV, KSV, WRV)                                                                                   \
+    CHECK(w4_tiles[tile].nt == NTV && w4_tiles[tile].st == 0 && w4_tiles[tile].ks == KSV && w4_tiles[tile].wr == WRV,    \
+          "w4: dense ring tile %d is not <%d, 0, %d, %d>", tile, NTV, KSV, WRV);                                       \
+    w4_dense_ring<NTV, KSV, WRV>(st, grid, xf, split, out, ldo, part, xa, lda, lo, T, w, bias, splits)
         switch (tile) {
-        case 31: w4_dense_ring<1, 4, 3>(st, grid, xf, split, out, ldo, part, xa, lda, lo, T, w, bias, splits); break;
-        case 32: w4_dense_ring<1, 4, 4>(st, grid, xf, split, out, ldo, part, xa, lda, lo, T, w, bias, splits); break;
-        default: w4_dense_ring<2, 4, 3>(st, grid, xf, split, out, ldo, part, xa, lda, lo, T, w, bias, splits); break;
+        case 31: W4_DENSE_RING(1, 4, 3); break;
+        case 32: W4_DENSE_RING(1, 4, 4); break;
+        case 33: W4_DENSE_RING(2, 4, 3); break;
+        default: die("w4: tile %d has no dense ring kernel", tile);
         }
+#undef W4_DENSE_RING
     } else if (split) {
         W4_DISPATCH(tile, LAUNCH_DENSE_T)
     } else {

@@ -83,7 +83,7 @@ __device__ __forceinline__ void w4_load(W4Frag &f, const uint8_t *rec, int lane)
 #pragma unroll
     for (int c = 0; c < 4; c++)
         asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(f.c[c].x), "=r"(f.c[c].y), "=r"(f.c[c].z), "=r"(f.c[c].w) : "l"(rec + c * 512 + lane * 16));
+            : "=r"(f.c[c].x), "=r"(f.c[c].y), "=r"(f.c[c].z), "=r"(f.c[c].w) : "l"(rec + c * 512 + lane * 16));
     asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(f.s.x), "=r"(f.s.y) : "l"(rec + 2048 + lane * 8));
 }
 
@@ -180,7 +180,8 @@ __device__ __forceinline__ void w4_loadb(uint4 (&b)[2][2], const __nv_bfloat16 *
  * (with ST > 0 every warp of the block must call, active or not: the staging is the block's).
  * ST > 0: the block stages the activation tile of each group into shared memory sx (ST groups
  * in flight, cp.async), else each lane reads its B fragments from global memory (L1). The
- * weights always stream through registers, the next group's load issued before this one's math. */
+ * weights stream through registers, the next group's load issued before this one's math, or
+ * (WRD > 0) through a ring in shared memory. */
 template <int NT, int NS, int ST, bool XF, bool SPLIT, int WRD = 0>
 __device__ __forceinline__ void w4_tile(float (&acc)[NS][NT][4], const uint8_t *const (&rec)[NS], int active,
                                         const void *const *rowp, size_t lo, int ntv, int g0, int g1, __nv_bfloat16 *sx)
@@ -258,15 +259,15 @@ __device__ __forceinline__ void w4_tile(float (&acc)[NS][NT][4], const uint8_t *
             for (int s = 0; s < NS; s++) w4_lds(cur[s], ring + (s * WRD + q % WRD) * W4_REC, lane);
         } else {
 #pragma unroll
-        for (int s = 0; s < NS; s++) cur[s] = nxt[0][s];
+            for (int s = 0; s < NS; s++) cur[s] = nxt[0][s];
 #pragma unroll
-        for (int p = 0; p + 1 < PF; p++)
+            for (int p = 0; p + 1 < PF; p++)
 #pragma unroll
-            for (int s = 0; s < NS; s++) nxt[p][s] = nxt[p + 1][s];
-        if (G + PF < g1) {
+                for (int s = 0; s < NS; s++) nxt[p][s] = nxt[p + 1][s];
+            if (G + PF < g1) {
 #pragma unroll
-            for (int s = 0; s < NS; s++) w4_load(nxt[PF - 1][s], rec[s] + (size_t)(G + PF) * W4_REC, lane);
-        }
+                for (int s = 0; s < NS; s++) w4_load(nxt[PF - 1][s], rec[s] + (size_t)(G + PF) * W4_REC, lane);
+            }
         }
 #pragma unroll
         for (int c = 0; c < 4; c++) {
