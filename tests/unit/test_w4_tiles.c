@@ -58,7 +58,7 @@ TEST(w4_pf_tiles)
     W4Tile wtwin = w4_tiles[W4_WG_DENSE_TWIN];
     EXPECT(!wtwin.pf && !wtwin.ss, "the wg twin is a dense tile");
     for (int i = 0; i < W4_N_TILES; i++)
-        if (w4_tiles[i].pf) EXPECT(w4_tile_smem(w4_tiles[i].pf == 2 ? wtwin : twin) <= w4_tile_smem(w4_tiles[i]), "tile %d: twin needs more", i);
+        if (w4_tiles[i].pf && w4_tiles[i].pf != 3) EXPECT(w4_tile_smem(w4_tiles[i].pf == 2 ? wtwin : twin) <= w4_tile_smem(w4_tiles[i]), "tile %d: twin needs more", i);
     /* wg tiles: stages of 2 halves x 8 nt rows x 128 B, 1 KB of alignment slack, the row pointers */
     for (int i = 22; i < 31; i++) EXPECT(w4_tiles[i].pf == 2, "tile %d is a wg tile", i);
     for (int i = 0; i < 27; i++) EXPECT(w4_tiles[i].wr == 0, "tile %d has no weight ring", i);
@@ -75,7 +75,12 @@ TEST(w4_pf_tiles)
     /* the dense ring tiles: tile 10's (3 K-split warps' sums, the row pointers) plus 4 warps x wr records */
     EXPECT(w4_tile_smem(w4_tiles[31]) == w4_tile_smem(w4_tiles[10]) + 4 * 3 * 2304, "tile 31: %zu B", w4_tile_smem(w4_tiles[31]));
     EXPECT(w4_tile_smem(w4_tiles[33]) == w4_tile_smem(w4_tiles[11]) + 4 * 3 * 2304, "tile 33: %zu B", w4_tile_smem(w4_tiles[33]));
-    for (int i = 31; i < W4_N_TILES; i++) EXPECT(w4_tiles[i].pf == 0 && w4_tiles[i].st == 0 && w4_tiles[i].wr >= 3, "tile %d", i);
+    for (int i = 31; i < 34; i++) EXPECT(w4_tiles[i].pf == 0 && w4_tiles[i].st == 0 && w4_tiles[i].wr >= 3, "tile %d", i);
+    /* the stream-K tiles (dense only): 8 or 16 rows, no static shared memory (the staged rows
+     * are the call's, checked at launch), so they fit any budget */
+    for (int i = 34; i < W4_N_TILES; i++)
+        EXPECT(w4_tiles[i].pf == 3 && w4_tiles[i].nt == i - 33 && w4_tile_smem(w4_tiles[i]) == 0 &&
+                   w4_tile_fits(w4_tiles[i], 99 * 1024, NULL, 0) && w4_tile_runs(w4_tiles[i], 0, NULL, 0), "tile %d", i);
     EXPECT(2 * (w4_tile_smem(w4_tiles[30]) + 1024) <= 228 * 1024, "tile 30: two blocks an SM");
     EXPECT(w4_tile_smem(w4_tiles[22]) == 4 * 2 * 128 * 128 + 1024 + 128 * 8, "tile 22: %zu B", w4_tile_smem(w4_tiles[22]));
     EXPECT(w4_tile_smem(w4_tiles[25]) == 5 * 2 * 64 * 128 + 1024 + 64 * 8, "tile 25: %zu B", w4_tile_smem(w4_tiles[25]));
@@ -103,16 +108,25 @@ TEST(w4_pf_tiles)
     EXPECT(w4_default_tile(W4_MOE, 16, 101 * 1024, 1, 0) == 4, "sm_90a, 16 pairs on 101 KB: tile 4");
     EXPECT(w4_default_tile(W4_MOE, 128, 227 * 1024, 0, 0) == 19, "no wgmma: tile 19");
     EXPECT(w4_default_tile(W4_MOE, 4, 227 * 1024, 1, 1) == 12, "decode is not a wg tile's");
-    /* dense decode: the ring tile 31 with split activations, tile 10 with BF16 ones */
-    EXPECT(w4_default_tile(W4_DENSE, 1, 227 * 1024, 1, 1) == 31, "dense 1 row, split activations: tile 31");
-    EXPECT(w4_default_tile(W4_DENSE, 8, 99 * 1024, 0, 1) == 31, "dense 8 rows, split, 99 KB: tile 31");
-    EXPECT(w4_default_tile(W4_DENSE, 1, 227 * 1024, 1, 0) == 10, "dense 1 row, BF16 activations: tile 10");
-    EXPECT(w4_default_tile(W4_DENSE, 1, 16 * 1024, 1, 1) == 10, "dense 1 row on 16 KB: tile 10 (31 needs %zu B)", w4_tile_smem(w4_tiles[31]));
+    /* dense decode: the stream-K tile 34 up to 8 rows, whatever the budget (it checks each call's
+     * rows against it); where a call does not suit it, the ring tile 31 with split activations,
+     * tile 10 with BF16 ones, tile 3 from 9 rows */
+    for (int split = 0; split < 2; split++)
+        for (int rows = 1; rows <= 8; rows++)
+            EXPECT(w4_default_tile(W4_DENSE, rows, 99 * 1024, split, split) == 34, "dense %d rows, split %d: tile 34", rows, split);
+    EXPECT(w4_default_tile(W4_DENSE, 9, 227 * 1024, 1, 1) == 3 && w4_default_tile(W4_DENSE, 16, 227 * 1024, 1, 0) == 3, "16 rows: tile 3");
+    EXPECT(w4_sk_fallback(1, 227 * 1024, 1) == 31, "dense 1 row, split activations: tile 31");
+    EXPECT(w4_sk_fallback(8, 99 * 1024, 1) == 31, "dense 8 rows, split, 99 KB: tile 31");
+    EXPECT(w4_sk_fallback(1, 227 * 1024, 0) == 10, "dense 1 row, BF16 activations: tile 10");
+    EXPECT(w4_sk_fallback(1, 16 * 1024, 1) == 10, "dense 1 row on 16 KB: tile 10 (31 needs %zu B)", w4_tile_smem(w4_tiles[31]));
+    EXPECT(w4_sk_fallback(16, 227 * 1024, 1) == 3 && w4_sk_fallback(32, 227 * 1024, 1) == 4, "16 and 32 rows: tiles 3, 4");
     for (double rows = 1; rows <= 65536; rows *= 1.5)
         for (size_t b = 48 * 1024; b <= 227 * 1024; b += 1024)
             for (int wg = 0; wg < 2; wg++) {
                 int t = w4_default_tile(W4_DENSE, rows, b, wg, 1);
-                EXPECT(!w4_tiles[t].pf, "dense %.0f rows: a pf tile", rows);
+                EXPECT(!w4_tiles[t].pf || (w4_tiles[t].pf == 3 && rows <= 8), "dense %.0f rows: a pf tile", rows);
+                t = w4_sk_fallback(rows, b, 1);
+                EXPECT(!w4_tiles[t].pf && w4_tile_fits(w4_tiles[t], b, NULL, 0), "dense %.0f rows: fallback tile %d", rows, t);
                 t = w4_default_tile(W4_MOE, rows, b, wg, rows > 1000);
                 EXPECT(wg || w4_tiles[t].pf != 2, "MoE %.0f rows on %zu B without wgmma: wg tile %d", rows, b, t);
             }
@@ -136,8 +150,8 @@ TEST(w4_default_never_over_budget)
     EXPECT(w4_default_tile(W4_DENSE, 4096, 227 * 1024, 1, 1) == 7, "dense 4096 rows on 227 KB");
     EXPECT(w4_default_tile(W4_DENSE, 4096, 99 * 1024, 1, 1) == 4, "99 KB: 32 tokens, 2 stages");
     EXPECT(w4_default_tile(W4_DENSE, 4096, 48 * 1024, 0, 1) == 3, "48 KB: 16 tokens, 2 stages");
-    EXPECT(w4_default_tile(W4_DENSE, 1, 227 * 1024, 1, 0) == 10, "one row: K split over the block");
-    EXPECT(w4_default_tile(W4_DENSE, 1, 227 * 1024, 1, 1) == 31, "one row, split activations: K split, the weight ring");
+    EXPECT(w4_default_tile(W4_DENSE, 1, 227 * 1024, 1, 0) == 34 && w4_default_tile(W4_DENSE, 1, 1024, 0, 1) == 34,
+           "one row: stream-K (its static shared memory is none)");
     EXPECT(w4_default_tile(W4_MOE, 1, 227 * 1024, 1, 1) == 12, "MoE decode: gate and up on separate warps");
     EXPECT(w4_default_tile(W4_MOE, 1, 1024, 1, 1) == 0, "1 KB: the 8-token tile without the exchange");
 }

@@ -421,6 +421,183 @@ static void w4_dense_ring(cudaStream_t st, dim3 grid, int xf, int split, float *
     else w4_dense_kernel<NT, 0, KS, false, false, WRD><<<grid, W4_WARPS * 32, smem, st>>>(out, ldo, part, xa, lda, lo, T, *w, bias, splits);
 }
 
+/* ---- dense decode, stream-K (pf 3 tiles): one wave of blocks, contiguous runs of records ----
+ * One wave of P blocks of W4_SK_WARPS warps: block b takes the row tiles [b n / P, (b + 1) n / P)
+ * of W's n = N / 16 (every block 1 of 2 counts, ~3% of imbalance on the GLM shapes), and its
+ * warps cut the block's records (row tile major, the memory order) into equal contiguous runs, so
+ * that no warp waits for a second wave and none idles at the tail. The block first stages its
+ * token tile's activation rows whole (up to 8 NT rows x K, BF16 halves) in shared memory, once for
+ * all its warps, instead of every warp reading and converting them through L1 (session 9's probe,
+ * dev/cuda/probe_dense.cu: 70-80% of copy at 1 row against tile 10's ~50%). The weights stream
+ * through registers one record ahead (w4_load; L1 bypassed). A row tile a warp covers whole is
+ * stored at once; one shared by several warps of the block (at most a run's first and last)
+ * leaves each warp's sums in shared memory, and after one barrier the warp whose run holds the
+ * tile's first record adds the shares in warp order (deterministic) and stores it. */
+#define W4_SK_WARPS 16
+
+/* row tile i's sums (acc, a warp's mma layout) to out, scaled, plus the bias, for the m valid rows */
+template <int NT>
+__device__ __forceinline__ void w4_sk_store(float *out, int ldo, const float (&acc)[NT][4], float sc, const float *bias, int m0,
+                                            int m, int i)
+{
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int slot = nt * 8 + 2 * t + (e & 1), row = 16 * i + g + 8 * (e >> 1);
+            if (slot < m) out[(size_t)(m0 + slot) * ldo + row] = acc[nt][e] * sc + (bias ? bias[row] : 0.f);
+        }
+}
+
+/* shared memory of a launch: the shares (2 a warp of NT x 4 floats x 32 lanes), then the staged rows */
+#define W4_SK_SHARES(NT) ((size_t)W4_SK_WARPS * 2 * (NT) * 4 * 32 * sizeof(float))
+
+template <int NT, bool SP>
+static __global__ void __launch_bounds__(W4_SK_WARPS * 32, 1) w4_dense_sk_kernel(float *out, int ldo, const float *x, int ldx,
+                                                                                int T, QTensor w, const float *bias)
+{
+    extern __shared__ __align__(16) float w4_sks[];
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
+    const int N = (int)w.rows, K = (int)w.cols, ng = K / W4_KG, XS = K + 8; /* rows 16 bytes apart mod 128 */
+    const int tb0 = (int)((int64_t)blockIdx.x * (N / 16) / gridDim.x), tb1 = (int)((int64_t)(blockIdx.x + 1) * (N / 16) / gridDim.x);
+    const int rb0 = tb0 * ng, Rb = (tb1 - tb0) * ng; /* the block's records */
+    const int r0 = rb0 + warp * Rb / W4_SK_WARPS, r1 = rb0 + (warp + 1) * Rb / W4_SK_WARPS;
+    const int m0 = blockIdx.y * 8 * NT, m = min(8 * NT, T - m0);
+    __nv_bfloat16 *xs = (__nv_bfloat16 *)(w4_sks + W4_SK_SHARES(NT) / sizeof(float));
+    W4Frag nxt;
+    if (r0 < r1) w4_load(nxt, w.data + (size_t)r0 * W4_REC, lane); /* in flight while the rows are staged */
+    /* the block's m activation rows: hi halves, then (SP) lo halves m rows further */
+    const bool v4 = (ldx & 3) == 0 && ((uintptr_t)x & 15) == 0;
+    for (int q = threadIdx.x; q < m * (K / 4); q += blockDim.x) {
+        int rr = q / (K / 4), k = 4 * (q % (K / 4));
+        const float *src = x + (size_t)(m0 + rr) * ldx + k;
+        float f[4];
+        if (v4) *(float4 *)f = __ldg((const float4 *)src);
+        else
+            for (int e = 0; e < 4; e++) f[e] = __ldg(src + e);
+        __nv_bfloat162 h0 = __floats2bfloat162_rn(f[0], f[1]), h1 = __floats2bfloat162_rn(f[2], f[3]);
+        *(uint2 *)(xs + (size_t)rr * XS + k) = make_uint2(*(uint32_t *)&h0, *(uint32_t *)&h1);
+        if (SP) {
+            __nv_bfloat162 l0 = __floats2bfloat162_rn(f[0] - __low2float(h0), f[1] - __high2float(h0));
+            __nv_bfloat162 l1 = __floats2bfloat162_rn(f[2] - __low2float(h1), f[3] - __high2float(h1));
+            *(uint2 *)(xs + (size_t)(m + rr) * XS + k) = make_uint2(*(uint32_t *)&l0, *(uint32_t *)&l1);
+        }
+    }
+    __syncthreads();
+    const int ntv = (m + 7) / 8;
+    const __nv_bfloat16 *xr[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) xr[nt] = xs + (size_t)min(nt * 8 + g, m - 1) * XS + t * 16;
+    const size_t lo = (size_t)m * XS;
+    const float sc = w.gscale * 512.f;
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+    int i = r0 / ng, G = r0 - i * ng;
+    for (int r = r0; r < r1; r++) {
+        W4Frag cur = nxt;
+        if (r + 1 < r1) w4_load(nxt, w.data + (size_t)(r + 1) * W4_REC, lane);
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            uint32_t a[4][4];
+            uint32_t sw = (c < 2) ? cur.s.x : cur.s.y;
+            uint32_t sg = w4_scale2(sw, (2 * c) & 3), sh = w4_scale2(sw, (2 * c + 1) & 3);
+            uint32_t words[4] = {cur.c[c].x, cur.c[c].y, cur.c[c].z, cur.c[c].w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) w4_decode(words[j], sg, sh, a[j]);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+                if (nt < ntv)
+#pragma unroll
+                    for (int h = 0; h < (SP ? 2 : 1); h++) {
+                        const uint4 *p = (const uint4 *)(xr[nt] + h * lo + G * W4_KG + c * 64);
+                        uint4 b0 = p[0], b1 = p[1];
+                        mma_bf16(acc[nt], a[0][0], a[0][1], a[0][2], a[0][3], b0.x, b0.y);
+                        mma_bf16(acc[nt], a[1][0], a[1][1], a[1][2], a[1][3], b0.z, b0.w);
+                        mma_bf16(acc[nt], a[2][0], a[2][1], a[2][2], a[2][3], b1.x, b1.y);
+                        mma_bf16(acc[nt], a[3][0], a[3][1], a[3][2], a[3][3], b1.z, b1.w);
+                    }
+        }
+        if (++G < ng && r + 1 < r1) continue;
+        /* the end of row tile i in this run: stored if whole, else the warp's share kept */
+        if (i * ng >= r0 && (i + 1) * ng <= r1) w4_sk_store<NT>(out, ldo, acc, sc, bias, m0, m, i);
+        else {
+            float *p = w4_sks + (size_t)(warp * 2 + (i == r0 / ng ? 0 : 1)) * NT * 4 * 32;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) p[(nt * 4 + e) * 32 + lane] = acc[nt][e];
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+        i++;
+        G = 0;
+    }
+    __syncthreads();
+    /* the shared row tile that starts in this run (its last, if shared): the shares of warps
+     * warp .. wb in warp order; warp u holds record r of the block iff u = ((r - rb0 + 1) 16 - 1) / Rb */
+    if (r0 >= r1) return;
+    const int il = (r1 - 1) / ng;
+    if (il * ng < r0 || (il + 1) * ng <= r1) return; /* it starts in an earlier run, or ends in this one */
+    const int wb = (int)(((int64_t)((il + 1) * ng - rb0) * W4_SK_WARPS - 1) / Rb);
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+    for (int u = warp; u <= wb; u++) {
+        const int ur0 = rb0 + u * Rb / W4_SK_WARPS;
+        if (ur0 == rb0 + (u + 1) * Rb / W4_SK_WARPS) continue; /* a warp with no record (Rb < 16) */
+        const float *p = w4_sks + (size_t)(u * 2 + (il == ur0 / ng ? 0 : 1)) * NT * 4 * 32;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[nt][e] += p[(nt * 4 + e) * 32 + lane];
+    }
+    w4_sk_store<NT>(out, ldo, acc, sc, bias, m0, m, il);
+}
+
+/* Shared memory of a stream-K launch: the shares, then its token tile's rows, whole, as BF16 halves */
+static size_t w4_sk_smem(int T, int K, int nt, int split)
+{
+    return W4_SK_SHARES(nt) + (size_t)(T < 8 * nt ? T : 8 * nt) * (K + 8) * 2 * (split ? 2 : 1);
+}
+
+/* Run tile `tile` (pf 3) if this call suits it: 1 with the GEMM launched, 0 if not (more rows
+ * than two token tiles, rows over the shared memory budget, or fewer row tiles than a wave has
+ * blocks: a row tile is never split across blocks). */
+static int w4_dense_sk(Backend *be, int tile, float *out, int ldo, const float *x, int ldx, int T, const QTensor *w,
+                       const float *bias, int split, size_t budget)
+{
+    int nt = w4_tiles[tile].nt, N = (int)w->rows, K = (int)w->cols, sms = sm_count(be);
+    int gy = cdiv(T, 8 * nt);
+    size_t smem = w4_sk_smem(T, K, nt, split);
+    if (gy > 2 || nt * gy > 2 || smem > budget) return 0;
+    int occ = 0;
+#define W4_SK_OCC(NTV, SPV)                                                                                            \
+    do {                                                                                                               \
+        static size_t set_ = 0;                                                                                        \
+        if (smem > set_) {                                                                                             \
+            CUDA_CHECK(cudaFuncSetAttribute(w4_dense_sk_kernel<NTV, SPV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)); \
+            set_ = smem;                                                                                               \
+        }                                                                                                              \
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, w4_dense_sk_kernel<NTV, SPV>, W4_SK_WARPS * 32, smem)); \
+    } while (0)
+    if (nt == 1 && split) W4_SK_OCC(1, true);
+    else if (nt == 1) W4_SK_OCC(1, false);
+    else if (split) W4_SK_OCC(2, true);
+    else W4_SK_OCC(2, false);
+#undef W4_SK_OCC
+    int P = sms * occ;
+    if (occ < 1 || N / 16 < P) return 0;
+    dim3 grid((unsigned)P, gy);
+    cudaStream_t st = cuda_stream(be);
+    if (nt == 1 && split) w4_dense_sk_kernel<1, true><<<grid, W4_SK_WARPS * 32, smem, st>>>(out, ldo, x, ldx, T, *w, bias);
+    else if (nt == 1) w4_dense_sk_kernel<1, false><<<grid, W4_SK_WARPS * 32, smem, st>>>(out, ldo, x, ldx, T, *w, bias);
+    else if (split) w4_dense_sk_kernel<2, true><<<grid, W4_SK_WARPS * 32, smem, st>>>(out, ldo, x, ldx, T, *w, bias);
+    else w4_dense_sk_kernel<2, false><<<grid, W4_SK_WARPS * 32, smem, st>>>(out, ldo, x, ldx, T, *w, bias);
+    LAUNCH_CHECK("w4_dense_sk_kernel");
+    return 1;
+}
+
 void w4_matmul_cuda(Backend *be, float *out, int ldo, const float *x, int ldx, int T, const QTensor *w, const float *bias)
 {
     int N = (int)w->rows, K = (int)w->cols;
@@ -430,6 +607,11 @@ void w4_matmul_cuda(Backend *be, float *out, int ldo, const float *x, int ldx, i
         return;
     }
     int tile = w4_pick(be, W4_DENSE, T, T);
+    if (w4_tiles[tile].pf == 3) { /* stream-K, where the call suits it; else the choice without it */
+        size_t budget = w4_smem_budget(cuda_state(be)->device);
+        if (w4_dense_sk(be, tile, out, ldo, x, ldx, T, w, bias, w4_split_act(), budget)) return;
+        tile = w4_sk_fallback(T, budget, w4_split_act());
+    }
     if (w4_tiles[tile].pf) tile = w4_tiles[tile].pf == 2 ? W4_WG_DENSE_TWIN : W4_PF_DENSE_TWIN; /* MoE-only: fits wherever the pf tile fits (test_w4_tiles) */
     int nt = w4_tiles[tile].nt;
     int splits = w4_splits(T, N, K, nt, w4_tiles[tile].ks, sm_count(be));
@@ -903,6 +1085,7 @@ int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const f
     CHECK(E <= 1024, "w4_moe_cuda: %d experts (at most 1024)", E);
     int tile = w4_pick(be, W4_MOE, T, (double)T * K / E);
     if (!w4_tiles[tile].pf && w4_tiles[tile].wr) tile = 10; /* the dense ring tiles: their register twin */
+    if (w4_tiles[tile].pf == 3) tile = 12;                  /* the stream-K dense tiles: the MoE decode tile */
     int NT = w4_tiles[tile].nt, MT = 8 * NT;
     int max_tiles = P / MT + (E < P ? E : P);
     int *ibuf = (int *)cuda_scratch(be, SCR_MOE_COUNT, (size_t)(4 * E + 1 + 2 * (P + E)) * sizeof(int));

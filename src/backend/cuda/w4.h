@@ -38,7 +38,13 @@ typedef struct {
     int nt, st, ks, ss, pf, wr, sc;
 } W4Tile;
 
-#define W4_N_TILES 34
+#define W4_N_TILES 36
+
+/* pf 3 (dense only; the MoE runs tile 12): the stream-K decode GEMM (w4.cu w4_dense_sk_kernel),
+ * one wave of 16-warp blocks, each block whole row tiles, each warp a contiguous run of records,
+ * the activation rows of the block's token tile (up to 8 nt rows x K, BF16 halves) staged whole
+ * in shared memory: the budget it needs depends on the call, which falls back to tile 10 where
+ * it is over (or the rows are more than 16, or the row tiles fewer than the wave's blocks). */
 
 /* pf tiles' shared memory (w4.cu's w4_pf_gemm): a stage holds W4_PF_RECS records' halves, each
  * 1024 bytes of codes (2 chunks) and the record's 256 bytes of scales, then 8 nt activation rows
@@ -80,6 +86,9 @@ int w4_tile_runs(W4Tile t, int wg, char *why, size_t n);
  * average is tokens * top-k / experts) among the tiles that fit budget and run here (wg: the wg
  * tiles do; split: activations enter as two BF16 halves, which doubles a tile's MMAs). */
 int w4_default_tile(W4Kind kind, double rows_per_weight, size_t budget, int wg, int split);
+/* What a dense GEMM of `rows` rows runs where a stream-K tile (pf 3) does not suit the call: the
+ * built-in choice among the other tiles. */
+int w4_sk_fallback(double rows, size_t budget, int split);
 
 /* The tuned table: a tile per (kind, bucket), -1 where untuned. */
 typedef struct {

@@ -28,10 +28,13 @@ const W4Tile w4_tiles[W4_N_TILES] = {
     {4, 4, 1, 0, 2, 4, 0}, {8, 3, 1, 0, 2, 3, 0}, {16, 4, 1, 0, 2, 3, 0}, /* wg, the weights through a ring of records in shared memory */
     {4, 6, 1, 0, 2, 3, 2}, /* 32 tokens, the ring, stages of 2 chunks (one barrier per 128 columns) */
     {1, 0, 4, 0, 0, 3, 0}, {1, 0, 4, 0, 0, 4, 0}, {2, 0, 4, 0, 0, 3, 0}, /* dense decode (10, 11) with the weights through a ring */
+    {1, 0, 1, 0, 3, 0, 0}, {2, 0, 1, 0, 3, 0, 0}, /* dense decode, stream-K: one wave, activations staged whole */
 };
 
 size_t w4_tile_smem(W4Tile t)
 {
+    if (t.pf == 3) /* the static part; the staged rows depend on the call (w4.cu checks them) */
+        return 0;
     if (t.pf == 2) /* stages of 2 halves x 8 nt rows x 128 B, 1024-aligned; 8 warps' record rings and
                     * their 8-byte barriers (W4_REC: 2304 B a record); the row pointers */
         return (size_t)t.st * 2 * 8 * t.nt * 128 + 1024 + (size_t)8 * t.wr * (2304 + 8) + (size_t)8 * t.nt * sizeof(void *);
@@ -109,7 +112,7 @@ static int first_fit(const int *prefs, int n, size_t budget, int wg)
  * at 8 rows 37.9 against 52.6); with BF16 activations it is no faster than tile 10, which stays. */
 int w4_default_tile(W4Kind kind, double rows, size_t budget, int wg, int split)
 {
-    static const int big[] = {7, 4, 3, 0}, mid[] = {4, 3, 0}, d16[] = {3, 0}, pf[] = {19, 20, 21, 7, 4, 3, 0};
+    static const int big[] = {7, 4, 3, 0}, mid[] = {4, 3, 0}, pf[] = {19, 20, 21, 7, 4, 3, 0};
     static const int wgp[] = {24, 23, 19, 20, 21, 7, 4, 3, 0}, ring28[] = {28, 24, 23, 19, 20, 21, 7, 4, 3, 0};
     static const int ring29[] = {29, 24, 23, 19, 20, 21, 7, 4, 3, 0}, ring30[] = {30, 27, 4, 3, 0};
     if (kind == W4_MOE) {
@@ -124,10 +127,17 @@ int w4_default_tile(W4Kind kind, double rows, size_t budget, int wg, int split)
         if (rows >= 48) return first_fit(pf, 7, budget, wg);
         return first_fit(big, 4, budget, wg);
     }
-    if (rows <= 8) return split ? first_fit((const int[]){31, 10, 0}, 3, budget, wg) : first_fit((const int[]){10, 0}, 2, budget, wg);
-    if (rows <= 16) return first_fit(d16, 2, budget, wg);
-    if (rows <= 64) return first_fit(mid, 3, budget, wg);
+    if (rows <= 8) return 34;
+    if (rows <= 64) return w4_sk_fallback(rows, budget, split);
     return first_fit(big, 4, budget, wg);
+}
+
+int w4_sk_fallback(double rows, size_t budget, int split)
+{
+    static const int mid[] = {4, 3, 0}, d16[] = {3, 0};
+    if (rows <= 8) return split ? first_fit((const int[]){31, 10, 0}, 3, budget, 0) : first_fit((const int[]){10, 0}, 2, budget, 0);
+    if (rows <= 16) return first_fit(d16, 2, budget, 0);
+    return first_fit(mid, 3, budget, 0);
 }
 
 void w4_table_clear(W4Table *t)
