@@ -453,6 +453,43 @@ __device__ __forceinline__ void w4_sk_store(float *out, int ldo, const float (&a
 /* shared memory of a launch: the shares (2 a warp of NT x 4 floats x 32 lanes), then the staged rows */
 #define W4_SK_SHARES(NT) ((size_t)W4_SK_WARPS * 2 * (NT) * 4 * 32 * sizeof(float))
 
+/* The block's m activation rows x[m0 ..] into shared memory xs (row stride XS): BF16 hi halves, then
+ * (SP) the lo halves m rows further; 8 float4 loads in flight a thread before any is converted
+ * (a loop of one load at a time waited an L2 round trip per 4 values: 24 of them at 8 rows) */
+template <bool SP>
+__device__ __forceinline__ void w4_sk_stage(__nv_bfloat16 *xs, int XS, const float *x, int ldx, int m0, int m, int K)
+{
+    const bool v4 = (ldx & 3) == 0 && ((uintptr_t)x & 15) == 0;
+    const int n = m * (K / 4);
+    for (int q0 = threadIdx.x; q0 < n; q0 += 8 * blockDim.x) {
+        float4 f[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            int q = q0 + u * blockDim.x;
+            if (q >= n) break;
+            const float *src = x + (size_t)(m0 + q / (K / 4)) * ldx + 4 * (q % (K / 4));
+            if (v4) f[u] = __ldg((const float4 *)src);
+            else f[u] = make_float4(__ldg(src), __ldg(src + 1), __ldg(src + 2), __ldg(src + 3));
+        }
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            int q = q0 + u * blockDim.x;
+            if (q >= n) break;
+            int rr = q / (K / 4), k = 4 * (q % (K / 4));
+            __nv_bfloat162 h0 = __floats2bfloat162_rn(f[u].x, f[u].y), h1 = __floats2bfloat162_rn(f[u].z, f[u].w);
+            *(uint2 *)(xs + (size_t)rr * XS + k) = make_uint2(*(uint32_t *)&h0, *(uint32_t *)&h1);
+            if (SP) {
+                __nv_bfloat162 l0 = __floats2bfloat162_rn(f[u].x - __low2float(h0), f[u].y - __high2float(h0));
+                __nv_bfloat162 l1 = __floats2bfloat162_rn(f[u].z - __low2float(h1), f[u].w - __high2float(h1));
+                *(uint2 *)(xs + (size_t)(m + rr) * XS + k) = make_uint2(*(uint32_t *)&l0, *(uint32_t *)&l1);
+            }
+        }
+    }
+}
+
+/* PDL: launched with programmatic stream serialization (w4_sk_pdl), the kernel may start while
+ * the one before it in the stream finishes: the first records are loaded before waiting for
+ * it (griddepcontrol.wait; the weights are constant), the activations and the outputs after. */
 template <int NT, bool SP>
 static __global__ void __launch_bounds__(W4_SK_WARPS * 32, 1) w4_dense_sk_kernel(float *out, int ldo, const float *x, int ldx,
                                                                                 int T, QTensor w, const float *bias)
@@ -467,23 +504,11 @@ static __global__ void __launch_bounds__(W4_SK_WARPS * 32, 1) w4_dense_sk_kernel
     __nv_bfloat16 *xs = (__nv_bfloat16 *)(w4_sks + W4_SK_SHARES(NT) / sizeof(float));
     W4Frag nxt;
     if (r0 < r1) w4_load(nxt, w.data + (size_t)r0 * W4_REC, lane); /* in flight while the rows are staged */
-    /* the block's m activation rows: hi halves, then (SP) lo halves m rows further */
-    const bool v4 = (ldx & 3) == 0 && ((uintptr_t)x & 15) == 0;
-    for (int q = threadIdx.x; q < m * (K / 4); q += blockDim.x) {
-        int rr = q / (K / 4), k = 4 * (q % (K / 4));
-        const float *src = x + (size_t)(m0 + rr) * ldx + k;
-        float f[4];
-        if (v4) *(float4 *)f = __ldg((const float4 *)src);
-        else
-            for (int e = 0; e < 4; e++) f[e] = __ldg(src + e);
-        __nv_bfloat162 h0 = __floats2bfloat162_rn(f[0], f[1]), h1 = __floats2bfloat162_rn(f[2], f[3]);
-        *(uint2 *)(xs + (size_t)rr * XS + k) = make_uint2(*(uint32_t *)&h0, *(uint32_t *)&h1);
-        if (SP) {
-            __nv_bfloat162 l0 = __floats2bfloat162_rn(f[0] - __low2float(h0), f[1] - __high2float(h0));
-            __nv_bfloat162 l1 = __floats2bfloat162_rn(f[2] - __low2float(h1), f[3] - __high2float(h1));
-            *(uint2 *)(xs + (size_t)(m + rr) * XS + k) = make_uint2(*(uint32_t *)&l0, *(uint32_t *)&l1);
-        }
-    }
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");             /* the kernel before: done, visible */
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); /* the next may take SMs as they free */
+#endif
+    w4_sk_stage<SP>(xs, XS, x, ldx, m0, m, K);
     __syncthreads();
     const int ntv = (m + 7) / 8;
     const __nv_bfloat16 *xr[NT];
@@ -561,6 +586,21 @@ static size_t w4_sk_smem(int T, int K, int nt, int split)
     return W4_SK_SHARES(nt) + (size_t)(T < 8 * nt ? T : 8 * nt) * (K + 8) * 2 * (split ? 2 : 1);
 }
 
+/* Programmatic dependent launch of the stream-K tiles (sm_90 on; MOESERVE_W4_PDL=0 turns it off):
+ * the next kernel's first weight loads overlap the tail of the one before. */
+static int w4_sk_pdl(void)
+{
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("MOESERVE_W4_PDL");
+        int dev = 0, major = 0;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        v = major >= 9 && !(e && !strcmp(e, "0"));
+    }
+    return v;
+}
+
 /* Run tile `tile` (pf 3) if this call suits it: 1 with the GEMM launched, 0 if not (more rows
  * than two token tiles, rows over the shared memory budget, or fewer row tiles than a wave has
  * blocks: a row tile is never split across blocks). */
@@ -571,29 +611,38 @@ static int w4_dense_sk(Backend *be, int tile, float *out, int ldo, const float *
     int gy = cdiv(T, 8 * nt);
     size_t smem = w4_sk_smem(T, K, nt, split);
     if (gy > 2 || nt * gy > 2 || smem > budget) return 0;
+    /* the kernel for (nt, split), its shared memory limit raised as the calls need, and the blocks
+     * an SM it gets (1: 16 warps at up to 128 registers) */
     int occ = 0;
-#define W4_SK_OCC(NTV, SPV)                                                                                            \
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = dim3(1, gy);
+    cfg.blockDim = dim3(W4_SK_WARPS * 32);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = cuda_stream(be);
+    cfg.attrs = attr;
+    cfg.numAttrs = w4_sk_pdl() ? 1 : 0;
+#define W4_SK_LAUNCH(NTV, SPV)                                                                                         \
     do {                                                                                                               \
         static size_t set_ = 0;                                                                                        \
         if (smem > set_) {                                                                                             \
-            CUDA_CHECK(cudaFuncSetAttribute(w4_dense_sk_kernel<NTV, SPV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)); \
+            CUDA_CHECK(cudaFuncSetAttribute(w4_dense_sk_kernel<NTV, SPV>, cudaFuncAttributeMaxDynamicSharedMemorySize,   \
+                                            (int)smem));                                                               \
             set_ = smem;                                                                                               \
         }                                                                                                              \
         CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, w4_dense_sk_kernel<NTV, SPV>, W4_SK_WARPS * 32, smem)); \
+        if (occ < 1 || N / 16 < sms * occ) return 0;                                                                   \
+        cfg.gridDim.x = (unsigned)(sms * occ);                                                                         \
+        CUDA_CHECK(cudaLaunchKernelEx(&cfg, w4_dense_sk_kernel<NTV, SPV>, out, ldo, x, ldx, T, *w, bias));             \
     } while (0)
-    if (nt == 1 && split) W4_SK_OCC(1, true);
-    else if (nt == 1) W4_SK_OCC(1, false);
-    else if (split) W4_SK_OCC(2, true);
-    else W4_SK_OCC(2, false);
-#undef W4_SK_OCC
-    int P = sms * occ;
-    if (occ < 1 || N / 16 < P) return 0;
-    dim3 grid((unsigned)P, gy);
-    cudaStream_t st = cuda_stream(be);
-    if (nt == 1 && split) w4_dense_sk_kernel<1, true><<<grid, W4_SK_WARPS * 32, smem, st>>>(out, ldo, x, ldx, T, *w, bias);
-    else if (nt == 1) w4_dense_sk_kernel<1, false><<<grid, W4_SK_WARPS * 32, smem, st>>>(out, ldo, x, ldx, T, *w, bias);
-    else if (split) w4_dense_sk_kernel<2, true><<<grid, W4_SK_WARPS * 32, smem, st>>>(out, ldo, x, ldx, T, *w, bias);
-    else w4_dense_sk_kernel<2, false><<<grid, W4_SK_WARPS * 32, smem, st>>>(out, ldo, x, ldx, T, *w, bias);
+    if (nt == 1 && split) W4_SK_LAUNCH(1, true);
+    else if (nt == 1) W4_SK_LAUNCH(1, false);
+    else if (nt == 2 && split) W4_SK_LAUNCH(2, true);
+    else if (nt == 2) W4_SK_LAUNCH(2, false);
+    else die("w4: tile %d is no stream-K kernel (nt %d)", tile, nt);
+#undef W4_SK_LAUNCH
     LAUNCH_CHECK("w4_dense_sk_kernel");
     return 1;
 }

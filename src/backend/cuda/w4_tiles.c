@@ -109,7 +109,10 @@ static int first_fit(const int *prefs, int n, size_t budget, int wg)
  * against 2.16 ms, split 2.57 against 2.78), even at 32 (3.07 against 3.11, split 4.10 against 4.04).
  * Dense up to 8 rows with split activations: tile 31 (tile 10 with a 3-slot weight ring in shared
  * memory), 13-28% faster on the large GLM shapes (GLM-5 o_proj at 1 row 39.3 against 47.1 us, gate/up
- * at 8 rows 37.9 against 52.6); with BF16 activations it is no faster than tile 10, which stays. */
+ * at 8 rows 37.9 against 52.6); with BF16 activations it is no faster than tile 10, which stays.
+ * Session 9: dense up to 8 rows, tile 34 (stream-K: one wave, rows staged once a block, PDL) for
+ * both activation forms, where the call suits it (w4_sk_fallback otherwise): GLM-5 gate/up at 1 row
+ * in a chain 14.2 us BF16 against tile 10's 20.7, 16.8-17.8 split against tile 31's 26.6-27.2. */
 int w4_default_tile(W4Kind kind, double rows, size_t budget, int wg, int split)
 {
     static const int big[] = {7, 4, 3, 0}, mid[] = {4, 3, 0}, pf[] = {19, 20, 21, 7, 4, 3, 0};
