@@ -520,9 +520,8 @@ static __global__ void __launch_bounds__(W4_SK_WARPS * 32, 1) w4_dense_sk_kernel
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
     int i = r0 / ng, G = r0 - i * ng;
-    for (int r = r0; r < r1; r++) {
-        W4Frag cur = nxt;
-        if (r + 1 < r1) w4_load(nxt, w.data + (size_t)(r + 1) * W4_REC, lane);
+    /* record r from registers cur: its MMAs, and at the end of row tile i its store or share */
+    auto step = [&](const W4Frag &cur, int r) {
 #pragma unroll
         for (int c = 0; c < 4; c++) {
             uint32_t a[4][4];
@@ -544,7 +543,7 @@ static __global__ void __launch_bounds__(W4_SK_WARPS * 32, 1) w4_dense_sk_kernel
                         mma_bf16(acc[nt], a[3][0], a[3][1], a[3][2], a[3][3], b1.z, b1.w);
                     }
         }
-        if (++G < ng && r + 1 < r1) continue;
+        if (++G < ng && r + 1 < r1) return;
         /* the end of row tile i in this run: stored if whole, else the warp's share kept */
         if (i * ng >= r0 && (i + 1) * ng <= r1) w4_sk_store<NT>(out, ldo, acc, sc, bias, m0, m, i);
         else {
@@ -558,6 +557,15 @@ static __global__ void __launch_bounds__(W4_SK_WARPS * 32, 1) w4_dense_sk_kernel
         for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
         i++;
         G = 0;
+    };
+    /* two register sets taking turns (unrolled by 2: no copy of a record between them) */
+    W4Frag alt;
+    for (int r = r0; r < r1; r += 2) {
+        if (r + 1 < r1) w4_load(alt, w.data + (size_t)(r + 1) * W4_REC, lane);
+        step(nxt, r);
+        if (r + 1 >= r1) break;
+        if (r + 2 < r1) w4_load(nxt, w.data + (size_t)(r + 2) * W4_REC, lane);
+        step(alt, r + 1);
     }
     __syncthreads();
     /* the shared row tile that starts in this run (its last, if shared): the shares of warps
