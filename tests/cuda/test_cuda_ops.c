@@ -342,6 +342,54 @@ TEST(cuda_w4_pack_exact)
     be_free(&gpu, dx); be_free(&gpu, dout); be_free(&gpu, t.dbuf); be_free(&gpu, t.dscale); be_free(&gpu, packed);
 }
 
+/* Three dense GEMMs in a row, each reading the one before's output (x -> y -> z -> u), eagerly
+ * and as a replayed graph with new inputs between replays: the stream-K tiles start before the
+ * kernel before them ends (programmatic dependent launch on sm_90) and must still read its output,
+ * not what was there before. Shapes with 160-256 row tiles, so that tile 34 takes them on any GPU
+ * up to 160 SMs at one block each. */
+TEST(cuda_w4_chain_pdl)
+{
+    NEED_GPU();
+    Rng r;
+    rng_seed(&r, 34);
+    const int K0 = 512, N1 = 2560, N2 = 4096, N3 = 2560;
+    TW w1 = tw_make_w4(&r, N1, K0), w2 = tw_make_w4(&r, N2, N1), w3 = tw_make_w4(&r, N3, N2);
+    float *b2 = rnd(&r, N2, 1), *db2 = up(b2, N2 * 4);
+    for (int T = 1; T <= 6; T += 5) {
+        float *dx = be_alloc(&gpu, (size_t)T * K0 * 4), *dy = be_alloc(&gpu, (size_t)T * N1 * 4);
+        float *dz = be_alloc(&gpu, (size_t)T * N2 * 4), *du = be_alloc(&gpu, (size_t)T * N3 * 4);
+        float *y = malloc((size_t)T * N1 * 4), *z = malloc((size_t)T * N2 * 4), *u = malloc((size_t)T * N3 * 4);
+        long calls = w4_sk_calls();
+        void *graph = NULL;
+        for (int round = 0; round < 4; round++) { /* 0: eager; 1: capture and replay; 2, 3: replays */
+            float *x = rnd(&r, (size_t)T * K0, 1);
+            be_to_device(&gpu, dx, x, (size_t)T * K0 * 4);
+            matmul_cpu(&cpu, y, N1, x, K0, T, &w1.host, NULL);
+            matmul_cpu(&cpu, z, N2, y, N1, T, &w2.host, b2);
+            matmul_cpu(&cpu, u, N3, z, N2, T, &w3.host, NULL);
+            if (round == 1) gpu.ops->graph_begin(&gpu);
+            if (round <= 1) {
+                be_matmul(&gpu, OP_GEMM_MLP, dy, N1, dx, K0, T, &w1.dev, NULL);
+                be_matmul(&gpu, OP_GEMM_MLP, dz, N2, dy, N1, T, &w2.dev, db2);
+                be_matmul(&gpu, OP_GEMM_MLP, du, N3, dz, N2, T, &w3.dev, NULL);
+            }
+            if (round == 1) graph = gpu.ops->graph_end(&gpu);
+            if (round >= 1) EXPECT(gpu.ops->graph_launch(&gpu, graph) == 0, "graph replay");
+            float *got = down(du, (size_t)T * N3);
+            EXPECT_CLOSE(got, u, (size_t)T * N3, TOL_W4, "w4 chain T %d round %d", T, round);
+            free(got);
+            free(x);
+        }
+        EXPECT(w4_sk_calls() > calls, "T %d: the chain took the stream-K tile (%ld launches)", T, w4_sk_calls() - calls);
+        gpu.ops->graph_free(&gpu, graph);
+        free(y); free(z); free(u);
+        be_free(&gpu, dx); be_free(&gpu, dy); be_free(&gpu, dz); be_free(&gpu, du);
+    }
+    free(b2);
+    be_free(&gpu, db2);
+    tw_free(&w1); tw_free(&w2); tw_free(&w3);
+}
+
 TEST(cuda_w4_matmul)
 {
     NEED_GPU();

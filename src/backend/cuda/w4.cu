@@ -609,6 +609,9 @@ static int w4_sk_pdl(void)
     return v;
 }
 
+static long w4_sk_count;
+extern "C" long w4_sk_calls(void) { return w4_sk_count; }
+
 /* Run tile `tile` (pf 3) if this call suits it: 1 with the GEMM launched, 0 if not (more rows
  * than two token tiles, rows over the shared memory budget, or fewer row tiles than a wave has
  * blocks: a row tile is never split across blocks). */
@@ -652,6 +655,7 @@ static int w4_dense_sk(Backend *be, int tile, float *out, int ldo, const float *
     else die("w4: tile %d is no stream-K kernel (nt %d)", tile, nt);
 #undef W4_SK_LAUNCH
     LAUNCH_CHECK("w4_dense_sk_kernel");
+    w4_sk_count++;
     return 1;
 }
 

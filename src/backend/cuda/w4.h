@@ -89,6 +89,8 @@ int w4_default_tile(W4Kind kind, double rows_per_weight, size_t budget, int wg, 
 /* What a dense GEMM of `rows` rows runs where a stream-K tile (pf 3) does not suit the call: the
  * built-in choice among the other tiles. */
 int w4_sk_fallback(double rows, size_t budget, int split);
+/* Stream-K launches so far (tests: that a call took tile 34's path, not its fallback). */
+long w4_sk_calls(void);
 
 /* The tuned table: a tile per (kind, bucket), -1 where untuned. */
 typedef struct {
