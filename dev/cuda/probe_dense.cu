@@ -86,11 +86,7 @@ __global__ void __launch_bounds__(W * 32) pers(const uint8_t *wt, int N, int K, 
 #pragma unroll
         for (int c = 0; c < 4; c++) {
             uint32_t a[4][4];
-            uint32_t sw = (c < 2) ? cur.s.x : cur.s.y;
-            uint32_t sg = w4_scale2(sw, (2 * c) & 3), sh = w4_scale2(sw, (2 * c + 1) & 3);
-            uint32_t words[4] = {cur.c[c].x, cur.c[c].y, cur.c[c].z, cur.c[c].w};
-#pragma unroll
-            for (int j = 0; j < 4; j++) w4_decode(words[j], sg, sh, a[j]);
+            w4_decode_chunk(cur, c, a);
             uint4 b0, b1;
             if (XS) {
                 const uint4 *p = (const uint4 *)(xs + G * W4_KG + c * 64 + t * 16);
@@ -101,10 +97,7 @@ __global__ void __launch_bounds__(W * 32) pers(const uint8_t *wt, int N, int K, 
                 b0 = __ldg(p);
                 b1 = __ldg(p + 1);
             }
-            mma_bf16(acc, a[0][0], a[0][1], a[0][2], a[0][3], b0.x, b0.y);
-            mma_bf16(acc, a[1][0], a[1][1], a[1][2], a[1][3], b0.z, b0.w);
-            mma_bf16(acc, a[2][0], a[2][1], a[2][2], a[2][3], b1.x, b1.y);
-            mma_bf16(acc, a[3][0], a[3][1], a[3][2], a[3][3], b1.z, b1.w);
+            w4_mma_chunk(acc, a, b0, b1);
         }
         if (G == ng - 1 || r + 1 == r1) { /* the row tile ends here for this warp */
             if (t == 0) {

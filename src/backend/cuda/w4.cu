@@ -525,22 +525,14 @@ static __global__ void __launch_bounds__(W4_SK_WARPS * 32, 1) w4_dense_sk_kernel
 #pragma unroll
         for (int c = 0; c < 4; c++) {
             uint32_t a[4][4];
-            uint32_t sw = (c < 2) ? cur.s.x : cur.s.y;
-            uint32_t sg = w4_scale2(sw, (2 * c) & 3), sh = w4_scale2(sw, (2 * c + 1) & 3);
-            uint32_t words[4] = {cur.c[c].x, cur.c[c].y, cur.c[c].z, cur.c[c].w};
-#pragma unroll
-            for (int j = 0; j < 4; j++) w4_decode(words[j], sg, sh, a[j]);
+            w4_decode_chunk(cur, c, a);
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
                 if (nt < ntv)
 #pragma unroll
                     for (int h = 0; h < (SP ? 2 : 1); h++) {
                         const uint4 *p = (const uint4 *)(xr[nt] + h * lo + G * W4_KG + c * 64);
-                        uint4 b0 = p[0], b1 = p[1];
-                        mma_bf16(acc[nt], a[0][0], a[0][1], a[0][2], a[0][3], b0.x, b0.y);
-                        mma_bf16(acc[nt], a[1][0], a[1][1], a[1][2], a[1][3], b0.z, b0.w);
-                        mma_bf16(acc[nt], a[2][0], a[2][1], a[2][2], a[2][3], b1.x, b1.y);
-                        mma_bf16(acc[nt], a[3][0], a[3][1], a[3][2], a[3][3], b1.z, b1.w);
+                        w4_mma_chunk(acc[nt], a, p[0], p[1]);
                     }
         }
         if (++G < ng && r + 1 < r1) return;

@@ -76,6 +76,26 @@ struct W4Frag {
     uint2 s;
 };
 
+/* Chunk c (64 columns, 4 k16 steps) of a lane's record group: the A registers of each step. */
+__device__ __forceinline__ void w4_decode_chunk(const W4Frag &f, int c, uint32_t (&a)[4][4])
+{
+    uint32_t sw = (c < 2) ? f.s.x : f.s.y;
+    uint32_t sg = w4_scale2(sw, (2 * c) & 3), sh = w4_scale2(sw, (2 * c + 1) & 3);
+    uint32_t words[4] = {f.c[c].x, f.c[c].y, f.c[c].z, f.c[c].w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) w4_decode(words[j], sg, sh, a[j]);
+}
+
+/* acc += a chunk's 4 steps: A from w4_decode_chunk, B the lane's 16 activations of the chunk (b0:
+ * steps 0 and 1, b1: steps 2 and 3) */
+__device__ __forceinline__ void w4_mma_chunk(float *acc, const uint32_t (&a)[4][4], uint4 b0, uint4 b1)
+{
+    mma_bf16(acc, a[0][0], a[0][1], a[0][2], a[0][3], b0.x, b0.y);
+    mma_bf16(acc, a[1][0], a[1][1], a[1][2], a[1][3], b0.z, b0.w);
+    mma_bf16(acc, a[2][0], a[2][1], a[2][2], a[2][3], b1.x, b1.y);
+    mma_bf16(acc, a[3][0], a[3][1], a[3][2], a[3][3], b1.z, b1.w);
+}
+
 /* A warp's record group into registers. The weights are read once per call: they bypass L1
  * (no_allocate), which then keeps the activation rows every warp of the SM reads again. */
 __device__ __forceinline__ void w4_load(W4Frag &f, const uint8_t *rec, int lane)
@@ -273,13 +293,7 @@ __device__ __forceinline__ void w4_tile(float (&acc)[NS][NT][4], const uint8_t *
         for (int c = 0; c < 4; c++) {
             uint32_t a[NS][4][4];
 #pragma unroll
-            for (int s = 0; s < NS; s++) {
-                uint32_t sw = (c < 2) ? cur[s].s.x : cur[s].s.y;
-                uint32_t sg = w4_scale2(sw, (2 * c) & 3), sh = w4_scale2(sw, (2 * c + 1) & 3);
-                uint32_t words[4] = {cur[s].c[c].x, cur[s].c[c].y, cur[s].c[c].z, cur[s].c[c].w};
-#pragma unroll
-                for (int j = 0; j < 4; j++) w4_decode(words[j], sg, sh, a[s][j]);
-            }
+            for (int s = 0; s < NS; s++) w4_decode_chunk(cur[s], c, a[s]);
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
                 if (nt < ntv) {
@@ -289,12 +303,7 @@ __device__ __forceinline__ void w4_tile(float (&acc)[NS][NT][4], const uint8_t *
                     for (int h = 0; h < 2; h++) {
                         if (h == 1 && !SPLIT) break;
 #pragma unroll
-                        for (int s = 0; s < NS; s++) {
-                            mma_bf16(acc[s][nt], a[s][0][0], a[s][0][1], a[s][0][2], a[s][0][3], b[h][0].x, b[h][0].y);
-                            mma_bf16(acc[s][nt], a[s][1][0], a[s][1][1], a[s][1][2], a[s][1][3], b[h][0].z, b[h][0].w);
-                            mma_bf16(acc[s][nt], a[s][2][0], a[s][2][1], a[s][2][2], a[s][2][3], b[h][1].x, b[h][1].y);
-                            mma_bf16(acc[s][nt], a[s][3][0], a[s][3][1], a[s][3][2], a[s][3][3], b[h][1].z, b[h][1].w);
-                        }
+                        for (int s = 0; s < NS; s++) w4_mma_chunk(acc[s][nt], a[s], b[h][0], b[h][1]);
                     }
                 }
         }
