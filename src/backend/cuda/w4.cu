@@ -423,13 +423,14 @@ static void w4_dense_ring(cudaStream_t st, dim3 grid, int xf, int split, float *
 
 /* ---- dense decode, stream-K (pf 3 tiles): one wave of blocks, contiguous runs of records ----
  * One wave of P blocks of W4_SK_WARPS warps: block b takes the row tiles [b n / P, (b + 1) n / P)
- * of W's n = N / 16 (every block 1 of 2 counts, ~3% of imbalance on the GLM shapes), and its
+ * of W's n = N / 16 (blocks differ by one row tile at most: ~3% of imbalance on the GLM shapes), and its
  * warps cut the block's records (row tile major, the memory order) into equal contiguous runs, so
  * that no warp waits for a second wave and none idles at the tail. The block first stages its
  * token tile's activation rows whole (up to 8 NT rows x K, BF16 halves) in shared memory, once for
  * all its warps, instead of every warp reading and converting them through L1 (session 9's probe,
  * dev/cuda/probe_dense.cu: 70-80% of copy at 1 row against tile 10's ~50%). The weights stream
- * through registers one record ahead (w4_load; L1 bypassed). A row tile a warp covers whole is
+ * through registers one record ahead (w4_load; L1 bypassed; two register sets taking turns). A
+ * row tile a warp covers whole is
  * stored at once; one shared by several warps of the block (at most a run's first and last)
  * leaves each warp's sums in shared memory, and after one barrier the warp whose run holds the
  * tile's first record adds the shares in warp order (deterministic) and stores it. */
@@ -506,7 +507,8 @@ static __global__ void __launch_bounds__(W4_SK_WARPS * 32, 1) w4_dense_sk_kernel
     if (r0 < r1) w4_load(nxt, w.data + (size_t)r0 * W4_REC, lane); /* in flight while the rows are staged */
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");             /* the kernel before: done, visible */
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); /* the next may take SMs as they free */
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); /* the next may take SMs as they free
+                                                                      * (it waits for this grid's end itself) */
 #endif
     w4_sk_stage<SP>(xs, XS, x, ldx, m0, m, K);
     __syncthreads();
