@@ -428,7 +428,7 @@ static void w4_dense_ring(cudaStream_t st, dim3 grid, int xf, int split, float *
  * that no warp waits for a second wave and none idles at the tail. The block first stages its
  * token tile's activation rows whole (up to 8 NT rows x K, BF16 halves) in shared memory, once for
  * all its warps, instead of every warp reading and converting them through L1 (session 9's probe,
- * dev/cuda/probe_dense.cu: 70-80% of copy at 1 row against tile 10's ~50%). The weights stream
+ * dev/cuda/probe_dense.cu: 69-80% of 4.0 TB/s at 1 row against tile 10's ~50%). The weights stream
  * through registers one record ahead (w4_load; L1 bypassed; two register sets taking turns). A
  * row tile a warp covers whole is
  * stored at once; one shared by several warps of the block (at most a run's first and last)
