@@ -603,6 +603,28 @@ static int w4_sk_pdl(void)
     return v;
 }
 
+/* Blocks an SM of kernel <NT, SP> with smem bytes of dynamic shared memory (its limit raised the
+ * first time a call needs it): asked of the runtime once a size, not on every eager call (the
+ * calls of a model alternate between a few sizes, one per shape) */
+template <int NT, bool SP>
+static int w4_sk_occupancy(size_t smem)
+{
+    static size_t raised, key[8];
+    static int val[8], n;
+    for (int k = 0; k < n && k < 8; k++)
+        if (key[k] == smem) return val[k];
+    if (smem > raised) {
+        CUDA_CHECK(cudaFuncSetAttribute(w4_dense_sk_kernel<NT, SP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        raised = smem;
+    }
+    int occ = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, w4_dense_sk_kernel<NT, SP>, W4_SK_WARPS * 32, smem));
+    key[n % 8] = smem;
+    val[n % 8] = occ;
+    n++;
+    return occ;
+}
+
 static long w4_sk_count;
 extern "C" long w4_sk_calls(void) { return w4_sk_count; }
 
@@ -631,13 +653,7 @@ static int w4_dense_sk(Backend *be, int tile, float *out, int ldo, const float *
     cfg.numAttrs = w4_sk_pdl() ? 1 : 0;
 #define W4_SK_LAUNCH(NTV, SPV)                                                                                         \
     do {                                                                                                               \
-        static size_t set_ = 0;                                                                                        \
-        if (smem > set_) {                                                                                             \
-            CUDA_CHECK(cudaFuncSetAttribute(w4_dense_sk_kernel<NTV, SPV>, cudaFuncAttributeMaxDynamicSharedMemorySize,   \
-                                            (int)smem));                                                               \
-            set_ = smem;                                                                                               \
-        }                                                                                                              \
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, w4_dense_sk_kernel<NTV, SPV>, W4_SK_WARPS * 32, smem)); \
+        occ = w4_sk_occupancy<NTV, SPV>(smem);                                                                         \
         if (occ < 1 || N / 16 < sms * occ) return 0;                                                                   \
         cfg.gridDim.x = (unsigned)(sms * occ);                                                                         \
         CUDA_CHECK(cudaLaunchKernelEx(&cfg, w4_dense_sk_kernel<NTV, SPV>, out, ldo, x, ldx, T, *w, bias));             \

@@ -43,8 +43,8 @@ typedef struct {
 /* pf 3 (dense only; the MoE runs tile 12): the stream-K decode GEMM (w4.cu w4_dense_sk_kernel),
  * one wave of 16-warp blocks, each block whole row tiles, each warp a contiguous run of records,
  * the activation rows of the block's token tile (up to 8 nt rows x K, BF16 halves) staged whole
- * in shared memory: the budget it needs depends on the call, which falls back to tile 10 where
- * it is over (or the rows are more than 16, or the row tiles fewer than the wave's blocks). */
+ * in shared memory: the budget it needs depends on the call, which runs w4_sk_fallback's tile
+ * where it is over (or the rows are more than 16, or the row tiles fewer than the wave's blocks). */
 
 /* pf tiles' shared memory (w4.cu's w4_pf_gemm): a stage holds W4_PF_RECS records' halves, each
  * 1024 bytes of codes (2 chunks) and the record's 256 bytes of scales, then 8 nt activation rows
