@@ -127,6 +127,44 @@ TEST(cuda_rope_both_layouts)
         }
 }
 
+/* be_argmax on the GPU against argmax_cpu: vocabularies from 1 to 154880 (the float4 path and
+ * the scalar tail; an odd n leaves rows after the first unaligned), ties (the lowest index),
+ * NaN (never wins, except at index 0 where the CPU starts), -inf rows, several rows */
+TEST(cuda_argmax)
+{
+    NEED_GPU();
+    Rng r;
+    rng_seed(&r, 31);
+    const int ns[] = {1, 3, 5, 1000, 4097, 154880, 154881};
+    for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++)
+        for (int rows = 1; rows <= 3; rows += 2) {
+            int n = ns[k];
+            size_t m = (size_t)rows * n;
+            float *x = rnd(&r, m, 1);
+            for (int q = 0; q < rows; q++) {
+                float *v = x + (size_t)q * n;
+                if (q == 1 && n > 4) { /* a tie of the maximum far apart, a NaN before it */
+                    v[n - 1] = 100.f;
+                    v[n / 3] = 100.f;
+                    v[n / 4] = NAN;
+                }
+                if (q == 2) { /* NaN at 0, and -inf everywhere else */
+                    v[0] = NAN;
+                    for (int i = 1; i < n; i++) v[i] = -INFINITY;
+                }
+            }
+            int *ref = malloc((size_t)rows * 4), *got = malloc((size_t)rows * 4);
+            argmax_cpu(&cpu, ref, x, rows, n);
+            float *dx = up(x, m * 4);
+            int *dout = be_alloc(&gpu, (size_t)rows * 4);
+            be_argmax(&gpu, dout, dx, rows, n);
+            be_to_host(&gpu, got, dout, (size_t)rows * 4);
+            for (int q = 0; q < rows; q++) EXPECT(got[q] == ref[q], "argmax n %d row %d: %d, cpu %d", n, q, got[q], ref[q]);
+            free(x); free(ref); free(got);
+            be_free(&gpu, dx); be_free(&gpu, dout);
+        }
+}
+
 TEST(cuda_elementwise)
 {
     NEED_GPU();
@@ -867,8 +905,12 @@ TEST(cuda_attention_mla_expanded)
         {3, {300, 17, 700}, {45, 17, 130}, 16, 512, 128, 64, 128, 256, 256}, /* ragged, 3 pieces */
         {1, {4096}, {64}, 8, 512, 192, 64, 256, 2048, 1024},                  /* GLM-5 head shapes, 4 pieces */
         {2, {4096, 1500}, {33, 300}, 8, 512, 192, 64, 256, 2048, 0},          /* be_mla_piece's size */
+        {2, {4096, 37}, {1, 3}, 8, 512, 192, 64, 256, 2048, 0},               /* decode tokens */
     };
-    QFormat fmts[2] = {QF_NVFP4, QF_BF16};
+    /* kv_b_proj: NVFP4 as stored, NVFP4 repacked to W4P as model_upload does (where C % 256 ==
+     * 0: the absorbed form's W_UK and W_UV products then run mla_*_w4_kernel, the expanded form's
+     * GEMM the W4A16 kernels, TOL_W4), BF16 */
+    QFormat fmts[3] = {QF_NVFP4, QF_NVFP4, QF_BF16};
     for (size_t cs = 0; cs < sizeof cases / sizeof cases[0]; cs++) {
         int bs = 16, H = cases[cs].H, C = cases[cs].C, Dn = cases[cs].Dn, Dr = cases[cs].Dr, Dv = cases[cs].Dv;
         int Ki = cases[cs].Ki;
@@ -886,9 +928,11 @@ TEST(cuda_attention_mla_expanded)
         MlaExpand hx, dx;
         mla_expand_init(&hx, &cpu, &c, T, piece);
         mla_expand_init(&dx, &gpu, &c, T, piece);
-        for (int f = 0; f < 2; f++) {
-            TW wkvb = tw_make(&r, fmts[f], H * (Dn + Dv), C);
-            double tol = fmts[f] == QF_BF16 ? TOL_SPLIT : TOL_F32;
+        for (int f = 0; f < 3; f++) {
+            int w4p = f == 1;
+            if (w4p && C % 256) continue;
+            TW wkvb = w4p ? tw_make_w4(&r, H * (Dn + Dv), C) : tw_make(&r, fmts[f], H * (Dn + Dv), C);
+            double tol = fmts[f] == QF_BF16 ? TOL_SPLIT : w4p ? TOL_W4 : TOL_F32;
             for (int d = 0; d < 3; d++) {
                 KVDtype dt = kv_dtypes[d];
                 float ks = dt == KV_DTYPE_FP8 ? KV_KSCALE : 1;
@@ -901,8 +945,11 @@ TEST(cuda_attention_mla_expanded)
                     float *got = down(dout, n), *absd = down(dabs, n);
                     EXPECT_CLOSE(got, ref, n, tol, "mla expanded cuda vs cpu: case %zu piece %d kv_b %s topk %d, %s cache",
                                  cs, piece, qformat_name(fmts[f]), use_topk, model_kv_dtype_name(dt));
-                    EXPECT_CLOSE(got, absd, n, tol, "mla expanded vs absorbed, cuda: case %zu piece %d kv_b %s topk %d, %s cache",
-                                 cs, piece, qformat_name(fmts[f]), use_topk, model_kv_dtype_name(dt));
+                    EXPECT_CLOSE(got, absd, n, tol, "mla expanded vs absorbed, cuda: case %zu piece %d kv_b %s%s topk %d, %s cache",
+                                 cs, piece, qformat_name(fmts[f]), w4p ? " (W4P)" : "", use_topk, model_kv_dtype_name(dt));
+                    /* the absorbed form keeps float32 for every kv_b_proj format */
+                    EXPECT_CLOSE(absd, ref, n, TOL_F32, "mla absorbed cuda vs expanded cpu: case %zu kv_b %s%s topk %d, %s cache",
+                                 cs, qformat_name(fmts[f]), w4p ? " (W4P)" : "", use_topk, model_kv_dtype_name(dt));
                     free(got); free(absd);
                 }
                 mla_layers_free(&hk, &dk);

@@ -412,6 +412,157 @@ static __global__ void mla_out_kernel(float *out, const float *ol, QTensor w, in
     }
 }
 
+/* ---- W_UK and W_UV from a packed NVFP4 kv_b_proj (W4P, w4.cuh) on the tensor cores ----
+ * The generic products above read the weight one element at a time (qt_elem), which costs a
+ * W4P weight ~100x its bytes (issue #5; at batch 1 they were 2.2 of a 6-layer GLM-5 step's 3.8
+ * ms). Here a warp streams whole W4P records, decodes them in registers (w4_decode_chunk) and
+ * multiplies on mma.sync m16n8k16 with 8 tokens an n8 tile. The activations enter as three BF16
+ * parts (x = p0 + p1 + p2, 24 significant bits) and the weights are exact in BF16, so the float32
+ * results of the generic kernels hold (TOL_F32). Needs C % 256 == 0 (a record is 256 columns)
+ * and Dn, Dv multiples of 16 (a head's W_UK and W_UV rows start on a record row). */
+#define MLA_W4_TOK 64   /* tokens a block of mla_out_w4_kernel (8 n8 tiles) */
+#define MLA_W4_KS 4     /* warps of mla_qabs_w4_kernel, the head's Dn rows split between them */
+
+static int mla_w4_ok(const QTensor *w, const ModelConfig *c)
+{
+    return w->fmt == QF_NVFP4 && w->packed && c->kv_lora_rank % W4_KG == 0 && c->qk_nope_dim % 16 == 0 &&
+           c->v_head_dim % 16 == 0;
+}
+
+/* x (two consecutive floats) as three BF16 pairs whose sum is x to 24 bits */
+__device__ __forceinline__ void mla_split3(float x0, float x1, uint32_t (&p)[3])
+{
+#pragma unroll
+    for (int i = 0; i < 3; i++) {
+        __nv_bfloat162 v = __floats2bfloat162_rn(x0, x1);
+        p[i] = *(uint32_t *)&v;
+        x0 -= __low2float(v);
+        x1 -= __high2float(v);
+    }
+}
+
+/* the 8 x 8 b16 sub-matrix of a fragment register, transposed */
+__device__ __forceinline__ uint32_t movtrans(uint32_t a)
+{
+    uint32_t d;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(d) : "r"(a));
+    return d;
+}
+
+/* out[t0 + tb + n, h, v] = sum_c ol[tb + n, h, c] W[h (Dn + Dv) + Dn + v, c]: block (head h,
+ * MLA_W4_TOK tokens from tb); warp w takes the head's row tiles (16 v) w, w + warps, ..; each
+ * lane's 16 activations of a chunk are the natural columns 64 c + 16 t.. (w4.cuh), read from
+ * float32 and split in registers. */
+static __global__ void __launch_bounds__(512) mla_out_w4_kernel(float *out, const float *ol, QTensor w, int t0, int T,
+                                                                 int H, int C, int Dn, int Dv)
+{
+    const int h = blockIdx.x, tb = blockIdx.y * MLA_W4_TOK, nt = min(MLA_W4_TOK, T - tb);
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, nw = blockDim.x >> 5, KG = C / W4_KG;
+    const float sc = w.gscale * 512.f; /* the decode's 2^-9 (w4.cuh) */
+    for (int rt = threadIdx.x >> 5; rt < Dv / 16; rt += nw) {
+        const uint8_t *rec0 = w.data + (((int64_t)h * (Dn + Dv) + Dn) / 16 + rt) * KG * W4_REC;
+        for (int n0 = 0; n0 < nt; n0 += 8) {
+            const float *x = ol + ((int64_t)(tb + min(n0 + g, nt - 1)) * H + h) * C + t * 16;
+            float acc[4] = {0.f, 0.f, 0.f, 0.f};
+            W4Frag cur, nxt;
+            w4_load(cur, rec0, lane);
+            for (int G = 0; G < KG; G++) {
+                if (G + 1 < KG) w4_load(nxt, rec0 + (size_t)(G + 1) * W4_REC, lane);
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    uint32_t a[4][4];
+                    w4_decode_chunk(cur, c, a);
+                    const float4 *p = (const float4 *)(x + G * W4_KG + c * 64);
+                    float f[16];
+                    *(float4 *)&f[0] = p[0];
+                    *(float4 *)&f[4] = p[1];
+                    *(float4 *)&f[8] = p[2];
+                    *(float4 *)&f[12] = p[3];
+                    uint32_t b[8][3];
+#pragma unroll
+                    for (int i = 0; i < 8; i++) mla_split3(f[2 * i], f[2 * i + 1], b[i]);
+#pragma unroll
+                    for (int s = 0; s < 3; s++)
+                        w4_mma_chunk(acc, a, make_uint4(b[0][s], b[1][s], b[2][s], b[3][s]),
+                                     make_uint4(b[4][s], b[5][s], b[6][s], b[7][s]));
+                }
+                cur = nxt;
+            }
+            /* acc: rows g, g + 8 of the tile (v) x tokens n0 + 2t, + 1 */
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                int n = n0 + 2 * t + (r & 1), v = rt * 16 + g + 8 * (r >> 1);
+                if (n < nt) out[((int64_t)(t0 + tb + n) * H + h) * Dv + v] = acc[r] * sc;
+            }
+        }
+    }
+}
+
+/* qa[tb + n, h, c] = sum_d q[t0 + tb + n, h, d] W[h (Dn + Dv) + d, c] (d < Dn), and the roped part
+ * copied: block (head h, record column G: 256 latent columns, 8 tokens from tb). The sum runs over
+ * the weight's rows, so each decoded 16 x 16 step is transposed in registers (movmatrix: the
+ * fragment's four 8 x 8 parts, the off-diagonal two swapped) to be the A operand with the 16
+ * rows as k; B is then the query's 16 values of those rows in natural order, and the output row
+ * m of step j of chunk c is the latent column 256 G + 64 c + 16 (m % 8 / 2) + 4 j + (m % 2) + 2 (m
+ * / 8) (W4P's order of a step's columns). The MLA_W4_KS warps take the Dn / 16 row tiles in turn;
+ * their sums meet in shared memory, added in warp order. */
+static __global__ void __launch_bounds__(MLA_W4_KS * 32) mla_qabs_w4_kernel(float *qa, const float *q, QTensor w, int t0,
+                                                                            int T, int H, int C, int Dn, int Dr, int Dv)
+{
+    __shared__ float red[MLA_W4_KS - 1][64][32];
+    const int h = blockIdx.x, G = blockIdx.y, tb = blockIdx.z * 8, nt = min(8, T - tb), Dq = Dn + Dr;
+    const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3, KG = C / W4_KG;
+    const float *x = q + ((int64_t)(t0 + tb + min(g, nt - 1)) * H + h) * Dq + 2 * t;
+    float acc[4][4][4] = {};
+    for (int i = wp; i < Dn / 16; i += MLA_W4_KS) {
+        W4Frag f;
+        w4_load(f, w.data + (((int64_t)h * (Dn + Dv)) / 16 + i) * KG * W4_REC + (size_t)G * W4_REC, lane);
+        uint32_t b0[3], b1[3]; /* rows 16 i + 2t, + 1 and 16 i + 2t + 8, + 9 of token g */
+        mla_split3(x[16 * i], x[16 * i + 1], b0);
+        mla_split3(x[16 * i + 8], x[16 * i + 9], b1);
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            uint32_t a[4][4];
+            w4_decode_chunk(f, c, a);
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                uint32_t t0r = movtrans(a[j][0]), t1r = movtrans(a[j][2]), t2r = movtrans(a[j][1]), t3r = movtrans(a[j][3]);
+#pragma unroll
+                for (int s = 0; s < 3; s++) mma_bf16(acc[c][j], t0r, t1r, t2r, t3r, b0[s], b1[s]);
+            }
+        }
+    }
+    if (wp > 0) {
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int r = 0; r < 4; r++) red[wp - 1][c * 16 + j * 4 + r][lane] = acc[c][j][r];
+    }
+    __syncthreads();
+    if (wp == 0) {
+        const float sc = w.gscale * 512.f;
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int r = 0; r < 4; r++) {
+                    float s = acc[c][j][r];
+                    for (int k = 0; k < MLA_W4_KS - 1; k++) s += red[k][c * 16 + j * 4 + r][lane];
+                    int m = g + 8 * (r >> 1), n = 2 * t + (r & 1);
+                    int col = G * W4_KG + c * 64 + 16 * ((m & 7) >> 1) + 4 * j + (m & 1) + 2 * (m >> 3);
+                    if (n < nt) qa[((int64_t)(tb + n) * H + h) * (C + Dr) + col] = s * sc;
+                }
+    }
+    if (G == 0)
+        for (int i = threadIdx.x; i < nt * Dr; i += blockDim.x) {
+            int tt = i / Dr, e = i % Dr;
+            qa[((int64_t)(tb + tt) * H + h) * (C + Dr) + C + e] = q[((int64_t)(t0 + tb + tt) * H + h) * Dq + Dn + e];
+        }
+}
+
 /* ---- MLA absorbed form, v2: the keys' products on the tensor cores ----
  * Same steps as v1 (mla_qabs_kernel, split-K partials, mla_combine_kernel, mla_out_kernel); the
  * block (token, split, 32 heads) runs the scores S = Q K^T [32 heads x 32 keys, K = C + Dr]
@@ -696,7 +847,7 @@ void attention_mla_cuda(Backend *be, float *out, const float *q, const KVLayer *
     }
     cudaStream_t st = cuda_stream(be);
     int H = c->n_heads, C = c->kv_lora_rank, Dr = c->qk_rope_dim, Dn = c->qk_nope_dim, Dv = c->v_head_dim;
-    int HG = v2 ? (H + MLA_MMA_HB - 1) / MLA_MMA_HB : (H + MLA_HG - 1) / MLA_HG;
+    int HG = v2 ? (H + MLA_MMA_HB - 1) / MLA_MMA_HB : (H + MLA_HG - 1) / MLA_HG, w4 = mla_w4_ok(wkv_b, c);
     size_t smem = v2 ? mla_mma_smem(C, Dr) : mla_v1_smem(C, Dr);
     static size_t smem_set[2][64]; /* per kernel and device: the attribute is a device's */
     int dev = cuda_state(be)->device & 63;
@@ -714,8 +865,14 @@ void attention_mla_cuda(Backend *be, float *out, const float *q, const KVLayer *
         float *part = S > 1 ? (float *)cuda_scratch(be, SCR_MLA_PART, (size_t)S * T * H * (C + 2) * 4) : NULL;
         float *ml = part ? part + (size_t)S * T * H * C : NULL;
         int tz = (T + MLA_TT - 1) / MLA_TT;
-        mla_qabs_kernel<<<dim3(H, (C + 63) / 64, tz), ATT_THREADS, 0, st>>>(qa, q, *wkv_b, t0, T, H, C, Dn, Dr, Dv);
-        LAUNCH_CHECK("mla_qabs_kernel");
+        if (w4) {
+            mla_qabs_w4_kernel<<<dim3(H, C / W4_KG, (T + 7) / 8), MLA_W4_KS * 32, 0, st>>>(qa, q, *wkv_b, t0, T, H, C, Dn,
+                                                                                         Dr, Dv);
+            LAUNCH_CHECK("mla_qabs_w4_kernel");
+        } else {
+            mla_qabs_kernel<<<dim3(H, (C + 63) / 64, tz), ATT_THREADS, 0, st>>>(qa, q, *wkv_b, t0, T, H, C, Dn, Dr, Dv);
+            LAUNCH_CHECK("mla_qabs_kernel");
+        }
         if (v2) {
             mla_mma_decode_kernel<<<dim3(T, S, HG), MLA_MMA_THREADS, smem, st>>>(
                 ol, part, ml, qa, kv->kv, kv->dtype, kv->k_scale, kv->kv_width, kv->block_size, topk, ktop, b->seq,
@@ -731,9 +888,16 @@ void attention_mla_cuda(Backend *be, float *out, const float *q, const KVLayer *
             mla_combine_kernel<<<dim3(T, H), ATT_THREADS, 0, st>>>(ol, part, ml, H, C, S);
             LAUNCH_CHECK("mla_combine_kernel");
         }
-        mla_out_kernel<<<dim3(H, (Dv + 31) / 32, tz), ATT_THREADS, (size_t)MLA_TT * C * 4, st>>>(out, ol, *wkv_b, t0, T, H,
-                                                                                              C, Dn, Dv);
-        LAUNCH_CHECK("mla_out_kernel");
+        if (w4) {
+            int warps = Dv / 16 < 16 ? Dv / 16 : 16;
+            mla_out_w4_kernel<<<dim3(H, (T + MLA_W4_TOK - 1) / MLA_W4_TOK), warps * 32, 0, st>>>(out, ol, *wkv_b, t0, T, H, C,
+                                                                                                Dn, Dv);
+            LAUNCH_CHECK("mla_out_w4_kernel");
+        } else {
+            mla_out_kernel<<<dim3(H, (Dv + 31) / 32, tz), ATT_THREADS, (size_t)MLA_TT * C * 4, st>>>(out, ol, *wkv_b, t0, T,
+                                                                                                  H, C, Dn, Dv);
+            LAUNCH_CHECK("mla_out_kernel");
+        }
     }
 }
 

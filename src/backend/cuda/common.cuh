@@ -63,9 +63,11 @@ __device__ __forceinline__ float e4m3_dec(uint8_t b)
 
 __device__ __forceinline__ float e2m1_dec(int code)
 {
-    /* magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 (SPEC §3.3) */
-    const float mag[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
-    float v = mag[code & 7];
+    /* magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 (SPEC §3.3): from 2 up, 2^(e - 1) (1 + m / 2) of
+     * exponent e = code / 2 and mantissa bit m = code & 1, built as float bits (a table indexed
+     * by a variable would sit in local memory) */
+    int m = code & 7;
+    float v = m < 2 ? 0.5f * (float)m : __int_as_float(((m >> 1) + 126) << 23 | (m & 1) << 22);
     return (code & 8) ? -v : v;
 }
 
@@ -82,9 +84,17 @@ __device__ __forceinline__ float e2m1_dec(int code)
         {{6, 15}, {22, 31}}, {{3, 12}, {19, 28}}, {{0, 13}, {16, 29}}, { {25, 14}, {9, 30} }                           \
     }
 
+/* W4_BITS flattened (entry 2 r + h), 5 bits an entry: {6, 22, 3, 19, 0, 16, 25, 9} and
+ * {15, 31, 12, 28, 13, 29, 14, 30} */
+#define W4_BITS_MAG                                                                                                    \
+    (6ull | 22ull << 5 | 3ull << 10 | 19ull << 15 | 0ull << 20 | 16ull << 25 | 25ull << 30 | 9ull << 35)
+#define W4_BITS_SIGN                                                                                                   \
+    (15ull | 31ull << 5 | 12ull << 10 | 28ull << 15 | 13ull << 20 | 29ull << 25 | 14ull << 30 | 30ull << 35)
+
 __device__ __forceinline__ float w4_scale_dec(uint8_t b)
 {
-    return b ? ldexpf(1.f + (b & 7) * 0.125f, (b >> 3) - 10) : 0.f;
+    /* (1 + m / 8) 2^(e - 10) of e = b >> 3 (0..31), m = b & 7; 0 is zero */
+    return b ? __int_as_float(((b >> 3) + 117) << 23 | (b & 7) << 20) : 0.f;
 }
 
 /* W[r, k] of a packed NVFP4 tensor, the W4P layout of w4.cuh (the twin of qtensor_decode). */
@@ -97,9 +107,11 @@ __device__ __forceinline__ float w4_elem(const QTensor &w, int64_t r, int64_t k)
     const uint8_t *rec = w.data + (i * (w.cols >> 8) + G) * W4_REC;
     int lane = g * 4 + t;
     uint32_t word = *(const uint32_t *)(rec + c * 512 + lane * 16 + j * 4);
-    const int bits[4][2][2] = W4_BITS;
-    const int *b = bits[2 * (q >> 1) + hi][q & 1];
-    int code = (int)((word >> b[0]) & 7) | (int)((word >> b[1]) & 1) << 3;
+    /* W4_BITS[2 (q >> 1) + hi][q & 1] as 5-bit fields of two constants (a table indexed by a
+     * variable would sit in local memory): the magnitude's and the sign's bit positions */
+    int f = 5 * (2 * (2 * (q >> 1) + hi) + (q & 1));
+    int bm = (int)((W4_BITS_MAG >> f) & 31), bs = (int)((W4_BITS_SIGN >> f) & 31);
+    int code = (int)((word >> bm) & 7) | (int)((word >> bs) & 1) << 3;
     return e2m1_dec(code) * (w4_scale_dec(rec[2048 + lane * 8 + 2 * c + hi]) * w.gscale);
 }
 

@@ -132,18 +132,81 @@ void kv_write_cuda(Backend *be, void *cache, KVDtype dt, float scale, int width,
     LAUNCH_CHECK("kv_write_kernel");
 }
 
-/* block r: the largest x[r, :] and its lowest index */
-static __global__ void argmax_kernel(int *out, const float *x, int n)
+/* block r: the largest x[r, :] and its lowest index, as argmax_cpu: NaN never wins, and a NaN
+ * at index 0 (where argmax_cpu starts) gives 0. 1024 threads, each reading 4 float4 (16 values)
+ * per round with the loads in flight together where the row is 16-byte aligned: a 155k vocabulary
+ * is ~10 rounds (one thread block of 256 walking it a float at a time took 250 us a step). */
+#define ARGMAX_THREADS 1024
+__device__ __forceinline__ void argmax_take(float v, int i, float &best, int &bi)
 {
-    __shared__ float rv[256];
-    __shared__ int ri[256];
-    int i = block_argmax(x + (int64_t)blockIdx.x * n, NULL, n, rv, ri);
-    if (threadIdx.x == 0) out[blockIdx.x] = i < 0 ? 0 : i;
+    if (v == v && (bi < 0 || v > best)) { /* a thread's indices rise: > keeps the lowest of a tie */
+        best = v;
+        bi = i;
+    }
+}
+
+static __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_kernel(int *out, const float *x, int n)
+{
+    __shared__ float rv[32];
+    __shared__ int ri[32];
+    const float *v = x + (int64_t)blockIdx.x * n;
+    float best = -INFINITY;
+    int bi = -1, i0 = 0;
+    if (((uintptr_t)v & 15) == 0) {
+        const float4 *v4 = (const float4 *)v;
+        int n4 = n / 4, step = 4 * ARGMAX_THREADS;
+        for (int b = 0; b < n4; b += step) {
+            float4 f[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                int k = b + u * ARGMAX_THREADS + threadIdx.x;
+                f[u] = k < n4 ? __ldg(v4 + k) : make_float4(NAN, NAN, NAN, NAN);
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                int k = 4 * (b + u * ARGMAX_THREADS + threadIdx.x);
+                argmax_take(f[u].x, k, best, bi);
+                argmax_take(f[u].y, k + 1, best, bi);
+                argmax_take(f[u].z, k + 2, best, bi);
+                argmax_take(f[u].w, k + 3, best, bi);
+            }
+        }
+        i0 = 4 * n4;
+    }
+    for (int i = i0 + threadIdx.x; i < n; i += ARGMAX_THREADS) argmax_take(v[i], i, best, bi);
+    /* the warp's, then the block's: the larger value, or the lower index of a tie */
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (oi >= 0 && (bi < 0 || ov > best || (ov == best && oi < bi))) {
+            best = ov;
+            bi = oi;
+        }
+    }
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    if (lane == 0) {
+        rv[w] = best;
+        ri[w] = bi;
+    }
+    __syncthreads();
+    if (w == 0) {
+        best = rv[lane];
+        bi = ri[lane];
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (oi >= 0 && (bi < 0 || ov > best || (ov == best && oi < bi))) {
+                best = ov;
+                bi = oi;
+            }
+        }
+        if (lane == 0) out[blockIdx.x] = bi < 0 || v[0] != v[0] ? 0 : bi;
+    }
 }
 
 void argmax_cuda(Backend *be, int *out, const float *x, int rows, int n)
 {
     if (!rows) return;
-    argmax_kernel<<<rows, 256, 0, cuda_stream(be)>>>(out, x, n);
+    argmax_kernel<<<rows, ARGMAX_THREADS, 0, cuda_stream(be)>>>(out, x, n);
     LAUNCH_CHECK("argmax_kernel");
 }

@@ -11,6 +11,19 @@
 
 /* ---- repack ---- */
 
+/* w4_elem's flattened bit positions (common.cuh) say what W4_BITS says */
+static constexpr bool w4_bits_flat_ok()
+{
+    constexpr int b[4][2][2] = W4_BITS;
+    for (int r = 0; r < 4; r++)
+        for (int h = 0; h < 2; h++) {
+            int f = 5 * (2 * r + h);
+            if ((int)((W4_BITS_MAG >> f) & 31) != b[r][h][0] || (int)((W4_BITS_SIGN >> f) & 31) != b[r][h][1]) return false;
+        }
+    return true;
+}
+static_assert(w4_bits_flat_ok(), "W4_BITS_MAG / W4_BITS_SIGN out of step with W4_BITS");
+
 /* E4M3 scale byte -> the unsigned E5M3 byte of the W4P layout (0 for zero). NaN saturates. */
 __device__ __forceinline__ uint8_t w4_scale_enc(uint8_t s)
 {
