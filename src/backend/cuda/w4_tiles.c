@@ -112,7 +112,10 @@ static int first_fit(const int *prefs, int n, size_t budget, int wg)
  * at 8 rows 37.9 against 52.6); with BF16 activations it is no faster than tile 10, which stays.
  * Session 9: dense up to 8 rows, tile 34 (stream-K: one wave, rows staged once a block, PDL) for
  * both activation forms, where the call suits it (w4_sk_fallback otherwise): GLM-5 gate/up at 1 row
- * in a chain 14.2 us BF16 against tile 10's 20.7, 16.8-17.8 split against tile 31's 26.6-27.2. */
+ * in a chain 14.2 us BF16 against tile 10's 20.7, 16.8-17.8 split against tile 31's 26.6-27.2.
+ * Session 10: with split activations too, tile 29 from 57 pairs (2048 tokens, 64 pairs: 6.37 ms
+ * random and 7.13 skewed against tile 28's 6.65 and 7.56; ptxas now serializes tile 28's wgmma
+ * for want of registers at 2 blocks an SM). */
 int w4_default_tile(W4Kind kind, double rows, size_t budget, int wg, int split)
 {
     static const int big[] = {7, 4, 3, 0}, mid[] = {4, 3, 0}, pf[] = {19, 20, 21, 7, 4, 3, 0};
@@ -121,7 +124,7 @@ int w4_default_tile(W4Kind kind, double rows, size_t budget, int wg, int split)
     if (kind == W4_MOE) {
         if (wg && rows > (split ? 6 : 8)) {
             if (rows <= 40) return first_fit(ring30, 5, budget, wg);
-            if (rows <= (split ? 80 : 56)) return first_fit(ring28, 10, budget, wg);
+            if (rows <= 56) return first_fit(ring28, 10, budget, wg);
             return first_fit(ring29, 10, budget, wg);
         }
         if (rows <= 8) return first_fit((const int[]){12, 0}, 2, budget, wg);
