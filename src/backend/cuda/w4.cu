@@ -601,8 +601,9 @@ static size_t w4_sk_smem(int T, int K, int nt, int split)
     return W4_SK_SHARES(nt) + (size_t)(T < 8 * nt ? T : 8 * nt) * (K + 8) * 2 * (split ? 2 : 1);
 }
 
-/* Programmatic dependent launch of the stream-K tiles (sm_90 on; MOESERVE_W4_PDL=0 turns it off):
- * the next kernel's first weight loads overlap the tail of the one before. */
+/* Programmatic dependent launch of the stream-K tiles and of the MoE down kernel after gate/up
+ * (sm_90 on; MOESERVE_W4_PDL=0 turns it off): the next kernel's first weight loads overlap the
+ * tail of the one before. */
 static int w4_sk_pdl(void)
 {
     static int v = -1;
@@ -614,6 +615,25 @@ static int w4_sk_pdl(void)
         v = major >= 9 && !(e && !strcmp(e, "0"));
     }
     return v;
+}
+
+/* kernel<<<grid, block, smem, st>>>(args) with programmatic dependent launch where w4_sk_pdl()
+ * says so: the kernel may begin while the one before it ends, and waits for it (and its memory)
+ * at its griddepcontrol.wait */
+template <typename... KArgs, typename... Args>
+static void w4_launch_dependent(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, Args... args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cfg.attrs = attr;
+    cfg.numAttrs = w4_sk_pdl() ? 1 : 0;
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
 }
 
 /* Blocks an SM of kernel <NT, SP> with smem bytes of dynamic shared memory (its limit raised the
@@ -842,6 +862,9 @@ static __global__ void __launch_bounds__(W4_WARPS * 32) w4_moe_gateup_kernel(
     extern __shared__ __align__(16) __nv_bfloat16 w4_sx[];
     __shared__ const void *rowp[8 * NT];
     const int lane = threadIdx.x & 31;
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); /* the down kernel may take SMs as they free */
+#endif
     int tile = blockIdx.x;
     if (tile >= *n_tiles) return;
     static_assert(!SS || KS == 1, "stream split and K split do not combine");
@@ -881,7 +904,10 @@ static __global__ void __launch_bounds__(W4_WARPS * 32) w4_moe_gateup_kernel(
     w4_swiglu_store<NT, SP>(h, hlo, acc[0], [&](int nt, int q) { return acc[1][nt][q]; }, sg, su, m, base, F, i);
 }
 
-/* down of expert e: y[pair, d] = h[pos] . W_down[d] */
+/* down of expert e: y[pair, d] = h[pos] . W_down[d]. Launched with programmatic dependent launch
+ * after the gate/up kernel (w4_moe_launch_dependent): before griddepcontrol.wait it reads only
+ * what the routing wrote (done before gate/up began) and asks L2 for its first two weight records
+ * (constant), so that they arrive while gate/up ends; h only after the wait. */
 template <int NT, int ST, int KS, bool SP>
 static __global__ void __launch_bounds__(W4_WARPS * 32) w4_moe_down_kernel(
     float *y, const __nv_bfloat16 *h, const QTensor *table, int E, const int *count, const int *offset,
@@ -898,12 +924,18 @@ static __global__ void __launch_bounds__(W4_WARPS * 32) w4_moe_down_kernel(
     int e = tile_e[tile], m0 = tile_m0[tile], m = min(8 * NT, count[e] - m0), base = offset[e] + m0;
     const QTensor &wd = table[2 * E + e];
     int ng = F / W4_KG;
-    if (threadIdx.x < 8 * NT) rowp[threadIdx.x] = h + (size_t)(base + min((int)threadIdx.x, m - 1)) * F;
-    __syncthreads();
     const uint8_t *rec[1] = {wd.data + (size_t)(active ? i : 0) * ng * W4_REC};
-    float acc[1][NT][4];
     int g0 = 0, g1 = ng;
     w4_krange<KS>(g0, g1);
+#if __CUDA_ARCH__ >= 900
+    if (active)
+        for (int b = lane * 128; b < min(2, g1 - g0) * W4_REC; b += 32 * 128)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(rec[0] + (size_t)g0 * W4_REC + b));
+    asm volatile("griddepcontrol.wait;" ::: "memory"); /* gate/up: done, h visible */
+#endif
+    if (threadIdx.x < 8 * NT) rowp[threadIdx.x] = h + (size_t)(base + min((int)threadIdx.x, m - 1)) * F;
+    __syncthreads();
+    float acc[1][NT][4];
     w4_tile<NT, 1, ST, false, SP>(acc, rec, active, rowp, hlo, (m + 7) / 8, g0, g1, w4_sx);
     if (!w4_kreduce<1, NT, KS>(acc, red) || !active) return;
     float sd = wd.gscale * 512.f;
@@ -1232,8 +1264,9 @@ int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const f
     w4_moe_gateup_kernel<NTV, STV, KSV, SPV, SSV><<<gf, W4_WARPS * 32, W4_SMEM(NTV, STV), st>>>(h, xb, tb, E, K, count, offset, rows,  \
                                                                                  tile_e, tile_m0, n_tiles, F, D, xlo, hlo); \
     LAUNCH_CHECK("w4_moe_gateup_kernel");                                                                              \
-    w4_moe_down_kernel<NTV, STV, KSV, SPV><<<gd, W4_WARPS * 32, W4_SMEM(NTV, STV), st>>>(y, h, tb, E, count, offset, rows,        \
-                                                                               tile_e, tile_m0, n_tiles, D, F, hlo);   \
+    w4_launch_dependent(w4_moe_down_kernel<NTV, STV, KSV, SPV>, gd, W4_WARPS * 32, W4_SMEM(NTV, STV), st, y,              \
+                        (const __nv_bfloat16 *)h, (const QTensor *)tb, E, (const int *)count, (const int *)offset,      \
+                        (const int *)rows, (const int *)tile_e, (const int *)tile_m0, (const int *)n_tiles, D, F, hlo); \
     LAUNCH_CHECK("w4_moe_down_kernel");
 #define W4_MOE_T(NTV, STV, KSV, SSV) W4_MOE_SP(NTV, STV, KSV, true, SSV)
 #define W4_MOE_F(NTV, STV, KSV, SSV) W4_MOE_SP(NTV, STV, KSV, false, SSV)
