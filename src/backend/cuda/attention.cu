@@ -386,6 +386,7 @@ static __global__ void mla_combine_kernel(float *ol, const float *part, const fl
 static __global__ void mla_out_kernel(float *out, const float *ol, QTensor w, int t0, int T, int H, int C, int Dn, int Dv)
 {
     extern __shared__ float mla_os[]; /* [MLA_TT][C] */
+    pdl_trigger();                    /* o_proj after it */
     int h = blockIdx.x, v0 = blockIdx.y * 32, tb = blockIdx.z * MLA_TT, nt = min(MLA_TT, T - tb);
     int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
     for (int i = threadIdx.x; i < MLA_TT * C; i += blockDim.x) {
@@ -456,6 +457,7 @@ __device__ __forceinline__ uint32_t movtrans(uint32_t a)
 static __global__ void __launch_bounds__(512) mla_out_w4_kernel(float *out, const float *ol, QTensor w, int t0, int T,
                                                                  int H, int C, int Dn, int Dv)
 {
+    pdl_trigger(); /* o_proj after it */
     const int h = blockIdx.x, tb = blockIdx.y * MLA_W4_TOK, nt = min(MLA_W4_TOK, T - tb);
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, nw = blockDim.x >> 5, KG = C / W4_KG;
     const float sc = w.gscale * 512.f; /* the decode's 2^-9 (w4.cuh) */

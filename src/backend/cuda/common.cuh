@@ -140,6 +140,18 @@ __device__ __forceinline__ float qt_elem(const QTensor &w, int64_t r, int64_t k)
     }
 }
 
+/* Let a kernel launched after this one with programmatic dependent launch (the W4A16 stream-K
+ * GEMMs, the MoE down projection: w4.cu) start on the SMs this one leaves free and fetch its
+ * weights while this one runs; it still waits for this kernel's end before reading its output
+ * (griddepcontrol.wait). Called first by the kernels a decode step runs before its GEMMs. A
+ * no-op before sm_90 and for dependents launched the ordinary way. */
+__device__ __forceinline__ void pdl_trigger()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 /* Block-wide sum / max for blockDim.x a multiple of 32 (<= 1024); every thread gets the result. */
 __device__ __forceinline__ float warp_sum(float v)
 {

@@ -98,6 +98,7 @@ void get_rows_cuda(Backend *be, float *out, const float *x, int ld, const int *r
 
 static __global__ void swiglu_kernel(float *out, const float *gate, const float *up, int64_t n)
 {
+    pdl_trigger(); /* the down projection after it */
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         float g = gate[i];
         out[i] = g / (1.0f + expf(-g)) * up[i];

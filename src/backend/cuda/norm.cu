@@ -5,6 +5,7 @@
 static __global__ void rmsnorm_kernel(float *out, int ldo, const float *x, int ldx, const float *w, int dim, float eps)
 {
     __shared__ float red[32];
+    pdl_trigger();
     const float *xr = x + (int64_t)blockIdx.x * ldx;
     float *o = out + (int64_t)blockIdx.x * ldo;
     float ss = 0;
@@ -26,6 +27,7 @@ static __global__ void layernorm_kernel(float *out, int ldo, const float *x, int
                                         int dim, float eps)
 {
     __shared__ float red[32];
+    pdl_trigger();
     const float *xr = x + (int64_t)blockIdx.x * ldx;
     float *o = out + (int64_t)blockIdx.x * ldo;
     float s = 0;
