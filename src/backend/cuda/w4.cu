@@ -674,22 +674,13 @@ static int w4_dense_sk(Backend *be, int tile, float *out, int ldo, const float *
     /* the kernel for (nt, split), its shared memory limit raised as the calls need, and the blocks
      * an SM it gets (1: 16 warps at up to 128 registers) */
     int occ = 0;
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.gridDim = dim3(1, gy);
-    cfg.blockDim = dim3(W4_SK_WARPS * 32);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = cuda_stream(be);
-    cfg.attrs = attr;
-    cfg.numAttrs = w4_sk_pdl() ? 1 : 0;
+    cudaStream_t st = cuda_stream(be);
 #define W4_SK_LAUNCH(NTV, SPV)                                                                                         \
     do {                                                                                                               \
         occ = w4_sk_occupancy<NTV, SPV>(smem);                                                                         \
         if (occ < 1 || N / 16 < sms * occ) return 0;                                                                   \
-        cfg.gridDim.x = (unsigned)(sms * occ);                                                                         \
-        CUDA_CHECK(cudaLaunchKernelEx(&cfg, w4_dense_sk_kernel<NTV, SPV>, out, ldo, x, ldx, T, *w, bias));             \
+        w4_launch_dependent(w4_dense_sk_kernel<NTV, SPV>, dim3(sms * occ, gy), W4_SK_WARPS * 32, smem, st, out, ldo,  \
+                            x, ldx, T, *w, bias);                                                                      \
     } while (0)
     if (nt == 1 && split) W4_SK_LAUNCH(1, true);
     else if (nt == 1) W4_SK_LAUNCH(1, false);
