@@ -520,8 +520,7 @@ static __global__ void __launch_bounds__(W4_SK_WARPS * 32, 1) w4_dense_sk_kernel
     if (r0 < r1) w4_load(nxt, w.data + (size_t)r0 * W4_REC, lane); /* in flight while the rows are staged */
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");             /* the kernel before: done, visible */
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); /* the next may take SMs as they free
-                                                                      * (it waits for this grid's end itself) */
+    pdl_trigger(); /* the next may take SMs as they free (it waits for this grid's end itself) */
 #endif
     w4_sk_stage<SP>(xs, XS, x, ldx, m0, m, K);
     __syncthreads();
@@ -853,9 +852,7 @@ static __global__ void __launch_bounds__(W4_WARPS * 32) w4_moe_gateup_kernel(
     extern __shared__ __align__(16) __nv_bfloat16 w4_sx[];
     __shared__ const void *rowp[8 * NT];
     const int lane = threadIdx.x & 31;
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); /* the down kernel may take SMs as they free */
-#endif
+    pdl_trigger(); /* the down kernel may take SMs as they free */
     int tile = blockIdx.x;
     if (tile >= *n_tiles) return;
     static_assert(!SS || KS == 1, "stream split and K split do not combine");
@@ -896,7 +893,7 @@ static __global__ void __launch_bounds__(W4_WARPS * 32) w4_moe_gateup_kernel(
 }
 
 /* down of expert e: y[pair, d] = h[pos] . W_down[d]. Launched with programmatic dependent launch
- * after the gate/up kernel (w4_moe_launch_dependent): before griddepcontrol.wait it reads only
+ * after the gate/up kernel (w4_launch_dependent): before griddepcontrol.wait it reads only
  * what the routing wrote (done before gate/up began) and asks L2 for its first two weight records
  * (constant), so that they arrive while gate/up ends; h only after the wait. */
 template <int NT, int ST, int KS, bool SP>
