@@ -437,7 +437,9 @@ TEST(cuda_w4_matmul)
                        {17, 512, 1024}, {33, 2048, 512}, {300, 96, 256}, {4096, 64, 256}, {1, 6144, 2048},
                        /* the stream-K tiles (34, 35) need 16 row tiles a block of the wave: runs that
                         * share row tiles, warps with no record, two token tiles of 8 */
-                       {5, 4096, 768}, {16, 2112, 1024}, {12, 8192, 512}};
+                       {5, 4096, 768}, {16, 2112, 1024}, {12, 8192, 512},
+                       /* split activations' packed halves (one n8 tile: up to 4 rows), at the limit */
+                       {4, 4096, 768}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int T = shapes[s][0], N = shapes[s][1], K = shapes[s][2], ldx = K + 16, ldo = N + 8;
         TW w = tw_make_w4(&r, N, K);

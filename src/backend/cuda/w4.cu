@@ -504,11 +504,12 @@ __device__ __forceinline__ void w4_sk_stage(__nv_bfloat16 *xs, int XS, const flo
 /* PDL: launched with programmatic stream serialization (w4_sk_pdl), the kernel may start while
  * the one before it in the stream finishes: the first records are loaded before waiting for
  * it (griddepcontrol.wait; the weights are constant), the activations and the outputs after. */
-template <int NT, bool SP>
+template <int NT, bool SP, bool PK>
 static __global__ void __launch_bounds__(W4_SK_WARPS * 32, 1) w4_dense_sk_kernel(float *out, int ldo, const float *x, int ldx,
                                                                                 int T, QTensor w, const float *bias)
 {
     extern __shared__ __align__(16) float w4_sks[];
+    static_assert(!PK || (NT == 1 && SP), "packed halves: one n8 tile of split activations");
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
     const int N = (int)w.rows, K = (int)w.cols, ng = K / W4_KG, XS = K + 8; /* rows 16 bytes apart mod 128 */
     const int tb0 = (int)((int64_t)blockIdx.x * (N / 16) / gridDim.x), tb1 = (int)((int64_t)(blockIdx.x + 1) * (N / 16) / gridDim.x);
@@ -527,7 +528,8 @@ static __global__ void __launch_bounds__(W4_SK_WARPS * 32, 1) w4_dense_sk_kernel
     const int ntv = (m + 7) / 8;
     const __nv_bfloat16 *xr[NT];
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++) xr[nt] = xs + (size_t)min(nt * 8 + g, m - 1) * XS + t * 16;
+    for (int nt = 0; nt < NT; nt++) /* PK: lanes of g 4..7 read the low halves (w4_packs) */
+        xr[nt] = xs + (size_t)(PK ? (g < 4 ? min(g, m - 1) : m + min(g - 4, m - 1)) : min(nt * 8 + g, m - 1)) * XS + t * 16;
     const size_t lo = (size_t)m * XS;
     const float sc = w.gscale * 512.f;
     float acc[NT][4];
@@ -544,12 +546,13 @@ static __global__ void __launch_bounds__(W4_SK_WARPS * 32, 1) w4_dense_sk_kernel
             for (int nt = 0; nt < NT; nt++)
                 if (nt < ntv)
 #pragma unroll
-                    for (int h = 0; h < (SP ? 2 : 1); h++) {
+                    for (int h = 0; h < (SP && !PK ? 2 : 1); h++) {
                         const uint4 *p = (const uint4 *)(xr[nt] + h * lo + G * W4_KG + c * 64);
                         w4_mma_chunk(acc[nt], a, p[0], p[1]);
                     }
         }
         if (++G < ng && r + 1 < r1) return;
+        if constexpr (PK) w4_fold4(acc[0]);
         /* the end of row tile i in this run: stored if whole, else the warp's share kept */
         if (i * ng >= r0 && (i + 1) * ng <= r1) w4_sk_store<NT>(out, ldo, acc, sc, bias, m0, m, i);
         else {
@@ -638,7 +641,7 @@ static void w4_launch_dependent(void (*kernel)(KArgs...), dim3 grid, dim3 block,
 /* Blocks an SM of kernel <NT, SP> with smem bytes of dynamic shared memory (its limit raised the
  * first time a call needs it): asked of the runtime once a size, not on every eager call (the
  * calls of a model alternate between a few sizes, one per shape) */
-template <int NT, bool SP>
+template <int NT, bool SP, bool PK>
 static int w4_sk_occupancy(size_t smem)
 {
     static size_t raised, key[8];
@@ -646,11 +649,11 @@ static int w4_sk_occupancy(size_t smem)
     for (int k = 0; k < n && k < 8; k++)
         if (key[k] == smem) return val[k];
     if (smem > raised) {
-        CUDA_CHECK(cudaFuncSetAttribute(w4_dense_sk_kernel<NT, SP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CUDA_CHECK(cudaFuncSetAttribute(w4_dense_sk_kernel<NT, SP, PK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         raised = smem;
     }
     int occ = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, w4_dense_sk_kernel<NT, SP>, W4_SK_WARPS * 32, smem));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, w4_dense_sk_kernel<NT, SP, PK>, W4_SK_WARPS * 32, smem));
     key[n % 8] = smem;
     val[n % 8] = occ;
     n++;
@@ -674,17 +677,18 @@ static int w4_dense_sk(Backend *be, int tile, float *out, int ldo, const float *
      * an SM it gets (1: 16 warps at up to 128 registers) */
     int occ = 0;
     cudaStream_t st = cuda_stream(be);
-#define W4_SK_LAUNCH(NTV, SPV)                                                                                         \
+#define W4_SK_LAUNCH(NTV, SPV, PKV)                                                                                    \
     do {                                                                                                               \
-        occ = w4_sk_occupancy<NTV, SPV>(smem);                                                                         \
+        occ = w4_sk_occupancy<NTV, SPV, PKV>(smem);                                                                    \
         if (occ < 1 || N / 16 < sms * occ) return 0;                                                                   \
-        w4_launch_dependent(w4_dense_sk_kernel<NTV, SPV>, dim3(sms * occ, gy), W4_SK_WARPS * 32, smem, st, out, ldo,  \
+        w4_launch_dependent(w4_dense_sk_kernel<NTV, SPV, PKV>, dim3(sms * occ, gy), W4_SK_WARPS * 32, smem, st, out, ldo,  \
                             x, ldx, T, *w, bias);                                                                      \
     } while (0)
-    if (nt == 1 && split) W4_SK_LAUNCH(1, true);
-    else if (nt == 1) W4_SK_LAUNCH(1, false);
-    else if (nt == 2 && split) W4_SK_LAUNCH(2, true);
-    else if (nt == 2) W4_SK_LAUNCH(2, false);
+    if (nt == 1 && split && T <= 4) W4_SK_LAUNCH(1, true, true); /* the halves in one n8 tile (w4_packs) */
+    else if (nt == 1 && split) W4_SK_LAUNCH(1, true, false);
+    else if (nt == 1) W4_SK_LAUNCH(1, false, false);
+    else if (nt == 2 && split) W4_SK_LAUNCH(2, true, false);
+    else if (nt == 2) W4_SK_LAUNCH(2, false, false);
     else die("w4: tile %d is no stream-K kernel (nt %d)", tile, nt);
 #undef W4_SK_LAUNCH
     LAUNCH_CHECK("w4_dense_sk_kernel");
@@ -863,7 +867,9 @@ static __global__ void __launch_bounds__(W4_WARPS * 32) w4_moe_gateup_kernel(
     int e = tile_e[tile], m0 = tile_m0[tile], m = min(8 * NT, count[e] - m0), base = offset[e] + m0;
     const QTensor &wg = table[e], &wu = table[E + e];
     int ng = K / W4_KG;
-    if (threadIdx.x < 8 * NT) rowp[threadIdx.x] = xb + (size_t)(rows[base + min((int)threadIdx.x, m - 1)] / topk) * K;
+    const bool pk = w4_packs<NT, ST, SP>(m);
+    if (threadIdx.x < 8 * NT)
+        rowp[threadIdx.x] = w4_pk_row(threadIdx.x, m, pk, xlo, [&](int s) { return xb + (size_t)(rows[base + s] / topk) * K; });
     __syncthreads();
     int ia = active ? i : 0;
     float sg = wg.gscale * 512.f, su = wu.gscale * 512.f;
@@ -871,7 +877,7 @@ static __global__ void __launch_bounds__(W4_WARPS * 32) w4_moe_gateup_kernel(
         int up = warp & 1;
         const uint8_t *rec[1] = {(up ? wu : wg).data + (size_t)ia * ng * W4_REC};
         float acc[1][NT][4];
-        w4_tile<NT, 1, ST, false, SP>(acc, rec, active, rowp, xlo, (m + 7) / 8, 0, ng, w4_sx);
+        w4_tile_sp<NT, 1, ST, SP>(acc, rec, active, rowp, xlo, m, pk, 0, ng, w4_sx);
         float *xu = red + (warp / 2) * NT * 4 * 32;
         if (up)
 #pragma unroll
@@ -887,7 +893,7 @@ static __global__ void __launch_bounds__(W4_WARPS * 32) w4_moe_gateup_kernel(
     float acc[2][NT][4];
     int g0 = 0, g1 = ng;
     w4_krange<KS>(g0, g1);
-    w4_tile<NT, 2, ST, false, SP>(acc, rec, active, rowp, xlo, (m + 7) / 8, g0, g1, w4_sx);
+    w4_tile_sp<NT, 2, ST, SP>(acc, rec, active, rowp, xlo, m, pk, g0, g1, w4_sx);
     if (!w4_kreduce<2, NT, KS>(acc, red) || !active) return;
     w4_swiglu_store<NT, SP>(h, hlo, acc[0], [&](int nt, int q) { return acc[1][nt][q]; }, sg, su, m, base, F, i);
 }
@@ -921,10 +927,12 @@ static __global__ void __launch_bounds__(W4_WARPS * 32) w4_moe_down_kernel(
             asm volatile("prefetch.global.L2 [%0];" ::"l"(rec[0] + (size_t)g0 * W4_REC + b));
     asm volatile("griddepcontrol.wait;" ::: "memory"); /* gate/up: done, h visible */
 #endif
-    if (threadIdx.x < 8 * NT) rowp[threadIdx.x] = h + (size_t)(base + min((int)threadIdx.x, m - 1)) * F;
+    const bool pk = w4_packs<NT, ST, SP>(m);
+    if (threadIdx.x < 8 * NT)
+        rowp[threadIdx.x] = w4_pk_row(threadIdx.x, m, pk, hlo, [&](int s) { return h + (size_t)(base + s) * F; });
     __syncthreads();
     float acc[1][NT][4];
-    w4_tile<NT, 1, ST, false, SP>(acc, rec, active, rowp, hlo, (m + 7) / 8, g0, g1, w4_sx);
+    w4_tile_sp<NT, 1, ST, SP>(acc, rec, active, rowp, hlo, m, pk, g0, g1, w4_sx);
     if (!w4_kreduce<1, NT, KS>(acc, red) || !active) return;
     float sd = wd.gscale * 512.f;
 #pragma unroll

@@ -311,6 +311,51 @@ __device__ __forceinline__ void w4_tile(float (&acc)[NS][NT][4], const uint8_t *
     if (ST > 0 || WRD > 0) cp_async_wait<0>();
 }
 
+/* Split activations with at most 4 tokens (one n8 tile, activations read through L1): rowp's
+ * slots 0..3 hold the tokens' high halves and slots 4..7 their low halves (w4_pk_row), so that an
+ * A fragment takes one MMA instead of two (the second was a fifth of the decode tiles' time at 1
+ * token); the sum of columns c and c + 4 (lanes t and t + 2 of a quad) is then each token's.
+ * Otherwise w4_tile, the halves as two MMAs. pk = w4_packs<NT, ST, SPLIT>(m), block-uniform. */
+template <int NT, int ST, bool SPLIT>
+__device__ __forceinline__ bool w4_packs(int m)
+{
+    return SPLIT && NT == 1 && ST == 0 && m <= 4;
+}
+
+/* the activation row of token slot s (0 .. 8 NT): its row rowp_of(token), and with pk the low
+ * halves (lo elements further) in slots 4..7 */
+template <typename RowOf>
+__device__ __forceinline__ const __nv_bfloat16 *w4_pk_row(int s, int m, bool pk, size_t lo, RowOf row_of)
+{
+    if (pk) return row_of(min(s & 3, m - 1)) + (s >= 4 ? lo : 0);
+    return row_of(min(s, m - 1));
+}
+
+__device__ __forceinline__ void w4_fold4(float (&a)[4])
+{
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        float v = __shfl_down_sync(0xffffffffu, a[q], 2);
+        if ((threadIdx.x & 2) == 0) a[q] += v;
+    }
+}
+
+template <int NT, int NS, int ST, bool SPLIT>
+__device__ __forceinline__ void w4_tile_sp(float (&acc)[NS][NT][4], const uint8_t *const (&rec)[NS], int active,
+                                           const void *const *rowp, size_t lo, int m, bool pk, int g0, int g1,
+                                           __nv_bfloat16 *sx)
+{
+    if constexpr (SPLIT && NT == 1 && ST == 0) {
+        if (pk) {
+            w4_tile<NT, NS, ST, false, false>(acc, rec, active, rowp, 0, 1, g0, g1, sx);
+#pragma unroll
+            for (int s = 0; s < NS; s++) w4_fold4(acc[s][0]);
+            return;
+        }
+    }
+    w4_tile<NT, NS, ST, false, SPLIT>(acc, rec, active, rowp, lo, (m + 7) / 8, g0, g1, sx);
+}
+
 /* Intra-block K split: KS (1 or W4_WARPS) warps share a row tile, warp part kp = warp % KS
  * takes groups [g0, g1) * (kp, kp + 1) / KS; w4_kreduce sums the parts into part 0 in kp order
  * (deterministic) through shared memory red[(KS - 1) * NS * NT * 4 * 32] and returns 1 in the

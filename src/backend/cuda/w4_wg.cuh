@@ -273,7 +273,7 @@ __device__ __forceinline__ void w4_wg_gemm_n(float (&acc)[4 * NT], const uint8_t
  * descriptor and source pointer moves by an add (session 7: in the SASS of w4_wg_gemm_n about
  * half of a step's ~160 instructions recompute them, against ~85 for the decode); token rows
  * from nv on are not staged (their columns are never stored). */
-template <int NT, int ST, int WR, int CPS, int NN, bool SPLIT>
+template <int NT, int ST, int WR, int CPS, int NN, bool SPLIT, bool PK = false>
 __device__ __forceinline__ void w4_wg_gemm_r(float (&acc)[4 * NT], const uint8_t *rec, const __nv_bfloat16 *const *rowp,
                                              size_t lo, int ng, int nv, uint8_t *sm, WgRing &ring)
 {
@@ -281,6 +281,7 @@ __device__ __forceinline__ void w4_wg_gemm_r(float (&acc)[4 * NT], const uint8_t
     static_assert((CPS == 1 || CPS == 2) && ST % CPS == 0 && ST / CPS >= 3, "a stage of 1 or 2 chunks, 3+ stages");
     constexpr int SP = ST / CPS; /* stages of CPS chunks: one barrier and one commit group a stage */
     static_assert(WR >= 2, "a weight ring holds the group being decoded and at least one in flight");
+    static_assert(!PK || (NN == 32 && !SPLIT), "packed halves: one N = 32 MMA set");
     constexpr int NR = 8 * NT, HALF = NR * W4_WG_ROW_BYTES, STAGE = 2 * HALF, CH = NN / 32;
     const int lane = threadIdx.x & 31, u = threadIdx.x & 7, r0 = threadIdx.x >> 3;
     const int nvs = 4 * ng; /* steps: (group, chunk) */
@@ -290,8 +291,13 @@ __device__ __forceinline__ void w4_wg_gemm_r(float (&acc)[4 * NT], const uint8_t
     bool live[CH];
 #pragma unroll
     for (int i = 0; i < CH; i++) {
-        live[i] = r0 + 32 * i < nv;
-        src[i] = rowp[min(r0 + 32 * i, nv - 1)] + u * 8;
+        if constexpr (PK) { /* rows 0..15 the high halves, 16..31 the low halves of the same tokens */
+            live[i] = (r0 & 15) < nv;
+            src[i] = rowp[min(r0 & 15, nv - 1)] + (r0 >= 16 ? lo : 0) + u * 8;
+        } else {
+            live[i] = r0 + 32 * i < nv;
+            src[i] = rowp[min(r0 + 32 * i, nv - 1)] + u * 8;
+        }
     }
     const uint32_t dst0 = sbase + r0 * W4_WG_ROW_BYTES + ((u ^ (r0 & 7)) << 4);
     uint32_t dst = dst0;
@@ -407,6 +413,21 @@ template <int NT, int ST, int WR, int CPS, bool SPLIT>
 __device__ __forceinline__ void w4_wg_gemm_s(float (&acc)[4 * NT], const uint8_t *rec, const __nv_bfloat16 *const *rowp,
                                              size_t lo, int ng, int nv, uint8_t *sm, WgRing &ring)
 {
+    if constexpr (SPLIT && WR > 0) {
+        /* split activations, at most 16 tokens: their high halves as B rows 0..15 and their low
+         * halves as rows 16..31 of one N = 32 MMA set instead of two (the MMA work of the tile
+         * halves), then token j's two sums added (accumulator column j + 16: acc[4 (b + 2) + d]) */
+        if (nv <= 16) {
+            float pa[4 * NT]; /* its own registers: ptxas serializes the wgmma of a function whose
+                               * pipelines share an accumulator that other code modifies */
+#pragma unroll
+            for (int i = 0; i < 4 * NT; i++) pa[i] = 0.f;
+            w4_wg_gemm_r<NT, ST, WR, CPS, 32, false, true>(pa, rec, rowp, lo, ng, nv, sm, ring);
+#pragma unroll
+            for (int i = 0; i < 8; i++) acc[i] = pa[i] + pa[i + 8];
+            return;
+        }
+    }
     if constexpr (NT == 16) {
         if (nv > 64) {
             w4_wg_gemm_nr<NT, ST, WR, CPS, 128, SPLIT>(acc, rec, rowp, lo, ng, nv, sm, ring);
