@@ -393,7 +393,11 @@ TEST(cuda_w4_chain_pdl)
     const int K0 = 512, N1 = 2560, N2 = 4096, N3 = 2560;
     TW w1 = tw_make_w4(&r, N1, K0), w2 = tw_make_w4(&r, N2, N1), w3 = tw_make_w4(&r, N3, N2);
     float *b2 = rnd(&r, N2, 1), *db2 = up(b2, N2 * 4);
-    for (int T = 1; T <= 6; T += 5) {
+    /* 1 row; 6 rows with the rows staged by clusters of 2 (the default), 4 and 1 blocks */
+    const int runs[][2] = {{1, 0}, {6, 0}, {6, 4}, {6, 1}};
+    for (size_t ri = 0; ri < sizeof runs / sizeof runs[0]; ri++) {
+        int T = runs[ri][0];
+        w4_set_sk_cluster(runs[ri][1]);
         float *dx = be_alloc(&gpu, (size_t)T * K0 * 4), *dy = be_alloc(&gpu, (size_t)T * N1 * 4);
         float *dz = be_alloc(&gpu, (size_t)T * N2 * 4), *du = be_alloc(&gpu, (size_t)T * N3 * 4);
         float *y = malloc((size_t)T * N1 * 4), *z = malloc((size_t)T * N2 * 4), *u = malloc((size_t)T * N3 * 4);
@@ -414,15 +418,17 @@ TEST(cuda_w4_chain_pdl)
             if (round == 1) graph = gpu.ops->graph_end(&gpu);
             if (round >= 1) EXPECT(gpu.ops->graph_launch(&gpu, graph) == 0, "graph replay");
             float *got = down(du, (size_t)T * N3);
-            EXPECT_CLOSE(got, u, (size_t)T * N3, TOL_W4, "w4 chain T %d round %d", T, round);
+            EXPECT_CLOSE(got, u, (size_t)T * N3, TOL_W4, "w4 chain T %d cluster %d round %d", T, runs[ri][1], round);
             free(got);
             free(x);
         }
-        EXPECT(w4_sk_calls() > calls, "T %d: the chain took the stream-K tile (%ld launches)", T, w4_sk_calls() - calls);
+        EXPECT(w4_sk_calls() > calls, "T %d cluster %d: the chain took the stream-K tile (%ld launches)", T, runs[ri][1],
+               w4_sk_calls() - calls);
         gpu.ops->graph_free(&gpu, graph);
         free(y); free(z); free(u);
         be_free(&gpu, dx); be_free(&gpu, dy); be_free(&gpu, dz); be_free(&gpu, du);
     }
+    w4_set_sk_cluster(0);
     free(b2);
     be_free(&gpu, db2);
     tw_free(&w1); tw_free(&w2); tw_free(&w3);

@@ -110,12 +110,14 @@ TEST(w4_pf_tiles)
     EXPECT(w4_default_tile(W4_MOE, 128, 227 * 1024, 0, 0) == 19, "no wgmma: tile 19");
     EXPECT(w4_default_tile(W4_MOE, 4, 227 * 1024, 1, 1) == 12, "decode is not a wg tile's");
     /* dense decode: the stream-K tile 34 up to 8 rows, whatever the budget (it checks each call's
-     * rows against it); where a call does not suit it, the ring tile 31 with split activations,
-     * tile 10 with BF16 ones, tile 3 from 9 rows */
+     * rows against it), its 16-token twin 35 from 9 to 16 rows; where a call does not suit them,
+     * the ring tile 31 with split activations, tile 10 with BF16 ones, tile 3 from 9 rows */
     for (int split = 0; split < 2; split++)
         for (int rows = 1; rows <= 8; rows++)
             EXPECT(w4_default_tile(W4_DENSE, rows, 99 * 1024, split, split) == 34, "dense %d rows, split %d: tile 34", rows, split);
-    EXPECT(w4_default_tile(W4_DENSE, 9, 227 * 1024, 1, 1) == 3 && w4_default_tile(W4_DENSE, 16, 227 * 1024, 1, 0) == 3, "16 rows: tile 3");
+    EXPECT(w4_default_tile(W4_DENSE, 9, 227 * 1024, 1, 1) == 35 && w4_default_tile(W4_DENSE, 16, 227 * 1024, 1, 0) == 35,
+           "9-16 rows: tile 35");
+    EXPECT(w4_default_tile(W4_DENSE, 17, 227 * 1024, 1, 0) == 4, "17 rows: tile 4");
     EXPECT(w4_sk_fallback(1, 227 * 1024, 1) == 31, "dense 1 row, split activations: tile 31");
     EXPECT(w4_sk_fallback(8, 99 * 1024, 1) == 31, "dense 8 rows, split, 99 KB: tile 31");
     EXPECT(w4_sk_fallback(1, 227 * 1024, 0) == 10, "dense 1 row, BF16 activations: tile 10");
@@ -125,7 +127,7 @@ TEST(w4_pf_tiles)
         for (size_t b = 48 * 1024; b <= 227 * 1024; b += 1024)
             for (int wg = 0; wg < 2; wg++) {
                 int t = w4_default_tile(W4_DENSE, rows, b, wg, 1);
-                EXPECT(!w4_tiles[t].pf || (w4_tiles[t].pf == 3 && rows <= 8), "dense %.0f rows: a pf tile", rows);
+                EXPECT(!w4_tiles[t].pf || (w4_tiles[t].pf == 3 && rows <= 16), "dense %.0f rows: a pf tile", rows);
                 t = w4_sk_fallback(rows, b, 1);
                 EXPECT(!w4_tiles[t].pf && w4_tile_fits(w4_tiles[t], b, NULL, 0), "dense %.0f rows: fallback tile %d", rows, t);
                 t = w4_default_tile(W4_MOE, rows, b, wg, rows > 1000);

@@ -467,21 +467,80 @@ __device__ __forceinline__ void w4_sk_store(float *out, int ldo, const float (&a
 /* shared memory of a launch: the shares (2 a warp of NT x 4 floats x 32 lanes), then the staged rows */
 #define W4_SK_SHARES(NT) ((size_t)W4_SK_WARPS * 2 * (NT) * 4 * 32 * sizeof(float))
 
+/* this block's place in its cluster and the cluster's size (1 and 0 outside a cluster launch) */
+__device__ __forceinline__ unsigned cl_rank()
+{
+    unsigned r = 0;
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
+    return r;
+}
+__device__ __forceinline__ unsigned cl_size()
+{
+    unsigned n = 1;
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+#endif
+    return n;
+}
+/* shared address a of this block -> the same place in block `rank` of the cluster (shared::cluster) */
+__device__ __forceinline__ uint32_t cl_map(uint32_t a, unsigned rank)
+{
+    uint32_t r = a;
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+#endif
+    return r;
+}
+__device__ __forceinline__ void cl_st(uint32_t a, uint2 v)
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("st.shared::cluster.v2.u32 [%0], {%1, %2};" ::"r"(a), "r"(v.x), "r"(v.y) : "memory");
+#endif
+}
+__device__ __forceinline__ void cl_arrive_relaxed()
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cl_arrive()
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cl_wait()
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait;" ::: "memory");
+#endif
+}
+
 /* The block's m activation rows x[m0 ..] into shared memory xs (row stride XS): BF16 hi halves, then
  * (SP) the lo halves m rows further; 8 float4 loads in flight a thread before any is converted
- * (a loop of one load at a time waited an L2 round trip per 4 values: 24 of them at 8 rows) */
-template <bool SP>
-__device__ __forceinline__ void w4_sk_stage(__nv_bfloat16 *xs, int XS, const float *x, int ldx, int m0, int m, int K)
+ * (a loop of one load at a time waited an L2 round trip per 4 values: 24 of them at 8 rows). In a
+ * cluster of ncl blocks (the same token tile), block `rank` reads and converts only columns
+ * [rank K / ncl, (rank + 1) K / ncl) and stores them into every block's xs (distributed shared
+ * memory; xsp[p]: block p's xs as a shared::cluster address): each block reads 1 / ncl of the
+ * rows from L2 (every block of the wave needs all of them: 8 rows of K = 6144 floats are 26 MB
+ * of L2 reads for 132 blocks, that no weight load overlaps but the first record). */
+template <bool SP, bool CL>
+__device__ __forceinline__ void w4_sk_stage(__nv_bfloat16 *xs, const uint32_t *xsp, int XS, const float *x, int ldx, int m0, int m,
+                                            int K, unsigned rank, unsigned ncl)
 {
     const bool v4 = (ldx & 3) == 0 && ((uintptr_t)x & 15) == 0;
-    const int n = m * (K / 4);
+    if (!CL) rank = 0, ncl = 1;
+    const int Kq = CL ? K / (4 * (int)ncl) : K / 4, kc0 = (int)rank * 4 * Kq; /* this block's columns, in groups of 4 */
+    const int n = m * Kq;
     for (int q0 = threadIdx.x; q0 < n; q0 += 8 * blockDim.x) {
         float4 f[8];
 #pragma unroll
         for (int u = 0; u < 8; u++) {
             int q = q0 + u * blockDim.x;
             if (q >= n) break;
-            const float *src = x + (size_t)(m0 + q / (K / 4)) * ldx + 4 * (q % (K / 4));
+            const float *src = x + (size_t)(m0 + q / Kq) * ldx + kc0 + 4 * (q % Kq);
             if (v4) f[u] = __ldg((const float4 *)src);
             else f[u] = make_float4(__ldg(src), __ldg(src + 1), __ldg(src + 2), __ldg(src + 3));
         }
@@ -489,13 +548,24 @@ __device__ __forceinline__ void w4_sk_stage(__nv_bfloat16 *xs, int XS, const flo
         for (int u = 0; u < 8; u++) {
             int q = q0 + u * blockDim.x;
             if (q >= n) break;
-            int rr = q / (K / 4), k = 4 * (q % (K / 4));
+            int rr = q / Kq, k = kc0 + 4 * (q % Kq);
             __nv_bfloat162 h0 = __floats2bfloat162_rn(f[u].x, f[u].y), h1 = __floats2bfloat162_rn(f[u].z, f[u].w);
-            *(uint2 *)(xs + (size_t)rr * XS + k) = make_uint2(*(uint32_t *)&h0, *(uint32_t *)&h1);
+            uint2 hv = make_uint2(*(uint32_t *)&h0, *(uint32_t *)&h1), lv = hv;
             if (SP) {
                 __nv_bfloat162 l0 = __floats2bfloat162_rn(f[u].x - __low2float(h0), f[u].y - __high2float(h0));
                 __nv_bfloat162 l1 = __floats2bfloat162_rn(f[u].z - __low2float(h1), f[u].w - __high2float(h1));
-                *(uint2 *)(xs + (size_t)(m + rr) * XS + k) = make_uint2(*(uint32_t *)&l0, *(uint32_t *)&l1);
+                lv = make_uint2(*(uint32_t *)&l0, *(uint32_t *)&l1);
+            }
+            if (!CL) {
+                *(uint2 *)(xs + (size_t)rr * XS + k) = hv;
+                if (SP) *(uint2 *)(xs + (size_t)(m + rr) * XS + k) = lv;
+            } else {
+#pragma unroll
+                for (int p = 0; p < 4; p++) /* constant indices: xsp stays in registers */
+                    if (p < (int)ncl) {
+                        cl_st(xsp[p] + 2u * (uint32_t)(rr * XS + k), hv);
+                        if (SP) cl_st(xsp[p] + 2u * (uint32_t)((m + rr) * XS + k), lv);
+                    }
             }
         }
     }
@@ -517,14 +587,30 @@ static __global__ void __launch_bounds__(W4_SK_WARPS * 32, 1) w4_dense_sk_kernel
     const int r0 = rb0 + warp * Rb / W4_SK_WARPS, r1 = rb0 + (warp + 1) * Rb / W4_SK_WARPS;
     const int m0 = blockIdx.y * 8 * NT, m = min(8 * NT, T - m0);
     __nv_bfloat16 *xs = (__nv_bfloat16 *)(w4_sks + W4_SK_SHARES(NT) / sizeof(float));
+    const unsigned ncl = cl_size(), rank = cl_rank();
+    if (ncl > 1) cl_arrive_relaxed(); /* this block has started (its peers write into its xs) */
     W4Frag nxt;
     if (r0 < r1) w4_load(nxt, w.data + (size_t)r0 * W4_REC, lane); /* in flight while the rows are staged */
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");             /* the kernel before: done, visible */
     pdl_trigger(); /* the next may take SMs as they free (it waits for this grid's end itself) */
 #endif
-    w4_sk_stage<SP>(xs, XS, x, ldx, m0, m, K);
-    __syncthreads();
+    uint32_t xsp[4] = {0, 0, 0, 0}; /* xs in each block of the cluster */
+    if (ncl > 1) {
+        const uint32_t xa = (uint32_t)__cvta_generic_to_shared(xs);
+#pragma unroll
+        for (unsigned p = 0; p < 4; p++)
+            if (p < ncl) xsp[p] = cl_map(xa, p);
+        cl_wait(); /* every block of the cluster has started */
+    }
+    if (ncl > 1) { /* every block's share of the rows has landed in every xs */
+        w4_sk_stage<SP, true>(xs, xsp, XS, x, ldx, m0, m, K, rank, ncl);
+        cl_arrive();
+        cl_wait();
+    } else {
+        w4_sk_stage<SP, false>(xs, xsp, XS, x, ldx, m0, m, K, 0, 1);
+        __syncthreads();
+    }
     const int ntv = (m + 7) / 8;
     const __nv_bfloat16 *xr[NT];
 #pragma unroll
@@ -623,41 +709,95 @@ static int w4_sk_pdl(void)
  * says so: the kernel may begin while the one before it ends, and waits for it (and its memory)
  * at its griddepcontrol.wait */
 template <typename... KArgs, typename... Args>
-static void w4_launch_dependent(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, Args... args)
+static void w4_launch_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, int cluster,
+                              Args... args)
 {
     cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute attr[2];
+    int na = 0;
+    if (w4_sk_pdl()) {
+        attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[na++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster > 1) { /* blocks x .. x + cluster - 1 run together and share their shared memory */
+        attr[na].id = cudaLaunchAttributeClusterDimension;
+        attr[na].val.clusterDim.x = cluster;
+        attr[na].val.clusterDim.y = 1;
+        attr[na++].val.clusterDim.z = 1;
+    }
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = st;
     cfg.attrs = attr;
-    cfg.numAttrs = w4_sk_pdl() ? 1 : 0;
+    cfg.numAttrs = na;
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
 }
 
-/* Blocks an SM of kernel <NT, SP> with smem bytes of dynamic shared memory (its limit raised the
- * first time a call needs it): asked of the runtime once a size, not on every eager call (the
- * calls of a model alternate between a few sizes, one per shape) */
+template <typename... KArgs, typename... Args>
+static void w4_launch_dependent(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, Args... args)
+{
+    w4_launch_cluster(kernel, grid, block, smem, st, 1, args...);
+}
+
+/* The blocks of one wave of kernel <NT, SP, PK> with smem bytes of dynamic shared memory, in
+ * clusters of cl blocks (its limit raised the first time a call needs it): asked of the runtime
+ * once a (size, cluster), not on every eager call (the calls of a model alternate between a few
+ * sizes, one per shape). Clusters of 4 need 4 free SMs of one GPC: a wave may leave a few SMs out. */
 template <int NT, bool SP, bool PK>
-static int w4_sk_occupancy(size_t smem)
+static int w4_sk_blocks(size_t smem, int cl, int sms)
 {
     static size_t raised, key[8];
-    static int val[8], n;
+    static int kcl[8], val[8], n;
     for (int k = 0; k < n && k < 8; k++)
-        if (key[k] == smem) return val[k];
+        if (key[k] == smem && kcl[k] == cl) return val[k];
     if (smem > raised) {
         CUDA_CHECK(cudaFuncSetAttribute(w4_dense_sk_kernel<NT, SP, PK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         raised = smem;
     }
-    int occ = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, w4_dense_sk_kernel<NT, SP, PK>, W4_SK_WARPS * 32, smem));
+    int blocks = 0;
+    if (cl <= 1) {
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, w4_dense_sk_kernel<NT, SP, PK>, W4_SK_WARPS * 32, smem));
+        blocks *= sms;
+    } else {
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = cl;
+        attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
+        cfg.gridDim = dim3(sms / cl * cl, 1, 1);
+        cfg.blockDim = dim3(W4_SK_WARPS * 32, 1, 1);
+        cfg.dynamicSmemBytes = smem;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        int clusters = 0;
+        CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, w4_dense_sk_kernel<NT, SP, PK>, &cfg));
+        blocks = clusters * cl;
+    }
     key[n % 8] = smem;
-    val[n % 8] = occ;
+    kcl[n % 8] = cl;
+    val[n % 8] = blocks;
     n++;
-    return occ;
+    return blocks;
+}
+
+/* Blocks a cluster of the stream-K launch staging T rows of K (twice with split activations):
+ * MOESERVE_W4_SK_CLUSTER (1, 2 or 4), else 2 where the staged values are 24576 or more, 1 below
+ * (session 11, docs/PERFORMANCE.md: small stagings lose the cluster barrier's cost; clusters of 4
+ * leave SMs of the wave idle, a GPC's SMs are not a multiple of 4; a pair is a TPC's two SMs). */
+static int w4_sk_cluster_set;
+extern "C" void w4_set_sk_cluster(int cl) { w4_sk_cluster_set = cl == 1 || cl == 2 || cl == 4 ? cl : 0; }
+
+static int w4_sk_cluster(int T, int K, int split)
+{
+    static int v = -1;
+    if (w4_sk_cluster_set) return w4_sk_cluster_set;
+    if (v < 0) {
+        const char *e = getenv("MOESERVE_W4_SK_CLUSTER");
+        v = e && *e ? atoi(e) : 0;
+        if (v != 1 && v != 2 && v != 4) v = 0;
+    }
+    return v ? v : (long)T * K * (split ? 2 : 1) >= 24576 ? 2 : 1;
 }
 
 static long w4_sk_count;
@@ -674,15 +814,16 @@ static int w4_dense_sk(Backend *be, int tile, float *out, int ldo, const float *
     size_t smem = w4_sk_smem(T, K, nt, split);
     if (gy > 2 || nt * gy > 2 || smem > budget) return 0;
     /* the kernel for (nt, split), its shared memory limit raised as the calls need, and the blocks
-     * an SM it gets (1: 16 warps at up to 128 registers) */
-    int occ = 0;
+     * of its wave (1 an SM: 16 warps at up to 128 registers), in clusters of cl that stage the
+     * rows together (w4_sk_stage) */
+    int blocks = 0, cl = w4_sk_cluster(T, K, split);
     cudaStream_t st = cuda_stream(be);
 #define W4_SK_LAUNCH(NTV, SPV, PKV)                                                                                    \
     do {                                                                                                               \
-        occ = w4_sk_occupancy<NTV, SPV, PKV>(smem);                                                                    \
-        if (occ < 1 || N / 16 < sms * occ) return 0;                                                                   \
-        w4_launch_dependent(w4_dense_sk_kernel<NTV, SPV, PKV>, dim3(sms * occ, gy), W4_SK_WARPS * 32, smem, st, out, ldo,  \
-                            x, ldx, T, *w, bias);                                                                      \
+        blocks = w4_sk_blocks<NTV, SPV, PKV>(smem, cl, sms);                                                           \
+        if (blocks < 1 || N / 16 < blocks) return 0;                                                                   \
+        w4_launch_cluster(w4_dense_sk_kernel<NTV, SPV, PKV>, dim3(blocks, gy), W4_SK_WARPS * 32, smem, st, cl, out,    \
+                          ldo, x, ldx, T, *w, bias);                                                                   \
     } while (0)
     if (nt == 1 && split && T <= 4) W4_SK_LAUNCH(1, true, true); /* the halves in one n8 tile (w4_packs) */
     else if (nt == 1 && split) W4_SK_LAUNCH(1, true, false);

@@ -116,6 +116,9 @@ int w4_moe_ready(const LayerWeights *lw, const ModelConfig *c);
  * -1: MOESERVE_W4_LT_ROWS or the default (256). */
 void w4_set_lt_rows(int rows);
 int w4_lt_rows(void);
+/* Blocks a cluster of the stream-K launches (1, 2 or 4; they stage the rows together); 0:
+ * MOESERVE_W4_SK_CLUSTER or the default (2 where rows x K x halves >= 24576, else 1). */
+void w4_set_sk_cluster(int cl);
 void w4_set_config(W4Config c);
 /* Activations into the tensor cores as two BF16 halves (1, the default: float32-like accuracy)
  * or one (0: MOESERVE_W4_ACT=bf16, as other engines' W4A16 kernels); -1: the environment's. */

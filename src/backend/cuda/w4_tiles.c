@@ -134,6 +134,7 @@ int w4_default_tile(W4Kind kind, double rows, size_t budget, int wg, int split)
         return first_fit(big, 4, budget, wg);
     }
     if (rows <= 8) return 34;
+    if (rows <= 16) return 35; /* session 11: 16 rows staged whole where they fit (w4_sk_fallback where not) */
     if (rows <= 64) return w4_sk_fallback(rows, budget, split);
     return first_fit(big, 4, budget, wg);
 }
