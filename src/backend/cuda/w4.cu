@@ -574,7 +574,7 @@ __device__ __forceinline__ void w4_sk_stage(__nv_bfloat16 *xs, const uint32_t *x
 /* PDL: launched with programmatic stream serialization (w4_sk_pdl), the kernel may start while
  * the one before it in the stream finishes: the first records are loaded before waiting for
  * it (griddepcontrol.wait; the weights are constant), the activations and the outputs after. */
-template <int NT, bool SP, bool PK>
+template <int NT, bool SP, bool PK, bool CL>
 static __global__ void __launch_bounds__(W4_SK_WARPS * 32, 1) w4_dense_sk_kernel(float *out, int ldo, const float *x, int ldx,
                                                                                 int T, QTensor w, const float *bias)
 {
@@ -587,7 +587,7 @@ static __global__ void __launch_bounds__(W4_SK_WARPS * 32, 1) w4_dense_sk_kernel
     const int r0 = rb0 + warp * Rb / W4_SK_WARPS, r1 = rb0 + (warp + 1) * Rb / W4_SK_WARPS;
     const int m0 = blockIdx.y * 8 * NT, m = min(8 * NT, T - m0);
     __nv_bfloat16 *xs = (__nv_bfloat16 *)(w4_sks + W4_SK_SHARES(NT) / sizeof(float));
-    const unsigned ncl = cl_size(), rank = cl_rank();
+    const unsigned ncl = CL ? cl_size() : 1, rank = CL ? cl_rank() : 0; /* CL: launched in clusters */
     if (ncl > 1) cl_arrive_relaxed(); /* this block has started (its peers write into its xs) */
     W4Frag nxt;
     if (r0 < r1) w4_load(nxt, w.data + (size_t)r0 * W4_REC, lane); /* in flight while the rows are staged */
@@ -740,11 +740,11 @@ static void w4_launch_dependent(void (*kernel)(KArgs...), dim3 grid, dim3 block,
     w4_launch_cluster(kernel, grid, block, smem, st, 1, args...);
 }
 
-/* The blocks of one wave of kernel <NT, SP, PK> with smem bytes of dynamic shared memory, in
+/* The blocks of one wave of kernel <NT, SP, PK, cl > 1> with smem bytes of dynamic shared memory, in
  * clusters of cl blocks (its limit raised the first time a call needs it): asked of the runtime
  * once a (size, cluster), not on every eager call (the calls of a model alternate between a few
  * sizes, one per shape). Clusters of 4 need 4 free SMs of one GPC: a wave may leave a few SMs out. */
-template <int NT, bool SP, bool PK>
+template <int NT, bool SP, bool PK, bool CL>
 static int w4_sk_blocks(size_t smem, int cl, int sms)
 {
     static size_t raised, key[8];
@@ -752,12 +752,12 @@ static int w4_sk_blocks(size_t smem, int cl, int sms)
     for (int k = 0; k < n && k < 8; k++)
         if (key[k] == smem && kcl[k] == cl) return val[k];
     if (smem > raised) {
-        CUDA_CHECK(cudaFuncSetAttribute(w4_dense_sk_kernel<NT, SP, PK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CUDA_CHECK(cudaFuncSetAttribute(w4_dense_sk_kernel<NT, SP, PK, CL>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         raised = smem;
     }
     int blocks = 0;
     if (cl <= 1) {
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, w4_dense_sk_kernel<NT, SP, PK>, W4_SK_WARPS * 32, smem));
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, w4_dense_sk_kernel<NT, SP, PK, CL>, W4_SK_WARPS * 32, smem));
         blocks *= sms;
     } else {
         cudaLaunchConfig_t cfg = {};
@@ -771,7 +771,7 @@ static int w4_sk_blocks(size_t smem, int cl, int sms)
         cfg.attrs = attr;
         cfg.numAttrs = 1;
         int clusters = 0;
-        CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, w4_dense_sk_kernel<NT, SP, PK>, &cfg));
+        CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, w4_dense_sk_kernel<NT, SP, PK, CL>, &cfg));
         blocks = clusters * cl;
     }
     key[n % 8] = smem;
@@ -818,12 +818,17 @@ static int w4_dense_sk(Backend *be, int tile, float *out, int ldo, const float *
      * rows together (w4_sk_stage) */
     int blocks = 0, cl = w4_sk_cluster(T, K, split);
     cudaStream_t st = cuda_stream(be);
+#define W4_SK_LAUNCH_CL(NTV, SPV, PKV, CLV)                                                                            \
+    do {                                                                                                               \
+        blocks = w4_sk_blocks<NTV, SPV, PKV, CLV>(smem, cl, sms);                                                      \
+        if (blocks < 1 || N / 16 < blocks) return 0;                                                                   \
+        w4_launch_cluster(w4_dense_sk_kernel<NTV, SPV, PKV, CLV>, dim3(blocks, gy), W4_SK_WARPS * 32, smem, st, cl,    \
+                          out, ldo, x, ldx, T, *w, bias);                                                              \
+    } while (0)
 #define W4_SK_LAUNCH(NTV, SPV, PKV)                                                                                    \
     do {                                                                                                               \
-        blocks = w4_sk_blocks<NTV, SPV, PKV>(smem, cl, sms);                                                           \
-        if (blocks < 1 || N / 16 < blocks) return 0;                                                                   \
-        w4_launch_cluster(w4_dense_sk_kernel<NTV, SPV, PKV>, dim3(blocks, gy), W4_SK_WARPS * 32, smem, st, cl, out,    \
-                          ldo, x, ldx, T, *w, bias);                                                                   \
+        if (cl > 1) W4_SK_LAUNCH_CL(NTV, SPV, PKV, true);                                                              \
+        else W4_SK_LAUNCH_CL(NTV, SPV, PKV, false);                                                                    \
     } while (0)
     if (nt == 1 && split && T <= 4) W4_SK_LAUNCH(1, true, true); /* the halves in one n8 tile (w4_packs) */
     else if (nt == 1 && split) W4_SK_LAUNCH(1, true, false);
@@ -832,6 +837,7 @@ static int w4_dense_sk(Backend *be, int tile, float *out, int ldo, const float *
     else if (nt == 2) W4_SK_LAUNCH(2, false, false);
     else die("w4: tile %d is no stream-K kernel (nt %d)", tile, nt);
 #undef W4_SK_LAUNCH
+#undef W4_SK_LAUNCH_CL
     LAUNCH_CHECK("w4_dense_sk_kernel");
     w4_sk_count++;
     return 1;
