@@ -467,22 +467,14 @@ __device__ __forceinline__ void w4_sk_store(float *out, int ldo, const float (&a
 /* shared memory of a launch: the shares (2 a warp of NT x 4 floats x 32 lanes), then the staged rows */
 #define W4_SK_SHARES(NT) ((size_t)W4_SK_WARPS * 2 * (NT) * 4 * 32 * sizeof(float))
 
-/* this block's place in its cluster and the cluster's size (1 and 0 outside a cluster launch) */
-__device__ __forceinline__ unsigned cl_rank()
+/* this block's place in its cluster (x; 0 outside a cluster launch) and the cluster's size (y; 1) */
+__device__ __forceinline__ uint2 cl_place()
 {
-    unsigned r = 0;
+    uint2 p = make_uint2(0, 1);
 #if __CUDA_ARCH__ >= 900
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n\tmov.u32 %1, %%cluster_nctarank;" : "=r"(p.x), "=r"(p.y));
 #endif
-    return r;
-}
-__device__ __forceinline__ unsigned cl_size()
-{
-    unsigned n = 1;
-#if __CUDA_ARCH__ >= 900
-    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
-#endif
-    return n;
+    return p;
 }
 /* shared address a of this block -> the same place in block `rank` of the cluster (shared::cluster) */
 __device__ __forceinline__ uint32_t cl_map(uint32_t a, unsigned rank)
@@ -587,7 +579,8 @@ static __global__ void __launch_bounds__(W4_SK_WARPS * 32, 1) w4_dense_sk_kernel
     const int r0 = rb0 + warp * Rb / W4_SK_WARPS, r1 = rb0 + (warp + 1) * Rb / W4_SK_WARPS;
     const int m0 = blockIdx.y * 8 * NT, m = min(8 * NT, T - m0);
     __nv_bfloat16 *xs = (__nv_bfloat16 *)(w4_sks + W4_SK_SHARES(NT) / sizeof(float));
-    const unsigned ncl = CL ? cl_size() : 1, rank = CL ? cl_rank() : 0; /* CL: launched in clusters */
+    const uint2 place = CL ? cl_place() : make_uint2(0, 1); /* CL: launched in clusters */
+    const unsigned ncl = place.y, rank = place.x;
     if (ncl > 1) cl_arrive_relaxed(); /* this block has started (its peers write into its xs) */
     W4Frag nxt;
     if (r0 < r1) w4_load(nxt, w.data + (size_t)r0 * W4_REC, lane); /* in flight while the rows are staged */
