@@ -146,6 +146,19 @@ __device__ __forceinline__ void argmax_take(float v, int i, float &best, int &bi
     }
 }
 
+/* the warp's (best, bi): the larger value, or the lower index of a tie; bi < 0 holds nothing */
+__device__ __forceinline__ void argmax_warp(float &best, int &bi)
+{
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (oi >= 0 && (bi < 0 || ov > best || (ov == best && oi < bi))) {
+            best = ov;
+            bi = oi;
+        }
+    }
+}
+
 static __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_kernel(int *out, const float *x, int n)
 {
     __shared__ float rv[32];
@@ -175,15 +188,7 @@ static __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_kernel(int *out,
         i0 = 4 * n4;
     }
     for (int i = i0 + threadIdx.x; i < n; i += ARGMAX_THREADS) argmax_take(v[i], i, best, bi);
-    /* the warp's, then the block's: the larger value, or the lower index of a tie */
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (oi >= 0 && (bi < 0 || ov > best || (ov == best && oi < bi))) {
-            best = ov;
-            bi = oi;
-        }
-    }
+    argmax_warp(best, bi); /* the warp's, then the block's */
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     if (lane == 0) {
         rv[w] = best;
@@ -193,14 +198,7 @@ static __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_kernel(int *out,
     if (w == 0) {
         best = rv[lane];
         bi = ri[lane];
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, best, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (oi >= 0 && (bi < 0 || ov > best || (ov == best && oi < bi))) {
-                best = ov;
-                bi = oi;
-            }
-        }
+        argmax_warp(best, bi);
         if (lane == 0) out[blockIdx.x] = bi < 0 || v[0] != v[0] ? 0 : bi;
     }
 }

@@ -701,6 +701,17 @@ static int w4_sk_pdl(void)
 /* kernel<<<grid, block, smem, st>>>(args) with programmatic dependent launch where w4_sk_pdl()
  * says so: the kernel may begin while the one before it ends, and waits for it (and its memory)
  * at its griddepcontrol.wait */
+/* the launch attribute that groups blocks x .. x + cl - 1 into a cluster (they run together and
+ * share their shared memory) */
+static cudaLaunchAttribute w4_cluster_attr(int cl)
+{
+    cudaLaunchAttribute a = {};
+    a.id = cudaLaunchAttributeClusterDimension;
+    a.val.clusterDim.x = cl;
+    a.val.clusterDim.y = a.val.clusterDim.z = 1;
+    return a;
+}
+
 template <typename... KArgs, typename... Args>
 static void w4_launch_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, int cluster,
                               Args... args)
@@ -712,12 +723,7 @@ static void w4_launch_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, s
         attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attr[na++].val.programmaticStreamSerializationAllowed = 1;
     }
-    if (cluster > 1) { /* blocks x .. x + cluster - 1 run together and share their shared memory */
-        attr[na].id = cudaLaunchAttributeClusterDimension;
-        attr[na].val.clusterDim.x = cluster;
-        attr[na].val.clusterDim.y = 1;
-        attr[na++].val.clusterDim.z = 1;
-    }
+    if (cluster > 1) attr[na++] = w4_cluster_attr(cluster);
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
@@ -754,10 +760,7 @@ static int w4_sk_blocks(size_t smem, int cl, int sms)
         blocks *= sms;
     } else {
         cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = cl;
-        attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
+        cudaLaunchAttribute attr[1] = {w4_cluster_attr(cl)};
         cfg.gridDim = dim3(sms / cl * cl, 1, 1);
         cfg.blockDim = dim3(W4_SK_WARPS * 32, 1, 1);
         cfg.dynamicSmemBytes = smem;
@@ -788,6 +791,7 @@ static int w4_sk_cluster(int T, int K, int split)
     if (v < 0) {
         const char *e = getenv("MOESERVE_W4_SK_CLUSTER");
         v = e && *e ? atoi(e) : 0;
+        if (e && *e && v != 1 && v != 2 && v != 4) log_warn("MOESERVE_W4_SK_CLUSTER=%s: expected 1, 2 or 4; using the default", e);
         if (v != 1 && v != 2 && v != 4) v = 0;
     }
     return v ? v : (long)T * K * (split ? 2 : 1) >= 24576 ? 2 : 1;
