@@ -644,13 +644,32 @@ TEST(cuda_w4_moe_ragged)
                 free(got);
             }
         }
+        /* the wg ring tiles' persistent blocks: 3 blocks that each run many (token tile, row block)
+         * items, asking for the next one's weights while they finish one; and a block an item */
+        for (int tile = 27; tile <= 30 && w4_wg_supported(0); tile++) {
+            if (!w4_tile_fits(w4_tiles[tile], w4_smem_budget(0), NULL, 0)) continue;
+            for (int mode = 0; mode < 2; mode++) {
+                w4_set_wg_persist(mode == 0, mode == 0 ? 3 : 0);
+                w4_set_config((W4Config){tile, 0});
+                be_moe(&gpu, dout, dx, didx, dwts, T, &dl, &c);
+                float *got = down(dout, (size_t)T * D);
+                EXPECT_CLOSE(got, split ? ref : ref0, (size_t)T * D, TOL_W4, "ragged moe, split %d, tile %d, %s (against %s)", split,
+                             tile, mode == 0 ? "3 persistent blocks" : "a block an item", split ? "the CPU" : "tile 0");
+                free(got);
+            }
+            w4_set_wg_persist(-1, 0);
+        }
         free(ref0);
     }
     w4_set_act_split(-1);
     /* the decode tiles' gate/up -> down pair (down launched with programmatic dependent launch
      * on sm_90) captured in a graph and replayed with new activations: the down kernel must read
      * the h its gate/up wrote in the same replay */
-    for (int tile = 12; tile >= 0; tile -= 12) {
+    const int gtiles[] = {12, 0, 29}; /* 29: persistent blocks (5 of them) whose item counters each replay resets */
+    for (int gi = 0; gi < 3; gi++) {
+        int tile = gtiles[gi];
+        if (tile == 29 && !w4_wg_supported(0)) continue;
+        if (tile == 29) w4_set_wg_persist(1, 5);
         w4_set_config((W4Config){tile, 0});
         void *graph = NULL;
         for (int round = 0; round < 3; round++) {
@@ -668,6 +687,7 @@ TEST(cuda_w4_moe_ragged)
             free(got); free(x2);
         }
         gpu.ops->graph_free(&gpu, graph);
+        w4_set_wg_persist(-1, 0);
     }
     w4_set_config((W4Config){-1, 0});
     free(ref); free(x); free(idx); free(wts);

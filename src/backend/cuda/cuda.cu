@@ -274,7 +274,7 @@ static void cuda_reserve(Backend *be, const ModelConfig *c, int T, int max_out, 
                                    ? (size_t)2 * max_out * c->vocab * 4 : (size_t)2 * gm * nmax * 4);
     if (c->n_experts > 0) {
         int E = c->n_experts, P = T * c->n_experts_per_tok;
-        cuda_scratch(be, SCR_MOE_COUNT, (size_t)(4 * E + 1 + 2 * (P + E)) * 4);
+        cuda_scratch(be, SCR_MOE_COUNT, (size_t)(4 * E + 3 + 2 * (P + E)) * 4);
         cuda_scratch(be, SCR_MOE_ROWS, (size_t)P * 4);
         cuda_scratch(be, SCR_MOE_H, (size_t)P * c->moe_intermediate * 4);
         cuda_scratch(be, SCR_MOE_U, (size_t)P * c->moe_intermediate * 4);

@@ -134,6 +134,27 @@ static int w4_split_act(void)
     return v;
 }
 
+/* The wg ring kernels' persistent blocks (the default; MOESERVE_W4_WG_PERSIST=0: a block an item,
+ * as before session 12; w4_set_wg_persist for tests) */
+static int w4_wg_persist_force = -1, w4_wg_persist_cap;
+
+extern "C" void w4_set_wg_persist(int on, int max_blocks)
+{
+    w4_wg_persist_force = on;
+    w4_wg_persist_cap = max_blocks > 0 ? max_blocks : 0;
+}
+
+static int w4_wg_persist(void)
+{
+    static int v = -1;
+    if (w4_wg_persist_force >= 0) return w4_wg_persist_force;
+    if (v < 0) {
+        const char *e = getenv("MOESERVE_W4_WG_PERSIST");
+        v = !(e && !strcmp(e, "0"));
+    }
+    return v;
+}
+
 /* ---- dense ---- */
 
 /* block: W4_WARPS row tiles x 8 NT tokens x one K split. splits == 1: out = acc * gscale + bias;
@@ -919,8 +940,8 @@ void w4_matmul_cuda(Backend *be, float *out, int ldo, const float *x, int ldx, i
  * to BF16 meanwhile. The order of the pairs inside an expert's list depends on the atomics, but
  * each pair's result does not (every token column of the MMA is computed alone). */
 static __global__ void w4_route_kernel(int *offset, int *count_out, int *rows, int *tile_e, int *tile_m0, int *n_tiles,
-                                       const int *idx, int P, int E, int MT, __nv_bfloat16 *xb, const float *x, int64_t nx,
-                                       int split, int perm_d)
+                                       int *ctr, const int *idx, int P, int E, int MT, __nv_bfloat16 *xb, const float *x,
+                                       int64_t nx, int split, int perm_d)
 {
     if (blockIdx.x > 0) { /* perm_d: rows of perm_d, each stored permuted for the wg tiles (w4_wg_perm) */
         for (int64_t i = (blockIdx.x - 1) * (int64_t)blockDim.x + threadIdx.x; i < nx; i += (int64_t)(gridDim.x - 1) * blockDim.x)
@@ -957,6 +978,7 @@ static __global__ void w4_route_kernel(int *offset, int *count_out, int *rows, i
         }
     }
     if (e == 1023) *n_tiles = st[1023];
+    if (e == 0) ctr[0] = ctr[1] = 0; /* the wg kernels' item counters (gate/up, down) */
     sc[e] = off; /* exclusive offsets, for the listing */
     __syncthreads();
     for (int i = threadIdx.x; i < P; i += blockDim.x) {
@@ -1222,33 +1244,57 @@ static void w4_moe_pf(cudaStream_t st, int max_tiles, __nv_bfloat16 *h, const __
 }
 
 /* ---- many tokens per expert on wgmma: the wg tiles (pf 2; w4_wg.cuh, sm_90a) ----
- * Grids as the pf kernels': blockIdx.x a row block, blockIdx.y the token tiles in strides.
- * gate/up: warpgroup 0 computes gate, warpgroup 1 up, of the same 64 rows of F (row tiles
- * 4 blockIdx.x + warp % 4); the up sums cross to warpgroup 0 through shared memory for SwiGLU,
- * and h is written permuted (w4_wg_perm) for the down kernel. down: 128 rows of D a block. */
+ * A block's work items are (token tile, row block) pairs, w = tile x RB + row block, in order (the
+ * row blocks of a token tile side by side: they share its activations in L2). gate/up: warpgroup 0
+ * computes gate, warpgroup 1 up, of the same 64 rows of F (row tiles 4 rb + warp % 4); the up sums
+ * cross to warpgroup 0 through shared memory for SwiGLU, and h is written permuted (w4_wg_perm)
+ * for the down kernel. down: 128 rows of D a block.
+ * Without a weight ring (WR == 0) a block runs item blockIdx.x, then strides by the grid (the
+ * launch gives one block an item). With the ring the blocks stay (one wave: the blocks an SM
+ * holds x the SMs) and take their next item from a counter (*ctr, zeroed by the routing kernel)
+ * when they start one, so that each warp can ask for the next item's first weight records while
+ * it finishes this one (w4_wg_gemm_r's nrec): a block then starts an item with its weights in
+ * flight instead of waiting an HBM latency with its SM idle (one block an SM at 128 tokens). */
+template <int WR>
+__device__ __forceinline__ int wg_next_item(int w, int *ctr)
+{
+    if constexpr (WR > 0) return (int)gridDim.x + atomicAdd(ctr, 1);
+    else return w + (int)gridDim.x;
+}
+
 template <int NT, int ST, int WR, int CPS>
 static __global__ void __launch_bounds__(256, NT == 4 || (WR > 0 && NT == 8) ? 2 : 1) w4_moe_gateup_wg_kernel(
     __nv_bfloat16 *h, const __nv_bfloat16 *xb, const QTensor *table, int E, int topk, const int *count,
-    const int *offset, const int *rows, const int *tile_e, const int *tile_m0, const int *n_tiles, int F, int K,
+    const int *offset, const int *rows, const int *tile_e, const int *tile_m0, const int *n_tiles, int *ctr, int F, int K,
     size_t xlo, size_t hlo)
 {
 #if W4_WG_ARCH
     extern __shared__ __align__(16) uint8_t w4_wg_raw[];
     uint8_t *sm = (uint8_t *)(((uintptr_t)w4_wg_raw + 1023) & ~(uintptr_t)1023);
     __shared__ const __nv_bfloat16 *rowp[8 * NT];
+    __shared__ int wnext;
     constexpr int XS = 8 * NT + 1; /* the exchanged up sums' row stride (floats) */
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5, wgp = warp >> 2;
-    const int ng = K / W4_KG, nrt = F / 16, i = 4 * blockIdx.x + (warp & 3);
+    const int ng = K / W4_KG, nrt = F / 16, RB = F / 64, W = *n_tiles * RB;
     float *ex = (float *)sm;
     WgRing ring = wg_ring_init<NT, ST, WR>(sm);
-    for (int tile = blockIdx.y; tile < *n_tiles; tile += gridDim.y) {
+    int wn = 0;
+    for (int w = blockIdx.x; w < W; w = wn) {
+        int tile = w / RB, i = 4 * (w - tile * RB) + (warp & 3);
         int e = tile_e[tile], m0 = tile_m0[tile], m = min(8 * NT, count[e] - m0), base = offset[e] + m0;
-        __syncthreads(); /* the previous tile's readers of rowp and ex are done */
+        __syncthreads(); /* the previous item's readers of rowp, wnext and ex are done */
         if (threadIdx.x < 8 * NT) rowp[threadIdx.x] = xb + (size_t)(rows[base + min((int)threadIdx.x, m - 1)] / topk) * K;
+        if (threadIdx.x == 0) wnext = wg_next_item<WR>(w, ctr);
         __syncthreads();
+        wn = wnext;
         const QTensor &wq = table[wgp * E + e]; /* gate, or up */
+        const uint8_t *nrec = nullptr;
+        if (WR > 0 && wn < W) {
+            int tn = wn / RB, in = 4 * (wn - tn * RB) + (warp & 3);
+            nrec = table[wgp * E + tile_e[tn]].data + (size_t)(in < nrt ? in : 0) * ng * W4_REC;
+        }
         float acc[4 * NT];
-        w4_wg_gemm<NT, ST, WR, CPS>(acc, wq.data + (size_t)(i < nrt ? i : 0) * ng * W4_REC, rowp, xlo, ng, m, sm, ring);
+        w4_wg_gemm<NT, ST, WR, CPS>(acc, wq.data + (size_t)(i < nrt ? i : 0) * ng * W4_REC, rowp, xlo, ng, m, sm, ring, nrec);
         float sc = wq.gscale * 512.f;
         __syncthreads(); /* every warp is done with the stages: ex reuses them */
         if (wgp == 1)
@@ -1278,23 +1324,33 @@ static __global__ void __launch_bounds__(256, NT == 4 || (WR > 0 && NT == 8) ? 2
 template <int NT, int ST, int WR, int CPS>
 static __global__ void __launch_bounds__(256, NT == 4 || (WR > 0 && NT == 8) ? 2 : 1) w4_moe_down_wg_kernel(
     float *y, const __nv_bfloat16 *h, const QTensor *table, int E, const int *count, const int *offset,
-    const int *rows, const int *tile_e, const int *tile_m0, const int *n_tiles, int D, int F, size_t hlo)
+    const int *rows, const int *tile_e, const int *tile_m0, const int *n_tiles, int *ctr, int D, int F, size_t hlo)
 {
 #if W4_WG_ARCH
     extern __shared__ __align__(16) uint8_t w4_wg_raw[];
     uint8_t *sm = (uint8_t *)(((uintptr_t)w4_wg_raw + 1023) & ~(uintptr_t)1023);
     __shared__ const __nv_bfloat16 *rowp[8 * NT];
+    __shared__ int wnext;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
-    const int ng = F / W4_KG, nrt = D / 16, i = 8 * blockIdx.x + warp;
+    const int ng = F / W4_KG, nrt = D / 16, RB = D / 128, W = *n_tiles * RB;
     WgRing ring = wg_ring_init<NT, ST, WR>(sm);
-    for (int tile = blockIdx.y; tile < *n_tiles; tile += gridDim.y) {
+    int wn = 0;
+    for (int w = blockIdx.x; w < W; w = wn) {
+        int tile = w / RB, i = 8 * (w - tile * RB) + warp;
         int e = tile_e[tile], m0 = tile_m0[tile], m = min(8 * NT, count[e] - m0), base = offset[e] + m0;
-        __syncthreads(); /* the previous tile's readers of rowp are done */
+        __syncthreads(); /* the previous item's readers of rowp and wnext are done */
         if (threadIdx.x < 8 * NT) rowp[threadIdx.x] = h + (size_t)(base + min((int)threadIdx.x, m - 1)) * F;
+        if (threadIdx.x == 0) wnext = wg_next_item<WR>(w, ctr);
         __syncthreads();
+        wn = wnext;
         const QTensor &wd = table[2 * E + e];
+        const uint8_t *nrec = nullptr;
+        if (WR > 0 && wn < W) {
+            int tn = wn / RB, in = 8 * (wn - tn * RB) + warp;
+            nrec = table[2 * E + tile_e[tn]].data + (size_t)(in < nrt ? in : 0) * ng * W4_REC;
+        }
         float acc[4 * NT];
-        w4_wg_gemm<NT, ST, WR, CPS>(acc, wd.data + (size_t)(i < nrt ? i : 0) * ng * W4_REC, rowp, hlo, ng, m, sm, ring);
+        w4_wg_gemm<NT, ST, WR, CPS>(acc, wd.data + (size_t)(i < nrt ? i : 0) * ng * W4_REC, rowp, hlo, ng, m, sm, ring, nrec);
         if (i >= nrt) continue;
         float sd = wd.gscale * 512.f;
 #pragma unroll
@@ -1311,25 +1367,42 @@ static __global__ void __launch_bounds__(256, NT == 4 || (WR > 0 && NT == 8) ? 2
 #endif
 }
 
+/* the blocks the SMs hold at once: the grid of the ring kernels' persistent blocks */
+template <typename Kern>
+static int wg_wave(Kern k, int smem)
+{
+    int blocks = 0, dev = 0, sms = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, k, 256, smem));
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    return (blocks > 0 ? blocks : 1) * sms;
+}
+
 template <int NT, int ST, int WR, int CPS>
 static void w4_moe_wg(cudaStream_t st, int max_tiles, __nv_bfloat16 *h, const __nv_bfloat16 *xb, float *y,
                       const QTensor *tb, int E, int topk, const int *count, const int *offset, const int *rows,
-                      const int *tile_e, const int *tile_m0, const int *n_tiles, int D, int F, size_t xlo, size_t hlo)
+                      const int *tile_e, const int *tile_m0, const int *n_tiles, int *ctr, int D, int F, size_t xlo, size_t hlo)
 {
     const int smem = W4_WG_SMEM(NT, ST, WR);
-    static int ready = 0;
+    static int ready = 0, gfp = 0, gdp = 0;
     if (!ready) {
         CUDA_CHECK(cudaFuncSetAttribute(w4_moe_gateup_wg_kernel<NT, ST, WR, CPS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         CUDA_CHECK(cudaFuncSetAttribute(w4_moe_down_wg_kernel<NT, ST, WR, CPS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        gfp = wg_wave(w4_moe_gateup_wg_kernel<NT, ST, WR, CPS>, smem);
+        gdp = wg_wave(w4_moe_down_wg_kernel<NT, ST, WR, CPS>, smem);
         ready = 1;
     }
-    int ny = max_tiles < 65535 ? max_tiles : 65535;
-    dim3 gf(F / 64, ny), gd(D / 128, ny);
+    /* the grids: an item a block, or (the ring kernels) one wave of persistent blocks */
+    long fi = (long)max_tiles * (F / 64), di = (long)max_tiles * (D / 128);
+    CHECK(fi < INT_MAX && di < INT_MAX, "w4: %d token tiles x %d row blocks: too many items", max_tiles, F / 64);
+    int persist = WR > 0 && w4_wg_persist();
+    long wf = w4_wg_persist_cap ? w4_wg_persist_cap : gfp, wd = w4_wg_persist_cap ? w4_wg_persist_cap : gdp;
+    int gf = (int)(persist && wf < fi ? wf : fi), gd = (int)(persist && wd < di ? wd : di);
     w4_moe_gateup_wg_kernel<NT, ST, WR, CPS><<<gf, 256, smem, st>>>(h, xb, tb, E, topk, count, offset, rows, tile_e, tile_m0,
-                                                          n_tiles, F, D, xlo, hlo);
+                                                          n_tiles, ctr, F, D, xlo, hlo);
     LAUNCH_CHECK("w4_moe_gateup_wg_kernel");
-    w4_moe_down_wg_kernel<NT, ST, WR, CPS><<<gd, 256, smem, st>>>(y, h, tb, E, count, offset, rows, tile_e, tile_m0, n_tiles, D, F,
-                                                        hlo);
+    w4_moe_down_wg_kernel<NT, ST, WR, CPS><<<gd, 256, smem, st>>>(y, h, tb, E, count, offset, rows, tile_e, tile_m0, n_tiles, ctr + 1,
+                                                        D, F, hlo);
     LAUNCH_CHECK("w4_moe_down_wg_kernel");
 }
 
@@ -1344,9 +1417,9 @@ int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const f
     if (w4_tiles[tile].pf == 3) tile = 12;                  /* the stream-K dense tiles: the MoE decode tile */
     int NT = w4_tiles[tile].nt, MT = 8 * NT;
     int max_tiles = P / MT + (E < P ? E : P);
-    int *ibuf = (int *)cuda_scratch(be, SCR_MOE_COUNT, (size_t)(4 * E + 1 + 2 * (P + E)) * sizeof(int));
+    int *ibuf = (int *)cuda_scratch(be, SCR_MOE_COUNT, (size_t)(4 * E + 3 + 2 * (P + E)) * sizeof(int));
     int *count = ibuf, *offset = count + E, *n_tiles = offset + E, *tile_e = n_tiles + 1,
-        *tile_m0 = tile_e + (P + E);
+        *tile_m0 = tile_e + (P + E), *ctr = tile_m0 + (P + E);
     int *rows = (int *)cuda_scratch(be, SCR_MOE_ROWS, (size_t)P * sizeof(int));
     int split = w4_split_act();
     size_t xlo = split ? (size_t)T * D : 0, hlo = split ? (size_t)P * F : 0;
@@ -1356,7 +1429,7 @@ int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const f
     int64_t nx = (int64_t)T * D;
     int nb = 1 + (int)(nx / 4096 < 512 ? (nx + 4095) / 4096 : 512);
     int wg = w4_tiles[tile].pf == 2;
-    w4_route_kernel<<<nb, 1024, 0, st>>>(offset, count, rows, tile_e, tile_m0, n_tiles, idx, P, E, MT, xb, x, nx, split,
+    w4_route_kernel<<<nb, 1024, 0, st>>>(offset, count, rows, tile_e, tile_m0, n_tiles, ctr, idx, P, E, MT, xb, x, nx, split,
                                          wg ? D : 0);
     LAUNCH_CHECK("w4_route_kernel");
     int rpb = W4_WARPS / w4_tiles[tile].ks; /* row tiles per block */
@@ -1368,7 +1441,7 @@ int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const f
     CHECK(w4_tiles[tile].nt == NTV && w4_tiles[tile].st == STV && w4_tiles[tile].wr == WRV &&                           \
               (w4_tiles[tile].sc > 1 ? w4_tiles[tile].sc : 1) == CPSV,                                                 \
           "w4: wg tile %d is not <%d, %d, %d, %d>", tile, NTV, STV, WRV, CPSV);                                        \
-    w4_moe_wg<NTV, STV, WRV, CPSV>(st, max_tiles, h, xb, y, tb, E, K, count, offset, rows, tile_e, tile_m0, n_tiles, D, F, xlo, hlo)
+    w4_moe_wg<NTV, STV, WRV, CPSV>(st, max_tiles, h, xb, y, tb, E, K, count, offset, rows, tile_e, tile_m0, n_tiles, ctr, D, F, xlo, hlo)
         switch (tile) {
         case 22: W4_MOE_WG(16, 4, 0, 1); break;
         case 23: W4_MOE_WG(16, 3, 0, 1); break;

@@ -123,6 +123,11 @@ void w4_set_config(W4Config c);
 /* Activations into the tensor cores as two BF16 halves (1, the default: float32-like accuracy)
  * or one (0: MOESERVE_W4_ACT=bf16, as other engines' W4A16 kernels); -1: the environment's. */
 void w4_set_act_split(int on);
+/* The MoE wg ring tiles (27-30) as persistent blocks that ask for their next item's weights
+ * while they finish one (1, the default) or a block an item (0: MOESERVE_W4_WG_PERSIST=0); -1:
+ * the environment's. max_blocks > 0 caps the persistent grid (tests: a few blocks that each run
+ * many items). */
+void w4_set_wg_persist(int on, int max_blocks);
 /* The shared memory budget per block: the device's opt-in limit, or a simulated one (tests:
  * the 99 KB and 101 KB of sm_120 parts); 0 restores the device's. */
 void w4_set_smem_budget(size_t bytes);

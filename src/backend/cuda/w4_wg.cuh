@@ -161,9 +161,12 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
 }
 
 /* What a warp's weight ring needs: slot 0's shared address (slot s at + s W4_REC), its first
- * mbarrier's (barrier s at + 8 s), and the parity bits of the next waits. */
+ * mbarrier's (barrier s at + 8 s), the parity bits of the next waits; and, for a block that runs
+ * several token tiles, the slot the next call's group 0 lands in (s0) and whether the previous
+ * call already asked for its first WR - 1 groups (pre: see w4_wg_gemm_r's nrec). */
 struct WgRing {
     uint32_t slots, bars, ph;
+    int s0, pre;
 };
 
 /* The kernels' start: warp w's ring in the dynamic shared memory after the ST stages (sm: the
@@ -172,7 +175,7 @@ struct WgRing {
 template <int NT, int ST, int WR>
 __device__ __forceinline__ WgRing wg_ring_init(uint8_t *sm)
 {
-    WgRing r = {0, 0, 0};
+    WgRing r = {0, 0, 0, 0, 0};
     if constexpr (WR > 0) {
         const int warp = threadIdx.x >> 5;
         uint32_t base = (uint32_t)__cvta_generic_to_shared(sm) + ST * 2 * 8 * NT * W4_WG_ROW_BYTES;
@@ -272,16 +275,20 @@ __device__ __forceinline__ void w4_wg_gemm_n(float (&acc)[4 * NT], const uint8_t
  * record group (4 steps) an iteration so that the chunk is a constant, and every address,
  * descriptor and source pointer moves by an add (session 7: in the SASS of w4_wg_gemm_n about
  * half of a step's ~160 instructions recompute them, against ~85 for the decode); token rows
- * from nv on are not staged (their columns are never stored). */
+ * from nv on are not staged (their columns are never stored).
+ * nrec: the warp's records in the block's next token tile (the same ng), or null: the last
+ * WR - 1 refills then ask for that tile's first groups, so that its call starts with its weights
+ * in flight instead of waiting a full HBM latency (the caller passes null where ng < WR - 1). */
 template <int NT, int ST, int WR, int CPS, int NN, bool SPLIT, bool PK = false>
 __device__ __forceinline__ void w4_wg_gemm_r(float (&acc)[4 * NT], const uint8_t *rec, const __nv_bfloat16 *const *rowp,
-                                             size_t lo, int ng, int nv, uint8_t *sm, WgRing &ring)
+                                             size_t lo, int ng, int nv, uint8_t *sm, WgRing &ring, const uint8_t *nrec)
 {
     static_assert(ST >= 3 && NN <= 8 * NT && W4_KG == 256, "wg tile: 3+ stages; a record group is 4 chunks of 64");
     static_assert((CPS == 1 || CPS == 2) && ST % CPS == 0 && ST / CPS >= 3, "a stage of 1 or 2 chunks, 3+ stages");
     constexpr int SP = ST / CPS; /* stages of CPS chunks: one barrier and one commit group a stage */
     static_assert(WR >= 2, "a weight ring holds the group being decoded and at least one in flight");
     static_assert(!PK || (NN == 32 && !SPLIT), "packed halves: one N = 32 MMA set");
+    if (ng < WR - 1) nrec = nullptr; /* the next tile's first WR - 1 groups would not all be asked for */
     constexpr int NR = 8 * NT, HALF = NR * W4_WG_ROW_BYTES, STAGE = 2 * HALF, CH = NN / 32;
     const int lane = threadIdx.x & 31, u = threadIdx.x & 7, r0 = threadIdx.x >> 3;
     const int nvs = 4 * ng; /* steps: (group, chunk) */
@@ -329,21 +336,32 @@ __device__ __forceinline__ void w4_wg_gemm_r(float (&acc)[4 * NT], const uint8_t
     uint64_t dc = d0;
     /* the weights: the ring slot of the group being decoded (this lane's 16 bytes of its chunk 0)
      * and its scale words */
-    uint32_t rs = ring.slots + lane * 16, rsl = rs;
+    const uint32_t rsl = ring.slots + lane * 16;
+    uint32_t rs = rsl + ring.s0 * W4_REC;
+    int s = ring.s0; /* the slot of the group being decoded: group G in slot (s0 + G) % WR */
     uint2 sw2;
-    if (lane == 0)
-        for (int G = 0; G < WR - 1 && G < ng; G++) wg_ring_fill(ring.slots + G * W4_REC, rec + (size_t)G * W4_REC, ring.bars + 8 * G);
+    if (lane == 0 && !ring.pre)
+        for (int G = 0; G < WR - 1 && G < ng; G++) {
+            int sg = (ring.s0 + G) % WR;
+            wg_ring_fill(ring.slots + sg * W4_REC, rec + (size_t)G * W4_REC, ring.bars + 8 * sg);
+        }
     /* the first chunk of group G: wait for its slot, then refill the slot group G - 1 used (every
-     * lane's reads of it are done: __syncwarp) with group G + WR - 1 */
+     * lane's reads of it are done: __syncwarp) with group G + WR - 1, or past the last group with
+     * the next tile's first */
     auto group = [&](int G) {
         {
-            int s = G % WR;
-            if (G > 0) rs = rs == rsl + (WR - 1) * W4_REC ? rsl : rs + W4_REC;
+            if (G > 0) {
+                rs = rs == rsl + (WR - 1) * W4_REC ? rsl : rs + W4_REC;
+                s = s == WR - 1 ? 0 : s + 1;
+            }
             mbar_wait(ring.bars + 8 * s, (ring.ph >> s) & 1);
             ring.ph ^= 1u << s;
             __syncwarp();
-            int Gn = G + WR - 1, sn = Gn % WR;
-            if (lane == 0 && Gn < ng) wg_ring_fill(ring.slots + sn * W4_REC, rec + (size_t)Gn * W4_REC, ring.bars + 8 * sn);
+            int Gn = G + WR - 1, sn = s == 0 ? WR - 1 : s - 1;
+            if (lane == 0) {
+                if (Gn < ng) wg_ring_fill(ring.slots + sn * W4_REC, rec + (size_t)Gn * W4_REC, ring.bars + 8 * sn);
+                else if (nrec) wg_ring_fill(ring.slots + sn * W4_REC, nrec + (size_t)(Gn - ng) * W4_REC, ring.bars + 8 * sn);
+            }
             asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(sw2.x), "=r"(sw2.y) : "r"(rs - lane * 8 + 2048) : "memory");
         }
     };
@@ -395,6 +413,8 @@ __device__ __forceinline__ void w4_wg_gemm_r(float (&acc)[4 * NT], const uint8_t
         step(G, std::integral_constant<int, 2>(), a0, a1);
         step(G, std::integral_constant<int, 3>(), a1, a0);
     }
+    ring.s0 = s == WR - 1 ? 0 : s + 1;
+    ring.pre = nrec != nullptr;
     wg_wait<0>();
     cp_async_wait<0>();
 }
@@ -402,16 +422,16 @@ __device__ __forceinline__ void w4_wg_gemm_r(float (&acc)[4 * NT], const uint8_t
 /* one N of the tile: the weights through registers (WR == 0) or the ring */
 template <int NT, int ST, int WR, int CPS, int NN, bool SPLIT>
 __device__ __forceinline__ void w4_wg_gemm_nr(float (&acc)[4 * NT], const uint8_t *rec, const __nv_bfloat16 *const *rowp,
-                                              size_t lo, int ng, int nv, uint8_t *sm, WgRing &ring)
+                                              size_t lo, int ng, int nv, uint8_t *sm, WgRing &ring, const uint8_t *nrec)
 {
     static_assert(WR > 0 || CPS == 1, "the register path stages one chunk at a time");
     if constexpr (WR == 0) w4_wg_gemm_n<NT, ST, NN, SPLIT>(acc, rec, rowp, lo, ng, nv, sm);
-    else w4_wg_gemm_r<NT, ST, WR, CPS, NN, SPLIT>(acc, rec, rowp, lo, ng, nv, sm, ring);
+    else w4_wg_gemm_r<NT, ST, WR, CPS, NN, SPLIT>(acc, rec, rowp, lo, ng, nv, sm, ring, nrec);
 }
 
 template <int NT, int ST, int WR, int CPS, bool SPLIT>
 __device__ __forceinline__ void w4_wg_gemm_s(float (&acc)[4 * NT], const uint8_t *rec, const __nv_bfloat16 *const *rowp,
-                                             size_t lo, int ng, int nv, uint8_t *sm, WgRing &ring)
+                                             size_t lo, int ng, int nv, uint8_t *sm, WgRing &ring, const uint8_t *nrec)
 {
     if constexpr (SPLIT && WR > 0) {
         /* split activations, at most 16 tokens: their high halves as B rows 0..15 and their low
@@ -422,7 +442,7 @@ __device__ __forceinline__ void w4_wg_gemm_s(float (&acc)[4 * NT], const uint8_t
                                * pipelines share an accumulator that other code modifies */
 #pragma unroll
             for (int i = 0; i < 4 * NT; i++) pa[i] = 0.f;
-            w4_wg_gemm_r<NT, ST, WR, CPS, 32, false, true>(pa, rec, rowp, lo, ng, nv, sm, ring);
+            w4_wg_gemm_r<NT, ST, WR, CPS, 32, false, true>(pa, rec, rowp, lo, ng, nv, sm, ring, nrec);
 #pragma unroll
             for (int i = 0; i < 8; i++) acc[i] = pa[i] + pa[i + 8];
             return;
@@ -430,17 +450,17 @@ __device__ __forceinline__ void w4_wg_gemm_s(float (&acc)[4 * NT], const uint8_t
     }
     if constexpr (NT == 16) {
         if (nv > 64) {
-            w4_wg_gemm_nr<NT, ST, WR, CPS, 128, SPLIT>(acc, rec, rowp, lo, ng, nv, sm, ring);
+            w4_wg_gemm_nr<NT, ST, WR, CPS, 128, SPLIT>(acc, rec, rowp, lo, ng, nv, sm, ring, nrec);
             return;
         }
     }
     if constexpr (NT >= 8) {
         if (nv > 32) {
-            w4_wg_gemm_nr<NT, ST, WR, CPS, 64, SPLIT>(acc, rec, rowp, lo, ng, nv, sm, ring);
+            w4_wg_gemm_nr<NT, ST, WR, CPS, 64, SPLIT>(acc, rec, rowp, lo, ng, nv, sm, ring, nrec);
             return;
         }
     }
-    w4_wg_gemm_nr<NT, ST, WR, CPS, 32, SPLIT>(acc, rec, rowp, lo, ng, nv, sm, ring);
+    w4_wg_gemm_nr<NT, ST, WR, CPS, 32, SPLIT>(acc, rec, rowp, lo, ng, nv, sm, ring, nrec);
 }
 
 /* acc (4 NT floats: rows 16 w + g (+8) x tokens, the wgmma m64nNk16 accumulator layout:
@@ -451,15 +471,15 @@ __device__ __forceinline__ void w4_wg_gemm_s(float (&acc)[4 * NT], const uint8_t
  * is the smallest of 32, 64, 128 (up to the tile's) that holds the valid tokens. */
 template <int NT, int ST, int WR, int CPS>
 __device__ __forceinline__ void w4_wg_gemm(float (&acc)[4 * NT], const uint8_t *rec, const __nv_bfloat16 *const *rowp,
-                                           size_t lo, int ng, int nv, uint8_t *sm, WgRing &ring)
+                                           size_t lo, int ng, int nv, uint8_t *sm, WgRing &ring, const uint8_t *nrec)
 {
     static_assert(NT == 4 || NT == 8 || NT == 16, "wg tile: 32, 64 or 128 tokens");
 #pragma unroll
     for (int i = 0; i < 4 * NT; i++) acc[i] = 0.f;
     if (lo)
-        w4_wg_gemm_s<NT, ST, WR, CPS, true>(acc, rec, rowp, lo, ng, nv, sm, ring);
+        w4_wg_gemm_s<NT, ST, WR, CPS, true>(acc, rec, rowp, lo, ng, nv, sm, ring, nrec);
     else
-        w4_wg_gemm_s<NT, ST, WR, CPS, false>(acc, rec, rowp, lo, ng, nv, sm, ring);
+        w4_wg_gemm_s<NT, ST, WR, CPS, false>(acc, rec, rowp, lo, ng, nv, sm, ring, nrec);
 }
 
 #endif
