@@ -665,7 +665,7 @@ TEST(cuda_w4_moe_ragged)
     /* the decode tiles' gate/up -> down pair (down launched with programmatic dependent launch
      * on sm_90) captured in a graph and replayed with new activations: the down kernel must read
      * the h its gate/up wrote in the same replay */
-    const int gtiles[] = {12, 0, 29}; /* 29: persistent blocks (5 of them) whose item counters each replay resets */
+    const int gtiles[] = {12, 0, 29}; /* 29: 5 persistent blocks, each running many items every replay */
     for (int gi = 0; gi < 3; gi++) {
         int tile = gtiles[gi];
         if (tile == 29 && !w4_wg_supported(0)) continue;

@@ -978,7 +978,7 @@ static __global__ void w4_route_kernel(int *offset, int *count_out, int *rows, i
         }
     }
     if (e == 1023) *n_tiles = st[1023];
-    if (e == 0) ctr[0] = ctr[1] = 0; /* the wg kernels' item counters (gate/up, down) */
+    if (e == 0) ctr[0] = ctr[1] = 0; /* the wg ring kernels' item counters (gate/up, down) */
     sc[e] = off; /* exclusive offsets, for the listing */
     __syncthreads();
     for (int i = threadIdx.x; i < P; i += blockDim.x) {
@@ -1245,21 +1245,43 @@ static void w4_moe_pf(cudaStream_t st, int max_tiles, __nv_bfloat16 *h, const __
 
 /* ---- many tokens per expert on wgmma: the wg tiles (pf 2; w4_wg.cuh, sm_90a) ----
  * A block's work items are (token tile, row block) pairs, w = tile x RB + row block, in order (the
- * row blocks of a token tile side by side: they share its activations in L2). gate/up: warpgroup 0
- * computes gate, warpgroup 1 up, of the same 64 rows of F (row tiles 4 rb + warp % 4); the up sums
- * cross to warpgroup 0 through shared memory for SwiGLU, and h is written permuted (w4_wg_perm)
- * for the down kernel. down: 128 rows of D a block.
- * Without a weight ring (WR == 0) a block runs item blockIdx.x, then strides by the grid (the
- * launch gives one block an item). With the ring the blocks stay (one wave: the blocks an SM
- * holds x the SMs) and take their next item from a counter (*ctr, zeroed by the routing kernel)
- * when they start one, so that each warp can ask for the next item's first weight records while
- * it finishes this one (w4_wg_gemm_r's nrec): a block then starts an item with its weights in
- * flight instead of waiting an HBM latency with its SM idle (one block an SM at 128 tokens). */
+ * row blocks of a token tile side by side: they share its activations in L2); a block runs item
+ * blockIdx.x, then those wg_first_next and wg_ask_next give it. gate/up: warpgroup 0 computes gate, warpgroup 1 up, of the same 64
+ * rows of F (row tiles 4 rb + warp % 4); each warpgroup hands the other the sums of half the
+ * tokens through shared memory and computes SwiGLU for its own half; h is written permuted
+ * (w4_wg_perm) for the down kernel. down: 128 rows of D a block.
+ * Without a weight ring (WR == 0) the launch gives a block an item. With the ring the blocks stay
+ * (one wave: the blocks the SMs hold), and each warp asks for the next item's first weight records
+ * while it finishes one (w4_wg_gemm_r's nrec): a block starts an item with its weights in flight
+ * instead of waiting an HBM latency with its SM idle (one block an SM at 128 tokens). */
+/* The ring kernels' items after the first come from a counter (ctr, zeroed by the routing kernel),
+ * one item ahead: a block knows its next item when it starts one (for nrec) and asks for the one
+ * after at the same time, storing the answer only once its GEMM is done, so that the atomic's
+ * latency hides behind the item (session 12: a block that waited for it lost 0.7%; a static
+ * stride, blocks of 31 items at 256-512 tokens, lost 4-7% to blocks that drew slower items).
+ * Without the ring a block strides by the grid (the launch gives it one item). */
 template <int WR>
-__device__ __forceinline__ int wg_next_item(int w, int *ctr)
+__device__ __forceinline__ int wg_first_next(int *ctr)
 {
     if constexpr (WR > 0) return (int)gridDim.x + atomicAdd(ctr, 1);
-    else return w + (int)gridDim.x;
+    else return (int)(blockIdx.x + gridDim.x);
+}
+template <int WR>
+__device__ __forceinline__ int wg_ask_next(int *ctr, int wn, int W)
+{
+    if constexpr (WR > 0) return threadIdx.x == 0 && wn < W ? atomicAdd(ctr, 1) : 0;
+    else return 0;
+}
+template <int WR>
+__device__ __forceinline__ int wg_next_of(int after, int wn)
+{
+    if constexpr (WR > 0) return (int)gridDim.x + after;
+    else return wn + (int)gridDim.x;
+}
+
+__device__ __forceinline__ void cp_async4_s(void *smem, const void *gmem)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
 }
 
 template <int NT, int ST, int WR, int CPS>
@@ -1273,20 +1295,21 @@ static __global__ void __launch_bounds__(256, NT == 4 || (WR > 0 && NT == 8) ? 2
     uint8_t *sm = (uint8_t *)(((uintptr_t)w4_wg_raw + 1023) & ~(uintptr_t)1023);
     __shared__ const __nv_bfloat16 *rowp[8 * NT];
     __shared__ int wnext;
-    constexpr int XS = 8 * NT + 1; /* the exchanged up sums' row stride (floats) */
+    constexpr int HT = 4 * NT, XS = HT + 1; /* the tokens a warpgroup hands over (half the tile); their row stride (floats) */
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5, wgp = warp >> 2;
     const int ng = K / W4_KG, nrt = F / 16, RB = F / 64, W = *n_tiles * RB;
-    float *ex = (float *)sm;
+    float *ex = (float *)sm; /* [2][64 rows][XS]: the up sums of tokens 0..HT (from warpgroup 1), the gate sums of the rest (0) */
     WgRing ring = wg_ring_init<NT, ST, WR>(sm);
+    if (threadIdx.x == 0) wnext = wg_first_next<WR>(ctr);
     int wn = 0;
     for (int w = blockIdx.x; w < W; w = wn) {
         int tile = w / RB, i = 4 * (w - tile * RB) + (warp & 3);
         int e = tile_e[tile], m0 = tile_m0[tile], m = min(8 * NT, count[e] - m0), base = offset[e] + m0;
-        __syncthreads(); /* the previous item's readers of rowp, wnext and ex are done */
+        __syncthreads(); /* the previous item's readers of rowp and ex are done */
         if (threadIdx.x < 8 * NT) rowp[threadIdx.x] = xb + (size_t)(rows[base + min((int)threadIdx.x, m - 1)] / topk) * K;
-        if (threadIdx.x == 0) wnext = wg_next_item<WR>(w, ctr);
         __syncthreads();
         wn = wnext;
+        int after = wg_ask_next<WR>(ctr, wn, W);
         const QTensor &wq = table[wgp * E + e]; /* gate, or up */
         const uint8_t *nrec = nullptr;
         if (WR > 0 && wn < W) {
@@ -1295,28 +1318,35 @@ static __global__ void __launch_bounds__(256, NT == 4 || (WR > 0 && NT == 8) ? 2
         }
         float acc[4 * NT];
         w4_wg_gemm<NT, ST, WR, CPS>(acc, wq.data + (size_t)(i < nrt ? i : 0) * ng * W4_REC, rowp, xlo, ng, m, sm, ring, nrec);
+        if (threadIdx.x == 0) wnext = wg_next_of<WR>(after, wn); /* every thread read wnext before the GEMM's barriers */
         float sc = wq.gscale * 512.f;
         __syncthreads(); /* every warp is done with the stages: ex reuses them */
-        if (wgp == 1)
-#pragma unroll
-            for (int b = 0; b < NT; b++)
-#pragma unroll
-                for (int d = 0; d < 4; d++) ex[(16 * (warp & 3) + g + 8 * (d >> 1)) * XS + 8 * b + 2 * t + (d & 1)] = acc[4 * b + d] * sc;
-        __syncthreads();
-        if (wgp == 1 || i >= nrt) continue;
+        /* accumulator b holds tokens 8 b ..: warpgroup 1 hands over b < NT / 2, warpgroup 0 the rest */
+        float *mine = ex + wgp * 64 * XS;
 #pragma unroll
         for (int b = 0; b < NT; b++)
+            if ((b < NT / 2) == (wgp == 1))
 #pragma unroll
-            for (int d = 0; d < 4; d++) {
-                int slot = 8 * b + 2 * t + (d & 1), r = g + 8 * (d >> 1);
-                if (slot >= m) continue;
-                float gv = acc[4 * b + d] * sc, uv = ex[(16 * (warp & 3) + r) * XS + slot];
-                size_t at = (size_t)(base + slot) * F + w4_wg_perm(16 * i + r);
-                float hv = gv / (1.f + __expf(-gv)) * uv;
-                __nv_bfloat16 hh = __float2bfloat16(hv);
-                h[at] = hh;
-                if (hlo) h[hlo + at] = __float2bfloat16(hv - __bfloat162float(hh));
-            }
+                for (int d = 0; d < 4; d++)
+                    mine[(16 * (warp & 3) + g + 8 * (d >> 1)) * XS + 8 * (b % (NT / 2)) + 2 * t + (d & 1)] = acc[4 * b + d] * sc;
+        __syncthreads();
+        if (i >= nrt) continue;
+        const float *other = ex + (1 - wgp) * 64 * XS;
+#pragma unroll
+        for (int b = 0; b < NT; b++)
+            if ((b < NT / 2) == (wgp == 0))
+#pragma unroll
+                for (int d = 0; d < 4; d++) {
+                    int slot = 8 * b + 2 * t + (d & 1), r = g + 8 * (d >> 1);
+                    if (slot >= m) continue;
+                    float mv = acc[4 * b + d] * sc, ov = other[(16 * (warp & 3) + r) * XS + 8 * (b % (NT / 2)) + 2 * t + (d & 1)];
+                    float gv = wgp == 0 ? mv : ov, uv = wgp == 0 ? ov : mv;
+                    size_t at = (size_t)(base + slot) * F + w4_wg_perm(16 * i + r);
+                    float hv = gv / (1.f + __expf(-gv)) * uv;
+                    __nv_bfloat16 hh = __float2bfloat16(hv);
+                    h[at] = hh;
+                    if (hlo) h[hlo + at] = __float2bfloat16(hv - __bfloat162float(hh));
+                }
     }
 #endif
 }
@@ -1330,19 +1360,27 @@ static __global__ void __launch_bounds__(256, NT == 4 || (WR > 0 && NT == 8) ? 2
     extern __shared__ __align__(16) uint8_t w4_wg_raw[];
     uint8_t *sm = (uint8_t *)(((uintptr_t)w4_wg_raw + 1023) & ~(uintptr_t)1023);
     __shared__ const __nv_bfloat16 *rowp[8 * NT];
+    __shared__ int yrow[8 * NT]; /* the output row of each token slot */
     __shared__ int wnext;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
     const int ng = F / W4_KG, nrt = D / 16, RB = D / 128, W = *n_tiles * RB;
     WgRing ring = wg_ring_init<NT, ST, WR>(sm);
+    if (threadIdx.x == 0) wnext = wg_first_next<WR>(ctr);
     int wn = 0;
     for (int w = blockIdx.x; w < W; w = wn) {
         int tile = w / RB, i = 8 * (w - tile * RB) + warp;
         int e = tile_e[tile], m0 = tile_m0[tile], m = min(8 * NT, count[e] - m0), base = offset[e] + m0;
-        __syncthreads(); /* the previous item's readers of rowp and wnext are done */
-        if (threadIdx.x < 8 * NT) rowp[threadIdx.x] = h + (size_t)(base + min((int)threadIdx.x, m - 1)) * F;
-        if (threadIdx.x == 0) wnext = wg_next_item<WR>(w, ctr);
+        __syncthreads(); /* the previous item's readers of rowp and yrow are done */
+        if (threadIdx.x < 8 * NT) {
+            rowp[threadIdx.x] = h + (size_t)(base + min((int)threadIdx.x, m - 1)) * F;
+            /* asynchronously: it lands with the GEMM's first stage (the next commit group), and the
+             * GEMM's barriers publish it; the epilogue reads it from shared memory instead of
+             * waiting on a global load per token slot (session 12: ~20% of the kernel at 8192 tokens) */
+            cp_async4_s(&yrow[threadIdx.x], rows + base + min((int)threadIdx.x, m - 1));
+        }
         __syncthreads();
         wn = wnext;
+        int after = wg_ask_next<WR>(ctr, wn, W);
         const QTensor &wd = table[2 * E + e];
         const uint8_t *nrec = nullptr;
         if (WR > 0 && wn < W) {
@@ -1351,6 +1389,7 @@ static __global__ void __launch_bounds__(256, NT == 4 || (WR > 0 && NT == 8) ? 2
         }
         float acc[4 * NT];
         w4_wg_gemm<NT, ST, WR, CPS>(acc, wd.data + (size_t)(i < nrt ? i : 0) * ng * W4_REC, rowp, hlo, ng, m, sm, ring, nrec);
+        if (threadIdx.x == 0) wnext = wg_next_of<WR>(after, wn); /* every thread read wnext before the GEMM's barriers */
         if (i >= nrt) continue;
         float sd = wd.gscale * 512.f;
 #pragma unroll
@@ -1359,7 +1398,7 @@ static __global__ void __launch_bounds__(256, NT == 4 || (WR > 0 && NT == 8) ? 2
             for (int p = 0; p < 2; p++) {
                 int slot = 8 * b + 2 * t + p;
                 if (slot >= m) continue;
-                float *yr = y + (size_t)rows[base + slot] * D + 16 * i + g;
+                float *yr = y + (size_t)yrow[slot] * D + 16 * i + g;
                 yr[0] = acc[4 * b + p] * sd;
                 yr[8] = acc[4 * b + p + 2] * sd;
             }

@@ -285,11 +285,21 @@ __device__ __forceinline__ void w4_wg_gemm_r(float (&acc)[4 * NT], const uint8_t
 {
     static_assert(ST >= 3 && NN <= 8 * NT && W4_KG == 256, "wg tile: 3+ stages; a record group is 4 chunks of 64");
     static_assert((CPS == 1 || CPS == 2) && ST % CPS == 0 && ST / CPS >= 3, "a stage of 1 or 2 chunks, 3+ stages");
-    constexpr int SP = ST / CPS; /* stages of CPS chunks: one barrier and one commit group a stage */
     static_assert(WR >= 2, "a weight ring holds the group being decoded and at least one in flight");
     static_assert(!PK || (NN == 32 && !SPLIT), "packed halves: one N = 32 MMA set");
     if (ng < WR - 1) nrec = nullptr; /* the next tile's first WR - 1 groups would not all be asked for */
-    constexpr int NR = 8 * NT, HALF = NR * W4_WG_ROW_BYTES, STAGE = 2 * HALF, CH = NN / 32;
+    /* A chunk's slot holds its high and low halves (SPLIT), or one half (plain BF16, and the packed
+     * halves, which share a half's rows): then the same shared memory holds twice the slots, and a
+     * stage twice the chunks: one barrier, one proxy fence and one commit group per 2 CPS chunks
+     * (W4_WG_ONE_HALF=0 at build time: the split layout for every form, as before session 12). */
+#ifndef W4_WG_ONE_HALF
+#define W4_WG_ONE_HALF 1
+#endif
+    constexpr bool ONE = !SPLIT && W4_WG_ONE_HALF;
+    constexpr int NR = 8 * NT, HALF = NR * W4_WG_ROW_BYTES, STAGE = ONE ? HALF : 2 * HALF, CH = NN / 32;
+    constexpr int NSL = ONE ? 2 * ST : ST, CP = ONE ? 2 * CPS : CPS; /* chunk slots; chunks a stage */
+    constexpr int SP = NSL / CP; /* stages of CP chunks: one barrier and one commit group a stage */
+    static_assert(4 % CP == 0, "a record group's 4 chunks in whole stages");
     const int lane = threadIdx.x & 31, u = threadIdx.x & 7, r0 = threadIdx.x >> 3;
     const int nvs = 4 * ng; /* steps: (group, chunk) */
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(sm);
@@ -309,10 +319,10 @@ __device__ __forceinline__ void w4_wg_gemm_r(float (&acc)[4 * NT], const uint8_t
     const uint32_t dst0 = sbase + r0 * W4_WG_ROW_BYTES + ((u ^ (r0 & 7)) << 4);
     uint32_t dst = dst0;
     int vn = 0;
-    auto stage = [&]() { /* chunks vn .. vn + CPS - 1 into their slots, then move on */
+    auto stage = [&]() { /* chunks vn .. vn + CP - 1 into their slots, then move on */
         if (vn < nvs) {
 #pragma unroll
-            for (int cc = 0; cc < CPS; cc++)
+            for (int cc = 0; cc < CP; cc++)
 #pragma unroll
                 for (int i = 0; i < CH; i++)
                     if (live[i]) {
@@ -321,9 +331,9 @@ __device__ __forceinline__ void w4_wg_gemm_r(float (&acc)[4 * NT], const uint8_t
                     }
         }
 #pragma unroll
-        for (int i = 0; i < CH; i++) src[i] += 64 * CPS;
-        dst = dst == dst0 + (ST - CPS) * STAGE ? dst0 : dst + CPS * STAGE;
-        vn += CPS;
+        for (int i = 0; i < CH; i++) src[i] += 64 * CP;
+        dst = dst == dst0 + (NSL - CP) * STAGE ? dst0 : dst + CP * STAGE;
+        vn += CP;
     };
 #pragma unroll
     for (int p = 0; p < SP - 2; p++) {
@@ -381,7 +391,7 @@ __device__ __forceinline__ void w4_wg_gemm_r(float (&acc)[4 * NT], const uint8_t
     /* step v = 4 G + c */
     auto step = [&](int G, auto cc, uint32_t (&av)[4][4], uint32_t (&an)[4][4]) {
         constexpr int c = decltype(cc)::value;
-        if constexpr (c % CPS == 0) { /* a stage's first chunk */
+        if constexpr (c % CP == 0) { /* a stage's first chunk */
             cp_async_wait<SP - 3>(); /* this thread's copies of this stage have landed ... */
             fence_proxy_async();     /* ... visible to the tensor cores ... */
             __syncthreads();         /* ... everyone's; and the MMAs two stages back are done everywhere */
@@ -396,7 +406,7 @@ __device__ __forceinline__ void w4_wg_gemm_r(float (&acc)[4 * NT], const uint8_t
             for (int j = 0; j < 4; j++) wg_mma<NN>(acc, av[j], dc + HALF / 16 + 2 * j);
         }
         wg_commit();
-        dc = dc == d0 + (ST - 1) * (STAGE / 16) ? d0 : dc + STAGE / 16;
+        dc = dc == d0 + (NSL - 1) * (STAGE / 16) ? d0 : dc + STAGE / 16;
         wg_wait<1>(); /* MMAs v - 1 are done: an is free */
         if constexpr (c < 3) {
             decode(std::integral_constant<int, c + 1>(), an);
