@@ -95,12 +95,16 @@ TEST(w4_pf_tiles)
     EXPECT(w4_default_tile(W4_MOE, 8, 227 * 1024, 1, 0) == 12, "sm_90a, 8 pairs, BF16 activations: tile 12");
     EXPECT(w4_default_tile(W4_MOE, 8, 227 * 1024, 1, 1) == 30, "sm_90a, 8 pairs, split activations: tile 30");
     EXPECT(w4_default_tile(W4_MOE, 16, 227 * 1024, 1, 0) == 30, "sm_90a, 16 pairs: tile 30");
-    EXPECT(w4_default_tile(W4_MOE, 40, 227 * 1024, 1, 0) == 30, "sm_90a, 40 pairs: tile 30");
+    EXPECT(w4_default_tile(W4_MOE, 24, 227 * 1024, 1, 0) == 30, "sm_90a, 24 pairs: tile 30");
+    EXPECT(w4_default_tile(W4_MOE, 25, 227 * 1024, 1, 0) == 28, "sm_90a, 25 pairs: tile 28");
+    EXPECT(w4_default_tile(W4_MOE, 36, 227 * 1024, 1, 1) == 30, "sm_90a, 36 pairs, split activations: tile 30");
+    EXPECT(w4_default_tile(W4_MOE, 37, 227 * 1024, 1, 1) == 28, "sm_90a, 37 pairs, split activations: tile 28");
     EXPECT(w4_default_tile(W4_MOE, 16, 104 * 1024, 1, 0) == 30, "sm_90a, 16 pairs on 104 KB: tile 30 (105920 B)");
     EXPECT(w4_default_tile(W4_MOE, 16, 103 * 1024, 1, 0) == 4, "sm_90a, 16 pairs on 103 KB: tile 4 (27 needs more than 30)");
     EXPECT(w4_default_tile(W4_MOE, 48, 227 * 1024, 1, 0) == 28, "sm_90a, 48 pairs: tile 28");
     EXPECT(w4_default_tile(W4_MOE, 64, 227 * 1024, 1, 0) == 29, "sm_90a, 64 pairs: tile 29");
-    EXPECT(w4_default_tile(W4_MOE, 64, 227 * 1024, 1, 1) == 29, "sm_90a, 64 pairs, split activations: tile 29");
+    EXPECT(w4_default_tile(W4_MOE, 72, 227 * 1024, 1, 1) == 28, "sm_90a, 72 pairs, split activations: tile 28");
+    EXPECT(w4_default_tile(W4_MOE, 73, 227 * 1024, 1, 1) == 29, "sm_90a, 73 pairs, split activations: tile 29");
     EXPECT(w4_default_tile(W4_MOE, 56, 227 * 1024, 1, 1) == 28, "sm_90a, 56 pairs, split activations: tile 28");
     EXPECT(w4_default_tile(W4_MOE, 256, 227 * 1024, 1, 0) == 29, "sm_90a, 256 pairs: tile 29");
     EXPECT(w4_default_tile(W4_MOE, 256, 150 * 1024, 1, 0) == 23, "sm_90a on 150 KB: tile 23 (tiles 29 and 24 need 184 and 194 KB)");

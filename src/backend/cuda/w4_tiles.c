@@ -115,7 +115,12 @@ static int first_fit(const int *prefs, int n, size_t budget, int wg)
  * in a chain 14.2 us BF16 against tile 10's 20.7, 16.8-17.8 split against tile 31's 26.6-27.2.
  * Session 10: with split activations too, tile 29 from 57 pairs (2048 tokens, 64 pairs: 6.37 ms
  * random and 7.13 skewed against tile 28's 6.65 and 7.56; ptxas now serializes tile 28's wgmma
- * for want of registers at 2 blocks an SM). */
+ * for want of registers at 2 blocks an SM). Session 12 (persistent ring blocks, one-half BF16
+ * stages; docs/PERFORMANCE.md): tile 28 from 25 pairs with BF16 activations (32 pairs: tile 28
+ * 2.70 ms, tile 30 3.00; 28 pairs even; 24 pairs: tile 30 2.34, tile 28 2.52) and from 37 with
+ * split (40 pairs: tile 28 4.69, tile 30 4.97; 32 pairs: tile 30 3.79, tile 28 4.03), and with
+ * split up to 72 pairs (64 pairs random: tile 28 6.32 ms, tile 29 6.68; skewed 6.78 and 6.70;
+ * 96 pairs: tile 29 8.39, tile 28 9.08). */
 int w4_default_tile(W4Kind kind, double rows, size_t budget, int wg, int split)
 {
     static const int big[] = {7, 4, 3, 0}, mid[] = {4, 3, 0}, pf[] = {19, 20, 21, 7, 4, 3, 0};
@@ -123,8 +128,8 @@ int w4_default_tile(W4Kind kind, double rows, size_t budget, int wg, int split)
     static const int ring29[] = {29, 24, 23, 19, 20, 21, 7, 4, 3, 0}, ring30[] = {30, 27, 4, 3, 0};
     if (kind == W4_MOE) {
         if (wg && rows > (split ? 6 : 8)) {
-            if (rows <= 40) return first_fit(ring30, 5, budget, wg);
-            if (rows <= 56) return first_fit(ring28, 10, budget, wg);
+            if (rows <= (split ? 36 : 24)) return first_fit(ring30, 5, budget, wg);
+            if (rows <= (split ? 72 : 56)) return first_fit(ring28, 10, budget, wg);
             return first_fit(ring29, 10, budget, wg);
         }
         if (rows <= 8) return first_fit((const int[]){12, 0}, 2, budget, wg);
