@@ -117,26 +117,29 @@ static void to_bf16(Backend *be, __nv_bfloat16 *y, const float *x, int ldx, int 
     LAUNCH_CHECK("to_bf16_kernel");
 }
 
+/* A switch that is on unless the environment variable name holds off: forced (tests) when force
+ * >= 0, else read once into *cached */
+static int w4_switch(int force, int *cached, const char *name, const char *off)
+{
+    if (force >= 0) return force;
+    if (*cached < 0) {
+        const char *e = getenv(name);
+        *cached = !(e && !strcmp(e, off));
+    }
+    return *cached;
+}
+
 /* Activations as two BF16 halves (the default), or plain BF16 (MOESERVE_W4_ACT=bf16: half the
  * tensor-core work at prefill, and the rounding of other engines' W4A16 kernels). */
-static int w4_split_force = -1;
+static int w4_split_force = -1, w4_split_env = -1;
 
 extern "C" void w4_set_act_split(int on) { w4_split_force = on; }
 
-static int w4_split_act(void)
-{
-    static int v = -1;
-    if (w4_split_force >= 0) return w4_split_force;
-    if (v < 0) {
-        const char *e = getenv("MOESERVE_W4_ACT");
-        v = !(e && !strcmp(e, "bf16"));
-    }
-    return v;
-}
+static int w4_split_act(void) { return w4_switch(w4_split_force, &w4_split_env, "MOESERVE_W4_ACT", "bf16"); }
 
 /* The wg ring kernels' persistent blocks (the default; MOESERVE_W4_WG_PERSIST=0: a block an item,
  * as before session 12; w4_set_wg_persist for tests) */
-static int w4_wg_persist_force = -1, w4_wg_persist_cap;
+static int w4_wg_persist_force = -1, w4_wg_persist_env = -1, w4_wg_persist_cap;
 
 extern "C" void w4_set_wg_persist(int on, int max_blocks)
 {
@@ -144,16 +147,7 @@ extern "C" void w4_set_wg_persist(int on, int max_blocks)
     w4_wg_persist_cap = max_blocks > 0 ? max_blocks : 0;
 }
 
-static int w4_wg_persist(void)
-{
-    static int v = -1;
-    if (w4_wg_persist_force >= 0) return w4_wg_persist_force;
-    if (v < 0) {
-        const char *e = getenv("MOESERVE_W4_WG_PERSIST");
-        v = !(e && !strcmp(e, "0"));
-    }
-    return v;
-}
+static int w4_wg_persist(void) { return w4_switch(w4_wg_persist_force, &w4_wg_persist_env, "MOESERVE_W4_WG_PERSIST", "0"); }
 
 /* ---- dense ---- */
 
