@@ -43,6 +43,10 @@ __host__ __device__ __forceinline__ int w4_wg_perm(int k)
 
 #define W4_WG_ROW_BYTES 128 /* a staged token row: 64 BF16 */
 
+#ifndef W4_WG_ONE_HALF /* plain BF16 stage slots hold one half (w4_wg_gemm_r) */
+#define W4_WG_ONE_HALF 1
+#endif
+
 /* shared memory of a wg block: ST stages x 2 halves x 8 NT token rows x 128 bytes, 1024-aligned;
  * then, with a weight ring (WR > 0), each of the 8 warps' WR record slots and their WR mbarriers */
 #define W4_WG_SMEM(NT, ST, WR) ((ST) * 2 * 8 * (NT) * W4_WG_ROW_BYTES + 1024 + 8 * (WR) * (W4_REC + 8))
@@ -278,7 +282,7 @@ __device__ __forceinline__ void w4_wg_gemm_n(float (&acc)[4 * NT], const uint8_t
  * from nv on are not staged (their columns are never stored).
  * nrec: the warp's records in the block's next token tile (the same ng), or null: the last
  * WR - 1 refills then ask for that tile's first groups, so that its call starts with its weights
- * in flight instead of waiting a full HBM latency (the caller passes null where ng < WR - 1). */
+ * in flight instead of waiting a full HBM latency (ignored where ng < WR - 1). */
 template <int NT, int ST, int WR, int CPS, int NN, bool SPLIT, bool PK = false>
 __device__ __forceinline__ void w4_wg_gemm_r(float (&acc)[4 * NT], const uint8_t *rec, const __nv_bfloat16 *const *rowp,
                                              size_t lo, int ng, int nv, uint8_t *sm, WgRing &ring, const uint8_t *nrec)
@@ -292,9 +296,6 @@ __device__ __forceinline__ void w4_wg_gemm_r(float (&acc)[4 * NT], const uint8_t
      * halves, which share a half's rows): then the same shared memory holds twice the slots, and a
      * stage twice the chunks: one barrier, one proxy fence and one commit group per 2 CPS chunks
      * (W4_WG_ONE_HALF=0 at build time: the split layout for every form, as before session 12). */
-#ifndef W4_WG_ONE_HALF
-#define W4_WG_ONE_HALF 1
-#endif
     constexpr bool ONE = !SPLIT && W4_WG_ONE_HALF;
     constexpr int NR = 8 * NT, HALF = NR * W4_WG_ROW_BYTES, STAGE = ONE ? HALF : 2 * HALF, CH = NN / 32;
     constexpr int NSL = ONE ? 2 * ST : ST, CP = ONE ? 2 * CPS : CPS; /* chunk slots; chunks a stage */
