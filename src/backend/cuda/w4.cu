@@ -928,14 +928,25 @@ void w4_matmul_cuda(Backend *be, float *out, int ldo, const float *x, int ldx, i
 
 /* ---- grouped MoE ---- */
 
+/* A token tile's facts as w4_route_kernel stores them: its expert and token count in tile_e, its
+ * first pair (in the list sorted by expert) in tile_base */
+#define W4_TILE_M_SHIFT 16
+__device__ __forceinline__ int w4_tile_expert(const int *tile_e, int tile) { return tile_e[tile] & ((1 << W4_TILE_M_SHIFT) - 1); }
+__device__ __forceinline__ void w4_tile_facts(const int *tile_e, const int *tile_base, int tile, int &e, int &m, int &base)
+{
+    int te = tile_e[tile];
+    e = te & ((1 << W4_TILE_M_SHIFT) - 1);
+    m = te >> W4_TILE_M_SHIFT;
+    base = tile_base[tile];
+}
+
 /* The dispatch in one launch: block 0 (1024 threads, E <= 1024) counts the pairs per expert in
- * shared memory, scans them into offsets and the tile list (tile (e, m0) for every MT pairs of
- * expert e, in expert order) and lists each expert's pairs (rows); the other blocks convert x
+ * shared memory, scans them into offsets and the tile list (a tile for every MT pairs of expert
+ * e, in expert order: w4_tile_facts) and lists each expert's pairs (rows); the other blocks convert x
  * to BF16 meanwhile. The order of the pairs inside an expert's list depends on the atomics, but
  * each pair's result does not (every token column of the MMA is computed alone). */
-static __global__ void w4_route_kernel(int *offset, int *count_out, int *rows, int *tile_e, int *tile_base, int *n_tiles,
-                                       int *ctr, const int *idx, int P, int E, int MT, __nv_bfloat16 *xb, const float *x,
-                                       int64_t nx, int split, int perm_d)
+static __global__ void w4_route_kernel(int *rows, int *tile_e, int *tile_base, int *n_tiles, int *ctr, const int *idx, int P,
+                                       int E, int MT, __nv_bfloat16 *xb, const float *x, int64_t nx, int split, int perm_d)
 {
     if (blockIdx.x > 0) { /* perm_d: rows of perm_d, each stored permuted for the wg tiles (w4_wg_perm) */
         for (int64_t i = (blockIdx.x - 1) * (int64_t)blockDim.x + threadIdx.x; i < nx; i += (int64_t)(gridDim.x - 1) * blockDim.x)
@@ -963,11 +974,9 @@ static __global__ void w4_route_kernel(int *offset, int *count_out, int *rows, i
     }
     int off = sc[e] - c;
     if (e < E) {
-        offset[e] = off;
-        count_out[e] = c;
         int t0 = st[e] - nt;
         for (int k = 0; k < nt; k++) { /* the kernels read a tile's facts in one round of loads */
-            tile_e[t0 + k] = e | min(MT, c - k * MT) << 16; /* the expert, and the tile's tokens above it */
+            tile_e[t0 + k] = e | min(MT, c - k * MT) << W4_TILE_M_SHIFT; /* the expert, and the tile's tokens above it */
             tile_base[t0 + k] = off + k * MT;               /* the tile's first pair in the sorted list */
         }
     }
@@ -1009,8 +1018,7 @@ __device__ __forceinline__ void w4_swiglu_store(__nv_bfloat16 *h, size_t hlo, co
  * the up warp hands its sums to the gate warp through shared memory. */
 template <int NT, int ST, int KS, bool SP, bool SS>
 static __global__ void __launch_bounds__(W4_WARPS * 32) w4_moe_gateup_kernel(
-    __nv_bfloat16 *h, const __nv_bfloat16 *xb, const QTensor *table, int E, int topk, const int *count,
-    const int *offset, const int *rows, const int *tile_e, const int *tile_base, const int *n_tiles, int F, int K,
+    __nv_bfloat16 *h, const __nv_bfloat16 *xb, const QTensor *table, int E, int topk, const int *rows, const int *tile_e, const int *tile_base, const int *n_tiles, int F, int K,
     size_t xlo, size_t hlo)
 {
     extern __shared__ __align__(16) __nv_bfloat16 w4_sx[];
@@ -1024,7 +1032,8 @@ static __global__ void __launch_bounds__(W4_WARPS * 32) w4_moe_gateup_kernel(
     const int warp = threadIdx.x >> 5;
     int i = SS ? blockIdx.y * (W4_WARPS / 2) + warp / 2 : blockIdx.y * (W4_WARPS / KS) + warp / KS, active = i < F / 16;
     if (ST == 0 && !SS && !active) return; /* SS: every warp meets the exchange barrier */
-    int e = tile_e[tile] & 0xFFFF, m = tile_e[tile] >> 16, base = tile_base[tile];
+    int e, m, base;
+    w4_tile_facts(tile_e, tile_base, tile, e, m, base);
     const QTensor &wg = table[e], &wu = table[E + e];
     int ng = K / W4_KG;
     const bool pk = w4_packs<NT, ST, SP>(m);
@@ -1064,8 +1073,7 @@ static __global__ void __launch_bounds__(W4_WARPS * 32) w4_moe_gateup_kernel(
  * (constant), so that they arrive while gate/up ends; h only after the wait. */
 template <int NT, int ST, int KS, bool SP>
 static __global__ void __launch_bounds__(W4_WARPS * 32) w4_moe_down_kernel(
-    float *y, const __nv_bfloat16 *h, const QTensor *table, int E, const int *count, const int *offset,
-    const int *rows, const int *tile_e, const int *tile_base, const int *n_tiles, int D, int F, size_t hlo)
+    float *y, const __nv_bfloat16 *h, const QTensor *table, int E, const int *rows, const int *tile_e, const int *tile_base, const int *n_tiles, int D, int F, size_t hlo)
 {
     extern __shared__ __align__(16) __nv_bfloat16 w4_sx[];
     __shared__ const void *rowp[8 * NT];
@@ -1075,7 +1083,8 @@ static __global__ void __launch_bounds__(W4_WARPS * 32) w4_moe_down_kernel(
     __shared__ float red[KS > 1 ? (KS - 1) * NT * 4 * 32 : 1];
     int i = blockIdx.y * (W4_WARPS / KS) + (threadIdx.x >> 5) / KS, active = i < D / 16;
     if (ST == 0 && !active) return;
-    int e = tile_e[tile] & 0xFFFF, m = tile_e[tile] >> 16, base = tile_base[tile];
+    int e, m, base;
+    w4_tile_facts(tile_e, tile_base, tile, e, m, base);
     const QTensor &wd = table[2 * E + e];
     int ng = F / W4_KG;
     const uint8_t *rec[1] = {wd.data + (size_t)(active ? i : 0) * ng * W4_REC};
@@ -1112,8 +1121,7 @@ static __global__ void __launch_bounds__(W4_WARPS * 32) w4_moe_down_kernel(
  * expert's weights stay in L2 across the row blocks). */
 template <int NT, int ST>
 static __global__ void __launch_bounds__(NT * 32, 16 / NT) w4_moe_gateup_pf_kernel(
-    __nv_bfloat16 *h, const __nv_bfloat16 *xb, const QTensor *table, int E, int topk, const int *count,
-    const int *offset, const int *rows, const int *tile_e, const int *tile_base, const int *n_tiles, int F, int K,
+    __nv_bfloat16 *h, const __nv_bfloat16 *xb, const QTensor *table, int E, int topk, const int *rows, const int *tile_e, const int *tile_base, const int *n_tiles, int F, int K,
     size_t xlo, size_t hlo)
 {
     extern __shared__ __align__(16) uint8_t w4_pf_sm[];
@@ -1124,7 +1132,8 @@ static __global__ void __launch_bounds__(NT * 32, 16 / NT) w4_moe_gateup_pf_kern
     const int ng = K / W4_KG, nrt = F / 16;
     for (int tile = blockIdx.y; tile < *n_tiles; tile += gridDim.y) {
         {
-            int e = tile_e[tile] & 0xFFFF, m = tile_e[tile] >> 16, base = tile_base[tile];
+            int e, m, base;
+            w4_tile_facts(tile_e, tile_base, tile, e, m, base);
             const QTensor &wg = table[e], &wu = table[E + e];
             __syncthreads(); /* the previous tile's readers of rowp, recp and tinfo are done */
             if (threadIdx.x < 8 * NT) rowp[threadIdx.x] = xb + (size_t)(rows[base + min((int)threadIdx.x, m - 1)] / topk) * K;
@@ -1165,8 +1174,7 @@ static __global__ void __launch_bounds__(NT * 32, 16 / NT) w4_moe_gateup_pf_kern
 
 template <int NT, int ST>
 static __global__ void __launch_bounds__(NT * 32, 16 / NT) w4_moe_down_pf_kernel(
-    float *y, const __nv_bfloat16 *h, const QTensor *table, int E, const int *count, const int *offset,
-    const int *rows, const int *tile_e, const int *tile_base, const int *n_tiles, int D, int F, size_t hlo)
+    float *y, const __nv_bfloat16 *h, const QTensor *table, int E, const int *rows, const int *tile_e, const int *tile_base, const int *n_tiles, int D, int F, size_t hlo)
 {
     extern __shared__ __align__(16) uint8_t w4_pf_sm[];
     __shared__ const __nv_bfloat16 *rowp[8 * NT];
@@ -1176,7 +1184,8 @@ static __global__ void __launch_bounds__(NT * 32, 16 / NT) w4_moe_down_pf_kernel
     const int ng = F / W4_KG, nrt = D / 16;
     for (int tile = blockIdx.y; tile < *n_tiles; tile += gridDim.y) {
         {
-            int e = tile_e[tile] & 0xFFFF, m = tile_e[tile] >> 16, base = tile_base[tile];
+            int e, m, base;
+            w4_tile_facts(tile_e, tile_base, tile, e, m, base);
             const QTensor &wd = table[2 * E + e];
             __syncthreads(); /* the previous tile's readers of rowp, recp and tinfo are done */
             if (threadIdx.x < 8 * NT) rowp[threadIdx.x] = h + (size_t)(base + min((int)threadIdx.x, m - 1)) * F;
@@ -1213,7 +1222,7 @@ static __global__ void __launch_bounds__(NT * 32, 16 / NT) w4_moe_down_pf_kernel
 /* gate/up then down on pf tile <NT, ST>; the grids' y walk the token tiles (at most 65535) */
 template <int NT, int ST>
 static void w4_moe_pf(cudaStream_t st, int max_tiles, __nv_bfloat16 *h, const __nv_bfloat16 *xb, float *y,
-                      const QTensor *tb, int E, int topk, const int *count, const int *offset, const int *rows,
+                      const QTensor *tb, int E, int topk, const int *rows,
                       const int *tile_e, const int *tile_base, const int *n_tiles, int D, int F, size_t xlo, size_t hlo)
 {
     const int smem = (int)(ST * W4_PF_STAGE(NT));
@@ -1229,10 +1238,10 @@ static void w4_moe_pf(cudaStream_t st, int max_tiles, __nv_bfloat16 *h, const __
     }
     int ny = max_tiles < 65535 ? max_tiles : 65535;
     dim3 gf(cdiv(F / 16, W4_PF_RECS / 2), ny), gd(cdiv(D / 16, W4_PF_RECS), ny);
-    w4_moe_gateup_pf_kernel<NT, ST><<<gf, NT * 32, smem, st>>>(h, xb, tb, E, topk, count, offset, rows, tile_e, tile_base,
+    w4_moe_gateup_pf_kernel<NT, ST><<<gf, NT * 32, smem, st>>>(h, xb, tb, E, topk, rows, tile_e, tile_base,
                                                               n_tiles, F, D, xlo, hlo);
     LAUNCH_CHECK("w4_moe_gateup_pf_kernel");
-    w4_moe_down_pf_kernel<NT, ST><<<gd, NT * 32, smem, st>>>(y, h, tb, E, count, offset, rows, tile_e, tile_base, n_tiles,
+    w4_moe_down_pf_kernel<NT, ST><<<gd, NT * 32, smem, st>>>(y, h, tb, E, rows, tile_e, tile_base, n_tiles,
                                                             D, F, hlo);
     LAUNCH_CHECK("w4_moe_down_pf_kernel");
 }
@@ -1280,8 +1289,7 @@ __device__ __forceinline__ void cp_async4_s(void *smem, const void *gmem)
 
 template <int NT, int ST, int WR, int CPS>
 static __global__ void __launch_bounds__(256, NT == 4 || (WR > 0 && NT == 8) ? 2 : 1) w4_moe_gateup_wg_kernel(
-    __nv_bfloat16 *h, const __nv_bfloat16 *xb, const QTensor *table, int E, int topk, const int *count,
-    const int *offset, const int *rows, const int *tile_e, const int *tile_base, const int *n_tiles, int *ctr, int F, int K,
+    __nv_bfloat16 *h, const __nv_bfloat16 *xb, const QTensor *table, int E, int topk, const int *rows, const int *tile_e, const int *tile_base, const int *n_tiles, int *ctr, int F, int K,
     size_t xlo, size_t hlo)
 {
 #if W4_WG_ARCH
@@ -1298,7 +1306,8 @@ static __global__ void __launch_bounds__(256, NT == 4 || (WR > 0 && NT == 8) ? 2
     int wn = 0;
     for (int w = blockIdx.x; w < W; w = wn) {
         int tile = w / RB, i = 4 * (w - tile * RB) + (warp & 3);
-        int e = tile_e[tile] & 0xFFFF, m = tile_e[tile] >> 16, base = tile_base[tile];
+        int e, m, base;
+        w4_tile_facts(tile_e, tile_base, tile, e, m, base);
         __syncthreads(); /* the previous item's readers of rowp and ex are done */
         if (threadIdx.x < 8 * NT) rowp[threadIdx.x] = xb + (size_t)(rows[base + min((int)threadIdx.x, m - 1)] / topk) * K;
         __syncthreads();
@@ -1308,7 +1317,7 @@ static __global__ void __launch_bounds__(256, NT == 4 || (WR > 0 && NT == 8) ? 2
         const uint8_t *nrec = nullptr;
         if (WR > 0 && wn < W) {
             int tn = wn / RB, in = 4 * (wn - tn * RB) + (warp & 3);
-            nrec = table[wgp * E + (tile_e[tn] & 0xFFFF)].data + (size_t)(in < nrt ? in : 0) * ng * W4_REC;
+            nrec = table[wgp * E + w4_tile_expert(tile_e, tn)].data + (size_t)(in < nrt ? in : 0) * ng * W4_REC;
         }
         float acc[4 * NT];
         w4_wg_gemm<NT, ST, WR, CPS>(acc, wq.data + (size_t)(i < nrt ? i : 0) * ng * W4_REC, rowp, xlo, ng, m, sm, ring, nrec);
@@ -1347,8 +1356,7 @@ static __global__ void __launch_bounds__(256, NT == 4 || (WR > 0 && NT == 8) ? 2
 
 template <int NT, int ST, int WR, int CPS>
 static __global__ void __launch_bounds__(256, NT == 4 || (WR > 0 && NT == 8) ? 2 : 1) w4_moe_down_wg_kernel(
-    float *y, const __nv_bfloat16 *h, const QTensor *table, int E, const int *count, const int *offset,
-    const int *rows, const int *tile_e, const int *tile_base, const int *n_tiles, int *ctr, int D, int F, size_t hlo)
+    float *y, const __nv_bfloat16 *h, const QTensor *table, int E, const int *rows, const int *tile_e, const int *tile_base, const int *n_tiles, int *ctr, int D, int F, size_t hlo)
 {
 #if W4_WG_ARCH
     extern __shared__ __align__(16) uint8_t w4_wg_raw[];
@@ -1363,7 +1371,8 @@ static __global__ void __launch_bounds__(256, NT == 4 || (WR > 0 && NT == 8) ? 2
     int wn = 0;
     for (int w = blockIdx.x; w < W; w = wn) {
         int tile = w / RB, i = 8 * (w - tile * RB) + warp;
-        int e = tile_e[tile] & 0xFFFF, m = tile_e[tile] >> 16, base = tile_base[tile];
+        int e, m, base;
+        w4_tile_facts(tile_e, tile_base, tile, e, m, base);
         __syncthreads(); /* the previous item's readers of rowp and yrow are done */
         if (threadIdx.x < 8 * NT) {
             rowp[threadIdx.x] = h + (size_t)(base + min((int)threadIdx.x, m - 1)) * F;
@@ -1379,7 +1388,7 @@ static __global__ void __launch_bounds__(256, NT == 4 || (WR > 0 && NT == 8) ? 2
         const uint8_t *nrec = nullptr;
         if (WR > 0 && wn < W) {
             int tn = wn / RB, in = 8 * (wn - tn * RB) + warp;
-            nrec = table[2 * E + (tile_e[tn] & 0xFFFF)].data + (size_t)(in < nrt ? in : 0) * ng * W4_REC;
+            nrec = table[2 * E + w4_tile_expert(tile_e, tn)].data + (size_t)(in < nrt ? in : 0) * ng * W4_REC;
         }
         float acc[4 * NT];
         w4_wg_gemm<NT, ST, WR, CPS>(acc, wd.data + (size_t)(i < nrt ? i : 0) * ng * W4_REC, rowp, hlo, ng, m, sm, ring, nrec);
@@ -1413,7 +1422,7 @@ static int wg_wave(Kern k, int smem)
 
 template <int NT, int ST, int WR, int CPS>
 static void w4_moe_wg(cudaStream_t st, int max_tiles, __nv_bfloat16 *h, const __nv_bfloat16 *xb, float *y,
-                      const QTensor *tb, int E, int topk, const int *count, const int *offset, const int *rows,
+                      const QTensor *tb, int E, int topk, const int *rows,
                       const int *tile_e, const int *tile_base, const int *n_tiles, int *ctr, int D, int F, size_t xlo, size_t hlo)
 {
     const int smem = W4_WG_SMEM(NT, ST, WR);
@@ -1431,10 +1440,10 @@ static void w4_moe_wg(cudaStream_t st, int max_tiles, __nv_bfloat16 *h, const __
     int persist = WR > 0 && w4_wg_persist();
     long wf = w4_wg_persist_cap ? w4_wg_persist_cap : gfp, wd = w4_wg_persist_cap ? w4_wg_persist_cap : gdp;
     int gf = (int)(persist && wf < fi ? wf : fi), gd = (int)(persist && wd < di ? wd : di);
-    w4_moe_gateup_wg_kernel<NT, ST, WR, CPS><<<gf, 256, smem, st>>>(h, xb, tb, E, topk, count, offset, rows, tile_e, tile_base,
+    w4_moe_gateup_wg_kernel<NT, ST, WR, CPS><<<gf, 256, smem, st>>>(h, xb, tb, E, topk, rows, tile_e, tile_base,
                                                           n_tiles, ctr, F, D, xlo, hlo);
     LAUNCH_CHECK("w4_moe_gateup_wg_kernel");
-    w4_moe_down_wg_kernel<NT, ST, WR, CPS><<<gd, 256, smem, st>>>(y, h, tb, E, count, offset, rows, tile_e, tile_base, n_tiles, ctr + 1,
+    w4_moe_down_wg_kernel<NT, ST, WR, CPS><<<gd, 256, smem, st>>>(y, h, tb, E, rows, tile_e, tile_base, n_tiles, ctr + 1,
                                                         D, F, hlo);
     LAUNCH_CHECK("w4_moe_down_wg_kernel");
 }
@@ -1450,8 +1459,8 @@ int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const f
     if (w4_tiles[tile].pf == 3) tile = 12;                  /* the stream-K dense tiles: the MoE decode tile */
     int NT = w4_tiles[tile].nt, MT = 8 * NT;
     int max_tiles = P / MT + (E < P ? E : P);
-    int *ibuf = (int *)cuda_scratch(be, SCR_MOE_COUNT, (size_t)(4 * E + 3 + 2 * (P + E)) * sizeof(int));
-    int *count = ibuf, *offset = count + E, *n_tiles = offset + E, *tile_e = n_tiles + 1,
+    int *ibuf = (int *)cuda_scratch(be, SCR_MOE_COUNT, (size_t)(3 + 2 * (P + E)) * sizeof(int));
+    int *n_tiles = ibuf, *tile_e = n_tiles + 1,
         *tile_base = tile_e + (P + E), *ctr = tile_base + (P + E);
     int *rows = (int *)cuda_scratch(be, SCR_MOE_ROWS, (size_t)P * sizeof(int));
     int split = w4_split_act();
@@ -1462,7 +1471,7 @@ int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const f
     int64_t nx = (int64_t)T * D;
     int nb = 1 + (int)(nx / 4096 < 512 ? (nx + 4095) / 4096 : 512);
     int wg = w4_tiles[tile].pf == 2;
-    w4_route_kernel<<<nb, 1024, 0, st>>>(offset, count, rows, tile_e, tile_base, n_tiles, ctr, idx, P, E, MT, xb, x, nx, split,
+    w4_route_kernel<<<nb, 1024, 0, st>>>(rows, tile_e, tile_base, n_tiles, ctr, idx, P, E, MT, xb, x, nx, split,
                                          wg ? D : 0);
     LAUNCH_CHECK("w4_route_kernel");
     int rpb = W4_WARPS / w4_tiles[tile].ks; /* row tiles per block */
@@ -1474,7 +1483,7 @@ int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const f
     CHECK(w4_tiles[tile].nt == NTV && w4_tiles[tile].st == STV && w4_tiles[tile].wr == WRV &&                           \
               (w4_tiles[tile].sc > 1 ? w4_tiles[tile].sc : 1) == CPSV,                                                 \
           "w4: wg tile %d is not <%d, %d, %d, %d>", tile, NTV, STV, WRV, CPSV);                                        \
-    w4_moe_wg<NTV, STV, WRV, CPSV>(st, max_tiles, h, xb, y, tb, E, K, count, offset, rows, tile_e, tile_base, n_tiles, ctr, D, F, xlo, hlo)
+    w4_moe_wg<NTV, STV, WRV, CPSV>(st, max_tiles, h, xb, y, tb, E, K, rows, tile_e, tile_base, n_tiles, ctr, D, F, xlo, hlo)
         switch (tile) {
         case 22: W4_MOE_WG(16, 4, 0, 1); break;
         case 23: W4_MOE_WG(16, 3, 0, 1); break;
@@ -1494,7 +1503,7 @@ int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const f
         /* the pf tiles (w4_tiles.c), by index */
 #define W4_MOE_PF(NTV, STV)                                                                                            \
     CHECK(w4_tiles[tile].nt == NTV && w4_tiles[tile].st == STV, "w4: pf tile %d is not <%d, %d>", tile, NTV, STV);        \
-    w4_moe_pf<NTV, STV>(st, max_tiles, h, xb, y, tb, E, K, count, offset, rows, tile_e, tile_base, n_tiles, D, F, xlo, hlo)
+    w4_moe_pf<NTV, STV>(st, max_tiles, h, xb, y, tb, E, K, rows, tile_e, tile_base, n_tiles, D, F, xlo, hlo)
         switch (tile) {
         case 19: W4_MOE_PF(8, 3); break;
         case 20: W4_MOE_PF(8, 2); break;
@@ -1507,11 +1516,11 @@ int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const f
 #define W4_MOE_SP(NTV, STV, KSV, SPV, SSV)                                                                               \
     W4_SET_SMEM2(w4_moe_gateup_kernel, NTV, STV, KSV, SPV, SSV);                                                            \
     W4_SET_SMEM(w4_moe_down_kernel, NTV, STV, KSV, SPV);                                                                    \
-    w4_moe_gateup_kernel<NTV, STV, KSV, SPV, SSV><<<gf, W4_WARPS * 32, W4_SMEM(NTV, STV), st>>>(h, xb, tb, E, K, count, offset, rows,  \
+    w4_moe_gateup_kernel<NTV, STV, KSV, SPV, SSV><<<gf, W4_WARPS * 32, W4_SMEM(NTV, STV), st>>>(h, xb, tb, E, K, rows,  \
                                                                                  tile_e, tile_base, n_tiles, F, D, xlo, hlo); \
     LAUNCH_CHECK("w4_moe_gateup_kernel");                                                                              \
     w4_launch_dependent(w4_moe_down_kernel<NTV, STV, KSV, SPV>, gd, W4_WARPS * 32, W4_SMEM(NTV, STV), st, y,              \
-                        (const __nv_bfloat16 *)h, (const QTensor *)tb, E, (const int *)count, (const int *)offset,      \
+                        (const __nv_bfloat16 *)h, (const QTensor *)tb, E,       \
                         (const int *)rows, (const int *)tile_e, (const int *)tile_base, (const int *)n_tiles, D, F, hlo); \
     LAUNCH_CHECK("w4_moe_down_kernel");
 #define W4_MOE_T(NTV, STV, KSV, SSV) W4_MOE_SP(NTV, STV, KSV, true, SSV)
