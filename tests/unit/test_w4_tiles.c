@@ -92,7 +92,11 @@ TEST(w4_pf_tiles)
     EXPECT(w4_default_tile(W4_MOE, 64, 48 * 1024, 0, 1) == 3, "48 KB: no pf tile fits");
     /* where wgmma runs: the ring tiles from 9 pairs per expert (7 with split activations), 30 to 40
      * pairs, 28 to 56 (80 split), then tile 29; on 101 KB (the ring tiles do not fit) tile 23 */
-    EXPECT(w4_default_tile(W4_MOE, 8, 227 * 1024, 1, 0) == 12, "sm_90a, 8 pairs, BF16 activations: tile 12");
+    EXPECT(w4_default_tile(W4_MOE, 8, 227 * 1024, 1, 0) == 13, "sm_90a, 8 pairs, BF16 activations: tile 13");
+    EXPECT(w4_default_tile(W4_MOE, 6, 227 * 1024, 1, 0) == 12, "sm_90a, 6 pairs, BF16 activations: tile 12");
+    EXPECT(w4_default_tile(W4_MOE, 11, 227 * 1024, 1, 0) == 13, "sm_90a, 11 pairs, BF16 activations: tile 13");
+    EXPECT(w4_default_tile(W4_MOE, 12, 227 * 1024, 1, 0) == 30, "sm_90a, 12 pairs, BF16 activations: tile 30");
+    EXPECT(w4_default_tile(W4_MOE, 8, 227 * 1024, 0, 0) == 12, "no wgmma, 8 pairs, BF16 activations: tile 12");
     EXPECT(w4_default_tile(W4_MOE, 8, 227 * 1024, 1, 1) == 30, "sm_90a, 8 pairs, split activations: tile 30");
     EXPECT(w4_default_tile(W4_MOE, 16, 227 * 1024, 1, 0) == 30, "sm_90a, 16 pairs: tile 30");
     EXPECT(w4_default_tile(W4_MOE, 24, 227 * 1024, 1, 0) == 30, "sm_90a, 24 pairs: tile 30");

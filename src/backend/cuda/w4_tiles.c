@@ -120,13 +120,20 @@ static int first_fit(const int *prefs, int n, size_t budget, int wg)
  * 2.70 ms, tile 30 3.00; 28 pairs even; 24 pairs: tile 30 2.34, tile 28 2.52) and from 37 with
  * split (40 pairs: tile 28 4.69, tile 30 4.97; 32 pairs: tile 30 3.79, tile 28 4.03), and with
  * split up to 72 pairs (64 pairs random: tile 28 6.32 ms, tile 29 6.68; skewed 6.78 and 6.70;
- * 96 pairs: tile 29 8.39, tile 28 9.08). */
+ * 96 pairs: tile 29 8.39, tile 28 9.08). Session 13: with BF16 activations on sm_90a, 7 to 11
+ * pairs an expert take tile 13 (16 tokens a tile, gate and up on separate warps; one call, the
+ * same token list for each tile, two runs: 256 tokens 1.73-1.75 ms against tile 12's 1.98-2.04
+ * and tile 30's 2.00-2.02, skewed 1.88-1.89 against 2.05-2.09 and 1.93-1.95; 320 tokens 1.86-1.90
+ * against tile 30's 2.07-2.09, skewed even; 384 tokens random 2% faster than tile 30, skewed 6%
+ * slower; 192 tokens even with tile 12, 128 tokens 14% slower). With split activations tile 13
+ * is the slowest at 256 tokens (2.98 ms against tile 30's 1.91). */
 int w4_default_tile(W4Kind kind, double rows, size_t budget, int wg, int split)
 {
     static const int big[] = {7, 4, 3, 0}, mid[] = {4, 3, 0}, pf[] = {19, 20, 21, 7, 4, 3, 0};
     static const int wgp[] = {24, 23, 19, 20, 21, 7, 4, 3, 0}, ring28[] = {28, 24, 23, 19, 20, 21, 7, 4, 3, 0};
     static const int ring29[] = {29, 24, 23, 19, 20, 21, 7, 4, 3, 0}, ring30[] = {30, 27, 4, 3, 0};
     if (kind == W4_MOE) {
+        if (wg && !split && rows > 6 && rows <= 11) return first_fit((const int[]){13, 12, 0}, 3, budget, wg);
         if (wg && rows > (split ? 6 : 8)) {
             if (rows <= (split ? 36 : 24)) return first_fit(ring30, 5, budget, wg);
             if (rows <= (split ? 72 : 56)) return first_fit(ring28, 10, budget, wg);

@@ -46,6 +46,12 @@ __host__ __device__ __forceinline__ int w4_wg_perm(int k)
 #ifndef W4_WG_ONE_HALF /* plain BF16 stage slots hold one half (w4_wg_gemm_r) */
 #define W4_WG_ONE_HALF 1
 #endif
+#ifndef W4_WG_N16 /* bit NT / 4 - 1: the ring tiles of 8 NT tokens run a token tile of at most 16 tokens (8 packed) as N = 16 MMAs */
+#define W4_WG_N16 0xF
+#endif
+#ifndef W4_WG_EARLY_CODES /* tile 29 (128 tokens) reads a chunk's codes from the ring one MMA wait before their decode */
+#define W4_WG_EARLY_CODES 1
+#endif
 
 /* shared memory of a wg block: ST stages x 2 halves x 8 NT token rows x 128 bytes, 1024-aligned;
  * then, with a weight ring (WR > 0), each of the 8 warps' WR record slots and their WR mbarriers */
@@ -79,6 +85,16 @@ __device__ __forceinline__ void fence_proxy_async()
 {
 #if W4_WG_ARCH
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wg_mma_n16(float *d, const uint32_t *a, uint64_t desc)
+{
+#if W4_WG_ARCH
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
 #endif
 }
 
@@ -117,7 +133,8 @@ __device__ __forceinline__ void wg_mma(float *d, const uint32_t *a, uint64_t des
 {
     if constexpr (NN == 128) wg_mma_n128(d, a, desc);
     else if constexpr (NN == 64) wg_mma_n64(d, a, desc);
-    else wg_mma_n32(d, a, desc);
+    else if constexpr (NN == 32) wg_mma_n32(d, a, desc);
+    else wg_mma_n16(d, a, desc);
 }
 
 __device__ __forceinline__ void cp_async16_s(uint32_t saddr, const void *gmem)
@@ -290,7 +307,7 @@ __device__ __forceinline__ void w4_wg_gemm_r(float (&acc)[4 * NT], const uint8_t
     static_assert(ST >= 3 && NN <= 8 * NT && W4_KG == 256, "wg tile: 3+ stages; a record group is 4 chunks of 64");
     static_assert((CPS == 1 || CPS == 2) && ST % CPS == 0 && ST / CPS >= 3, "a stage of 1 or 2 chunks, 3+ stages");
     static_assert(WR >= 2, "a weight ring holds the group being decoded and at least one in flight");
-    static_assert(!PK || (NN == 32 && !SPLIT), "packed halves: one N = 32 MMA set");
+    static_assert(!PK || (NN == 32 && !SPLIT), "packed halves: one N = 32 MMA set (16 + 16, or 8 + 8 as N = 16)");
     if (ng < WR - 1) nrec = nullptr; /* the next tile's first WR - 1 groups would not all be asked for */
     /* A chunk's slot holds its high and low halves (SPLIT), or one half (plain BF16, and the packed
      * halves, which share a half's rows): then the same shared memory holds twice the slots, and a
@@ -299,6 +316,10 @@ __device__ __forceinline__ void w4_wg_gemm_r(float (&acc)[4 * NT], const uint8_t
     constexpr bool ONE = !SPLIT && W4_WG_ONE_HALF;
     constexpr int NR = 8 * NT, HALF = NR * W4_WG_ROW_BYTES, STAGE = ONE ? HALF : 2 * HALF, CH = NN / 32;
     constexpr int NSL = ONE ? 2 * ST : ST, CP = ONE ? 2 * CPS : CPS; /* chunk slots; chunks a stage */
+    /* N = 16 where this call's tokens allow (NN = 32, plain or packed: at most 16 tokens, 8
+     * packed): the same loop, half the MMA work; ph: the rows of each packed half */
+    const bool n16 = ((W4_WG_N16 >> (NT / 4 - 1)) & 1) && NN == 32 && !SPLIT && nv <= (PK ? 8 : 16);
+    const int ph = n16 ? 8 : NN / 2;
     constexpr int SP = NSL / CP; /* stages of CP chunks: one barrier and one commit group a stage */
     static_assert(4 % CP == 0, "a record group's 4 chunks in whole stages");
     const int lane = threadIdx.x & 31, u = threadIdx.x & 7, r0 = threadIdx.x >> 3;
@@ -309,9 +330,9 @@ __device__ __forceinline__ void w4_wg_gemm_r(float (&acc)[4 * NT], const uint8_t
     bool live[CH];
 #pragma unroll
     for (int i = 0; i < CH; i++) {
-        if constexpr (PK) { /* rows 0..15 the high halves, 16..31 the low halves of the same tokens */
-            live[i] = (r0 & 15) < nv;
-            src[i] = rowp[min(r0 & 15, nv - 1)] + (r0 >= 16 ? lo : 0) + u * 8;
+        if constexpr (PK) { /* rows 0..PH - 1 the high halves, PH..NN - 1 the low halves of the same tokens */
+            live[i] = r0 < 2 * ph && (r0 & (ph - 1)) < nv;
+            src[i] = rowp[min(r0 & (ph - 1), nv - 1)] + (r0 >= ph ? lo : 0) + u * 8;
         } else {
             live[i] = r0 + 32 * i < nv;
             src[i] = rowp[min(r0 + 32 * i, nv - 1)] + u * 8;
@@ -342,9 +363,13 @@ __device__ __forceinline__ void w4_wg_gemm_r(float (&acc)[4 * NT], const uint8_t
         cp_async_commit();
     }
     /* the MMAs' B descriptor of the slot of the step being issued (start address in 16-byte units
-     * in the low 14 bits: moving it is an add) */
+     * in the low 14 bits: moving it is an add). Where a group's 4 chunks fill whole runs of slots
+     * (NSL % 4 == 0), a chunk's slot is the group's first plus the chunk (a constant): the wrap is
+     * tested once a group, not a chunk (session 13: the descriptor arithmetic and its per-chunk
+     * wrap were 11 uniform instructions of a chunk's ~110) */
+    constexpr bool G4 = NSL % 4 == 0;
     const uint64_t d0 = wg_desc(sbase);
-    uint64_t dc = d0;
+    uint64_t dc = d0; /* G4: the group's first chunk's slot; else the chunk's */
     /* the weights: the ring slot of the group being decoded (this lane's 16 bytes of its chunk 0)
      * and its scale words */
     const uint32_t rsl = ring.slots + lane * 16;
@@ -359,6 +384,10 @@ __device__ __forceinline__ void w4_wg_gemm_r(float (&acc)[4 * NT], const uint8_t
     /* the first chunk of group G: wait for its slot, then refill the slot group G - 1 used (every
      * lane's reads of it are done: __syncwarp) with group G + WR - 1, or past the last group with
      * the next tile's first */
+    /* the record the next refill copies (group G + WR - 1 at group G's start): this tile's until
+     * fl of them are done, then the next tile's (nrec), or none */
+    const uint8_t *fp = ng > WR - 1 ? rec + (size_t)(WR - 1) * W4_REC : nrec;
+    int fl = ng - (WR - 1);
     auto group = [&](int G) {
         {
             if (G > 0) {
@@ -368,20 +397,28 @@ __device__ __forceinline__ void w4_wg_gemm_r(float (&acc)[4 * NT], const uint8_t
             mbar_wait(ring.bars + 8 * s, (ring.ph >> s) & 1);
             ring.ph ^= 1u << s;
             __syncwarp();
-            int Gn = G + WR - 1, sn = s == 0 ? WR - 1 : s - 1;
-            if (lane == 0) {
-                if (Gn < ng) wg_ring_fill(ring.slots + sn * W4_REC, rec + (size_t)Gn * W4_REC, ring.bars + 8 * sn);
-                else if (nrec) wg_ring_fill(ring.slots + sn * W4_REC, nrec + (size_t)(Gn - ng) * W4_REC, ring.bars + 8 * sn);
+            int sn = s == 0 ? WR - 1 : s - 1;
+            if (fp) {
+                if (lane == 0) wg_ring_fill(ring.slots + sn * W4_REC, fp, ring.bars + 8 * sn);
+                fp = --fl == 0 ? nrec : fp + W4_REC;
             }
             asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(sw2.x), "=r"(sw2.y) : "r"(rs - lane * 8 + 2048) : "memory");
         }
     };
     uint32_t a0[4][4], a1[4][4]; /* A of this chunk and of the next (two names: registers, not an indexed array) */
-    auto decode = [&](auto cc, uint32_t (&out)[4][4]) { /* chunk cc of the group being decoded */
+    /* the codes of the chunk decoded next; with EARLY read from the ring before the MMA wait that
+     * precedes their decode, so that the shared-memory latency hides behind it (session 13: 2% at
+     * 8192 tokens with tile 29; with 32 tokens, tile 30, no gain, split skewed 512 tokens 4% slower) */
+    constexpr bool EARLY = W4_WG_EARLY_CODES && NT == 16;
+    uint4 wc;
+    auto codes = [&](auto cc) {
         constexpr int c = decltype(cc)::value;
-        uint4 wc;
         asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(wc.x), "=r"(wc.y), "=r"(wc.z), "=r"(wc.w) : "r"(rs + c * 512)
                      : "memory");
+    };
+    auto decode = [&](auto cc, uint32_t (&out)[4][4]) { /* chunk cc of the group being decoded, its codes in wc */
+        constexpr int c = decltype(cc)::value;
+        if constexpr (!EARLY) codes(cc);
         uint32_t sw = c < 2 ? sw2.x : sw2.y;
         uint32_t sg = w4_scale2(sw, (2 * c) & 3), sh = w4_scale2(sw, (2 * c + 1) & 3);
         w4_decode(wc.x, sg, sh, out[0]);
@@ -400,23 +437,33 @@ __device__ __forceinline__ void w4_wg_gemm_r(float (&acc)[4 * NT], const uint8_t
             cp_async_commit();
         }
         wg_fence();
+        constexpr int co = G4 ? c * (STAGE / 16) : 0;
+        if (NN == 32 && n16) {
 #pragma unroll
-        for (int j = 0; j < 4; j++) wg_mma<NN>(acc, av[j], dc + 2 * j);
+            for (int j = 0; j < 4; j++) wg_mma<16>(acc, av[j], dc + (co + 2 * j));
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; j++) wg_mma<NN>(acc, av[j], dc + (co + 2 * j));
+        }
         if constexpr (SPLIT) { /* no branch between the MMAs and their commit: one group */
 #pragma unroll
-            for (int j = 0; j < 4; j++) wg_mma<NN>(acc, av[j], dc + HALF / 16 + 2 * j);
+            for (int j = 0; j < 4; j++) wg_mma<NN>(acc, av[j], dc + (co + HALF / 16 + 2 * j));
         }
         wg_commit();
-        dc = dc == d0 + (NSL - 1) * (STAGE / 16) ? d0 : dc + STAGE / 16;
+        if constexpr (!G4) dc = dc == d0 + (NSL - 1) * (STAGE / 16) ? d0 : dc + STAGE / 16;
+        else if constexpr (c == 3) dc = dc == d0 + (NSL - 4) * (STAGE / 16) ? d0 : dc + 4 * (STAGE / 16);
+        if constexpr (EARLY && c < 3) codes(std::integral_constant<int, c + 1>());
         wg_wait<1>(); /* MMAs v - 1 are done: an is free */
         if constexpr (c < 3) {
             decode(std::integral_constant<int, c + 1>(), an);
         } else if (G + 1 < ng) {
             group(G + 1);
+            if constexpr (EARLY) codes(std::integral_constant<int, 0>());
             decode(std::integral_constant<int, 0>(), an);
         }
     };
     group(0);
+    if constexpr (EARLY) codes(std::integral_constant<int, 0>());
     decode(std::integral_constant<int, 0>(), a0);
     for (int G = 0; G < ng; G++) {
         step(G, std::integral_constant<int, 0>(), a0, a1);
@@ -454,8 +501,13 @@ __device__ __forceinline__ void w4_wg_gemm_s(float (&acc)[4 * NT], const uint8_t
 #pragma unroll
             for (int i = 0; i < 4 * NT; i++) pa[i] = 0.f;
             w4_wg_gemm_r<NT, ST, WR, CPS, 32, false, true>(pa, rec, rowp, lo, ng, nv, sm, ring, nrec);
+            if (((W4_WG_N16 >> (NT / 4 - 1)) & 1) && nv <= 8) { /* the halves were rows 0..7 and 8..15 of an N = 16 set */
 #pragma unroll
-            for (int i = 0; i < 8; i++) acc[i] = pa[i] + pa[i + 8];
+                for (int i = 0; i < 4; i++) acc[i] = pa[i] + pa[i + 4];
+            } else {
+#pragma unroll
+                for (int i = 0; i < 8; i++) acc[i] = pa[i] + pa[i + 8];
+            }
             return;
         }
     }
