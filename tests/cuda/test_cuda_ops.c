@@ -634,15 +634,24 @@ TEST(cuda_w4_moe_ragged)
         for (int tile = 0; tile < W4_N_TILES; tile++) {
             if (!w4_tile_fits(w4_tiles[tile], w4_smem_budget(0), NULL, 0) || !w4_tile_runs(w4_tiles[tile], w4_wg_supported(0), NULL, 0))
                 continue;
-            w4_set_config((W4Config){tile, 0});
-            be_moe(&gpu, dout, dx, didx, dwts, T, &dl, &c);
-            float *got = down(dout, (size_t)T * D);
-            if (split) EXPECT_CLOSE(got, ref, (size_t)T * D, TOL_W4, "ragged moe, split activations, tile %d", tile);
-            if (!ref0) ref0 = got;
-            else {
-                EXPECT_CLOSE(got, ref0, (size_t)T * D, TOL_W4, "ragged moe, split %d, tile %d against tile 0", split, tile);
-                free(got);
+            /* tiles 13, 28 and 30 with the hot class: the experts of more than two token tiles'
+             * pairs on tile 29 (the default: 32 on tile 13, 64 on tile 30, 128 on tile 28), of more
+             * than 63 (64 and 65 change class), and without it */
+            const int hots[] = {-1, 63, 0};
+            for (int hi = 0; hi < (tile == 13 || tile == 28 || tile == 30 ? 3 : 1); hi++) {
+                w4_set_moe_hot(hots[hi]);
+                w4_set_config((W4Config){tile, 0});
+                be_moe(&gpu, dout, dx, didx, dwts, T, &dl, &c);
+                float *got = down(dout, (size_t)T * D);
+                if (split) EXPECT_CLOSE(got, ref, (size_t)T * D, TOL_W4, "ragged moe, split activations, tile %d, hot %d", tile, hots[hi]);
+                if (!ref0) ref0 = got;
+                else {
+                    EXPECT_CLOSE(got, ref0, (size_t)T * D, TOL_W4, "ragged moe, split %d, tile %d, hot %d against tile 0", split, tile,
+                                 hots[hi]);
+                    free(got);
+                }
             }
+            w4_set_moe_hot(-1);
         }
         /* the wg ring tiles' persistent blocks: 3 blocks that each run many (token tile, row block)
          * items, asking for the next one's weights while they finish one; and a block an item */
@@ -665,11 +674,12 @@ TEST(cuda_w4_moe_ragged)
     /* the decode tiles' gate/up -> down pair (down launched with programmatic dependent launch
      * on sm_90) captured in a graph and replayed with new activations: the down kernel must read
      * the h its gate/up wrote in the same replay */
-    const int gtiles[] = {12, 0, 29}; /* 29: 5 persistent blocks, each running many items every replay */
-    for (int gi = 0; gi < 3; gi++) {
+    const int gtiles[] = {12, 0, 29, 30, 13}; /* 29: 5 persistent blocks, each running many items every replay;
+                                               * 30 and 13: their hot classes on tile 29 (13: the permuted copy) */
+    for (int gi = 0; gi < 5; gi++) {
         int tile = gtiles[gi];
-        if (tile == 29 && !w4_wg_supported(0)) continue;
-        if (tile == 29) w4_set_wg_persist(1, 5);
+        if (tile >= 29 && !w4_wg_supported(0)) continue;
+        if (tile >= 29 || tile == 13) w4_set_wg_persist(1, 5);
         w4_set_config((W4Config){tile, 0});
         void *graph = NULL;
         for (int round = 0; round < 3; round++) {

@@ -149,6 +149,35 @@ extern "C" void w4_set_wg_persist(int on, int max_blocks)
 
 static int w4_wg_persist(void) { return w4_switch(w4_wg_persist_force, &w4_wg_persist_env, "MOESERVE_W4_WG_PERSIST", "0"); }
 
+/* Hot experts (sm_90a, beside the ring tiles 28 and 30 and the mma.sync tile 13): an expert with
+ * more than `hot` pairs of a call runs on tile 29 (128 tokens a tile), the others on the call's
+ * tile: the routing kernel lists the two classes' token tiles apart and each class runs its own
+ * gate/up and down (beside tile 13 on a second copy of the activations, in the wg order). With
+ * skewed routing a few experts hold many pairs, and on the small tiles each of their token tiles
+ * decoded the expert's weights again. The threshold: two of the call's token tiles (tile 13: 32
+ * pairs, tile 30: 64, tile 28: 128; session 13: with 64 on tile 28, split activations at 2048
+ * tokens random were 3% slower), or MOESERVE_W4_MOE_HOT=N pairs (0: off); w4_set_moe_hot for
+ * tests (-1: back to the environment and the default). */
+static int w4_moe_hot_force = -1, w4_moe_hot_env = -2;
+
+extern "C" void w4_set_moe_hot(int pairs) { w4_moe_hot_force = pairs; }
+
+static int w4_moe_hot(int mt)
+{
+    if (w4_moe_hot_force >= 0) return w4_moe_hot_force;
+    if (w4_moe_hot_env == -2) {
+        const char *e = getenv("MOESERVE_W4_MOE_HOT");
+        char *end = NULL;
+        long v = e && *e ? strtol(e, &end, 10) : -1;
+        if (e && *e && (*end || v < 0 || v > 1 << 20)) {
+            log_warn("MOESERVE_W4_MOE_HOT=%s: expected a number of pairs (0: off); using the default", e);
+            v = -1;
+        }
+        w4_moe_hot_env = (int)v;
+    }
+    return w4_moe_hot_env >= 0 ? w4_moe_hot_env : 2 * mt;
+}
+
 /* ---- dense ---- */
 
 /* block: W4_WARPS row tiles x 8 NT tokens x one K split. splits == 1: out = acc * gscale + bias;
@@ -946,14 +975,19 @@ __device__ __forceinline__ void w4_tile_facts(const int *tile_e, const int *tile
  * to BF16 meanwhile. The order of the pairs inside an expert's list depends on the atomics, but
  * each pair's result does not (every token column of the MMA is computed alone). */
 static __global__ void w4_route_kernel(int *rows, int *tile_e, int *tile_base, int *n_tiles, int *ctr, const int *idx, int P,
-                                       int E, int MT, __nv_bfloat16 *xb, const float *x, int64_t nx, int split, int perm_d)
+                                       int E, int MT, __nv_bfloat16 *xb, const float *x, int64_t nx, int split, int perm_d,
+                                       int hot, int MTB, int *tile_eb, int *tile_baseb, int *n_tilesb, int *ctrb,
+                                       __nv_bfloat16 *xbp, int d)
 {
-    if (blockIdx.x > 0) { /* perm_d: rows of perm_d, each stored permuted for the wg tiles (w4_wg_perm) */
-        for (int64_t i = (blockIdx.x - 1) * (int64_t)blockDim.x + threadIdx.x; i < nx; i += (int64_t)(gridDim.x - 1) * blockDim.x)
+    if (blockIdx.x > 0) { /* perm_d: rows of perm_d, each stored permuted for the wg tiles (w4_wg_perm); xbp: the
+                           * rows (of d) permuted again there for the hot class, beside an mma.sync tile */
+        for (int64_t i = (blockIdx.x - 1) * (int64_t)blockDim.x + threadIdx.x; i < nx; i += (int64_t)(gridDim.x - 1) * blockDim.x) {
             w4_split_store(xb, perm_d ? i - i % perm_d + w4_wg_perm((int)(i % perm_d)) : i, nx, x[i], split);
+            if (xbp) w4_split_store(xbp, i - i % d + w4_wg_perm((int)(i % d)), nx, x[i], split);
+        }
         return;
     }
-    __shared__ int cnt[1024], sc[1024], st[1024], fill[1024];
+    __shared__ int cnt[1024], sc[1024], st[1024], sb[1024], fill[1024];
     int e = threadIdx.x;
     cnt[e] = 0;
     fill[e] = 0;
@@ -961,15 +995,19 @@ static __global__ void w4_route_kernel(int *rows, int *tile_e, int *tile_base, i
     for (int i = threadIdx.x; i < P; i += blockDim.x)
         if (idx[i] >= 0) atomicAdd(&cnt[idx[i]], 1); /* -1: another rank's expert (EP) */
     __syncthreads();
-    int c = e < E ? cnt[e] : 0, nt = (c + MT - 1) / MT;
+    /* hot > 0: an expert of more than hot pairs is listed in the hot class (tiles of MTB) */
+    int c = e < E ? cnt[e] : 0, hb = hot > 0 && c > hot;
+    int nt = hb ? 0 : (c + MT - 1) / MT, ntb = hb ? (c + MTB - 1) / MTB : 0;
     sc[e] = c;
     st[e] = nt;
+    sb[e] = ntb;
     __syncthreads();
     for (int d = 1; d < 1024; d <<= 1) {
-        int a = e >= d ? sc[e - d] : 0, b = e >= d ? st[e - d] : 0;
+        int a = e >= d ? sc[e - d] : 0, b = e >= d ? st[e - d] : 0, bb = e >= d ? sb[e - d] : 0;
         __syncthreads();
         sc[e] += a;
         st[e] += b;
+        sb[e] += bb;
         __syncthreads();
     }
     int off = sc[e] - c;
@@ -979,9 +1017,18 @@ static __global__ void w4_route_kernel(int *rows, int *tile_e, int *tile_base, i
             tile_e[t0 + k] = e | min(MT, c - k * MT) << W4_TILE_M_SHIFT; /* the expert, and the tile's tokens above it */
             tile_base[t0 + k] = off + k * MT;               /* the tile's first pair in the sorted list */
         }
+        t0 = sb[e] - ntb;
+        for (int k = 0; k < ntb; k++) {
+            tile_eb[t0 + k] = e | min(MTB, c - k * MTB) << W4_TILE_M_SHIFT;
+            tile_baseb[t0 + k] = off + k * MTB;
+        }
     }
-    if (e == 1023) *n_tiles = st[1023];
+    if (e == 1023) {
+        *n_tiles = st[1023];
+        if (hot > 0) *n_tilesb = sb[1023];
+    }
     if (e == 0) ctr[0] = ctr[1] = 0; /* the wg ring kernels' item counters (gate/up, down) */
+    if (e == 0 && hot > 0) ctrb[0] = ctrb[1] = 0;
     sc[e] = off; /* exclusive offsets, for the listing */
     __syncthreads();
     for (int i = threadIdx.x; i < P; i += blockDim.x) {
@@ -1459,9 +1506,30 @@ int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const f
     if (w4_tiles[tile].pf == 3) tile = 12;                  /* the stream-K dense tiles: the MoE decode tile */
     int NT = w4_tiles[tile].nt, MT = 8 * NT;
     int max_tiles = P / MT + (E < P ? E : P);
-    int *ibuf = (int *)cuda_scratch(be, SCR_MOE_COUNT, (size_t)(3 + 2 * (P + E)) * sizeof(int));
+    /* the hot class (w4_moe_hot): tile 29 for the experts of more than hot pairs, where the call's
+     * tile is 13, 28 or 30 and tile 29 runs and fits */
+    int hot = 0, dev = cuda_state(be)->device;
+    if ((tile == 28 || tile == 30 || tile == 13) && w4_wg_supported(dev) && (hot = w4_moe_hot(MT)) > 0 &&
+        !w4_tile_fits(w4_tiles[29], w4_smem_budget(dev), NULL, 0))
+        hot = 0;
+    /* beside tile 13 (mma.sync: the activations in their own order) tile 29 reads a permuted copy,
+     * in scratch that a graph being captured cannot grow (cuda_reserve sizes it up to 512 tokens) */
+    __nv_bfloat16 *xbp = NULL;
+    if (hot > 0 && tile == 13) {
+        size_t need = (size_t)2 * T * D * sizeof(__nv_bfloat16);
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        CUDA_CHECK(cudaStreamIsCapturing(st, &cs));
+        if (cs == cudaStreamCaptureStatusNone || need <= cuda_state(be)->scratch_cap[SCR_W4_XP])
+            xbp = (__nv_bfloat16 *)cuda_scratch(be, SCR_W4_XP, need);
+        else
+            hot = 0;
+    }
+    const int MTB = 8 * w4_tiles[29].nt, max_tiles_b = P / MTB + P / (hot + 1) + 1;
+    const size_t nlist = (size_t)3 + 2 * (P + E); /* a class's ints: its tile count, its lists, its counters */
+    int *ibuf = (int *)cuda_scratch(be, SCR_MOE_COUNT, 2 * nlist * sizeof(int));
     int *n_tiles = ibuf, *tile_e = n_tiles + 1,
         *tile_base = tile_e + (P + E), *ctr = tile_base + (P + E);
+    int *n_tiles_b = ibuf + nlist, *tile_e_b = n_tiles_b + 1, *tile_base_b = tile_e_b + (P + E), *ctr_b = tile_base_b + (P + E);
     int *rows = (int *)cuda_scratch(be, SCR_MOE_ROWS, (size_t)P * sizeof(int));
     int split = w4_split_act();
     size_t xlo = split ? (size_t)T * D : 0, hlo = split ? (size_t)P * F : 0;
@@ -1472,7 +1540,7 @@ int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const f
     int nb = 1 + (int)(nx / 4096 < 512 ? (nx + 4095) / 4096 : 512);
     int wg = w4_tiles[tile].pf == 2;
     w4_route_kernel<<<nb, 1024, 0, st>>>(rows, tile_e, tile_base, n_tiles, ctr, idx, P, E, MT, xb, x, nx, split,
-                                         wg ? D : 0);
+                                         wg ? D : 0, hot, MTB, tile_e_b, tile_base_b, n_tiles_b, ctr_b, xbp, D);
     LAUNCH_CHECK("w4_route_kernel");
     int rpb = W4_WARPS / w4_tiles[tile].ks; /* row tiles per block */
     int rpb_gu = w4_tiles[tile].ss ? W4_WARPS / 2 : rpb; /* gate and up on two warps a row tile */
@@ -1496,6 +1564,8 @@ int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const f
         default: W4_MOE_WG(4, 4, 0, 1); break;
         }
 #undef W4_MOE_WG
+        if (hot > 0) /* the hot experts' tiles */
+            w4_moe_wg<16, 4, 3, 1>(st, max_tiles_b, h, xb, y, tb, E, K, rows, tile_e_b, tile_base_b, n_tiles_b, ctr_b, D, F, xlo, hlo);
         moe_combine_cuda(be, out, y, wts, idx, T, K, D);
         return -1;
     }
@@ -1533,6 +1603,8 @@ int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const f
 #undef W4_MOE_T
 #undef W4_MOE_F
 #undef W4_MOE_SP
+    if (hot > 0 && xbp) /* the hot experts' tiles, on the permuted copy */
+        w4_moe_wg<16, 4, 3, 1>(st, max_tiles_b, h, xbp, y, tb, E, K, rows, tile_e_b, tile_base_b, n_tiles_b, ctr_b, D, F, xlo, hlo);
     moe_combine_cuda(be, out, y, wts, idx, T, K, D);
     return -1;
 }

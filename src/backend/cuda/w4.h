@@ -128,6 +128,10 @@ void w4_set_act_split(int on);
  * the environment's. max_blocks > 0 caps the persistent grid (tests: a few blocks that each run
  * many items). */
 void w4_set_wg_persist(int on, int max_blocks);
+/* The MoE's hot class on sm_90a: with tile 13, 28 or 30, the experts of more than `pairs` pairs
+ * of a call run on tile 29 (0: off; -1: MOESERVE_W4_MOE_HOT or the default, two of the call's
+ * token tiles) */
+void w4_set_moe_hot(int pairs);
 /* The shared memory budget per block: the device's opt-in limit, or a simulated one (tests:
  * the 99 KB and 101 KB of sm_120 parts); 0 restores the device's. */
 void w4_set_smem_budget(size_t bytes);
