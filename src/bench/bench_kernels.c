@@ -13,7 +13,7 @@
 
 #define BK_USAGE "moeserve bench kernels [--device N] [--tokens 1,8,64,256,512,2048,8192] [--rows 1,2,4,8,16,64,256,4096] " \
                  "[--routing random,skewed] [--iters N] [--no-moe] [--no-dense] [--v0] [--torch FILE] [--json FILE] " \
-                 "[--tile 0..35] [--splits N]"
+                 "[--tile 0..35] [--splits N] [--warmup-ms N]"
 
 #define BK_MAX_LIST 64
 #define BK_MAX_TILE 35 /* the last W4A16 tile (w4.h's W4_N_TILES - 1) */
@@ -38,7 +38,7 @@ static int parse_list(const char *s, int *out)
 
 int bench_kernels_main(int argc, char **argv)
 {
-    int device = 0, iters = 20, no_moe = 0, no_dense = 0, v0 = 0, help = 0, tile = -1, splits = 0;
+    int device = 0, iters = 20, no_moe = 0, no_dense = 0, v0 = 0, help = 0, tile = -1, splits = 0, warmup_ms = 0;
     const char *tokens_s = "1,8,64,256,512,2048,8192", *rows_s = "1,2,4,8,16,64,256,4096", *routing_s = "random,skewed";
     const char *torch_path = NULL, *json_path = NULL;
     for (int i = 1; i < argc; i++) {
@@ -46,7 +46,8 @@ int bench_kernels_main(int argc, char **argv)
             opt_str(argc, argv, &i, "--tokens", &tokens_s) || opt_str(argc, argv, &i, "--rows", &rows_s) ||
             opt_str(argc, argv, &i, "--routing", &routing_s) || opt_str(argc, argv, &i, "--torch", &torch_path) ||
             opt_str(argc, argv, &i, "--json", &json_path) || opt_int(argc, argv, &i, "--tile", 0, BK_MAX_TILE, &tile) ||
-            opt_int(argc, argv, &i, "--splits", 0, 64, &splits) || opt_flag(argv, &i, "--no-moe", &no_moe) ||
+            opt_int(argc, argv, &i, "--splits", 0, 64, &splits) || opt_int(argc, argv, &i, "--warmup-ms", 0, 60000, &warmup_ms) ||
+            opt_flag(argv, &i, "--no-moe", &no_moe) ||
             opt_flag(argv, &i, "--no-dense", &no_dense) || opt_flag(argv, &i, "--v0", &v0) || opt_flag(argv, &i, "--help", &help))
             continue;
         opt_unknown("bench kernels", argv[i], BK_USAGE);
@@ -65,10 +66,11 @@ int bench_kernels_main(int argc, char **argv)
     if (cuda_device_count() == 0) fatal("bench kernels: no CUDA device is available (the kernels it times are the GPU's)");
     BenchKernelsOpts o = {.device = device, .iters = iters, .tokens = tokens, .n_tokens = n_tokens, .rows = rows,
                           .n_rows = n_rows, .random = random, .skewed = skewed, .no_moe = no_moe, .no_dense = no_dense,
-                          .v0 = v0, .torch_path = torch_path, .json_path = json_path, .tile = tile, .splits = splits};
+                          .v0 = v0, .torch_path = torch_path, .json_path = json_path, .tile = tile, .splits = splits,
+                          .warmup_ms = warmup_ms};
     return cuda_bench_kernels(&o);
 #else
-    (void)device; (void)iters; (void)no_moe; (void)no_dense; (void)v0; (void)torch_path; (void)json_path; (void)splits; (void)tile;
+    (void)device; (void)iters; (void)no_moe; (void)no_dense; (void)v0; (void)torch_path; (void)json_path; (void)splits; (void)tile; (void)warmup_ms;
     fatal("bench kernels: this build has no CUDA backend (nvcc was not found at build time)");
 #endif
 }

@@ -168,6 +168,7 @@ typedef struct {
     const char *torch_path;            /* tools/bench_torch_moe.py JSON lines, or NULL */
     const char *json_path;             /* results appended as JSON lines, or NULL */
     int tile, splits;                  /* W4Config override (-1, 0: the choice) */
+    int warmup_ms;                     /* replays before the first timing (a tenth, <= 100 ms, before each other); 0: none */
 } BenchKernelsOpts;
 int cuda_bench_kernels(const BenchKernelsOpts *o);
 
