@@ -267,7 +267,7 @@ extern "C" int cuda_bench_kernels(const BenchKernelsOpts *o)
     printf("device: %s\n", name);
     /* the warm-up: warmup_ms of replays before the first timing, a tenth of it (at most 100 ms)
      * before each of the others (g_case_warm_s) */
-    g_case_warm_s = o->warmup_ms > 0 ? std::max(o->warmup_ms * 1e-3, 0.0) : 0;
+    g_case_warm_s = o->warmup_ms * 1e-3;
     double case_warm = std::min(o->warmup_ms * 1e-4, 0.1);
 
     /* ---- ceilings ---- */
@@ -282,7 +282,7 @@ extern "C" int cuda_bench_kernels(const BenchKernelsOpts *o)
         copy_kernel<<<sms * 8, 512, 0, st>>>((uint4 *)dst, (const uint4 *)src, big / 16);
         LAUNCH_CHECK("copy_kernel");
     });
-    g_case_warm_s = o->warmup_ms > 0 ? case_warm : 0;
+    g_case_warm_s = case_warm;
     double t_read = time_graph(&be, iters, [&] {
         read_kernel<<<sms * 8, 512, 0, st>>>((const uint4 *)src, big / 16, sink);
         LAUNCH_CHECK("read_kernel");

@@ -1011,17 +1011,16 @@ static __global__ void w4_route_kernel(int *rows, int *tile_e, int *tile_base, i
         __syncthreads();
     }
     int off = sc[e] - c;
+    /* expert e's n tiles of mt pairs from list entry t0: the kernels read a tile's facts in one round of loads */
+    auto list = [&](int *te, int *tb, int t0, int n, int mt) {
+        for (int k = 0; k < n; k++) {
+            te[t0 + k] = e | min(mt, c - k * mt) << W4_TILE_M_SHIFT; /* the expert, and the tile's tokens above it */
+            tb[t0 + k] = off + k * mt;                               /* the tile's first pair in the sorted list */
+        }
+    };
     if (e < E) {
-        int t0 = st[e] - nt;
-        for (int k = 0; k < nt; k++) { /* the kernels read a tile's facts in one round of loads */
-            tile_e[t0 + k] = e | min(MT, c - k * MT) << W4_TILE_M_SHIFT; /* the expert, and the tile's tokens above it */
-            tile_base[t0 + k] = off + k * MT;               /* the tile's first pair in the sorted list */
-        }
-        t0 = sb[e] - ntb;
-        for (int k = 0; k < ntb; k++) {
-            tile_eb[t0 + k] = e | min(MTB, c - k * MTB) << W4_TILE_M_SHIFT;
-            tile_baseb[t0 + k] = off + k * MTB;
-        }
+        list(tile_e, tile_base, st[e] - nt, nt, MT);
+        list(tile_eb, tile_baseb, sb[e] - ntb, ntb, MTB);
     }
     if (e == 1023) {
         *n_tiles = st[1023];
@@ -1546,6 +1545,15 @@ int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const f
     int rpb_gu = w4_tiles[tile].ss ? W4_WARPS / 2 : rpb; /* gate and up on two warps a row tile */
     dim3 gf(max_tiles, cdiv(F / 16, rpb_gu)), gd(max_tiles, cdiv(D / 16, rpb));
     const QTensor *tb = lw->exp_table;
+    /* after the call's tile: the hot experts' tiles (on the activations in the wg order: xb beside a
+     * wg tile, the permuted copy beside tile 13), then the weighted combine */
+    auto finish = [&]() {
+        if (hot > 0)
+            w4_moe_wg<16, 4, 3, 1>(st, max_tiles_b, h, xbp ? xbp : xb, y, tb, E, K, rows, tile_e_b, tile_base_b, n_tiles_b, ctr_b,
+                                   D, F, xlo, hlo);
+        moe_combine_cuda(be, out, y, wts, idx, T, K, D);
+        return -1;
+    };
     if (wg) {
 #define W4_MOE_WG(NTV, STV, WRV, CPSV)                                                                                     \
     CHECK(w4_tiles[tile].nt == NTV && w4_tiles[tile].st == STV && w4_tiles[tile].wr == WRV &&                           \
@@ -1564,10 +1572,7 @@ int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const f
         default: W4_MOE_WG(4, 4, 0, 1); break;
         }
 #undef W4_MOE_WG
-        if (hot > 0) /* the hot experts' tiles */
-            w4_moe_wg<16, 4, 3, 1>(st, max_tiles_b, h, xb, y, tb, E, K, rows, tile_e_b, tile_base_b, n_tiles_b, ctr_b, D, F, xlo, hlo);
-        moe_combine_cuda(be, out, y, wts, idx, T, K, D);
-        return -1;
+        return finish();
     }
     if (w4_tiles[tile].pf) {
         /* the pf tiles (w4_tiles.c), by index */
@@ -1580,8 +1585,7 @@ int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const f
         default: W4_MOE_PF(4, 3); break;
         }
 #undef W4_MOE_PF
-        moe_combine_cuda(be, out, y, wts, idx, T, K, D);
-        return -1;
+        return finish();
     }
 #define W4_MOE_SP(NTV, STV, KSV, SPV, SSV)                                                                               \
     W4_SET_SMEM2(w4_moe_gateup_kernel, NTV, STV, KSV, SPV, SSV);                                                            \
@@ -1603,10 +1607,7 @@ int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const f
 #undef W4_MOE_T
 #undef W4_MOE_F
 #undef W4_MOE_SP
-    if (hot > 0 && xbp) /* the hot experts' tiles, on the permuted copy */
-        w4_moe_wg<16, 4, 3, 1>(st, max_tiles_b, h, xbp, y, tb, E, K, rows, tile_e_b, tile_base_b, n_tiles_b, ctr_b, D, F, xlo, hlo);
-    moe_combine_cuda(be, out, y, wts, idx, T, K, D);
-    return -1;
+    return finish();
 }
 
 extern "C" int w4_moe_ready(const LayerWeights *lw, const ModelConfig *c)

@@ -142,6 +142,15 @@ __device__ __forceinline__ void cp_async16_s(uint32_t saddr, const void *gmem)
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(saddr), "l"(gmem));
 }
 
+/* Whether a call of the ring GEMM (w4_wg_gemm_r, the N = 32 instantiation) with nv tokens runs N = 16
+ * MMAs: tiles of 8 NT tokens whose bit of W4_WG_N16 is set, at most 16 tokens, or 8 packed (high and
+ * low halves as rows 0..7 and 8..15). w4_wg_gemm_s folds the packed halves by the same answer. */
+template <int NT, bool PK>
+__device__ __forceinline__ bool wg_n16(int nv)
+{
+    return ((W4_WG_N16 >> (NT / 4 - 1)) & 1) && nv <= (PK ? 8 : 16);
+}
+
 /* The weight ring (WR > 0): each warp streams its records through WR slots of its own in shared
  * memory, one bulk copy (the TMA engine, cp.async.bulk) of a whole 2304-byte record a slot,
  * completing on the slot's mbarrier; WR - 1 records are in flight while the warp decodes, and
@@ -318,7 +327,7 @@ __device__ __forceinline__ void w4_wg_gemm_r(float (&acc)[4 * NT], const uint8_t
     constexpr int NSL = ONE ? 2 * ST : ST, CP = ONE ? 2 * CPS : CPS; /* chunk slots; chunks a stage */
     /* N = 16 where this call's tokens allow (NN = 32, plain or packed: at most 16 tokens, 8
      * packed): the same loop, half the MMA work; ph: the rows of each packed half */
-    const bool n16 = ((W4_WG_N16 >> (NT / 4 - 1)) & 1) && NN == 32 && !SPLIT && nv <= (PK ? 8 : 16);
+    const bool n16 = NN == 32 && !SPLIT && wg_n16<NT, PK>(nv);
     const int ph = n16 ? 8 : NN / 2;
     constexpr int SP = NSL / CP; /* stages of CP chunks: one barrier and one commit group a stage */
     static_assert(4 % CP == 0, "a record group's 4 chunks in whole stages");
@@ -501,7 +510,7 @@ __device__ __forceinline__ void w4_wg_gemm_s(float (&acc)[4 * NT], const uint8_t
 #pragma unroll
             for (int i = 0; i < 4 * NT; i++) pa[i] = 0.f;
             w4_wg_gemm_r<NT, ST, WR, CPS, 32, false, true>(pa, rec, rowp, lo, ng, nv, sm, ring, nrec);
-            if (((W4_WG_N16 >> (NT / 4 - 1)) & 1) && nv <= 8) { /* the halves were rows 0..7 and 8..15 of an N = 16 set */
+            if (wg_n16<NT, true>(nv)) { /* the halves were rows 0..7 and 8..15 of an N = 16 set */
 #pragma unroll
                 for (int i = 0; i < 4; i++) acc[i] = pa[i] + pa[i + 4];
             } else {
