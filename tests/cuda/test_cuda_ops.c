@@ -615,7 +615,10 @@ TEST(cuda_w4_moe_ragged)
     Rng r;
     rng_seed(&r, 23);
     const int E = 16, K = 4, T = 300, D = 768, F = 512;
-    const int counts[16] = {0, 1, 63, 64, 65, 300, 299, 200, 208, 0, 0, 0, 0, 0, 0, 0}; /* 1200 pairs = T K */
+    /* 1200 pairs = T K; the last token tile of an expert takes every MMA N of the ring tiles (wg_nn):
+     * on tile 29 (128 tokens) 1 -> 16, 20 -> 24, 37 -> 40, 43/44 -> 48, 53 -> 56, 63/64 -> 64, 65 -> 80,
+     * 90 -> 96, 103/105 -> 112, 128; on tile 28 (64) and 30 (32) the residues of 64 and 32 likewise */
+    const int counts[16] = {0, 1, 63, 64, 65, 300, 299, 20, 37, 53, 90, 105, 103, 0, 0, 0};
     ModelConfig c = moe_cfg(E, K, 1, 1, D, F, 0);
     LayerWeights hl, dl;
     TW *ws = experts_make(&r, QF_NVFP4, 1, E, D, F, &hl, &dl);
@@ -634,9 +637,9 @@ TEST(cuda_w4_moe_ragged)
         for (int tile = 0; tile < W4_N_TILES; tile++) {
             if (!w4_tile_fits(w4_tiles[tile], w4_smem_budget(0), NULL, 0) || !w4_tile_runs(w4_tiles[tile], w4_wg_supported(0), NULL, 0))
                 continue;
-            /* tiles 13, 28 and 30 with the hot class: the experts of more than two token tiles'
-             * pairs on tile 29 (the default: 32 on tile 13, 64 on tile 30, 128 on tile 28), of more
-             * than 63 (64 and 65 change class), and without it */
+            /* tiles 13, 28 and 30 with the hot class: the experts of more than its default pairs on
+             * tile 29 (32 on tile 13, 64 on tiles 30 and 28), of more than 63 (64 and 65 change
+             * class), and without it */
             const int hots[] = {-1, 63, 0};
             for (int hi = 0; hi < (tile == 13 || tile == 28 || tile == 30 ? 3 : 1); hi++) {
                 w4_set_moe_hot(hots[hi]);

@@ -106,9 +106,11 @@ TEST(w4_pf_tiles)
     EXPECT(w4_default_tile(W4_MOE, 16, 104 * 1024, 1, 0) == 30, "sm_90a, 16 pairs on 104 KB: tile 30 (105920 B)");
     EXPECT(w4_default_tile(W4_MOE, 16, 103 * 1024, 1, 0) == 4, "sm_90a, 16 pairs on 103 KB: tile 4 (27 needs more than 30)");
     EXPECT(w4_default_tile(W4_MOE, 48, 227 * 1024, 1, 0) == 28, "sm_90a, 48 pairs: tile 28");
-    EXPECT(w4_default_tile(W4_MOE, 64, 227 * 1024, 1, 0) == 29, "sm_90a, 64 pairs: tile 29");
-    EXPECT(w4_default_tile(W4_MOE, 72, 227 * 1024, 1, 1) == 28, "sm_90a, 72 pairs, split activations: tile 28");
-    EXPECT(w4_default_tile(W4_MOE, 73, 227 * 1024, 1, 1) == 29, "sm_90a, 73 pairs, split activations: tile 29");
+    EXPECT(w4_default_tile(W4_MOE, 64, 227 * 1024, 1, 0) == 28, "sm_90a, 64 pairs: tile 28");
+    EXPECT(w4_default_tile(W4_MOE, 128, 227 * 1024, 1, 0) == 28, "sm_90a, 128 pairs: tile 28");
+    EXPECT(w4_default_tile(W4_MOE, 129, 227 * 1024, 1, 0) == 29, "sm_90a, 129 pairs: tile 29");
+    EXPECT(w4_default_tile(W4_MOE, 128, 227 * 1024, 1, 1) == 28, "sm_90a, 128 pairs, split activations: tile 28");
+    EXPECT(w4_default_tile(W4_MOE, 129, 227 * 1024, 1, 1) == 29, "sm_90a, 129 pairs, split activations: tile 29");
     EXPECT(w4_default_tile(W4_MOE, 56, 227 * 1024, 1, 1) == 28, "sm_90a, 56 pairs, split activations: tile 28");
     EXPECT(w4_default_tile(W4_MOE, 256, 227 * 1024, 1, 0) == 29, "sm_90a, 256 pairs: tile 29");
     EXPECT(w4_default_tile(W4_MOE, 256, 150 * 1024, 1, 0) == 23, "sm_90a on 150 KB: tile 23 (tiles 29 and 24 need 184 and 194 KB)");

@@ -154,15 +154,16 @@ static int w4_wg_persist(void) { return w4_switch(w4_wg_persist_force, &w4_wg_pe
  * tile: the routing kernel lists the two classes' token tiles apart and each class runs its own
  * gate/up and down (beside tile 13 on a second copy of the activations, in the wg order). With
  * skewed routing a few experts hold many pairs, and on the small tiles each of their token tiles
- * decoded the expert's weights again. The threshold: two of the call's token tiles (tile 13: 32
- * pairs, tile 30: 64, tile 28: 128; session 13: with 64 on tile 28, split activations at 2048
- * tokens random were 3% slower), or MOESERVE_W4_MOE_HOT=N pairs (0: off); w4_set_moe_hot for
- * tests (-1: back to the environment and the default). */
+ * decoded the expert's weights again. The threshold: two of the call's token tiles on tiles 13
+ * and 30 (32 and 64 pairs), one on tile 28 (64; session 13 measured 128 better there, before the
+ * MMAs' N followed an expert's last token tile; session 14: 64 is 5-10% faster at 2048 tokens,
+ * where tile 28 now runs up to 128 pairs an expert), or MOESERVE_W4_MOE_HOT=N pairs (0: off);
+ * w4_set_moe_hot for tests (-1: back to the environment and the default). */
 static int w4_moe_hot_force = -1, w4_moe_hot_env = -2;
 
 extern "C" void w4_set_moe_hot(int pairs) { w4_moe_hot_force = pairs; }
 
-static int w4_moe_hot(int mt)
+static int w4_moe_hot(int tile, int mt)
 {
     if (w4_moe_hot_force >= 0) return w4_moe_hot_force;
     if (w4_moe_hot_env == -2) {
@@ -175,7 +176,7 @@ static int w4_moe_hot(int mt)
         }
         w4_moe_hot_env = (int)v;
     }
-    return w4_moe_hot_env >= 0 ? w4_moe_hot_env : 2 * mt;
+    return w4_moe_hot_env >= 0 ? w4_moe_hot_env : tile == 28 ? mt : 2 * mt;
 }
 
 /* ---- dense ---- */
@@ -1508,7 +1509,7 @@ int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const f
     /* the hot class (w4_moe_hot): tile 29 for the experts of more than hot pairs, where the call's
      * tile is 13, 28 or 30 and tile 29 runs and fits */
     int hot = 0, dev = cuda_state(be)->device;
-    if ((tile == 28 || tile == 30 || tile == 13) && w4_wg_supported(dev) && (hot = w4_moe_hot(MT)) > 0 &&
+    if ((tile == 28 || tile == 30 || tile == 13) && w4_wg_supported(dev) && (hot = w4_moe_hot(tile, MT)) > 0 &&
         !w4_tile_fits(w4_tiles[29], w4_smem_budget(dev), NULL, 0))
         hot = 0;
     /* beside tile 13 (mma.sync: the activations in their own order) tile 29 reads a permuted copy,

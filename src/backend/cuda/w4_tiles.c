@@ -126,7 +126,11 @@ static int first_fit(const int *prefs, int n, size_t budget, int wg)
  * and tile 30's 2.00-2.02, skewed 1.88-1.89 against 2.05-2.09 and 1.93-1.95; 320 tokens 1.86-1.90
  * against tile 30's 2.07-2.09, skewed even; 384 tokens random 2% faster than tile 30, skewed 6%
  * slower; 192 tokens even with tile 12, 128 tokens 14% slower). With split activations tile 13
- * is the slowest at 256 tokens (2.98 ms against tile 30's 1.91). */
+ * is the slowest at 256 tokens (2.98 ms against tile 30's 1.91). Session 14 (the MMAs' N follows
+ * an expert's last token tile; tile 28's hot class from 64 pairs, w4.cu): tile 28 up to 128 pairs
+ * in both forms (2048 tokens BF16 random 3.52-3.61 ms against tile 29's 3.78-3.85, skewed 3.88-3.97
+ * against 4.33-4.35; 4096 even random, 6% faster skewed; split 2048 random 5% faster, skewed even,
+ * 4096 even random, 3% faster skewed); from 129 pairs tile 29 as before. */
 int w4_default_tile(W4Kind kind, double rows, size_t budget, int wg, int split)
 {
     static const int big[] = {7, 4, 3, 0}, mid[] = {4, 3, 0}, pf[] = {19, 20, 21, 7, 4, 3, 0};
@@ -136,7 +140,7 @@ int w4_default_tile(W4Kind kind, double rows, size_t budget, int wg, int split)
         if (wg && !split && rows > 6 && rows <= 11) return first_fit((const int[]){13, 12, 0}, 3, budget, wg);
         if (wg && rows > (split ? 6 : 8)) {
             if (rows <= (split ? 36 : 24)) return first_fit(ring30, 5, budget, wg);
-            if (rows <= (split ? 72 : 56)) return first_fit(ring28, 10, budget, wg);
+            if (rows <= 128) return first_fit(ring28, 10, budget, wg);
             return first_fit(ring29, 10, budget, wg);
         }
         if (rows <= 8) return first_fit((const int[]){12, 0}, 2, budget, wg);

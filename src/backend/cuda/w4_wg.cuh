@@ -5,9 +5,9 @@
  * A block is 2 warpgroups (256 threads). Each warp decodes its own W4P row tile (16 rows) into
  * registers exactly as w4_tile does; the 4 warps of a warpgroup hold one 64-row A operand in the
  * register layout wgmma takes (the mma.sync m16n8k16 A fragment, warp w holding rows 16 w ..),
- * and one wgmma m64nNk16 multiplies it by N = 32, 64 or 128 tokens staged in shared memory: a
- * decoded weight fragment now feeds up to 128 tokens (32 in the pf tiles) and the MMA runs
- * asynchronously while the warp decodes the next chunk.
+ * and one wgmma m64nNk16 multiplies it by N = 32, 64, 96 or 128 tokens staged in shared memory
+ * (or fewer, wg_nn): a decoded weight fragment now feeds up to 128 tokens (32 in the pf tiles)
+ * and the MMA runs asynchronously while the warp decodes the next chunk.
  *
  * B (the tokens) is read by the hardware through a shared-memory descriptor: K-major rows of 64
  * BF16 (128 bytes) in the 128-byte swizzle (16-byte unit u of row r at u ^ (r % 8)), 8-row groups
@@ -49,6 +49,15 @@ __host__ __device__ __forceinline__ int w4_wg_perm(int k)
 #ifndef W4_WG_N16 /* bit NT / 4 - 1: the ring tiles of 8 NT tokens run a token tile of at most 16 tokens (8 packed) as N = 16 MMAs */
 #define W4_WG_N16 0xF
 #endif
+#ifndef W4_WG_NFINE /* bit NT / 4 - 1: the ring tiles of 8 NT tokens run MMAs of the N of a token tile's valid tokens (wg_nn) */
+#define W4_WG_NFINE 0x3
+#endif
+#ifndef W4_WG_NFINE_SPLIT /* the same with split activations */
+#define W4_WG_NFINE_SPLIT 0x2
+#endif
+#ifndef W4_WG_N29 /* tile 29 (128 tokens) has an N = 96 instantiation beside 32, 64 and 128 */
+#define W4_WG_N29 1
+#endif
 #ifndef W4_WG_EARLY_CODES /* tile 29 (128 tokens) reads a chunk's codes from the ring one MMA wait before their decode */
 #define W4_WG_EARLY_CODES 1
 #endif
@@ -88,12 +97,24 @@ __device__ __forceinline__ void fence_proxy_async()
 #endif
 }
 
+/* wgmma m64nNk16 (BF16 in, FP32 accumulators d[0 .. N/2), A from registers, B by descriptor), at
+ * the N a token tile's valid tokens need (wg_nn, w4_wg_gemm_s) */
 __device__ __forceinline__ void wg_mma_n16(float *d, const uint32_t *a, uint64_t desc)
 {
 #if W4_WG_ARCH
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+#endif
+}
+
+__device__ __forceinline__ void wg_mma_n24(float *d, const uint32_t *a, uint64_t desc)
+{
+#if W4_WG_ARCH
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n24k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11}, {%12, %13, %14, %15}, %16, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
 #endif
 }
@@ -108,12 +129,52 @@ __device__ __forceinline__ void wg_mma_n32(float *d, const uint32_t *a, uint64_t
 #endif
 }
 
+__device__ __forceinline__ void wg_mma_n40(float *d, const uint32_t *a, uint64_t desc)
+{
+#if W4_WG_ARCH
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n40k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19}, {%20, %21, %22, %23}, %24, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+#endif
+}
+
+__device__ __forceinline__ void wg_mma_n48(float *d, const uint32_t *a, uint64_t desc)
+{
+#if W4_WG_ARCH
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23}, {%24, %25, %26, %27}, %28, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+#endif
+}
+
+__device__ __forceinline__ void wg_mma_n56(float *d, const uint32_t *a, uint64_t desc)
+{
+#if W4_WG_ARCH
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n56k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27}, {%28, %29, %30, %31}, %32, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+#endif
+}
+
 __device__ __forceinline__ void wg_mma_n64(float *d, const uint32_t *a, uint64_t desc)
 {
 #if W4_WG_ARCH
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+#endif
+}
+
+__device__ __forceinline__ void wg_mma_n96(float *d, const uint32_t *a, uint64_t desc)
+{
+#if W4_WG_ARCH
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47}, {%48, %49, %50, %51}, %52, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
 #endif
 }
@@ -131,9 +192,16 @@ __device__ __forceinline__ void wg_mma_n128(float *d, const uint32_t *a, uint64_
 template <int NN>
 __device__ __forceinline__ void wg_mma(float *d, const uint32_t *a, uint64_t desc)
 {
+    static_assert(NN == 16 || NN == 24 || NN == 32 || NN == 40 || NN == 48 || NN == 56 || NN == 64 || NN == 96 || NN == 128,
+                  "an N the wgmma wrappers cover");
     if constexpr (NN == 128) wg_mma_n128(d, a, desc);
+    else if constexpr (NN == 96) wg_mma_n96(d, a, desc);
     else if constexpr (NN == 64) wg_mma_n64(d, a, desc);
+    else if constexpr (NN == 56) wg_mma_n56(d, a, desc);
+    else if constexpr (NN == 48) wg_mma_n48(d, a, desc);
+    else if constexpr (NN == 40) wg_mma_n40(d, a, desc);
     else if constexpr (NN == 32) wg_mma_n32(d, a, desc);
+    else if constexpr (NN == 24) wg_mma_n24(d, a, desc);
     else wg_mma_n16(d, a, desc);
 }
 
@@ -149,6 +217,55 @@ template <int NT, bool PK>
 __device__ __forceinline__ bool wg_n16(int nv)
 {
     return ((W4_WG_N16 >> (NT / 4 - 1)) & 1) && nv <= (PK ? 8 : 16);
+}
+
+/* Whether the ring tiles of 8 NT tokens run the MMAs of their N = NN (32 or 64) instantiation at
+ * finer N (W4_WG_NFINE, W4_WG_NFINE_SPLIT: bit NT / 4 - 1) */
+template <int NT, int NN, bool SPLIT>
+__device__ __forceinline__ constexpr bool wg_fine()
+{
+    return (((SPLIT ? W4_WG_NFINE_SPLIT : W4_WG_NFINE) >> (NT / 4 - 1)) & 1) && (NN == 32 || NN == 64);
+}
+
+/* The N a call of the ring GEMM's N = NN instantiation runs its MMAs at, for nv valid tokens: the
+ * smallest multiple of 8 that holds them, down to NN / 2 + 8 (the next smaller instantiation takes
+ * fewer tokens), or to 16 where wg_n16 allows: the tensor work of an expert's last token tile
+ * follows its tokens. Packed halves (PK) take 16 or 32 (their low halves start at row N / 2). */
+template <int NT, int NN, bool PK, bool SPLIT>
+__device__ __forceinline__ int wg_nn(int nv)
+{
+    if (NN == 32 && wg_n16<NT, PK>(nv)) return 16;
+    if (PK || !wg_fine<NT, NN, SPLIT>()) return NN;
+    const int n = (nv + 7) / 8 * 8;
+    return n < NN ? n : NN;
+}
+
+/* The 4 MMAs of a chunk (k16 steps j, B at descriptor dd + 2 j) at N = nn (wg_nn). Session 14: a
+ * run-time choice among MMA sets in the loop (N = 32: 16, 24, 32; N = 64: 40 to 64) costs tile 29
+ * (1 block an SM, 128 tokens) more than the MMA work it saves (+3% at 2048 tokens, +9% at 8192
+ * with choices in its N = 128 set too: the sets' blocks are scheduled apart), and gains on tiles
+ * 28 and 30; tile 29 takes more instantiations instead (w4_wg_gemm_s). */
+template <int NT, int NN, bool SPLIT>
+__device__ __forceinline__ void wg_mma_chunk(float *acc, const uint32_t (&av)[4][4], uint64_t dd, int nn)
+{
+    auto four = [&](auto m) {
+#pragma unroll
+        for (int j = 0; j < 4; j++) wg_mma<decltype(m)::value>(acc, av[j], dd + 2 * j);
+    };
+    using std::integral_constant;
+    constexpr bool F = wg_fine<NT, NN, SPLIT>();
+    if constexpr (NN == 32) {
+        if (nn == 16) four(integral_constant<int, 16>());
+        else if (F && nn == 24) four(integral_constant<int, 24>());
+        else four(integral_constant<int, 32>());
+    } else if constexpr (NN == 64 && F) {
+        if (nn <= 40) four(integral_constant<int, 40>());
+        else if (nn == 48) four(integral_constant<int, 48>());
+        else if (nn == 56) four(integral_constant<int, 56>());
+        else four(integral_constant<int, 64>());
+    } else {
+        four(integral_constant<int, NN>());
+    }
 }
 
 /* The weight ring (WR > 0): each warp streams its records through WR slots of its own in shared
@@ -323,12 +440,13 @@ __device__ __forceinline__ void w4_wg_gemm_r(float (&acc)[4 * NT], const uint8_t
      * stage twice the chunks: one barrier, one proxy fence and one commit group per 2 CPS chunks
      * (W4_WG_ONE_HALF=0 at build time: the split layout for every form, as before session 12). */
     constexpr bool ONE = !SPLIT && W4_WG_ONE_HALF;
-    constexpr int NR = 8 * NT, HALF = NR * W4_WG_ROW_BYTES, STAGE = ONE ? HALF : 2 * HALF, CH = NN / 32;
+    /* CH: copy passes of 32 rows (rows from nv on are never copied) */
+    constexpr int NR = 8 * NT, HALF = NR * W4_WG_ROW_BYTES, STAGE = ONE ? HALF : 2 * HALF, CH = (NN + 31) / 32;
     constexpr int NSL = ONE ? 2 * ST : ST, CP = ONE ? 2 * CPS : CPS; /* chunk slots; chunks a stage */
-    /* N = 16 where this call's tokens allow (NN = 32, plain or packed: at most 16 tokens, 8
-     * packed): the same loop, half the MMA work; ph: the rows of each packed half */
-    const bool n16 = NN == 32 && !SPLIT && wg_n16<NT, PK>(nv);
-    const int ph = n16 ? 8 : NN / 2;
+    /* the MMAs' N for this call's tokens (wg_nn): the same loop, less MMA work; ph: the rows of
+     * each packed half */
+    const int nn = wg_nn<NT, NN, PK, SPLIT>(nv);
+    const int ph = nn / 2;
     constexpr int SP = NSL / CP; /* stages of CP chunks: one barrier and one commit group a stage */
     static_assert(4 % CP == 0, "a record group's 4 chunks in whole stages");
     const int lane = threadIdx.x & 31, u = threadIdx.x & 7, r0 = threadIdx.x >> 3;
@@ -447,17 +565,8 @@ __device__ __forceinline__ void w4_wg_gemm_r(float (&acc)[4 * NT], const uint8_t
         }
         wg_fence();
         constexpr int co = G4 ? c * (STAGE / 16) : 0;
-        if (NN == 32 && n16) {
-#pragma unroll
-            for (int j = 0; j < 4; j++) wg_mma<16>(acc, av[j], dc + (co + 2 * j));
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; j++) wg_mma<NN>(acc, av[j], dc + (co + 2 * j));
-        }
-        if constexpr (SPLIT) { /* no branch between the MMAs and their commit: one group */
-#pragma unroll
-            for (int j = 0; j < 4; j++) wg_mma<NN>(acc, av[j], dc + (co + HALF / 16 + 2 * j));
-        }
+        wg_mma_chunk<NT, NN, SPLIT>(acc, av, dc + co, nn);
+        if constexpr (SPLIT) wg_mma_chunk<NT, NN, SPLIT>(acc, av, dc + (co + HALF / 16), nn); /* the same commit group */
         wg_commit();
         if constexpr (!G4) dc = dc == d0 + (NSL - 1) * (STAGE / 16) ? d0 : dc + STAGE / 16;
         else if constexpr (c == 3) dc = dc == d0 + (NSL - 4) * (STAGE / 16) ? d0 : dc + 4 * (STAGE / 16);
@@ -521,6 +630,14 @@ __device__ __forceinline__ void w4_wg_gemm_s(float (&acc)[4 * NT], const uint8_t
         }
     }
     if constexpr (NT == 16) {
+        if constexpr (W4_WG_N29 && WR > 0) { /* tile 29: N = 96 too (wg_mma_chunk says why; session 14: an N = 48
+                                              * one as well spills 96-124 bytes, 5-6% slower at 4096-8192 tokens) */
+            if (nv > 96) w4_wg_gemm_nr<NT, ST, WR, CPS, 128, SPLIT>(acc, rec, rowp, lo, ng, nv, sm, ring, nrec);
+            else if (nv > 64) w4_wg_gemm_nr<NT, ST, WR, CPS, 96, SPLIT>(acc, rec, rowp, lo, ng, nv, sm, ring, nrec);
+            else if (nv > 32) w4_wg_gemm_nr<NT, ST, WR, CPS, 64, SPLIT>(acc, rec, rowp, lo, ng, nv, sm, ring, nrec);
+            else w4_wg_gemm_nr<NT, ST, WR, CPS, 32, SPLIT>(acc, rec, rowp, lo, ng, nv, sm, ring, nrec);
+            return;
+        }
         if (nv > 64) {
             w4_wg_gemm_nr<NT, ST, WR, CPS, 128, SPLIT>(acc, rec, rowp, lo, ng, nv, sm, ring, nrec);
             return;
