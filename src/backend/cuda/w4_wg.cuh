@@ -5,7 +5,7 @@
  * A block is 2 warpgroups (256 threads). Each warp decodes its own W4P row tile (16 rows) into
  * registers exactly as w4_tile does; the 4 warps of a warpgroup hold one 64-row A operand in the
  * register layout wgmma takes (the mma.sync m16n8k16 A fragment, warp w holding rows 16 w ..),
- * and one wgmma m64nNk16 multiplies it by N = 32, 64, 96 or 128 tokens staged in shared memory
+ * and one wgmma m64nNk16 multiplies it by N = 32, 64, 80 or 128 tokens staged in shared memory
  * (or fewer, wg_nn): a decoded weight fragment now feeds up to 128 tokens (32 in the pf tiles)
  * and the MMA runs asynchronously while the warp decodes the next chunk.
  *
@@ -55,7 +55,7 @@ __host__ __device__ __forceinline__ int w4_wg_perm(int k)
 #ifndef W4_WG_NFINE_SPLIT /* the same with split activations */
 #define W4_WG_NFINE_SPLIT 0x2
 #endif
-#ifndef W4_WG_N29 /* tile 29 (128 tokens) has an N = 96 instantiation beside 32, 64 and 128 */
+#ifndef W4_WG_N29 /* tile 29 (128 tokens) has an N = 80 instantiation beside 32, 64 and 128 */
 #define W4_WG_N29 1
 #endif
 #ifndef W4_WG_EARLY_CODES /* tile 29 (128 tokens) reads a chunk's codes from the ring one MMA wait before their decode */
@@ -169,12 +169,12 @@ __device__ __forceinline__ void wg_mma_n64(float *d, const uint32_t *a, uint64_t
 #endif
 }
 
-__device__ __forceinline__ void wg_mma_n96(float *d, const uint32_t *a, uint64_t desc)
+__device__ __forceinline__ void wg_mma_n80(float *d, const uint32_t *a, uint64_t desc)
 {
 #if W4_WG_ARCH
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47}, {%48, %49, %50, %51}, %52, p, 1, 1, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+                 "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39}, {%40, %41, %42, %43}, %44, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
 #endif
 }
@@ -192,10 +192,10 @@ __device__ __forceinline__ void wg_mma_n128(float *d, const uint32_t *a, uint64_
 template <int NN>
 __device__ __forceinline__ void wg_mma(float *d, const uint32_t *a, uint64_t desc)
 {
-    static_assert(NN == 16 || NN == 24 || NN == 32 || NN == 40 || NN == 48 || NN == 56 || NN == 64 || NN == 96 || NN == 128,
+    static_assert(NN == 16 || NN == 24 || NN == 32 || NN == 40 || NN == 48 || NN == 56 || NN == 64 || NN == 80 || NN == 128,
                   "an N the wgmma wrappers cover");
     if constexpr (NN == 128) wg_mma_n128(d, a, desc);
-    else if constexpr (NN == 96) wg_mma_n96(d, a, desc);
+    else if constexpr (NN == 80) wg_mma_n80(d, a, desc);
     else if constexpr (NN == 64) wg_mma_n64(d, a, desc);
     else if constexpr (NN == 56) wg_mma_n56(d, a, desc);
     else if constexpr (NN == 48) wg_mma_n48(d, a, desc);
@@ -244,7 +244,9 @@ __device__ __forceinline__ int wg_nn(int nv)
  * run-time choice among MMA sets in the loop (N = 32: 16, 24, 32; N = 64: 40 to 64) costs tile 29
  * (1 block an SM, 128 tokens) more than the MMA work it saves (+3% at 2048 tokens, +9% at 8192
  * with choices in its N = 128 set too: the sets' blocks are scheduled apart), and gains on tiles
- * 28 and 30; tile 29 takes more instantiations instead (w4_wg_gemm_s). */
+ * 28 and 30; tile 29 takes one more instantiation instead, N = 80 (w4_wg_gemm_s: at 2048 tokens
+ * random, 2-4% faster than one at 96, which was 6% faster than none; with both, or one at 48
+ * beside 96, ptxas spills 96-124 bytes and 4096-8192 tokens are 5-10% slower). */
 template <int NT, int NN, bool SPLIT>
 __device__ __forceinline__ void wg_mma_chunk(float *acc, const uint32_t (&av)[4][4], uint64_t dd, int nn)
 {
@@ -630,10 +632,9 @@ __device__ __forceinline__ void w4_wg_gemm_s(float (&acc)[4 * NT], const uint8_t
         }
     }
     if constexpr (NT == 16) {
-        if constexpr (W4_WG_N29 && WR > 0) { /* tile 29: N = 96 too (wg_mma_chunk says why; session 14: an N = 48
-                                              * one as well spills 96-124 bytes, 5-6% slower at 4096-8192 tokens) */
-            if (nv > 96) w4_wg_gemm_nr<NT, ST, WR, CPS, 128, SPLIT>(acc, rec, rowp, lo, ng, nv, sm, ring, nrec);
-            else if (nv > 64) w4_wg_gemm_nr<NT, ST, WR, CPS, 96, SPLIT>(acc, rec, rowp, lo, ng, nv, sm, ring, nrec);
+        if constexpr (W4_WG_N29 && WR > 0) { /* tile 29: N = 80 too (wg_mma_chunk says why) */
+            if (nv > 80) w4_wg_gemm_nr<NT, ST, WR, CPS, 128, SPLIT>(acc, rec, rowp, lo, ng, nv, sm, ring, nrec);
+            else if (nv > 64) w4_wg_gemm_nr<NT, ST, WR, CPS, 80, SPLIT>(acc, rec, rowp, lo, ng, nv, sm, ring, nrec);
             else if (nv > 32) w4_wg_gemm_nr<NT, ST, WR, CPS, 64, SPLIT>(acc, rec, rowp, lo, ng, nv, sm, ring, nrec);
             else w4_wg_gemm_nr<NT, ST, WR, CPS, 32, SPLIT>(acc, rec, rowp, lo, ng, nv, sm, ring, nrec);
             return;
