@@ -13,10 +13,10 @@
 
 #define BK_USAGE "moeserve bench kernels [--device N] [--tokens 1,8,64,256,512,2048,8192] [--rows 1,2,4,8,16,64,256,4096] " \
                  "[--routing random,skewed] [--iters N] [--no-moe] [--no-dense] [--v0] [--torch FILE] [--json FILE] " \
-                 "[--tile 0..35] [--splits N] [--warmup-ms N]"
+                 "[--tile 0..36] [--splits N] [--warmup-ms N]"
 
 #define BK_MAX_LIST 64
-#define BK_MAX_TILE 35 /* the last W4A16 tile (w4.h's W4_N_TILES - 1) */
+#define BK_MAX_TILE 36 /* the last W4A16 tile (w4.h's W4_N_TILES - 1) */
 
 #ifdef MOESERVE_CUDA
 _Static_assert(W4_N_TILES == BK_MAX_TILE + 1, "--tile's range is the tile table's");

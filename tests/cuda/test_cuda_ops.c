@@ -445,7 +445,9 @@ TEST(cuda_w4_matmul)
                         * share row tiles, warps with no record, two token tiles of 8 */
                        {5, 4096, 768}, {16, 2112, 1024}, {12, 8192, 512},
                        /* split activations' packed halves (one n8 tile: up to 4 rows), at the limit */
-                       {4, 4096, 768}};
+                       {4, 4096, 768},
+                       /* the wg ring tile for dense rows (N % 128 == 0, up to 32 rows): K split 4 and 8 ways */
+                       {32, 1024, 2048}, {20, 384, 4096}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int T = shapes[s][0], N = shapes[s][1], K = shapes[s][2], ldx = K + 16, ldo = N + 8;
         TW w = tw_make_w4(&r, N, K);
@@ -453,12 +455,17 @@ TEST(cuda_w4_matmul)
         float *ref = calloc((size_t)T * ldo, 4);
         matmul_cpu(&cpu, ref, ldo, x, ldx, T, &w.host, bias);
         float *dx = up(x, (size_t)T * ldx * 4), *db = up(bias, N * 4), *dout = be_alloc(&gpu, (size_t)T * ldo * 4);
-        /* the built-in choice (the BF16 + cuBLASLt route from 256 rows), then every tile that fits */
+        /* the built-in choice (the BF16 + cuBLASLt route from 256 rows), then every tile that fits
+         * (tile 36 runs where N % 128 == 0 and T <= 32, else its fallback: counted) */
+        const int wg_runs = w4_wg_supported(0) && N % 128 == 0 && T <= 32;
         for (int tile = -1; tile < W4_N_TILES; tile++) {
             if (tile >= 0 && (!w4_tile_fits(w4_tiles[tile], w4_smem_budget(0), NULL, 0) || !w4_tile_runs(w4_tiles[tile], w4_wg_supported(0), NULL, 0))) continue;
             w4_set_config((W4Config){tile, 0});
             w4_set_lt_rows(tile >= 0 ? 0 : -1);
+            long wg_calls = w4_dense_wg_calls();
             be_matmul(&gpu, OP_GEMM_MLP, dout, ldo, dx, ldx, T, &w.dev, db);
+            if (tile == W4_DENSE_WG_TILE)
+                EXPECT(w4_dense_wg_calls() - wg_calls == wg_runs, "T %d N %d: tile 36 %s", T, N, wg_runs ? "did not run" : "ran");
             float *got = down(dout, (size_t)T * ldo);
             EXPECT_CLOSE(got, ref, (size_t)T * ldo, TOL_W4, "w4 matmul T %d N %d K %d tile %d", T, N, K, tile);
             free(got);
@@ -471,9 +478,21 @@ TEST(cuda_w4_matmul)
         matmul_cpu(&cpu, ref, ldo, xr, ldx, T, &w.host, bias);
         w4_set_act_split(0);
         be_matmul(&gpu, OP_GEMM_MLP, dout, ldo, dx, ldx, T, &w.dev, db);
-        w4_set_act_split(-1);
         float *got = down(dout, (size_t)T * ldo);
         EXPECT_CLOSE(got, ref, (size_t)T * ldo, TOL_F32, "w4 matmul, BF16 activations, T %d N %d K %d", T, N, K);
+        if (w4_wg_supported(0)) { /* tile 36 (wgmma) with plain BF16 activations too */
+            w4_set_config((W4Config){W4_DENSE_WG_TILE, 0});
+            w4_set_lt_rows(0);
+            long wg_calls = w4_dense_wg_calls();
+            be_matmul(&gpu, OP_GEMM_MLP, dout, ldo, dx, ldx, T, &w.dev, db);
+            EXPECT(w4_dense_wg_calls() - wg_calls == wg_runs, "T %d N %d, BF16: tile 36 %s", T, N, wg_runs ? "did not run" : "ran");
+            w4_set_lt_rows(-1);
+            w4_set_config((W4Config){-1, 0});
+            free(got);
+            got = down(dout, (size_t)T * ldo);
+            EXPECT_CLOSE(got, ref, (size_t)T * ldo, TOL_F32, "w4 matmul on tile 36, BF16 activations, T %d N %d K %d", T, N, K);
+        }
+        w4_set_act_split(-1);
         free(got); free(xr);
         free(x); free(bias); free(ref);
         be_free(&gpu, dx); be_free(&gpu, db); be_free(&gpu, dout);

@@ -33,8 +33,8 @@ TEST(w4_tile_smem_and_budgets)
     /* the pf tiles: 19 (64 tokens, 3 stages) is over both, 20 (2 stages) and 21 (32 tokens) fit 99 KB;
      * the wg tiles: 22 (128 tokens, 4 stages, 130 KB) and 24 (6 stages, 194 KB) are over both,
      * 23 (3 stages, 98 KB), 25 and 26 fit 99 KB; the ring tiles 27 (108032 B), 28 (106176 B) and 29
-     * (188608 B) fit neither */
-    EXPECT(rejected99 == 14 && rejected101 == 13, "rejected: %d at 99 KB, %d at 101 KB", rejected99, rejected101);
+     * (188608 B) fit neither, nor 30 and 36 (105920 B) */
+    EXPECT(rejected99 == 15 && rejected101 == 14, "rejected: %d at 99 KB, %d at 101 KB", rejected99, rejected101);
 }
 
 TEST(w4_pf_tiles)
@@ -58,7 +58,7 @@ TEST(w4_pf_tiles)
     W4Tile wtwin = w4_tiles[W4_WG_DENSE_TWIN];
     EXPECT(!wtwin.pf && !wtwin.ss, "the wg twin is a dense tile");
     for (int i = 0; i < W4_N_TILES; i++)
-        if (w4_tiles[i].pf && w4_tiles[i].pf != 3) EXPECT(w4_tile_smem(w4_tiles[i].pf == 2 ? wtwin : twin) <= w4_tile_smem(w4_tiles[i]), "tile %d: twin needs more", i);
+        if (w4_tiles[i].pf && w4_tiles[i].pf < 3) EXPECT(w4_tile_smem(w4_tiles[i].pf == 2 ? wtwin : twin) <= w4_tile_smem(w4_tiles[i]), "tile %d: twin needs more", i);
     /* wg tiles: stages of 2 halves x 8 nt rows x 128 B, 1 KB of alignment slack, the row pointers */
     for (int i = 22; i < 31; i++) EXPECT(w4_tiles[i].pf == 2, "tile %d is a wg tile", i);
     for (int i = 0; i < 27; i++) EXPECT(w4_tiles[i].wr == 0, "tile %d has no weight ring", i);
@@ -71,17 +71,20 @@ TEST(w4_pf_tiles)
     EXPECT(w4_tile_fits(w4_tiles[29], 227 * 1024, NULL, 0), "tile 29 fits the H200");
     EXPECT(w4_tile_smem(w4_tiles[30]) == 6 * 2 * 32 * 128 + 1024 + 8 * 3 * 2312 + 32 * 8 && w4_tile_smem(w4_tiles[30]) == 105920,
            "tile 30: %zu B", w4_tile_smem(w4_tiles[30]));
-    for (int i = 0; i < W4_N_TILES; i++) EXPECT(w4_tiles[i].sc == (i == 30 ? 2 : 0), "tile %d: %d chunks a stage", i, w4_tiles[i].sc);
+    for (int i = 0; i < W4_N_TILES; i++) EXPECT(w4_tiles[i].sc == (i == 30 || i == 36 ? 2 : 0), "tile %d: %d chunks a stage", i, w4_tiles[i].sc);
     /* the dense ring tiles: tile 10's (3 K-split warps' sums, the row pointers) plus 4 warps x wr records */
     EXPECT(w4_tile_smem(w4_tiles[31]) == w4_tile_smem(w4_tiles[10]) + 4 * 3 * 2304, "tile 31: %zu B", w4_tile_smem(w4_tiles[31]));
     EXPECT(w4_tile_smem(w4_tiles[33]) == w4_tile_smem(w4_tiles[11]) + 4 * 3 * 2304, "tile 33: %zu B", w4_tile_smem(w4_tiles[33]));
     for (int i = 31; i < 34; i++) EXPECT(w4_tiles[i].pf == 0 && w4_tiles[i].st == 0 && w4_tiles[i].wr >= 3, "tile %d", i);
     /* the stream-K tiles (dense only): 8 or 16 rows, no static shared memory (the staged rows
      * are the call's, checked at launch), so they fit any budget */
-    for (int i = 34; i < W4_N_TILES; i++)
+    for (int i = 34; i < 36; i++)
         EXPECT(w4_tiles[i].pf == 3 && w4_tiles[i].nt == i - 33 && w4_tile_smem(w4_tiles[i]) == 0 &&
                    w4_tile_fits(w4_tiles[i], 99 * 1024, NULL, 0) && w4_tile_runs(w4_tiles[i], 0, NULL, 0), "tile %d", i);
     EXPECT(2 * (w4_tile_smem(w4_tiles[30]) + 1024) <= 228 * 1024, "tile 30: two blocks an SM");
+    /* tile 36 (dense only): tile 30's GEMM, its shared memory, wgmma */
+    EXPECT(W4_DENSE_WG_TILE == 36 && w4_tiles[36].pf == 4 && w4_tile_smem(w4_tiles[36]) == w4_tile_smem(w4_tiles[30]), "tile 36");
+    EXPECT(!w4_tile_runs(w4_tiles[36], 0, why, sizeof why) && strstr(why, "sm_90a") && w4_tile_runs(w4_tiles[36], 1, NULL, 0), "%s", why);
     EXPECT(w4_tile_smem(w4_tiles[22]) == 4 * 2 * 128 * 128 + 1024 + 128 * 8, "tile 22: %zu B", w4_tile_smem(w4_tiles[22]));
     EXPECT(w4_tile_smem(w4_tiles[25]) == 5 * 2 * 64 * 128 + 1024 + 64 * 8, "tile 25: %zu B", w4_tile_smem(w4_tiles[25]));
     EXPECT(!w4_tile_fits(w4_tiles[22], 227 * 1024 / 2, why, sizeof why) && strstr(why, "4 stages x 2 halves x 128 tokens"), "%s", why);
@@ -127,7 +130,10 @@ TEST(w4_pf_tiles)
             EXPECT(w4_default_tile(W4_DENSE, rows, 99 * 1024, split, split) == 34, "dense %d rows, split %d: tile 34", rows, split);
     EXPECT(w4_default_tile(W4_DENSE, 9, 227 * 1024, 1, 1) == 35 && w4_default_tile(W4_DENSE, 16, 227 * 1024, 1, 0) == 35,
            "9-16 rows: tile 35");
-    EXPECT(w4_default_tile(W4_DENSE, 17, 227 * 1024, 1, 0) == 4, "17 rows: tile 4");
+    EXPECT(w4_default_tile(W4_DENSE, 17, 227 * 1024, 1, 0) == 36 && w4_default_tile(W4_DENSE, 32, 227 * 1024, 1, 1) == 36,
+           "17-32 rows with wgmma: tile 36");
+    EXPECT(w4_default_tile(W4_DENSE, 17, 227 * 1024, 0, 0) == 4 && w4_default_tile(W4_DENSE, 33, 227 * 1024, 1, 0) == 4 &&
+               w4_default_tile(W4_DENSE, 24, 101 * 1024, 1, 0) == 4, "17 rows without wgmma, 33 rows, 101 KB: tile 4");
     EXPECT(w4_sk_fallback(1, 227 * 1024, 1) == 31, "dense 1 row, split activations: tile 31");
     EXPECT(w4_sk_fallback(8, 99 * 1024, 1) == 31, "dense 8 rows, split, 99 KB: tile 31");
     EXPECT(w4_sk_fallback(1, 227 * 1024, 0) == 10, "dense 1 row, BF16 activations: tile 10");
@@ -137,7 +143,8 @@ TEST(w4_pf_tiles)
         for (size_t b = 48 * 1024; b <= 227 * 1024; b += 1024)
             for (int wg = 0; wg < 2; wg++) {
                 int t = w4_default_tile(W4_DENSE, rows, b, wg, 1);
-                EXPECT(!w4_tiles[t].pf || (w4_tiles[t].pf == 3 && rows <= 16), "dense %.0f rows: a pf tile", rows);
+                EXPECT(!w4_tiles[t].pf || (w4_tiles[t].pf == 3 && rows <= 16) || (w4_tiles[t].pf == 4 && rows <= 32 && wg),
+                       "dense %.0f rows: a pf tile", rows);
                 t = w4_sk_fallback(rows, b, 1);
                 EXPECT(!w4_tiles[t].pf && w4_tile_fits(w4_tiles[t], b, NULL, 0), "dense %.0f rows: fallback tile %d", rows, t);
                 t = w4_default_tile(W4_MOE, rows, b, wg, rows > 1000);
@@ -196,4 +203,30 @@ TEST(w4_table_cache_file)
     fputs("{\"moe\": {}", f);
     fclose(f);
     EXPECT(w4_table_load(&u, path, err, sizeof err) < 0, "malformed JSON accepted");
+}
+
+/* w4.h's multiply form of decode register 2 against the two-shift form it replaces: it depends
+ * only on its 8 source bits, so their 256 values (under random other bits, which must not matter)
+ * cover every word */
+TEST(w4_decode_bits)
+{
+    int pos[8], n = 0;
+    for (int b = 0; b < 32; b++)
+        if (W4_SRC2 >> b & 1) pos[n++] = b;
+    ASSERT(n == 8, "%d source bits", n);
+    uint32_t rng = 12345;
+    for (int v = 0; v < 256; v++)
+        for (int rep = 0; rep < 64; rep++) {
+            rng = rng * 1664525u + 1013904223u;
+            uint32_t w = rep ? rng & ~W4_SRC2 : 0;
+            for (int i = 0; i < 8; i++) w |= (uint32_t)(v >> i & 1) << pos[i];
+            uint32_t want = ((w << 6) & W4_MAG) | ((w << 2) & W4_SIGN), got = w4_bits2(w);
+            if (got != want) {
+                EXPECT(0, "word %08x: %08x, want %08x", w, got, want);
+                return;
+            }
+        }
+    /* the eight bits the register's two codes take, and nothing else */
+    EXPECT(w4_bits2(0xFFFFFFFFu) == (W4_MAG | W4_SIGN));
+    EXPECT((W4_SRC2 & ((W4_MAG | W4_SIGN) | ((W4_MAG | W4_SIGN) >> 3))) == 0, "register 2 reads bits of its own");
 }

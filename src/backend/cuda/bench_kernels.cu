@@ -524,8 +524,8 @@ extern "C" int cuda_w4_tune(const W4TuneOpts *o)
             for (int tile = 0; tile < W4_N_TILES; tile++) {
                 W4Tile w = w4_tiles[tile];
                 char why[256];
-                if (kind == W4_DENSE && (w.ss || (w.pf && w.pf != 3))) continue; /* one weight stream: the same kernel as a twin */
-                if (kind == W4_MOE && w.pf == 3) continue; /* dense only: the MoE would run tile 12 */
+                if (kind == W4_DENSE && (w.ss || (w.pf && w.pf < 3))) continue; /* one weight stream: the same kernel as a twin */
+                if (kind == W4_MOE && w.pf >= 3) continue; /* dense only: the MoE would run tile 12 or 30 */
                 printf("%-6s %6d %5d %3d %3d %3d %3d %3d %3d %3d %8zu  ", kind == W4_MOE ? "moe" : "dense", T, tile, w.nt, w.st, w.ks,
                        w.ss, w.pf, w.wr, w.sc, w4_tile_smem(w));
                 if (!w4_tile_fits(w, budget, why, sizeof why) || !w4_tile_runs(w, wg, why, sizeof why)) {

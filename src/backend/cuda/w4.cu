@@ -103,17 +103,21 @@ __device__ __forceinline__ void w4_split_store(__nv_bfloat16 *y, int64_t i, int6
     if (split) y[n + i] = __float2bfloat16(v - __bfloat162float(h));
 }
 
-static __global__ void to_bf16_kernel(__nv_bfloat16 *y, const float *x, int ldx, int T, int K, int split)
+/* perm: each row stored permuted for the wg tiles (w4_wg_perm; K % 64 == 0) */
+static __global__ void to_bf16_kernel(__nv_bfloat16 *y, const float *x, int ldx, int T, int K, int split, int perm)
 {
     int64_t n = (int64_t)T * K;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        w4_split_store(y, i, n, x[(i / K) * ldx + i % K], split);
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i / K;
+        int k = (int)(i - r * K);
+        w4_split_store(y, perm ? r * K + w4_wg_perm(k) : i, n, x[r * ldx + k], split);
+    }
 }
 
-static void to_bf16(Backend *be, __nv_bfloat16 *y, const float *x, int ldx, int T, int K, int split)
+static void to_bf16(Backend *be, __nv_bfloat16 *y, const float *x, int ldx, int T, int K, int split, int perm = 0)
 {
     int64_t n = (int64_t)T * K;
-    to_bf16_kernel<<<cdiv(n, 256) < 65535 ? cdiv(n, 256) : 65535, 256, 0, cuda_stream(be)>>>(y, x, ldx, T, K, split);
+    to_bf16_kernel<<<cdiv(n, 256) < 65535 ? cdiv(n, 256) : 65535, 256, 0, cuda_stream(be)>>>(y, x, ldx, T, K, split, perm);
     LAUNCH_CHECK("to_bf16_kernel");
 }
 
@@ -885,6 +889,90 @@ static int w4_dense_sk(Backend *be, int tile, float *out, int ldo, const float *
     return 1;
 }
 
+/* ---- dense decode on the wg ring tile (sm_90a) ----
+ * The MoE's tile 30 GEMM (w4_wg_gemm: 2 warpgroups of 64 weight rows, wgmma with the decoded
+ * weights as A and up to 32 token rows as B, the weights through each warp's ring of records)
+ * for a dense W [N, K] and T <= 32 rows: block (rb, s) takes rows [128 rb, 128 rb + 128) over the
+ * record groups of K split s of `splits` (as many splits as fill two blocks an SM); with splits > 1
+ * the partial sums go to part[s][T][N] and w4_reduce_kernel adds them in split order (the same
+ * result every call). The activations enter as BF16 rows permuted inside each 64-column chunk
+ * (to_bf16 perm), their low halves lo elements further. */
+template <int NT, int ST, int WR, int CPS>
+static __global__ void __launch_bounds__(256, 2) w4_dense_wg_kernel(float *out, int ldo, float *part, const __nv_bfloat16 *xb,
+                                                                   size_t lo, int T, QTensor w, const float *bias, int splits)
+{
+#if W4_WG_ARCH
+    extern __shared__ __align__(16) uint8_t w4_wg_raw[];
+    uint8_t *sm = (uint8_t *)(((uintptr_t)w4_wg_raw + 1023) & ~(uintptr_t)1023);
+    __shared__ const __nv_bfloat16 *rowp[8 * NT];
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
+    const int N = (int)w.rows, K = (int)w.cols, ng = K / W4_KG, split = blockIdx.y, i = 8 * blockIdx.x + warp;
+    const int g0 = (int)((int64_t)split * ng / splits), g1 = (int)((int64_t)(split + 1) * ng / splits);
+    WgRing ring = wg_ring_init<NT, ST, WR>(sm);
+    if (threadIdx.x < 8 * NT) rowp[threadIdx.x] = xb + (size_t)min((int)threadIdx.x, T - 1) * K + (size_t)g0 * W4_KG;
+    __syncthreads();
+    float acc[4 * NT];
+    w4_wg_gemm<NT, ST, WR, CPS>(acc, w.data + ((size_t)i * ng + g0) * W4_REC, rowp, lo, g1 - g0, T, sm, ring, nullptr);
+    const float sc = w.gscale * 512.f;
+#pragma unroll
+    for (int b = 0; b < NT; b++)
+#pragma unroll
+        for (int p = 0; p < 2; p++) {
+            int slot = 8 * b + 2 * t + p, row = 16 * i + g;
+            if (slot >= T) continue;
+            float v0 = acc[4 * b + p] * sc, v1 = acc[4 * b + p + 2] * sc;
+            if (splits == 1) {
+                out[(size_t)slot * ldo + row] = v0 + (bias ? bias[row] : 0.f);
+                out[(size_t)slot * ldo + row + 8] = v1 + (bias ? bias[row + 8] : 0.f);
+            } else {
+                float *pr = part + ((size_t)split * T + slot) * N + row;
+                pr[0] = v0;
+                pr[8] = v1;
+            }
+        }
+#endif
+}
+
+static long w4_dense_wg_count;
+extern "C" long w4_dense_wg_calls(void) { return w4_dense_wg_count; }
+
+/* 1 with the GEMM launched on the wg ring tile, 0 where the call does not suit it */
+static int w4_dense_wg(Backend *be, float *out, int ldo, const float *x, int ldx, int T, const QTensor *w, const float *bias)
+{
+    int N = (int)w->rows, K = (int)w->cols, dev = cuda_state(be)->device;
+    const W4Tile tw = w4_tiles[W4_DENSE_WG_TILE];
+    if (T > 8 * tw.nt || N % 128 || !w4_wg_supported(dev) || !w4_tile_fits(tw, w4_smem_budget(dev), NULL, 0)) return 0;
+    constexpr int NT = 4, ST = 6, WR = 3, CPS = 2; /* tile 30 */
+    CHECK(tw.nt == NT && tw.st == ST && tw.wr == WR && tw.sc == CPS, "w4: tile %d is not <%d, %d, %d, %d>", W4_DENSE_WG_TILE, NT, ST,
+          WR, CPS);
+    const int smem = W4_WG_SMEM(NT, ST, WR);
+    static int ready = 0;
+    if (!ready) {
+        CUDA_CHECK(cudaFuncSetAttribute(w4_dense_wg_kernel<NT, ST, WR, CPS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        ready = 1;
+    }
+    /* splits of K: as many as one wave of two blocks an SM holds (a second, partial wave would
+     * cost a whole item's time: session 15 measured 2x), each split 2 record groups or more */
+    int rb = N / 128, ng = K / W4_KG, splits = 2 * sm_count(be) / rb;
+    if (splits > ng / 2) splits = ng / 2;
+    if (splits < 1) splits = 1;
+    int split = w4_split_act();
+    cudaStream_t st = cuda_stream(be);
+    __nv_bfloat16 *xb = (__nv_bfloat16 *)cuda_scratch(be, SCR_W4_X, (size_t)2 * T * K * sizeof(__nv_bfloat16));
+    to_bf16(be, xb, x, ldx, T, K, split, 1);
+    float *part = splits > 1 ? (float *)cuda_scratch(be, SCR_W4_PART, (size_t)splits * T * N * sizeof(float)) : NULL;
+    w4_dense_wg_kernel<NT, ST, WR, CPS><<<dim3(rb, splits), 256, smem, st>>>(out, ldo, part, xb, split ? (size_t)T * K : 0, T,
+                                                                          *w, bias, splits);
+    LAUNCH_CHECK("w4_dense_wg_kernel");
+    if (splits > 1) {
+        int64_t n = (int64_t)T * N;
+        w4_reduce_kernel<<<cdiv(n, 256) < 65535 ? cdiv(n, 256) : 65535, 256, 0, st>>>(out, ldo, part, bias, T, N, splits);
+        LAUNCH_CHECK("w4_reduce_kernel");
+    }
+    w4_dense_wg_count++;
+    return 1;
+}
+
 void w4_matmul_cuda(Backend *be, float *out, int ldo, const float *x, int ldx, int T, const QTensor *w, const float *bias)
 {
     int N = (int)w->rows, K = (int)w->cols;
@@ -894,9 +982,14 @@ void w4_matmul_cuda(Backend *be, float *out, int ldo, const float *x, int ldx, i
         return;
     }
     int tile = w4_pick(be, W4_DENSE, T, T);
-    if (w4_tiles[tile].pf == 3) { /* stream-K, where the call suits it; else the choice without it */
+    if (w4_tiles[tile].pf == 3 || w4_tiles[tile].pf == 4) {
+        /* stream-K or tile 36, where the call suits it (stream-K, then tile 36); else the choice without them */
         size_t budget = w4_smem_budget(cuda_state(be)->device);
-        if (w4_dense_sk(be, tile, out, ldo, x, ldx, T, w, bias, w4_split_act(), budget)) return;
+        if (w4_tiles[tile].pf == 3 && w4_dense_sk(be, tile, out, ldo, x, ldx, T, w, bias, w4_split_act(), budget)) return;
+        /* tile 36 where stream-K does not suit the call, but at up to 8 rows of a weight with fewer
+         * than 32 row blocks (its K split into items of 2 record groups): tile 10's K split inside a
+         * block is faster there (session 15: GLM-5 q_a at 1 row 8.7 us against 10.1) */
+        if ((w4_tiles[tile].pf == 4 || T > 8 || N >= 32 * 128) && w4_dense_wg(be, out, ldo, x, ldx, T, w, bias)) return;
         tile = w4_sk_fallback(T, budget, w4_split_act());
     }
     if (w4_tiles[tile].pf) tile = w4_tiles[tile].pf == 2 ? W4_WG_DENSE_TWIN : W4_PF_DENSE_TWIN; /* MoE-only: fits wherever the pf tile fits (test_w4_tiles) */
@@ -1504,6 +1597,7 @@ int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const f
     int tile = w4_pick(be, W4_MOE, T, (double)T * K / E);
     if (!w4_tiles[tile].pf && w4_tiles[tile].wr) tile = 10; /* the dense ring tiles: their register twin */
     if (w4_tiles[tile].pf == 3) tile = 12;                  /* the stream-K dense tiles: the MoE decode tile */
+    if (w4_tiles[tile].pf == 4) tile = 30;                  /* the dense wg tile: the MoE tile whose GEMM it runs */
     int NT = w4_tiles[tile].nt, MT = 8 * NT;
     int max_tiles = P / MT + (E < P ? E : P);
     /* the hot class (w4_moe_hot): tile 29 for the experts of more than hot pairs, where the call's

@@ -59,15 +59,13 @@ __device__ __forceinline__ uint32_t w4_scale2(uint32_t s, int p)
     return (v << 4) + 0x75007500u;
 }
 
-#define W4_MAG 0x01C001C0u
-#define W4_SIGN 0x80008000u
-
-/* One k16 step: the four A registers of word w, scaled (rows g: sg, rows g + 8: sh). */
+/* One k16 step: the four A registers of word w, scaled (rows g: sg, rows g + 8: sh); register 2
+ * takes its bits by one integer multiply (w4.h w4_bits2). */
 __device__ __forceinline__ void w4_decode(uint32_t w, uint32_t sg, uint32_t sh, uint32_t *a)
 {
     a[0] = bf16x2_mul(w & (W4_MAG | W4_SIGN), sg);
     a[1] = bf16x2_mul((w << 3) & (W4_MAG | W4_SIGN), sh);
-    a[2] = bf16x2_mul(((w << 6) & W4_MAG) | ((w << 2) & W4_SIGN), sg);
+    a[2] = bf16x2_mul(w4_bits2(w), sg);
     a[3] = bf16x2_mul((__funnelshift_l(w, w, 13) & W4_MAG) | ((w << 1) & W4_SIGN), sh);
 }
 

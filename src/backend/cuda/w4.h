@@ -6,6 +6,7 @@
 #define MOESERVE_W4_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "../backend.h"
 
@@ -38,13 +39,40 @@ typedef struct {
     int nt, st, ks, ss, pf, wr, sc;
 } W4Tile;
 
-#define W4_N_TILES 36
+/* The bits of a W4P code word that one A register of a k16 step takes (w4.cuh w4_decode): two
+ * codes' 3 magnitude bits at 6..8 of each BF16 half (W4_MAG) and their signs at bit 15 (W4_SIGN).
+ * Register 0 takes w & (MAG | SIGN), register 1 (w << 3) & (MAG | SIGN), register 3
+ * (rotl(w, 13) & MAG) | ((w << 1) & SIGN); register 2, ((w << 6) & MAG) | ((w << 2) & SIGN),
+ * takes them by one integer multiply of its masked source bits instead of two shifts (session 15:
+ * 14 instructions a word instead of 15, on the pipe the shifts ran on: ptxas issues them as
+ * IMAD.SHL): x * 68 = (x << 6) + (x << 2), whose cross terms (magnitudes << 2, signs << 6) land on
+ * bits 2-4 and 18-20 (a carry reaches bit 21 at most), none of them MAG or SIGN. Register 3 has
+ * a multiply form too, x * 0x2002 as a 64-bit product whose two words OR into the rotation, exact
+ * for every word, but the 64-bit multiply (IMAD.WIDE) made the latency-bound tiles 3-6% slower.
+ * w4_bits2 depends only on the bits it masks, so tests/unit/test_w4_tiles.c checks all 256 values
+ * of them against the shift form. */
+#define W4_MAG 0x01C001C0u
+#define W4_SIGN 0x80008000u
+#define W4_SRC2 ((W4_MAG >> 6) | (W4_SIGN >> 2))
+#ifdef __CUDACC__
+#define W4_HD __host__ __device__ __forceinline__
+#else
+#define W4_HD static inline
+#endif
+W4_HD uint32_t w4_bits2(uint32_t w) { return ((w & W4_SRC2) * 68u) & (W4_MAG | W4_SIGN); }
+
+#define W4_N_TILES 37
 
 /* pf 3 (dense only; the MoE runs tile 12): the stream-K decode GEMM (w4.cu w4_dense_sk_kernel),
  * one wave of 16-warp blocks, each block whole row tiles, each warp a contiguous run of records,
  * the activation rows of the block's token tile (up to 8 nt rows x K, BF16 halves) staged whole
  * in shared memory: the budget it needs depends on the call, which runs w4_sk_fallback's tile
- * where it is over (or the rows are more than 16, or the row tiles fewer than the wave's blocks). */
+ * where it is over (or the rows are more than 16, or the row tiles fewer than the wave's blocks).
+ * pf 4 (dense only; the MoE runs it as tile 30): tile 30's GEMM on wgmma (sm_90a) for up to 32
+ * rows, the K split over as many blocks as one wave of two an SM holds (w4.cu w4_dense_wg_kernel);
+ * its shared memory is tile 30's. A call it does not suit (N % 128, more than 32 rows) runs
+ * w4_sk_fallback's tile; the stream-K tiles run it where they do not suit the call. */
+#define W4_DENSE_WG_TILE 36
 
 /* pf tiles' shared memory (w4.cu's w4_pf_gemm): a stage holds W4_PF_RECS records' halves, each
  * 1024 bytes of codes (2 chunks) and the record's 256 bytes of scales, then 8 nt activation rows
@@ -132,6 +160,8 @@ void w4_set_wg_persist(int on, int max_blocks);
  * of a call run on tile 29 (0: off; -1: MOESERVE_W4_MOE_HOT or the default, two of the call's
  * token tiles) */
 void w4_set_moe_hot(int pairs);
+/* the dense GEMMs launched on tile 36 (W4_DENSE_WG_TILE) so far (tests) */
+long w4_dense_wg_calls(void);
 /* The shared memory budget per block: the device's opt-in limit, or a simulated one (tests:
  * the 99 KB and 101 KB of sm_120 parts); 0 restores the device's. */
 void w4_set_smem_budget(size_t bytes);

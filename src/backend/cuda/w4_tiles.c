@@ -29,13 +29,14 @@ const W4Tile w4_tiles[W4_N_TILES] = {
     {4, 6, 1, 0, 2, 3, 2}, /* 32 tokens, the ring, stages of 2 chunks (one barrier per 128 columns) */
     {1, 0, 4, 0, 0, 3, 0}, {1, 0, 4, 0, 0, 4, 0}, {2, 0, 4, 0, 0, 3, 0}, /* dense decode (10, 11) with the weights through a ring */
     {1, 0, 1, 0, 3, 0, 0}, {2, 0, 1, 0, 3, 0, 0}, /* dense decode, stream-K: one wave, activations staged whole */
+    {4, 6, 1, 0, 4, 3, 2}, /* dense decode to 32 rows on tile 30's wgmma GEMM, K split to fill a wave */
 };
 
 size_t w4_tile_smem(W4Tile t)
 {
     if (t.pf == 3) /* the static part; the staged rows depend on the call (w4.cu checks them) */
         return 0;
-    if (t.pf == 2) /* stages of 2 halves x 8 nt rows x 128 B, 1024-aligned; 8 warps' record rings and
+    if (t.pf == 2 || t.pf == 4) /* stages of 2 halves x 8 nt rows x 128 B, 1024-aligned; 8 warps' record rings and
                     * their 8-byte barriers (W4_REC: 2304 B a record); the row pointers */
         return (size_t)t.st * 2 * 8 * t.nt * 128 + 1024 + (size_t)8 * t.wr * (2304 + 8) + (size_t)8 * t.nt * sizeof(void *);
     if (t.pf) /* the stages, plus the row pointers, the block's record pointers and the tile's facts (an int4) */
@@ -51,7 +52,7 @@ int w4_tile_fits(W4Tile t, size_t budget, char *why, size_t n)
 {
     size_t need = w4_tile_smem(t);
     if (need <= budget) return 1;
-    if (why && t.pf == 2)
+    if (why && (t.pf == 2 || t.pf == 4))
         snprintf(why, n, "needs %zu B of shared memory (%d stages x 2 halves x %d tokens x 128 B, 1 KB alignment, "
                  "8 warps x %d ring records, row pointers), %zu B over the %zu B budget", need, t.st, 8 * t.nt, t.wr,
                  need - budget, budget);
@@ -76,7 +77,7 @@ int w4_bucket_tokens(int b) { return 1 << b; }
 
 int w4_tile_runs(W4Tile t, int wg, char *why, size_t n)
 {
-    if (t.pf != 2 || wg) return 1;
+    if ((t.pf != 2 && t.pf != 4) || wg) return 1;
     if (why) snprintf(why, n, "runs on wgmma, which needs an sm_90a GPU (H100, H200) and a build for it (CUDA_ARCH with sm_90a)");
     return 0;
 }
@@ -150,7 +151,10 @@ int w4_default_tile(W4Kind kind, double rows, size_t budget, int wg, int split)
         return first_fit(big, 4, budget, wg);
     }
     if (rows <= 8) return 34;
-    if (rows <= 16) return 35; /* session 11: 16 rows staged whole where they fit (w4_sk_fallback where not) */
+    if (rows <= 16) return 35; /* session 11: 16 rows staged whole where they fit (tile 36, else w4_sk_fallback, where not) */
+    /* session 15: 17-32 rows on tile 36 (GLM-5 o_proj at 24 rows 67 -> 30 us BF16, 98 -> 38 split) */
+    if (rows <= 32 && w4_tile_fits(w4_tiles[W4_DENSE_WG_TILE], budget, NULL, 0) && w4_tile_runs(w4_tiles[W4_DENSE_WG_TILE], wg, NULL, 0))
+        return W4_DENSE_WG_TILE;
     if (rows <= 64) return w4_sk_fallback(rows, budget, split);
     return first_fit(big, 4, budget, wg);
 }
