@@ -662,24 +662,32 @@ TEST(cuda_w4_moe_ragged)
         for (int tile = 0; tile < W4_N_TILES; tile++) {
             if (!w4_tile_fits(w4_tiles[tile], w4_smem_budget(0), NULL, 0) || !w4_tile_runs(w4_tiles[tile], w4_wg_supported(0), NULL, 0))
                 continue;
-            /* tiles 13, 28 and 30 with the hot class: the experts of more than its default pairs on
-             * tile 29 (32 on tile 13, 64 on tiles 30 and 28), of more than 63 (64 and 65 change
-             * class), and without it */
-            const int hots[] = {-1, 63, 0};
-            for (int hi = 0; hi < (tile == 13 || tile == 28 || tile == 30 ? 3 : 1); hi++) {
-                w4_set_moe_hot(hots[hi]);
+            /* tiles 12, 13, 28 and 30 with the hot class: the experts of more than its default pairs
+             * on tile 29 (16 on tile 12, 32 on tile 13, 64 on tiles 30 and 28), of more than 63 (64 and 65 change
+             * class), and without it; tiles 13 and 28-30 with the small class: the experts of at
+             * most its default pairs on tile 12 (4 to 8: counts 0 and 1), of at most 20 (three
+             * token tiles of 8 for the expert of 20), and without it */
+            const int hs[][2] = {{-1, -1}, {63, -1}, {0, -1}, {-1, 20}, {-1, 0}, {63, 20}, {0, 20}};
+            const int nh = tile == 13 || tile == 28 || tile == 30 ? 7 : tile == 29 ? 5 : tile == 12 ? 3 : 1;
+            for (int hi = 0; hi < nh; hi++) {
+                if (tile == 29 && hs[hi][0] > 0) continue; /* no hot class beside tile 29 */
+                w4_set_moe_hot(hs[hi][0]);
+                w4_set_moe_small(hs[hi][1]);
                 w4_set_config((W4Config){tile, 0});
                 be_moe(&gpu, dout, dx, didx, dwts, T, &dl, &c);
                 float *got = down(dout, (size_t)T * D);
-                if (split) EXPECT_CLOSE(got, ref, (size_t)T * D, TOL_W4, "ragged moe, split activations, tile %d, hot %d", tile, hots[hi]);
+                if (split)
+                    EXPECT_CLOSE(got, ref, (size_t)T * D, TOL_W4, "ragged moe, split activations, tile %d, hot %d, small %d", tile,
+                                 hs[hi][0], hs[hi][1]);
                 if (!ref0) ref0 = got;
                 else {
-                    EXPECT_CLOSE(got, ref0, (size_t)T * D, TOL_W4, "ragged moe, split %d, tile %d, hot %d against tile 0", split, tile,
-                                 hots[hi]);
+                    EXPECT_CLOSE(got, ref0, (size_t)T * D, TOL_W4, "ragged moe, split %d, tile %d, hot %d, small %d against tile 0",
+                                 split, tile, hs[hi][0], hs[hi][1]);
                     free(got);
                 }
             }
             w4_set_moe_hot(-1);
+            w4_set_moe_small(-1);
         }
         /* the wg ring tiles' persistent blocks: 3 blocks that each run many (token tile, row block)
          * items, asking for the next one's weights while they finish one; and a block an item */
@@ -702,12 +710,16 @@ TEST(cuda_w4_moe_ragged)
     /* the decode tiles' gate/up -> down pair (down launched with programmatic dependent launch
      * on sm_90) captured in a graph and replayed with new activations: the down kernel must read
      * the h its gate/up wrote in the same replay */
-    const int gtiles[] = {12, 0, 29, 30, 13}; /* 29: 5 persistent blocks, each running many items every replay;
-                                               * 30 and 13: their hot classes on tile 29 (13: the permuted copy) */
-    for (int gi = 0; gi < 5; gi++) {
+    const int gtiles[] = {12, 0, 29, 30, 13, 28}; /* 29: 5 persistent blocks, each running many items every replay;
+                                                   * 30, 13 and 12: their hot classes on tile 29 (13, 12: the
+                                                   * permuted copy);
+                                                   * 29 and 30: their small class on tile 12 (the natural-order
+                                                   * copy); 28: a small class of up to 20 pairs */
+    for (int gi = 0; gi < 6; gi++) {
         int tile = gtiles[gi];
-        if (tile >= 29 && !w4_wg_supported(0)) continue;
-        if (tile >= 29 || tile == 13) w4_set_wg_persist(1, 5);
+        if ((tile >= 28 && !w4_wg_supported(0)) || !w4_tile_fits(w4_tiles[tile], w4_smem_budget(0), NULL, 0)) continue;
+        if (tile >= 28 || tile == 13) w4_set_wg_persist(1, 5);
+        w4_set_moe_small(tile == 28 ? 20 : -1);
         w4_set_config((W4Config){tile, 0});
         void *graph = NULL;
         for (int round = 0; round < 3; round++) {
@@ -726,6 +738,7 @@ TEST(cuda_w4_moe_ragged)
         }
         gpu.ops->graph_free(&gpu, graph);
         w4_set_wg_persist(-1, 0);
+        w4_set_moe_small(-1);
     }
     w4_set_config((W4Config){-1, 0});
     free(ref); free(x); free(idx); free(wts);

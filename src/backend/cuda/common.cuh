@@ -31,6 +31,8 @@ void cuda_launch_check(const char *kernel, const char *file, int line);
 typedef struct {
     int device;
     cudaStream_t stream;
+    cudaStream_t side;                    /* work that runs beside the stream's (w4.cu: the MoE's small class) */
+    cudaEvent_t fork, join;               /* side waits for stream at fork; stream for side at join */
     cublasLtHandle_t lt;
     void *lt_ws;                          /* cuBLASLt workspace */
     size_t lt_ws_size;

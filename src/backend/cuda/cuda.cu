@@ -101,6 +101,9 @@ static void cuda_destroy(Backend *be)
     if (s->lt_ws) cudaFree(s->lt_ws);
     if (s->lt) cublasLtDestroy(s->lt);
     cudaStreamDestroy(s->stream);
+    cudaStreamDestroy(s->side);
+    cudaEventDestroy(s->fork);
+    cudaEventDestroy(s->join);
     free(s);
     be->impl = NULL;
 }
@@ -199,6 +202,9 @@ extern "C" void backend_cuda_init(Backend *be, int device)
     CudaState *s = (CudaState *)xcalloc(1, sizeof *s);
     s->device = device;
     CUDA_CHECK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s->side, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&s->fork, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&s->join, cudaEventDisableTiming));
     CUBLAS_CHECK(cublasLtCreate(&s->lt));
     s->lt_ws_size = 32u << 20;
     CUDA_CHECK(cudaMalloc(&s->lt_ws, s->lt_ws_size));
@@ -274,7 +280,7 @@ static void cuda_reserve(Backend *be, const ModelConfig *c, int T, int max_out, 
                                    ? (size_t)2 * max_out * c->vocab * 4 : (size_t)2 * gm * nmax * 4);
     if (c->n_experts > 0) {
         int E = c->n_experts, P = T * c->n_experts_per_tok;
-        cuda_scratch(be, SCR_MOE_COUNT, (size_t)(4 * E + 2 * (3 + 2 * (P + E))) * 4); /* w4: two classes' lists */
+        cuda_scratch(be, SCR_MOE_COUNT, (size_t)(4 * E + 3 * (3 + 2 * (P + E))) * 4); /* w4: three classes' lists */
         cuda_scratch(be, SCR_MOE_ROWS, (size_t)P * 4);
         cuda_scratch(be, SCR_MOE_H, (size_t)P * c->moe_intermediate * 4);
         cuda_scratch(be, SCR_MOE_U, (size_t)P * c->moe_intermediate * 4);
@@ -286,9 +292,9 @@ static void cuda_reserve(Backend *be, const ModelConfig *c, int T, int max_out, 
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, cuda_state(be)->device));
     cuda_scratch(be, SCR_W4_X, (size_t)2 * rows * imax(kmax, c->hidden) * 2); /* hi and lo halves */
     cuda_scratch(be, SCR_W4_PART, (size_t)2 * 16 * sms * 512 * 4);
-    /* the MoE's hot class beside an mma.sync tile (w4.cu): the activations again, in the wg tiles'
-     * order, for calls of up to 512 tokens (the mma.sync tiles' range) */
-    if (c->n_experts > 0) cuda_scratch(be, SCR_W4_XP, (size_t)2 * (T < 512 ? T : 512) * c->hidden * 2);
+    /* the MoE's hot class beside an mma.sync tile and its small class beside a wg tile (w4.cu): the
+     * activations again, in the other order, for calls of up to 2048 tokens */
+    if (c->n_experts > 0) cuda_scratch(be, SCR_W4_XP, (size_t)2 * (T < 2048 ? T : 2048) * c->hidden * 2);
     if (c->index_n_heads > 0) cuda_scratch(be, SCR_IDX_SCORES, (size_t)T * max_ctx * 4);
     mla_v1_reserve(be, c, T); /* the absorbed MLA kernels' q, latent output and split partials */
     /* prefill's BF16 copy of the largest dense weight (w4_matmul_lt), when a step can be that long */

@@ -153,15 +153,19 @@ extern "C" void w4_set_wg_persist(int on, int max_blocks)
 
 static int w4_wg_persist(void) { return w4_switch(w4_wg_persist_force, &w4_wg_persist_env, "MOESERVE_W4_WG_PERSIST", "0"); }
 
-/* Hot experts (sm_90a, beside the ring tiles 28 and 30 and the mma.sync tile 13): an expert with
+/* Hot experts (sm_90a, beside the ring tiles 28 and 30 and the mma.sync tiles 13 and 12): an expert with
  * more than `hot` pairs of a call runs on tile 29 (128 tokens a tile), the others on the call's
  * tile: the routing kernel lists the two classes' token tiles apart and each class runs its own
- * gate/up and down (beside tile 13 on a second copy of the activations, in the wg order). With
+ * gate/up and down (beside tiles 12 and 13 on a second copy of the activations, in the wg order). With
  * skewed routing a few experts hold many pairs, and on the small tiles each of their token tiles
  * decoded the expert's weights again. The threshold: two of the call's token tiles on tiles 13
  * and 30 (32 and 64 pairs), one on tile 28 (64; session 13 measured 128 better there, before the
  * MMAs' N followed an expert's last token tile; session 14: 64 is 5-10% faster at 2048 tokens,
- * where tile 28 now runs up to 128 pairs an expert), or MOESERVE_W4_MOE_HOT=N pairs (0: off);
+ * where tile 28 now runs up to 128 pairs an expert); beside tile 12 (whose 8-token tiles decode
+ * an expert's weights again every 8 pairs) 16 pairs, from 128 tokens a call with BF16 activations
+ * and 64 split (session 16: skewed 128-192 tokens 8-14% faster with BF16 activations, 13-20%
+ * split; at 64 tokens BF16 3% slower; from 8 pairs split random 128 tokens was 4% slower: a few
+ * experts of 9-12 pairs make a latency-bound tile 29 launch); or MOESERVE_W4_MOE_HOT=N pairs (0: off);
  * w4_set_moe_hot for tests (-1: back to the environment and the default). */
 static int w4_moe_hot_force = -1, w4_moe_hot_env = -2;
 
@@ -181,6 +185,37 @@ static int w4_moe_hot(int tile, int mt)
         w4_moe_hot_env = (int)v;
     }
     return w4_moe_hot_env >= 0 ? w4_moe_hot_env : tile == 28 ? mt : 2 * mt;
+}
+
+/* Small experts (beside the wg call tiles 28, 29 and 30, and the mma.sync tile 13): an expert with
+ * at most `small` pairs of a call runs on tile 12 (8 tokens a tile, mma.sync, gate and up on
+ * separate warps) in a gate/up and down launch of its own, as the hot class does at the other
+ * end. With skewed routing most experts get a few pairs while a few get hundreds, and the call's
+ * tile, chosen by the average, streamed each cold expert's weights through a tile built for
+ * 16-128 tokens. The default (session 16, H200, docs/PERFORMANCE.md): with BF16 activations 8
+ * pairs beside tiles 28-30 (skewed 512 tokens -12%), 6 beside tile 13 (256 tokens -3% random,
+ * -7% skewed); with split activations 4 (tile 12 packs the two halves of up to 4 tokens into one
+ * MMA: random 256 -2%, skewed 256 -13%; at 8 random 256 was 6% slower); MOESERVE_W4_MOE_SMALL=N
+ * pairs (0: off); w4_set_moe_small for tests (-1: back to the environment and the default). */
+static int w4_moe_small_force = -1, w4_moe_small_env = -2;
+
+extern "C" void w4_set_moe_small(int pairs) { w4_moe_small_force = pairs; }
+
+static int w4_moe_small(int tile, int split)
+{
+    if (tile != 13 && (tile < 28 || tile > 30)) return 0;
+    if (w4_moe_small_force >= 0) return w4_moe_small_force;
+    if (w4_moe_small_env == -2) {
+        const char *e = getenv("MOESERVE_W4_MOE_SMALL");
+        char *end = NULL;
+        long v = e && *e ? strtol(e, &end, 10) : -1;
+        if (e && *e && (*end || v < 0 || v > 1 << 20)) {
+            log_warn("MOESERVE_W4_MOE_SMALL=%s: expected a number of pairs (0: off); using the default", e);
+            v = -1;
+        }
+        w4_moe_small_env = (int)v;
+    }
+    return w4_moe_small_env >= 0 ? w4_moe_small_env : split ? 4 : tile == 13 ? 6 : 8;
 }
 
 /* ---- dense ---- */
@@ -1068,20 +1103,27 @@ __device__ __forceinline__ void w4_tile_facts(const int *tile_e, const int *tile
  * e, in expert order: w4_tile_facts) and lists each expert's pairs (rows); the other blocks convert x
  * to BF16 meanwhile. The order of the pairs inside an expert's list depends on the atomics, but
  * each pair's result does not (every token column of the MMA is computed alone). */
+/* A class of experts beside the call's tile (w4_moe_cuda): its token tiles' lists, its tile count,
+ * the wg ring kernels' item counters, its tokens a tile and its threshold (0: no such class) */
+struct W4MoeClass {
+    int *tile_e, *tile_base, *n_tiles, *ctr;
+    int mt, thr;
+};
+
 static __global__ void w4_route_kernel(int *rows, int *tile_e, int *tile_base, int *n_tiles, int *ctr, const int *idx, int P,
                                        int E, int MT, __nv_bfloat16 *xb, const float *x, int64_t nx, int split, int perm_d,
-                                       int hot, int MTB, int *tile_eb, int *tile_baseb, int *n_tilesb, int *ctrb,
-                                       __nv_bfloat16 *xbp, int d)
+                                       W4MoeClass hot, W4MoeClass small, __nv_bfloat16 *xb2, int perm2, int d)
 {
-    if (blockIdx.x > 0) { /* perm_d: rows of perm_d, each stored permuted for the wg tiles (w4_wg_perm); xbp: the
-                           * rows (of d) permuted again there for the hot class, beside an mma.sync tile */
+    if (blockIdx.x > 0) { /* perm_d: rows of perm_d, each stored permuted for the wg tiles (w4_wg_perm); xb2: the
+                           * rows (of d) again, in the other order (perm2: permuted for the hot class beside an
+                           * mma.sync tile; 0: natural for the small class beside a wg tile) */
         for (int64_t i = (blockIdx.x - 1) * (int64_t)blockDim.x + threadIdx.x; i < nx; i += (int64_t)(gridDim.x - 1) * blockDim.x) {
             w4_split_store(xb, perm_d ? i - i % perm_d + w4_wg_perm((int)(i % perm_d)) : i, nx, x[i], split);
-            if (xbp) w4_split_store(xbp, i - i % d + w4_wg_perm((int)(i % d)), nx, x[i], split);
+            if (xb2) w4_split_store(xb2, perm2 ? i - i % d + w4_wg_perm((int)(i % d)) : i, nx, x[i], split);
         }
         return;
     }
-    __shared__ int cnt[1024], sc[1024], st[1024], sb[1024], fill[1024];
+    __shared__ int cnt[1024], sc[1024], st[1024], sb[1024], ss[1024], fill[1024];
     int e = threadIdx.x;
     cnt[e] = 0;
     fill[e] = 0;
@@ -1089,19 +1131,22 @@ static __global__ void w4_route_kernel(int *rows, int *tile_e, int *tile_base, i
     for (int i = threadIdx.x; i < P; i += blockDim.x)
         if (idx[i] >= 0) atomicAdd(&cnt[idx[i]], 1); /* -1: another rank's expert (EP) */
     __syncthreads();
-    /* hot > 0: an expert of more than hot pairs is listed in the hot class (tiles of MTB) */
-    int c = e < E ? cnt[e] : 0, hb = hot > 0 && c > hot;
-    int nt = hb ? 0 : (c + MT - 1) / MT, ntb = hb ? (c + MTB - 1) / MTB : 0;
+    /* an expert of more than hot.thr pairs is listed in the hot class (tiles of hot.mt), one of at
+     * most small.thr in the small class (tiles of small.mt), the rest in the call's (MT) */
+    int c = e < E ? cnt[e] : 0, hb = hot.thr > 0 && c > hot.thr, sm = small.thr > 0 && c <= small.thr;
+    int nt = hb || sm ? 0 : (c + MT - 1) / MT, ntb = hb ? (c + hot.mt - 1) / hot.mt : 0, nts = sm ? (c + small.mt - 1) / small.mt : 0;
     sc[e] = c;
     st[e] = nt;
     sb[e] = ntb;
+    ss[e] = nts;
     __syncthreads();
     for (int d = 1; d < 1024; d <<= 1) {
-        int a = e >= d ? sc[e - d] : 0, b = e >= d ? st[e - d] : 0, bb = e >= d ? sb[e - d] : 0;
+        int a = e >= d ? sc[e - d] : 0, b = e >= d ? st[e - d] : 0, bb = e >= d ? sb[e - d] : 0, bs = e >= d ? ss[e - d] : 0;
         __syncthreads();
         sc[e] += a;
         st[e] += b;
         sb[e] += bb;
+        ss[e] += bs;
         __syncthreads();
     }
     int off = sc[e] - c;
@@ -1114,14 +1159,16 @@ static __global__ void w4_route_kernel(int *rows, int *tile_e, int *tile_base, i
     };
     if (e < E) {
         list(tile_e, tile_base, st[e] - nt, nt, MT);
-        list(tile_eb, tile_baseb, sb[e] - ntb, ntb, MTB);
+        if (hot.thr > 0) list(hot.tile_e, hot.tile_base, sb[e] - ntb, ntb, hot.mt);
+        if (small.thr > 0) list(small.tile_e, small.tile_base, ss[e] - nts, nts, small.mt);
     }
     if (e == 1023) {
         *n_tiles = st[1023];
-        if (hot > 0) *n_tilesb = sb[1023];
+        if (hot.thr > 0) *hot.n_tiles = sb[1023];
+        if (small.thr > 0) *small.n_tiles = ss[1023];
     }
     if (e == 0) ctr[0] = ctr[1] = 0; /* the wg ring kernels' item counters (gate/up, down) */
-    if (e == 0 && hot > 0) ctrb[0] = ctrb[1] = 0;
+    if (e == 0 && hot.thr > 0) hot.ctr[0] = hot.ctr[1] = 0;
     sc[e] = off; /* exclusive offsets, for the listing */
     __syncthreads();
     for (int i = threadIdx.x; i < P; i += blockDim.x) {
@@ -1588,6 +1635,32 @@ static void w4_moe_wg(cudaStream_t st, int max_tiles, __nv_bfloat16 *h, const __
     LAUNCH_CHECK("w4_moe_down_wg_kernel");
 }
 
+/* the small class on the side stream, beside the call's tile (MOESERVE_W4_MOE_SIDE=0: after it, on
+ * the stream) */
+static int w4_moe_side(void)
+{
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("MOESERVE_W4_MOE_SIDE");
+        v = !(e && !strcmp(e, "0"));
+    }
+    return v;
+}
+
+/* the small class's gate/up and down on tile 12 (w4_moe_small) */
+template <bool SP>
+static void w4_moe_small_launch(cudaStream_t st, dim3 gf, dim3 gd, __nv_bfloat16 *h, const __nv_bfloat16 *xb, float *y,
+                                const QTensor *tb, int E, int K, const int *rows, const W4MoeClass &sc, int D, int F, size_t xlo,
+                                size_t hlo)
+{
+    w4_moe_gateup_kernel<1, 0, 1, SP, true><<<gf, W4_WARPS * 32, W4_SMEM(1, 0), st>>>(h, xb, tb, E, K, rows, sc.tile_e, sc.tile_base,
+                                                                                  sc.n_tiles, F, D, xlo, hlo);
+    LAUNCH_CHECK("w4_moe_gateup_kernel (small experts)");
+    w4_launch_dependent(w4_moe_down_kernel<1, 0, 1, SP>, gd, W4_WARPS * 32, W4_SMEM(1, 0), st, y, (const __nv_bfloat16 *)h, tb, E,
+                        rows, (const int *)sc.tile_e, (const int *)sc.tile_base, (const int *)sc.n_tiles, D, F, hlo);
+    LAUNCH_CHECK("w4_moe_down_kernel (small experts)");
+}
+
 int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const float *wts, int T, const LayerWeights *lw,
                 const ModelConfig *c)
 {
@@ -1602,50 +1675,88 @@ int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const f
     int max_tiles = P / MT + (E < P ? E : P);
     /* the hot class (w4_moe_hot): tile 29 for the experts of more than hot pairs, where the call's
      * tile is 13, 28 or 30 and tile 29 runs and fits */
-    int hot = 0, dev = cuda_state(be)->device;
-    if ((tile == 28 || tile == 30 || tile == 13) && w4_wg_supported(dev) && (hot = w4_moe_hot(tile, MT)) > 0 &&
+    int hot = 0, dev = cuda_state(be)->device, split = w4_split_act();
+    /* beside the decode tile from 128 tokens (64 split): at 64 with BF16 activations the class's two
+     * launches cost more than it saves (skewed +3%) */
+    const int hot12 = tile == 12 && T >= (split ? 64 : 128);
+    if ((tile == 28 || tile == 30 || tile == 13 || hot12) && w4_wg_supported(dev) && (hot = w4_moe_hot(tile, MT)) > 0 &&
         !w4_tile_fits(w4_tiles[29], w4_smem_budget(dev), NULL, 0))
         hot = 0;
-    /* beside tile 13 (mma.sync: the activations in their own order) tile 29 reads a permuted copy,
-     * in scratch that a graph being captured cannot grow (cuda_reserve sizes it up to 512 tokens) */
-    __nv_bfloat16 *xbp = NULL;
-    if (hot > 0 && tile == 13) {
+    if (hot >= T) hot = 0; /* no expert can have more pairs than the call has tokens */
+    /* the small class (w4_moe_small): tile 12 for the experts of at most `small` pairs */
+    int small = w4_moe_small(tile, split);
+    if (small >= hot && hot > 0) small = 0;
+    const int wg = w4_tiles[tile].pf == 2;
+    /* a second copy of the activations in the other order, where a class beside the call's tile reads
+     * them so: tile 29 beside tile 13 (mma.sync, natural order) the wg order, tile 12 beside a wg
+     * tile the natural order; in scratch that a graph being captured cannot grow (cuda_reserve sizes
+     * it up to 2048 tokens): past that the class is off */
+    __nv_bfloat16 *xb2 = NULL;
+    if ((hot > 0 && !wg) || (small > 0 && wg)) {
         size_t need = (size_t)2 * T * D * sizeof(__nv_bfloat16);
         cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
         CUDA_CHECK(cudaStreamIsCapturing(st, &cs));
         if (cs == cudaStreamCaptureStatusNone || need <= cuda_state(be)->scratch_cap[SCR_W4_XP])
-            xbp = (__nv_bfloat16 *)cuda_scratch(be, SCR_W4_XP, need);
-        else
+            xb2 = (__nv_bfloat16 *)cuda_scratch(be, SCR_W4_XP, need);
+        else if (!wg)
             hot = 0;
+        else
+            small = 0;
     }
     const int MTB = 8 * w4_tiles[29].nt, max_tiles_b = P / MTB + P / (hot + 1) + 1;
+    const int MTS = 8 * w4_tiles[12].nt, nsmall = E < P ? E : P;
+    const long ms1 = (long)nsmall * cdiv(small > 0 ? small : 1, MTS), ms2 = (long)P / MTS + nsmall;
+    const int max_tiles_s = (int)(ms1 < ms2 ? ms1 : ms2);
     const size_t nlist = (size_t)3 + 2 * (P + E); /* a class's ints: its tile count, its lists, its counters */
-    int *ibuf = (int *)cuda_scratch(be, SCR_MOE_COUNT, 2 * nlist * sizeof(int));
+    int *ibuf = (int *)cuda_scratch(be, SCR_MOE_COUNT, 3 * nlist * sizeof(int));
     int *n_tiles = ibuf, *tile_e = n_tiles + 1,
         *tile_base = tile_e + (P + E), *ctr = tile_base + (P + E);
-    int *n_tiles_b = ibuf + nlist, *tile_e_b = n_tiles_b + 1, *tile_base_b = tile_e_b + (P + E), *ctr_b = tile_base_b + (P + E);
+    auto klass = [&](int k, int mt, int thr) {
+        int *b = ibuf + k * nlist;
+        return W4MoeClass{b + 1, b + 1 + (P + E), b, b + 1 + 2 * (P + E), mt, thr};
+    };
+    const W4MoeClass hc = klass(1, MTB, hot), sc = klass(2, MTS, small);
     int *rows = (int *)cuda_scratch(be, SCR_MOE_ROWS, (size_t)P * sizeof(int));
-    int split = w4_split_act();
     size_t xlo = split ? (size_t)T * D : 0, hlo = split ? (size_t)P * F : 0;
     __nv_bfloat16 *xb = (__nv_bfloat16 *)cuda_scratch(be, SCR_W4_X, (size_t)2 * T * D * sizeof(__nv_bfloat16));
     __nv_bfloat16 *h = (__nv_bfloat16 *)cuda_scratch(be, SCR_MOE_H, (size_t)2 * P * F * sizeof(__nv_bfloat16));
     float *y = (float *)cuda_scratch(be, SCR_MOE_Y, (size_t)P * D * sizeof(float));
     int64_t nx = (int64_t)T * D;
     int nb = 1 + (int)(nx / 4096 < 512 ? (nx + 4095) / 4096 : 512);
-    int wg = w4_tiles[tile].pf == 2;
     w4_route_kernel<<<nb, 1024, 0, st>>>(rows, tile_e, tile_base, n_tiles, ctr, idx, P, E, MT, xb, x, nx, split,
-                                         wg ? D : 0, hot, MTB, tile_e_b, tile_base_b, n_tiles_b, ctr_b, xbp, D);
+                                         wg ? D : 0, hc, sc, xb2, !wg, D);
     LAUNCH_CHECK("w4_route_kernel");
     int rpb = W4_WARPS / w4_tiles[tile].ks; /* row tiles per block */
     int rpb_gu = w4_tiles[tile].ss ? W4_WARPS / 2 : rpb; /* gate and up on two warps a row tile */
     dim3 gf(max_tiles, cdiv(F / 16, rpb_gu)), gd(max_tiles, cdiv(D / 16, rpb));
     const QTensor *tb = lw->exp_table;
-    /* after the call's tile: the hot experts' tiles (on the activations in the wg order: xb beside a
-     * wg tile, the permuted copy beside tile 13), then the weighted combine */
+    /* the small class's launches on stream s */
+    auto small_launch = [&](cudaStream_t s) {
+        const __nv_bfloat16 *xs = wg ? xb2 : xb;
+        dim3 sf(max_tiles_s, cdiv(F / 16, W4_WARPS / 2)), sd(max_tiles_s, cdiv(D / 16, W4_WARPS));
+        if (split) w4_moe_small_launch<true>(s, sf, sd, h, xs, y, tb, E, K, rows, sc, D, F, xlo, hlo);
+        else w4_moe_small_launch<false>(s, sf, sd, h, xs, y, tb, E, K, rows, sc, D, F, xlo, hlo);
+    };
+    /* the small class runs beside the call's tile, on the side stream (w4_moe_side): a class of a few
+     * experts is a chain of dependent record loads a warp (~70 us on the H200 for 2-5 experts),
+     * which the call's kernels hide; its blocks take SMs as the call's leave them room */
+    CudaState *cs = cuda_state(be);
+    int side = small > 0 && w4_moe_side();
+    if (side) {
+        CUDA_CHECK(cudaEventRecord(cs->fork, st));
+        CUDA_CHECK(cudaStreamWaitEvent(cs->side, cs->fork, 0));
+        small_launch(cs->side);
+        CUDA_CHECK(cudaEventRecord(cs->join, cs->side));
+    }
+    /* after the call's tile: the small experts' tiles (tile 12, on the activations in their natural
+     * order: the copy beside a wg tile), the hot experts' tiles (on the activations in the wg order:
+     * xb beside a wg tile, the permuted copy beside tile 13), then the weighted combine */
     auto finish = [&]() {
+        if (small > 0 && !side) small_launch(st);
         if (hot > 0)
-            w4_moe_wg<16, 4, 3, 1>(st, max_tiles_b, h, xbp ? xbp : xb, y, tb, E, K, rows, tile_e_b, tile_base_b, n_tiles_b, ctr_b,
-                                   D, F, xlo, hlo);
+            w4_moe_wg<16, 4, 3, 1>(st, max_tiles_b, h, wg ? xb : xb2, y, tb, E, K, rows, hc.tile_e, hc.tile_base, hc.n_tiles,
+                                   hc.ctr, D, F, xlo, hlo);
+        if (side) CUDA_CHECK(cudaStreamWaitEvent(st, cs->join, 0)); /* the small class, beside: done */
         moe_combine_cuda(be, out, y, wts, idx, T, K, D);
         return -1;
     };

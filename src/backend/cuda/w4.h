@@ -160,6 +160,9 @@ void w4_set_wg_persist(int on, int max_blocks);
  * of a call run on tile 29 (0: off; -1: MOESERVE_W4_MOE_HOT or the default, two of the call's
  * token tiles) */
 void w4_set_moe_hot(int pairs);
+/* tests: experts of at most `pairs` pairs of a call run on tile 12, beside the wg call tiles and
+ * tile 13 (0: off; -1: MOESERVE_W4_MOE_SMALL or the default, 8 beside tiles 28-30) */
+void w4_set_moe_small(int pairs);
 /* the dense GEMMs launched on tile 36 (W4_DENSE_WG_TILE) so far (tests) */
 long w4_dense_wg_calls(void);
 /* The shared memory budget per block: the device's opt-in limit, or a simulated one (tests:
