@@ -176,6 +176,33 @@ TEST(w4_default_never_over_budget)
     EXPECT(w4_default_tile(W4_MOE, 1, 1024, 1, 1) == 0, "1 KB: the 8-token tile without the exchange");
 }
 
+/* The MoE's expert classes beside the call's tile: which tiles have them, the defaults by
+ * activation form, the overrides, and that no expert can be in two classes */
+TEST(w4_moe_classes)
+{
+    int h, s;
+    struct { int tile, T, split, hot, small; } want[] = {
+        {30, 512, 0, 64, 8}, {30, 256, 1, 64, 4}, {28, 2048, 0, 64, 8}, {29, 8192, 0, 0, 8}, {13, 256, 0, 32, 6},
+        {12, 128, 0, 16, 0}, {12, 64, 0, 0, 0},  /* beside the decode tile from 128 tokens with BF16 activations */
+        {12, 64, 1, 16, 0},  {12, 32, 1, 0, 0},  /* and from 64 with split ones */
+        {30, 64, 0, 0, 8},   /* no hot class where the call has no more tokens than its threshold */
+        {0, 512, 0, 0, 0},   {19, 4096, 0, 0, 0}, {24, 4096, 1, 0, 0}, /* none beside the other tiles */
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        w4_moe_classes(want[i].tile, want[i].T, want[i].split, 1, -1, -1, &h, &s);
+        EXPECT(h == want[i].hot && s == want[i].small, "tile %d, %d tokens, split %d: hot %d small %d, want %d %d", want[i].tile,
+               want[i].T, want[i].split, h, s, want[i].hot, want[i].small);
+    }
+    w4_moe_classes(30, 512, 0, 0, -1, -1, &h, &s);
+    EXPECT(h == 0 && s == 8, "tile 29 not runnable: no hot class (%d), the small one stays (%d)", h, s);
+    w4_moe_classes(30, 512, 0, 1, 0, 0, &h, &s);
+    EXPECT(h == 0 && s == 0, "both asked off: %d %d", h, s);
+    w4_moe_classes(13, 300, 0, 1, 20, 24, &h, &s);
+    EXPECT(h == 20 && s == 0, "a small threshold at or above the hot one: no small class (%d %d)", h, s);
+    w4_moe_classes(28, 300, 1, 1, 100, 20, &h, &s);
+    EXPECT(h == 100 && s == 20, "overrides: %d %d", h, s);
+}
+
 TEST(w4_buckets)
 {
     EXPECT(w4_bucket(1) == 0 && w4_bucket(2) == 1 && w4_bucket(3) == 2 && w4_bucket(4) == 2 && w4_bucket(5) == 3);

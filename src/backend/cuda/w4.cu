@@ -153,69 +153,29 @@ extern "C" void w4_set_wg_persist(int on, int max_blocks)
 
 static int w4_wg_persist(void) { return w4_switch(w4_wg_persist_force, &w4_wg_persist_env, "MOESERVE_W4_WG_PERSIST", "0"); }
 
-/* Hot experts (sm_90a, beside the ring tiles 28 and 30 and the mma.sync tiles 13 and 12): an expert with
- * more than `hot` pairs of a call runs on tile 29 (128 tokens a tile), the others on the call's
- * tile: the routing kernel lists the two classes' token tiles apart and each class runs its own
- * gate/up and down (beside tiles 12 and 13 on a second copy of the activations, in the wg order). With
- * skewed routing a few experts hold many pairs, and on the small tiles each of their token tiles
- * decoded the expert's weights again. The threshold: two of the call's token tiles on tiles 13
- * and 30 (32 and 64 pairs), one on tile 28 (64; session 13 measured 128 better there, before the
- * MMAs' N followed an expert's last token tile; session 14: 64 is 5-10% faster at 2048 tokens,
- * where tile 28 now runs up to 128 pairs an expert); beside tile 12 (whose 8-token tiles decode
- * an expert's weights again every 8 pairs) 16 pairs, from 128 tokens a call with BF16 activations
- * and 64 split (session 16: skewed 128-192 tokens 8-14% faster with BF16 activations, 13-20%
- * split; at 64 tokens BF16 3% slower; from 8 pairs split random 128 tokens was 4% slower: a few
- * experts of 9-12 pairs make a latency-bound tile 29 launch); or MOESERVE_W4_MOE_HOT=N pairs (0: off);
- * w4_set_moe_hot for tests (-1: back to the environment and the default). */
-static int w4_moe_hot_force = -1, w4_moe_hot_env = -2;
+/* The MoE's hot and small classes of experts (w4_tiles.c w4_moe_classes says which call tiles have
+ * them and at what thresholds): MOESERVE_W4_MOE_HOT=N and MOESERVE_W4_MOE_SMALL=N pairs (0: off)
+ * override the defaults, w4_set_moe_hot / w4_set_moe_small the environment (tests; -1: back to
+ * the environment and the default). -1: no override. */
+static int w4_moe_hot_force = -1, w4_moe_hot_env = -2, w4_moe_small_force = -1, w4_moe_small_env = -2;
 
 extern "C" void w4_set_moe_hot(int pairs) { w4_moe_hot_force = pairs; }
-
-static int w4_moe_hot(int tile, int mt)
-{
-    if (w4_moe_hot_force >= 0) return w4_moe_hot_force;
-    if (w4_moe_hot_env == -2) {
-        const char *e = getenv("MOESERVE_W4_MOE_HOT");
-        char *end = NULL;
-        long v = e && *e ? strtol(e, &end, 10) : -1;
-        if (e && *e && (*end || v < 0 || v > 1 << 20)) {
-            log_warn("MOESERVE_W4_MOE_HOT=%s: expected a number of pairs (0: off); using the default", e);
-            v = -1;
-        }
-        w4_moe_hot_env = (int)v;
-    }
-    return w4_moe_hot_env >= 0 ? w4_moe_hot_env : tile == 28 ? mt : 2 * mt;
-}
-
-/* Small experts (beside the wg call tiles 28, 29 and 30, and the mma.sync tile 13): an expert with
- * at most `small` pairs of a call runs on tile 12 (8 tokens a tile, mma.sync, gate and up on
- * separate warps) in a gate/up and down launch of its own, as the hot class does at the other
- * end. With skewed routing most experts get a few pairs while a few get hundreds, and the call's
- * tile, chosen by the average, streamed each cold expert's weights through a tile built for
- * 16-128 tokens. The default (session 16, H200, docs/PERFORMANCE.md): with BF16 activations 8
- * pairs beside tiles 28-30 (skewed 512 tokens -12%), 6 beside tile 13 (256 tokens -3% random,
- * -7% skewed); with split activations 4 (tile 12 packs the two halves of up to 4 tokens into one
- * MMA: random 256 -2%, skewed 256 -13%; at 8 random 256 was 6% slower); MOESERVE_W4_MOE_SMALL=N
- * pairs (0: off); w4_set_moe_small for tests (-1: back to the environment and the default). */
-static int w4_moe_small_force = -1, w4_moe_small_env = -2;
-
 extern "C" void w4_set_moe_small(int pairs) { w4_moe_small_force = pairs; }
 
-static int w4_moe_small(int tile, int split)
+static int w4_moe_pairs_set(int force, int *env, const char *name)
 {
-    if (tile != 13 && (tile < 28 || tile > 30)) return 0;
-    if (w4_moe_small_force >= 0) return w4_moe_small_force;
-    if (w4_moe_small_env == -2) {
-        const char *e = getenv("MOESERVE_W4_MOE_SMALL");
+    if (force >= 0) return force;
+    if (*env == -2) {
+        const char *e = getenv(name);
         char *end = NULL;
         long v = e && *e ? strtol(e, &end, 10) : -1;
         if (e && *e && (*end || v < 0 || v > 1 << 20)) {
-            log_warn("MOESERVE_W4_MOE_SMALL=%s: expected a number of pairs (0: off); using the default", e);
+            log_warn("%s=%s: expected a number of pairs (0: off); using the default", name, e);
             v = -1;
         }
-        w4_moe_small_env = (int)v;
+        *env = (int)v;
     }
-    return w4_moe_small_env >= 0 ? w4_moe_small_env : split ? 4 : tile == 13 ? 6 : 8;
+    return *env;
 }
 
 /* ---- dense ---- */
@@ -1673,19 +1633,12 @@ int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const f
     if (w4_tiles[tile].pf == 4) tile = 30;                  /* the dense wg tile: the MoE tile whose GEMM it runs */
     int NT = w4_tiles[tile].nt, MT = 8 * NT;
     int max_tiles = P / MT + (E < P ? E : P);
-    /* the hot class (w4_moe_hot): tile 29 for the experts of more than hot pairs, where the call's
-     * tile is 13, 28 or 30 and tile 29 runs and fits */
-    int hot = 0, dev = cuda_state(be)->device, split = w4_split_act();
-    /* beside the decode tile from 128 tokens (64 split): at 64 with BF16 activations the class's two
-     * launches cost more than it saves (skewed +3%) */
-    const int hot12 = tile == 12 && T >= (split ? 64 : 128);
-    if ((tile == 28 || tile == 30 || tile == 13 || hot12) && w4_wg_supported(dev) && (hot = w4_moe_hot(tile, MT)) > 0 &&
-        !w4_tile_fits(w4_tiles[29], w4_smem_budget(dev), NULL, 0))
-        hot = 0;
-    if (hot >= T) hot = 0; /* no expert can have more pairs than the call has tokens */
-    /* the small class (w4_moe_small): tile 12 for the experts of at most `small` pairs */
-    int small = w4_moe_small(tile, split);
-    if (small >= hot && hot > 0) small = 0;
+    /* the hot class: tile 29 for the experts of more than `hot` pairs, where it runs and fits; the
+     * small class: tile 12 for those of at most `small` (w4_moe_classes) */
+    int hot = 0, small = 0, dev = cuda_state(be)->device, split = w4_split_act();
+    w4_moe_classes(tile, T, split, w4_wg_supported(dev) && w4_tile_fits(w4_tiles[29], w4_smem_budget(dev), NULL, 0),
+                   w4_moe_pairs_set(w4_moe_hot_force, &w4_moe_hot_env, "MOESERVE_W4_MOE_HOT"),
+                   w4_moe_pairs_set(w4_moe_small_force, &w4_moe_small_env, "MOESERVE_W4_MOE_SMALL"), &hot, &small);
     const int wg = w4_tiles[tile].pf == 2;
     /* a second copy of the activations in the other order, where a class beside the call's tile reads
      * them so: tile 29 beside tile 13 (mma.sync, natural order) the wg order, tile 12 beside a wg

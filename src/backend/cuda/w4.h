@@ -117,6 +117,10 @@ int w4_default_tile(W4Kind kind, double rows_per_weight, size_t budget, int wg, 
 /* What a dense GEMM of `rows` rows runs where a stream-K tile (pf 3) does not suit the call: the
  * built-in choice among the other tiles. */
 int w4_sk_fallback(double rows, size_t budget, int split);
+/* The MoE's expert classes beside the call's tile (w4_tiles.c): experts of more than *hot pairs
+ * run on tile 29, of at most *small on tile 12 (0: no such class), for a call of T tokens on
+ * `tile`; hot_ok: tile 29 runs and fits; hot_set, small_set: thresholds asked for, or -1 */
+void w4_moe_classes(int tile, int T, int split, int hot_ok, int hot_set, int small_set, int *hot, int *small);
 /* Stream-K launches so far (tests: that a call took tile 34's path, not its fallback). */
 long w4_sk_calls(void);
 

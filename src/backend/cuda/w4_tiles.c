@@ -167,6 +167,41 @@ int w4_sk_fallback(double rows, size_t budget, int split)
     return first_fit(mid, 3, budget, 0);
 }
 
+/* Hot experts (beside the ring tiles 28 and 30 and the mma.sync tiles 13 and 12, where tile 29
+ * runs and fits: hot_ok): an expert with more than `hot` pairs of a call runs on tile 29 (128
+ * tokens a tile), the others on the call's tile: the routing kernel lists the classes' token
+ * tiles apart and each class runs its own gate/up and down (w4.cu w4_moe_cuda). With skewed
+ * routing a few experts hold many pairs, and on the small tiles each of their token tiles decoded
+ * the expert's weights again. The threshold: two of the call's token tiles on tiles 13 and 30 (32
+ * and 64 pairs), one on tile 28 (64; session 13 measured 128 better there, before the MMAs' N
+ * followed an expert's last token tile; session 14: 64 is 5-10% faster at 2048 tokens, where tile
+ * 28 now runs up to 128 pairs an expert); beside tile 12 (whose 8-token tiles decode an expert's
+ * weights again every 8 pairs) 16 pairs, from 128 tokens a call with BF16 activations and 64 split
+ * (session 16: skewed 128-192 tokens 8-14% faster with BF16 activations, 13-20% split; at 64
+ * tokens BF16 3% slower; from 8 pairs split random 128 tokens was 4% slower: a few experts of 9-12
+ * pairs make a latency-bound tile 29 launch). None where the call has no more tokens than the
+ * threshold (no expert can pass it).
+ * Small experts (beside the wg call tiles 28, 29 and 30 and the mma.sync tile 13): an expert with
+ * at most `small` pairs runs on tile 12 (8 tokens a tile, mma.sync, gate and up on separate
+ * warps), as the hot class does at the other end: with skewed routing most experts get a few pairs
+ * while a few get hundreds, and the call's tile, chosen by the average, streamed each cold
+ * expert's weights through a tile built for 16-128 tokens. The default (session 16, H200): with
+ * BF16 activations 8 pairs beside tiles 28-30 (skewed 512 tokens -12%), 6 beside tile 13 (256
+ * tokens -3% random, -7% skewed); with split activations 4 (tile 12 packs the two halves of up to
+ * 4 tokens into one MMA: random 256 -2%, skewed 256 -13%; at 8 random 256 was 6% slower); none at
+ * or above the hot threshold. hot_set, small_set: the thresholds asked for (0: off), or -1. */
+void w4_moe_classes(int tile, int T, int split, int hot_ok, int hot_set, int small_set, int *hot, int *small)
+{
+    int h = 0, s = 0, mt = 8 * w4_tiles[tile].nt;
+    if (hot_ok && (tile == 28 || tile == 30 || tile == 13 || (tile == 12 && T >= (split ? 64 : 128))))
+        h = hot_set >= 0 ? hot_set : tile == 28 ? mt : 2 * mt;
+    if (h >= T) h = 0;
+    if (tile == 13 || (tile >= 28 && tile <= 30)) s = small_set >= 0 ? small_set : split ? 4 : tile == 13 ? 6 : 8;
+    if (h > 0 && s >= h) s = 0; /* an expert in one class only */
+    *hot = h;
+    *small = s;
+}
+
 void w4_table_clear(W4Table *t)
 {
     memset(t, 0, sizeof *t);
