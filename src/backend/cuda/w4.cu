@@ -1703,7 +1703,7 @@ int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const f
     }
     /* after the call's tile: the small experts' tiles (tile 12, on the activations in their natural
      * order: the copy beside a wg tile), the hot experts' tiles (on the activations in the wg order:
-     * xb beside a wg tile, the permuted copy beside tile 13), then the weighted combine */
+     * xb beside a wg tile, the permuted copy beside tiles 12 and 13), then the weighted combine */
     auto finish = [&]() {
         if (small > 0 && !side) small_launch(st);
         if (hot > 0)

@@ -160,12 +160,11 @@ void w4_set_act_split(int on);
  * the environment's. max_blocks > 0 caps the persistent grid (tests: a few blocks that each run
  * many items). */
 void w4_set_wg_persist(int on, int max_blocks);
-/* The MoE's hot class on sm_90a: with tile 13, 28 or 30, the experts of more than `pairs` pairs
- * of a call run on tile 29 (0: off; -1: MOESERVE_W4_MOE_HOT or the default, two of the call's
- * token tiles) */
+/* The MoE's hot class on sm_90a: with tile 12, 13, 28 or 30, the experts of more than `pairs`
+ * pairs of a call run on tile 29 (0: off; -1: MOESERVE_W4_MOE_HOT or the default, w4_moe_classes) */
 void w4_set_moe_hot(int pairs);
 /* tests: experts of at most `pairs` pairs of a call run on tile 12, beside the wg call tiles and
- * tile 13 (0: off; -1: MOESERVE_W4_MOE_SMALL or the default, 8 beside tiles 28-30) */
+ * tile 13 (0: off; -1: MOESERVE_W4_MOE_SMALL or the default, w4_moe_classes) */
 void w4_set_moe_small(int pairs);
 /* the dense GEMMs launched on tile 36 (W4_DENSE_WG_TILE) so far (tests) */
 long w4_dense_wg_calls(void);
