@@ -666,28 +666,32 @@ TEST(cuda_w4_moe_ragged)
              * on tile 29 (16 on tile 12, 32 on tile 13, 64 on tiles 30 and 28), of more than 63 (64 and 65 change
              * class), and without it; tiles 13 and 28-30 with the small class: the experts of at
              * most its default pairs on tile 12 (4 to 8: counts 0 and 1), of at most 20 (three
-             * token tiles of 8 for the expert of 20), and without it */
-            const int hs[][2] = {{-1, -1}, {63, -1}, {0, -1}, {-1, 20}, {-1, 0}, {63, 20}, {0, 20}};
-            const int nh = tile == 13 || tile == 28 || tile == 30 ? 7 : tile == 29 ? 5 : tile == 12 ? 3 : 1;
+             * token tiles of 8 for the expert of 20), and without it; the small class beside the
+             * call's tile on a second stream (the default) and after it on the one stream */
+            const int hs[][3] = {{-1, -1, -1}, {63, -1, -1}, {0, -1, -1}, {-1, 20, -1}, {-1, 0, -1}, {63, 20, -1}, {0, 20, -1},
+                                 {63, 20, 0}};
+            const int nh = tile == 13 || tile == 28 || tile == 30 ? 8 : tile == 29 ? 5 : tile == 12 ? 3 : 1;
             for (int hi = 0; hi < nh; hi++) {
                 if (tile == 29 && hs[hi][0] > 0) continue; /* no hot class beside tile 29 */
                 w4_set_moe_hot(hs[hi][0]);
                 w4_set_moe_small(hs[hi][1]);
+                w4_set_moe_side(hs[hi][2]);
                 w4_set_config((W4Config){tile, 0});
                 be_moe(&gpu, dout, dx, didx, dwts, T, &dl, &c);
                 float *got = down(dout, (size_t)T * D);
                 if (split)
-                    EXPECT_CLOSE(got, ref, (size_t)T * D, TOL_W4, "ragged moe, split activations, tile %d, hot %d, small %d", tile,
-                                 hs[hi][0], hs[hi][1]);
+                    EXPECT_CLOSE(got, ref, (size_t)T * D, TOL_W4, "ragged moe, split activations, tile %d, hot %d, small %d, side %d",
+                                 tile, hs[hi][0], hs[hi][1], hs[hi][2]);
                 if (!ref0) ref0 = got;
                 else {
-                    EXPECT_CLOSE(got, ref0, (size_t)T * D, TOL_W4, "ragged moe, split %d, tile %d, hot %d, small %d against tile 0",
-                                 split, tile, hs[hi][0], hs[hi][1]);
+                    EXPECT_CLOSE(got, ref0, (size_t)T * D, TOL_W4, "ragged moe, split %d, tile %d, hot %d, small %d, side %d against tile 0",
+                                 split, tile, hs[hi][0], hs[hi][1], hs[hi][2]);
                     free(got);
                 }
             }
             w4_set_moe_hot(-1);
             w4_set_moe_small(-1);
+            w4_set_moe_side(-1);
         }
         /* the wg ring tiles' persistent blocks: 3 blocks that each run many (token tile, row block)
          * items, asking for the next one's weights while they finish one; and a block an item */

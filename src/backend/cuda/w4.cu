@@ -1596,16 +1596,12 @@ static void w4_moe_wg(cudaStream_t st, int max_tiles, __nv_bfloat16 *h, const __
 }
 
 /* the small class on the side stream, beside the call's tile (MOESERVE_W4_MOE_SIDE=0: after it, on
- * the stream) */
-static int w4_moe_side(void)
-{
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("MOESERVE_W4_MOE_SIDE");
-        v = !(e && !strcmp(e, "0"));
-    }
-    return v;
-}
+ * the stream; w4_set_moe_side for tests, -1: back to the environment) */
+static int w4_moe_side_force = -1, w4_moe_side_env = -1;
+
+extern "C" void w4_set_moe_side(int on) { w4_moe_side_force = on; }
+
+static int w4_moe_side(void) { return w4_switch(w4_moe_side_force, &w4_moe_side_env, "MOESERVE_W4_MOE_SIDE", "0"); }
 
 /* the small class's gate/up and down on tile 12 (w4_moe_small) */
 template <bool SP>
