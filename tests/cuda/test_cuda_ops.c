@@ -393,11 +393,14 @@ TEST(cuda_w4_chain_pdl)
     const int K0 = 512, N1 = 2560, N2 = 4096, N3 = 2560;
     TW w1 = tw_make_w4(&r, N1, K0), w2 = tw_make_w4(&r, N2, N1), w3 = tw_make_w4(&r, N3, N2);
     float *b2 = rnd(&r, N2, 1), *db2 = up(b2, N2 * 4);
-    /* 1 row; 6 rows with the rows staged by clusters of 2 (the default), 4 and 1 blocks */
-    const int runs[][2] = {{1, 0}, {6, 0}, {6, 4}, {6, 1}};
+    /* 1 row; 6 rows with the rows staged by clusters of 2 (the default), 4 and 1 blocks; K split
+     * over clusters of 2 and 4 blocks (K0 = 512 and N1 = 2560 have no 4 parts: clusters of 2 or
+     * none there) at 1, 6 and 16 rows (16: two token tiles, or one of tile 35) */
+    const int runs[][3] = {{1, 0, 0}, {6, 0, 0}, {6, 4, 0}, {6, 1, 0}, {1, 0, 2}, {6, 0, 2}, {6, 0, 4}, {16, 0, 2}, {16, 0, 4}};
     for (size_t ri = 0; ri < sizeof runs / sizeof runs[0]; ri++) {
         int T = runs[ri][0];
         w4_set_sk_cluster(runs[ri][1]);
+        w4_set_sk_ksplit(runs[ri][2]);
         float *dx = be_alloc(&gpu, (size_t)T * K0 * 4), *dy = be_alloc(&gpu, (size_t)T * N1 * 4);
         float *dz = be_alloc(&gpu, (size_t)T * N2 * 4), *du = be_alloc(&gpu, (size_t)T * N3 * 4);
         float *y = malloc((size_t)T * N1 * 4), *z = malloc((size_t)T * N2 * 4), *u = malloc((size_t)T * N3 * 4);
@@ -418,7 +421,8 @@ TEST(cuda_w4_chain_pdl)
             if (round == 1) graph = gpu.ops->graph_end(&gpu);
             if (round >= 1) EXPECT(gpu.ops->graph_launch(&gpu, graph) == 0, "graph replay");
             float *got = down(du, (size_t)T * N3);
-            EXPECT_CLOSE(got, u, (size_t)T * N3, TOL_W4, "w4 chain T %d cluster %d round %d", T, runs[ri][1], round);
+            EXPECT_CLOSE(got, u, (size_t)T * N3, TOL_W4, "w4 chain T %d cluster %d K parts %d round %d", T, runs[ri][1], runs[ri][2],
+                         round);
             free(got);
             free(x);
         }
@@ -429,6 +433,7 @@ TEST(cuda_w4_chain_pdl)
         be_free(&gpu, dx); be_free(&gpu, dy); be_free(&gpu, dz); be_free(&gpu, du);
     }
     w4_set_sk_cluster(0);
+    w4_set_sk_ksplit(0);
     free(b2);
     be_free(&gpu, db2);
     tw_free(&w1); tw_free(&w2); tw_free(&w3);
@@ -439,13 +444,15 @@ TEST(cuda_w4_matmul)
     NEED_GPU();
     Rng r;
     rng_seed(&r, 22);
-    int shapes[][3] = {/* T, N, K */ {1, 64, 256}, {5, 160, 512}, {8, 576, 6144}, {9, 2048, 512}, {16, 96, 2048},
+    int shapes[][3] = {/* T, N, K */ {1, 64, 256}, {5, 160, 512}, {9, 2048, 512}, {16, 96, 2048},
                        {17, 512, 1024}, {33, 2048, 512}, {300, 96, 256}, {4096, 64, 256}, {1, 6144, 2048},
                        /* the stream-K tiles (34, 35) need 16 row tiles a block of the wave: runs that
                         * share row tiles, warps with no record, two token tiles of 8 */
                        {5, 4096, 768}, {16, 2112, 1024}, {12, 8192, 512},
                        /* split activations' packed halves (one n8 tile: up to 4 rows), at the limit */
                        {4, 4096, 768},
+                       /* fewer row tiles than SMs: tile 34 with K in 4 parts a cluster (w4_sk_ksplit), packed halves and not */
+                       {3, 1024, 4096}, {8, 576, 6144},
                        /* the wg ring tile for dense rows (N % 128 == 0, up to 32 rows): K split 4 and 8 ways */
                        {32, 1024, 2048}, {20, 384, 4096}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {

@@ -490,7 +490,11 @@ static void w4_dense_ring(cudaStream_t st, dim3 grid, int xf, int split, float *
  * row tile a warp covers whole is
  * stored at once; one shared by several warps of the block (at most a run's first and last)
  * leaves each warp's sums in shared memory, and after one barrier the warp whose run holds the
- * tile's first record adds the shares in warp order (deterministic) and stores it. */
+ * tile's first record adds the shares in warp order (deterministic) and stores it.
+ * KS (w4_sk_ksplit): clusters of S blocks, each cluster the row tiles a block would take, each
+ * block of it K part rank (its records, its columns of the rows staged); a block's row tile sums
+ * go to its shared memory, and after a cluster barrier each block adds the S parts of its share of
+ * the cluster's row tiles in rank order and stores them. */
 #define W4_SK_WARPS 16
 
 /* row tile i's sums (acc, a warp's mma layout) to out, scaled, plus the bias, for the m valid rows */
@@ -535,6 +539,14 @@ __device__ __forceinline__ void cl_st(uint32_t a, uint2 v)
     asm volatile("st.shared::cluster.v2.u32 [%0], {%1, %2};" ::"r"(a), "r"(v.x), "r"(v.y) : "memory");
 #endif
 }
+__device__ __forceinline__ float cl_ldf(uint32_t a)
+{
+    float v = 0.f;
+#if __CUDA_ARCH__ >= 900
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
+#endif
+    return v;
+}
 __device__ __forceinline__ void cl_arrive_relaxed()
 {
 #if __CUDA_ARCH__ >= 900
@@ -564,11 +576,12 @@ __device__ __forceinline__ void cl_wait()
  * of L2 reads for 132 blocks, that no weight load overlaps but the first record). */
 template <bool SP, bool CL>
 __device__ __forceinline__ void w4_sk_stage(__nv_bfloat16 *xs, const uint32_t *xsp, int XS, const float *x, int ldx, int m0, int m,
-                                            int K, unsigned rank, unsigned ncl)
+                                            int K, unsigned rank, unsigned ncl, int kx = 0)
 {
     const bool v4 = (ldx & 3) == 0 && ((uintptr_t)x & 15) == 0;
     if (!CL) rank = 0, ncl = 1;
     const int Kq = CL ? K / (4 * (int)ncl) : K / 4, kc0 = (int)rank * 4 * Kq; /* this block's columns, in groups of 4 */
+    x += kx; /* (K split) the block's columns start at kx of x; xs holds K from its column 0 */
     const int n = m * Kq;
     for (int q0 = threadIdx.x; q0 < n; q0 += 8 * blockDim.x) {
         float4 f[8];
@@ -610,42 +623,58 @@ __device__ __forceinline__ void w4_sk_stage(__nv_bfloat16 *xs, const uint32_t *x
 /* PDL: launched with programmatic stream serialization (w4_sk_pdl), the kernel may start while
  * the one before it in the stream finishes: the first records are loaded before waiting for
  * it (griddepcontrol.wait; the weights are constant), the activations and the outputs after. */
-template <int NT, bool SP, bool PK, bool CL>
+template <int NT, bool SP, bool PK, bool CL, bool KS = false>
 static __global__ void __launch_bounds__(W4_SK_WARPS * 32, 1) w4_dense_sk_kernel(float *out, int ldo, const float *x, int ldx,
                                                                                 int T, QTensor w, const float *bias)
 {
     extern __shared__ __align__(16) float w4_sks[];
     static_assert(!PK || (NT == 1 && SP), "packed halves: one n8 tile of split activations");
+    static_assert(!(CL && KS), "a cluster stages the rows together (CL) or splits K (KS)");
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
-    const int N = (int)w.rows, K = (int)w.cols, ng = K / W4_KG, XS = K + 8; /* rows 16 bytes apart mod 128 */
-    const int tb0 = (int)((int64_t)blockIdx.x * (N / 16) / gridDim.x), tb1 = (int)((int64_t)(blockIdx.x + 1) * (N / 16) / gridDim.x);
-    const int rb0 = tb0 * ng, Rb = (tb1 - tb0) * ng; /* the block's records */
+    const uint2 place = CL || KS ? cl_place() : make_uint2(0, 1); /* CL, KS: launched in clusters */
+    const unsigned ncl = place.y, rank = place.x;
+    /* KS: the ncl blocks of a cluster take the same row tiles, block `rank` the K part rank of ncl
+     * (gk of each row tile's ng record groups); record j of the block's own numbering (row tile
+     * major over its gk) is W's record (j / gk) ng + rank gk + j % gk */
+    const int N = (int)w.rows, K = (int)w.cols, ng = K / W4_KG, S = KS ? (int)ncl : 1, gk = ng / S, kr = KS ? (int)rank : 0;
+    const int XS = K / S + 8; /* rows 16 bytes apart mod 128 */
+    const int nb = (int)gridDim.x / S, bi = (int)blockIdx.x / S; /* the block (KS: the cluster) among them */
+    const int tb0 = (int)((int64_t)bi * (N / 16) / nb), tb1 = (int)((int64_t)(bi + 1) * (N / 16) / nb);
+    const int rb0 = tb0 * gk, Rb = (tb1 - tb0) * gk; /* the block's records */
     const int r0 = rb0 + warp * Rb / W4_SK_WARPS, r1 = rb0 + (warp + 1) * Rb / W4_SK_WARPS;
     const int m0 = blockIdx.y * 8 * NT, m = min(8 * NT, T - m0);
+    auto recp = [&](int j) {
+        if constexpr (!KS) {
+            return w.data + (size_t)j * W4_REC;
+        } else {
+            int i = j / gk;
+            return w.data + ((size_t)i * ng + kr * gk + (j - i * gk)) * W4_REC;
+        }
+    };
     __nv_bfloat16 *xs = (__nv_bfloat16 *)(w4_sks + W4_SK_SHARES(NT) / sizeof(float));
-    const uint2 place = CL ? cl_place() : make_uint2(0, 1); /* CL: launched in clusters */
-    const unsigned ncl = place.y, rank = place.x;
-    if (ncl > 1) cl_arrive_relaxed(); /* this block has started (its peers write into its xs) */
+    /* KS: the block's sums of each of its row tiles, [row tile - tb0][8 NT token slots][16 rows], after the rows */
+    float *part = (float *)(xs + (((size_t)m * XS * (SP ? 2 : 1) + 7) & ~(size_t)7));
+    if (CL && ncl > 1) cl_arrive_relaxed(); /* this block has started (its peers write into its xs) */
     W4Frag nxt;
-    if (r0 < r1) w4_load(nxt, w.data + (size_t)r0 * W4_REC, lane); /* in flight while the rows are staged */
+    if (r0 < r1) w4_load(nxt, recp(r0), lane); /* in flight while the rows are staged */
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");             /* the kernel before: done, visible */
     pdl_trigger(); /* the next may take SMs as they free (it waits for this grid's end itself) */
 #endif
     uint32_t xsp[4] = {0, 0, 0, 0}; /* xs in each block of the cluster */
-    if (ncl > 1) {
+    if (CL && ncl > 1) {
         const uint32_t xa = (uint32_t)__cvta_generic_to_shared(xs);
 #pragma unroll
         for (unsigned p = 0; p < 4; p++)
             if (p < ncl) xsp[p] = cl_map(xa, p);
         cl_wait(); /* every block of the cluster has started */
     }
-    if (ncl > 1) { /* every block's share of the rows has landed in every xs */
+    if (CL && ncl > 1) { /* every block's share of the rows has landed in every xs */
         w4_sk_stage<SP, true>(xs, xsp, XS, x, ldx, m0, m, K, rank, ncl);
         cl_arrive();
         cl_wait();
     } else {
-        w4_sk_stage<SP, false>(xs, xsp, XS, x, ldx, m0, m, K, 0, 1);
+        w4_sk_stage<SP, false>(xs, xsp, XS, x, ldx, m0, m, K / S, 0, 1, kr * gk * W4_KG);
         __syncthreads();
     }
     const int ntv = (m + 7) / 8;
@@ -658,7 +687,21 @@ static __global__ void __launch_bounds__(W4_SK_WARPS * 32, 1) w4_dense_sk_kernel
     float acc[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
-    int i = r0 / ng, G = r0 - i * ng;
+    int i = r0 / gk, G = r0 - i * gk;
+    /* row tile i's sums: to out (scaled, the bias added), or (KS) to part, as they are */
+    auto put = [&](const float (&a)[NT][4], int it) {
+        if constexpr (KS) {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int slot = nt * 8 + 2 * t + (e & 1), row = g + 8 * (e >> 1);
+                    if (slot < m) part[((size_t)(it - tb0) * 8 * NT + slot) * 16 + row] = a[nt][e];
+                }
+        } else {
+            w4_sk_store<NT>(out, ldo, a, sc, bias, m0, m, it);
+        }
+    };
     /* record r from registers cur: its MMAs, and at the end of row tile i its store or share */
     auto step = [&](const W4Frag &cur, int r) {
 #pragma unroll
@@ -674,12 +717,12 @@ static __global__ void __launch_bounds__(W4_SK_WARPS * 32, 1) w4_dense_sk_kernel
                         w4_mma_chunk(acc[nt], a, p[0], p[1]);
                     }
         }
-        if (++G < ng && r + 1 < r1) return;
+        if (++G < gk && r + 1 < r1) return;
         if constexpr (PK) w4_fold4(acc[0]);
         /* the end of row tile i in this run: stored if whole, else the warp's share kept */
-        if (i * ng >= r0 && (i + 1) * ng <= r1) w4_sk_store<NT>(out, ldo, acc, sc, bias, m0, m, i);
+        if (i * gk >= r0 && (i + 1) * gk <= r1) put(acc, i);
         else {
-            float *p = w4_sks + (size_t)(warp * 2 + (i == r0 / ng ? 0 : 1)) * NT * 4 * 32;
+            float *p = w4_sks + (size_t)(warp * 2 + (i == r0 / gk ? 0 : 1)) * NT * 4 * 32;
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -693,31 +736,51 @@ static __global__ void __launch_bounds__(W4_SK_WARPS * 32, 1) w4_dense_sk_kernel
     /* two register sets taking turns (unrolled by 2: no copy of a record between them) */
     W4Frag alt;
     for (int r = r0; r < r1; r += 2) {
-        if (r + 1 < r1) w4_load(alt, w.data + (size_t)(r + 1) * W4_REC, lane);
+        if (r + 1 < r1) w4_load(alt, recp(r + 1), lane);
         step(nxt, r);
         if (r + 1 >= r1) break;
-        if (r + 2 < r1) w4_load(nxt, w.data + (size_t)(r + 2) * W4_REC, lane);
+        if (r + 2 < r1) w4_load(nxt, recp(r + 2), lane);
         step(alt, r + 1);
     }
     __syncthreads();
     /* the shared row tile that starts in this run (its last, if shared): the shares of warps
-     * warp .. wb in warp order; warp u holds record r of the block iff u = ((r - rb0 + 1) 16 - 1) / Rb */
-    if (r0 >= r1) return;
-    const int il = (r1 - 1) / ng;
-    if (il * ng < r0 || (il + 1) * ng <= r1) return; /* it starts in an earlier run, or ends in this one */
-    const int wb = (int)(((int64_t)((il + 1) * ng - rb0) * W4_SK_WARPS - 1) / Rb);
+     * warp .. wb in warp order; warp u holds record r of the block iff u = ((r - rb0 + 1) 16 - 1) / Rb.
+     * None where the run is empty, or its last row tile starts in an earlier run or ends in this one. */
+    const int il = (r1 - 1) / gk;
+    if (r0 < r1 && il * gk >= r0 && (il + 1) * gk > r1) {
+        const int wb = (int)(((int64_t)((il + 1) * gk - rb0) * W4_SK_WARPS - 1) / Rb);
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
-    for (int u = warp; u <= wb; u++) {
-        const int ur0 = rb0 + u * Rb / W4_SK_WARPS;
-        if (ur0 == rb0 + (u + 1) * Rb / W4_SK_WARPS) continue; /* a warp with no record (Rb < 16) */
-        const float *p = w4_sks + (size_t)(u * 2 + (il == ur0 / ng ? 0 : 1)) * NT * 4 * 32;
+        for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+        for (int u = warp; u <= wb; u++) {
+            const int ur0 = rb0 + u * Rb / W4_SK_WARPS;
+            if (ur0 == rb0 + (u + 1) * Rb / W4_SK_WARPS) continue; /* a warp with no record (Rb < 16) */
+            const float *p = w4_sks + (size_t)(u * 2 + (il == ur0 / gk ? 0 : 1)) * NT * 4 * 32;
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+            for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) acc[nt][e] += p[(nt * 4 + e) * 32 + lane];
+                for (int e = 0; e < 4; e++) acc[nt][e] += p[(nt * 4 + e) * 32 + lane];
+        }
+        put(acc, il);
     }
-    w4_sk_store<NT>(out, ldo, acc, sc, bias, m0, m, il);
+    if constexpr (KS) {
+        /* every block's sums of the cluster's row tiles are in its part; block `rank` adds the K
+         * parts of its share of the row tiles in rank order (the same result every call), scales,
+         * adds the bias and stores; the second barrier keeps each part alive until its readers are done */
+        cl_arrive();
+        cl_wait();
+        const int nr = tb1 - tb0, la = (int)rank * nr / S, lb = ((int)rank + 1) * nr / S, per = m * 16;
+        const uint32_t pa = (uint32_t)__cvta_generic_to_shared(part);
+        for (int q = threadIdx.x; q < (lb - la) * per; q += blockDim.x) {
+            const int li = la + q / per, slot = (q % per) >> 4, row = q & 15;
+            const uint32_t off = 4u * (uint32_t)(((size_t)li * 8 * NT + slot) * 16 + row);
+            float v = 0.f;
+            for (int p = 0; p < S; p++) v += cl_ldf(cl_map(pa + off, (unsigned)p));
+            const int n = 16 * (tb0 + li) + row;
+            out[(size_t)(m0 + slot) * ldo + n] = v * sc + (bias ? bias[n] : 0.f);
+        }
+        cl_arrive();
+        cl_wait();
+    }
 }
 
 /* Shared memory of a stream-K launch: the shares, then its token tile's rows, whole, as BF16 halves */
@@ -787,7 +850,7 @@ static void w4_launch_dependent(void (*kernel)(KArgs...), dim3 grid, dim3 block,
  * clusters of cl blocks (its limit raised the first time a call needs it): asked of the runtime
  * once a (size, cluster), not on every eager call (the calls of a model alternate between a few
  * sizes, one per shape). Clusters of 4 need 4 free SMs of one GPC: a wave may leave a few SMs out. */
-template <int NT, bool SP, bool PK, bool CL>
+template <int NT, bool SP, bool PK, bool CL, bool KS = false>
 static int w4_sk_blocks(size_t smem, int cl, int sms)
 {
     static size_t raised, key[8];
@@ -795,12 +858,12 @@ static int w4_sk_blocks(size_t smem, int cl, int sms)
     for (int k = 0; k < n && k < 8; k++)
         if (key[k] == smem && kcl[k] == cl) return val[k];
     if (smem > raised) {
-        CUDA_CHECK(cudaFuncSetAttribute(w4_dense_sk_kernel<NT, SP, PK, CL>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CUDA_CHECK(cudaFuncSetAttribute(w4_dense_sk_kernel<NT, SP, PK, CL, KS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         raised = smem;
     }
     int blocks = 0;
     if (cl <= 1) {
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, w4_dense_sk_kernel<NT, SP, PK, CL>, W4_SK_WARPS * 32, smem));
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, w4_dense_sk_kernel<NT, SP, PK, CL, KS>, W4_SK_WARPS * 32, smem));
         blocks *= sms;
     } else {
         cudaLaunchConfig_t cfg = {};
@@ -811,7 +874,7 @@ static int w4_sk_blocks(size_t smem, int cl, int sms)
         cfg.attrs = attr;
         cfg.numAttrs = 1;
         int clusters = 0;
-        CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, w4_dense_sk_kernel<NT, SP, PK, CL>, &cfg));
+        CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, w4_dense_sk_kernel<NT, SP, PK, CL, KS>, &cfg));
         blocks = clusters * cl;
     }
     key[n % 8] = smem;
@@ -841,6 +904,35 @@ static int w4_sk_cluster(int T, int K, int split)
     return v ? v : (long)T * K * (split ? 2 : 1) >= 24576 ? 2 : 1;
 }
 
+/* K parts of a stream-K launch (KS: a cluster of that many blocks takes the same row tiles, each
+ * block its part of K, staging only its part of the rows; the parts' sums are added through the
+ * cluster's shared memory). MOESERVE_W4_SK_KSPLIT (1, 2 or 4), else (fit = 0) where the launch
+ * with K whole cannot run, up to 8 rows (tile 34): its rows over the shared memory budget, or
+ * fewer row tiles than SMs; 4 parts where K has them, else 2 (session 17, H200, docs/PERFORMANCE.md:
+ * GLM-5 shared gate/up 2048 x 6144 at 1-8 rows 9.0-10.4 -> 7.3-8.1 us BF16, split 10.4-11.7 ->
+ * 7.4-9.0; GLM-5 o_proj at 8 rows BF16 28.0 -> 23.1, at 4 split 27.4 -> 22.1. Where the launch
+ * with K whole runs, the parts lose: the cluster's start and its two barriers, 1-3 us at 1 row).
+ * Returns the parts (1: K whole). */
+static int w4_sk_ksplit_set;
+extern "C" void w4_set_sk_ksplit(int s) { w4_sk_ksplit_set = s == 1 || s == 2 || s == 4 ? s : 0; }
+
+static int w4_sk_ksplit(int nt, int K, int fit)
+{
+    static int v = -1;
+    int ng = K / W4_KG, s = w4_sk_ksplit_set;
+    if (!s) {
+        if (v < 0) {
+            const char *e = getenv("MOESERVE_W4_SK_KSPLIT");
+            v = e && *e ? atoi(e) : 0;
+            if (e && *e && v != 1 && v != 2 && v != 4) log_warn("MOESERVE_W4_SK_KSPLIT=%s: expected 1, 2 or 4; using the default", e);
+            if (v != 1 && v != 2 && v != 4) v = 0;
+        }
+        s = v ? v : fit || nt > 1 ? 1 : 4;
+    }
+    while (s > 1 && ng % s) s /= 2;
+    return s;
+}
+
 static long w4_sk_count;
 extern "C" long w4_sk_calls(void) { return w4_sk_count; }
 
@@ -852,24 +944,32 @@ static int w4_dense_sk(Backend *be, int tile, float *out, int ldo, const float *
 {
     int nt = w4_tiles[tile].nt, N = (int)w->rows, K = (int)w->cols, sms = sm_count(be);
     int gy = cdiv(T, 8 * nt);
+    /* KS (w4_sk_ksplit): the K parts of a cluster's blocks; each stages its part of the rows and
+     * keeps its sums of the cluster's row tiles (room for clusters down to half the SMs' worth) */
     size_t smem = w4_sk_smem(T, K, nt, split);
+    const int ks = w4_sk_ksplit(nt, K, smem <= budget && N / 16 >= sms);
+    const int prt = ks > 1 ? cdiv(N / 16, sms / ks / 2 > 0 ? sms / ks / 2 : 1) : 0;
+    if (ks > 1)
+        smem = W4_SK_SHARES(nt) + (((size_t)(T < 8 * nt ? T : 8 * nt) * (K / ks + 8) * (split ? 2 : 1) + 7) & ~(size_t)7) * 2 +
+               (size_t)prt * 8 * nt * 16 * sizeof(float);
     if (gy > 2 || nt * gy > 2 || smem > budget) return 0;
     /* the kernel for (nt, split), its shared memory limit raised as the calls need, and the blocks
      * of its wave (1 an SM: 16 warps at up to 128 registers), in clusters of cl that stage the
      * rows together (w4_sk_stage) */
-    int blocks = 0, cl = w4_sk_cluster(T, K, split);
+    int blocks = 0, cl = ks > 1 ? ks : w4_sk_cluster(T, K, split);
     cudaStream_t st = cuda_stream(be);
-#define W4_SK_LAUNCH_CL(NTV, SPV, PKV, CLV)                                                                            \
+#define W4_SK_LAUNCH_CL(NTV, SPV, PKV, CLV, KSV)                                                                       \
     do {                                                                                                               \
-        blocks = w4_sk_blocks<NTV, SPV, PKV, CLV>(smem, cl, sms);                                                      \
-        if (blocks < 1 || N / 16 < blocks) return 0;                                                                   \
-        w4_launch_cluster(w4_dense_sk_kernel<NTV, SPV, PKV, CLV>, dim3(blocks, gy), W4_SK_WARPS * 32, smem, st, cl,    \
+        blocks = w4_sk_blocks<NTV, SPV, PKV, CLV, KSV>(smem, cl, sms);                                                 \
+        if (blocks < cl || N / 16 < (KSV ? blocks / cl : blocks) || (KSV && cdiv(N / 16, blocks / cl) > prt)) return 0; \
+        w4_launch_cluster(w4_dense_sk_kernel<NTV, SPV, PKV, CLV, KSV>, dim3(blocks, gy), W4_SK_WARPS * 32, smem, st, cl, \
                           out, ldo, x, ldx, T, *w, bias);                                                              \
     } while (0)
 #define W4_SK_LAUNCH(NTV, SPV, PKV)                                                                                    \
     do {                                                                                                               \
-        if (cl > 1) W4_SK_LAUNCH_CL(NTV, SPV, PKV, true);                                                              \
-        else W4_SK_LAUNCH_CL(NTV, SPV, PKV, false);                                                                    \
+        if (ks > 1) W4_SK_LAUNCH_CL(NTV, SPV, PKV, false, true);                                                       \
+        else if (cl > 1) W4_SK_LAUNCH_CL(NTV, SPV, PKV, true, false);                                                  \
+        else W4_SK_LAUNCH_CL(NTV, SPV, PKV, false, false);                                                             \
     } while (0)
     if (nt == 1 && split && T <= 4) W4_SK_LAUNCH(1, true, true); /* the halves in one n8 tile (w4_packs) */
     else if (nt == 1 && split) W4_SK_LAUNCH(1, true, false);

@@ -151,6 +151,10 @@ int w4_lt_rows(void);
 /* Blocks a cluster of the stream-K launches (1, 2 or 4; they stage the rows together); 0:
  * MOESERVE_W4_SK_CLUSTER or the default (2 where rows x K x halves >= 24576, else 1). */
 void w4_set_sk_cluster(int cl);
+/* K parts of the stream-K launches (1, 2 or 4: a cluster of that many blocks takes the same row
+ * tiles, each block a part of K, and adds the parts in its shared memory); 0: MOESERVE_W4_SK_KSPLIT
+ * or the default. */
+void w4_set_sk_ksplit(int s);
 void w4_set_config(W4Config c);
 /* Activations into the tensor cores as two BF16 halves (1, the default: float32-like accuracy)
  * or one (0: MOESERVE_W4_ACT=bf16, as other engines' W4A16 kernels); -1: the environment's. */
