@@ -673,11 +673,12 @@ TEST(cuda_w4_moe_ragged)
              * on tile 29 (16 on tile 12, 32 on tile 13, 64 on tiles 30 and 28), of more than 63 (64 and 65 change
              * class), and without it; tiles 13 and 28-30 with the small class: the experts of at
              * most its default pairs on tile 12 (4 to 8: counts 0 and 1), of at most 20 (three
-             * token tiles of 8 for the expert of 20), and without it; the small class beside the
-             * call's tile on a second stream (the default) and after it on the one stream */
-            const int hs[][3] = {{-1, -1, -1}, {63, -1, -1}, {0, -1, -1}, {-1, 20, -1}, {-1, 0, -1}, {63, 20, -1}, {0, 20, -1},
-                                 {63, 20, 0}};
-            const int nh = tile == 13 || tile == 28 || tile == 30 ? 8 : tile == 29 ? 5 : tile == 12 ? 3 : 1;
+             * token tiles of 8 for the expert of 20), and without it; the classes beside the call's
+             * tile on other streams (the default: the small class, and the hot class beside tile 12;
+             * side 2: the hot class beside every tile) and after it on the one stream (side 0) */
+            const int hs[][3] = {{-1, -1, -1}, {63, -1, -1}, {0, -1, -1}, {-1, -1, 0}, {-1, 20, -1}, {-1, 0, -1}, {63, 20, -1},
+                                 {0, 20, -1}, {63, 20, 0}, {63, 20, 2}};
+            const int nh = tile == 13 || tile == 28 || tile == 30 ? 10 : tile == 29 ? 6 : tile == 12 ? 4 : 1;
             for (int hi = 0; hi < nh; hi++) {
                 if (tile == 29 && hs[hi][0] > 0) continue; /* no hot class beside tile 29 */
                 w4_set_moe_hot(hs[hi][0]);
@@ -721,16 +722,18 @@ TEST(cuda_w4_moe_ragged)
     /* the decode tiles' gate/up -> down pair (down launched with programmatic dependent launch
      * on sm_90) captured in a graph and replayed with new activations: the down kernel must read
      * the h its gate/up wrote in the same replay */
-    const int gtiles[] = {12, 0, 29, 30, 13, 28}; /* 29: 5 persistent blocks, each running many items every replay;
-                                                   * 30, 13 and 12: their hot classes on tile 29 (13, 12: the
-                                                   * permuted copy);
-                                                   * 29 and 30: their small class on tile 12 (the natural-order
-                                                   * copy); 28: a small class of up to 20 pairs */
-    for (int gi = 0; gi < 6; gi++) {
+    const int gtiles[] = {12, 0, 29, 30, 13, 28, 30}; /* 29: 5 persistent blocks, each running many items every replay;
+                                                       * 30, 13 and 12: their hot classes on tile 29 (13, 12: the
+                                                       * permuted copy; 12: on a third stream);
+                                                       * 29 and 30: their small class on tile 12 (the natural-order
+                                                       * copy); 28: a small class of up to 20 pairs; the second 30:
+                                                       * both classes on streams of their own (side 2) */
+    for (int gi = 0; gi < 7; gi++) {
         int tile = gtiles[gi];
         if ((tile >= 28 && !w4_wg_supported(0)) || !w4_tile_fits(w4_tiles[tile], w4_smem_budget(0), NULL, 0)) continue;
         if (tile >= 28 || tile == 13) w4_set_wg_persist(1, 5);
         w4_set_moe_small(tile == 28 ? 20 : -1);
+        w4_set_moe_side(gi == 6 ? 2 : -1);
         w4_set_config((W4Config){tile, 0});
         void *graph = NULL;
         for (int round = 0; round < 3; round++) {
@@ -750,6 +753,7 @@ TEST(cuda_w4_moe_ragged)
         gpu.ops->graph_free(&gpu, graph);
         w4_set_wg_persist(-1, 0);
         w4_set_moe_small(-1);
+        w4_set_moe_side(-1);
     }
     w4_set_config((W4Config){-1, 0});
     free(ref); free(x); free(idx); free(wts);

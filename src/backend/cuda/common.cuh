@@ -31,8 +31,8 @@ void cuda_launch_check(const char *kernel, const char *file, int line);
 typedef struct {
     int device;
     cudaStream_t stream;
-    cudaStream_t side;                    /* work that runs beside the stream's (w4.cu: the MoE's small class) */
-    cudaEvent_t fork, join;               /* side waits for stream at fork; stream for side at join */
+    cudaStream_t side, side2;             /* work that runs beside the stream's (w4.cu: the MoE's small and hot classes) */
+    cudaEvent_t fork, join, join2;        /* the sides wait for stream at fork; stream for them at join, join2 */
     cublasLtHandle_t lt;
     void *lt_ws;                          /* cuBLASLt workspace */
     size_t lt_ws_size;

@@ -102,8 +102,10 @@ static void cuda_destroy(Backend *be)
     if (s->lt) cublasLtDestroy(s->lt);
     cudaStreamDestroy(s->stream);
     cudaStreamDestroy(s->side);
+    cudaStreamDestroy(s->side2);
     cudaEventDestroy(s->fork);
     cudaEventDestroy(s->join);
+    cudaEventDestroy(s->join2);
     free(s);
     be->impl = NULL;
 }
@@ -203,8 +205,10 @@ extern "C" void backend_cuda_init(Backend *be, int device)
     s->device = device;
     CUDA_CHECK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&s->side, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s->side2, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreateWithFlags(&s->fork, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&s->join, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&s->join2, cudaEventDisableTiming));
     CUBLAS_CHECK(cublasLtCreate(&s->lt));
     s->lt_ws_size = 32u << 20;
     CUDA_CHECK(cudaMalloc(&s->lt_ws, s->lt_ws_size));

@@ -1701,7 +1701,22 @@ static int w4_moe_side_force = -1, w4_moe_side_env = -1;
 
 extern "C" void w4_set_moe_side(int on) { w4_moe_side_force = on; }
 
-static int w4_moe_side(void) { return w4_switch(w4_moe_side_force, &w4_moe_side_env, "MOESERVE_W4_MOE_SIDE", "0"); }
+/* 0: both classes after the call's tile on the one stream; 1 (the default): the small class
+ * beside it, and the hot class beside it on a third stream where the call's tile is tile 12;
+ * 2: the hot class beside every call's tile (w4_moe_cuda says why) */
+static int w4_moe_side(void)
+{
+    if (w4_moe_side_force >= 0) return w4_moe_side_force;
+    if (w4_moe_side_env < 0) {
+        const char *e = getenv("MOESERVE_W4_MOE_SIDE");
+        w4_moe_side_env = !e || !*e ? 1 : !strcmp(e, "0") ? 0 : !strcmp(e, "1") ? 1 : !strcmp(e, "2") ? 2 : -1;
+        if (w4_moe_side_env < 0) {
+            log_warn("MOESERVE_W4_MOE_SIDE=%s: expected 0, 1 or 2; using 1", e);
+            w4_moe_side_env = 1;
+        }
+    }
+    return w4_moe_side_env;
+}
 
 /* the small class's gate/up and down on tile 12 (w4_moe_small) */
 template <bool SP>
@@ -1790,22 +1805,36 @@ int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const f
      * experts is a chain of dependent record loads a warp (~70 us on the H200 for 2-5 experts),
      * which the call's kernels hide; its blocks take SMs as the call's leave them room */
     CudaState *cs = cuda_state(be);
-    int side = small > 0 && w4_moe_side();
+    auto hot_launch = [&](cudaStream_t s) {
+        w4_moe_wg<16, 4, 3, 1>(s, max_tiles_b, h, wg ? xb : xb2, y, tb, E, K, rows, hc.tile_e, hc.tile_base, hc.n_tiles, hc.ctr, D,
+                               F, xlo, hlo);
+    };
+    /* the hot class on a third stream, beside the call's tile and the small class: where the call's
+     * tile is tile 12 (w4_moe_side 1, the default), and beside every call's tile (2). Beside tile 12
+     * the class holds the few experts of more than 16 pairs (0-2 at 192 tokens random), whose tile
+     * 29 launch after the call's was a latency chain of its own (session 17, H200: 192 tokens random
+     * -2 to -8%, skewed 128-192 -2 to -6% in both forms; beside tiles 13 and 30 mixed, 384 tokens
+     * random BF16 +3%, so not there by default) */
+    const int sm = w4_moe_side(), side = small > 0 && sm, side2 = hot > 0 && (sm == 2 || (sm == 1 && tile == 12));
+    if (side || side2) CUDA_CHECK(cudaEventRecord(cs->fork, st));
     if (side) {
-        CUDA_CHECK(cudaEventRecord(cs->fork, st));
         CUDA_CHECK(cudaStreamWaitEvent(cs->side, cs->fork, 0));
         small_launch(cs->side);
         CUDA_CHECK(cudaEventRecord(cs->join, cs->side));
+    }
+    if (side2) {
+        CUDA_CHECK(cudaStreamWaitEvent(cs->side2, cs->fork, 0));
+        hot_launch(cs->side2);
+        CUDA_CHECK(cudaEventRecord(cs->join2, cs->side2));
     }
     /* after the call's tile: the small experts' tiles (tile 12, on the activations in their natural
      * order: the copy beside a wg tile), the hot experts' tiles (on the activations in the wg order:
      * xb beside a wg tile, the permuted copy beside tiles 12 and 13), then the weighted combine */
     auto finish = [&]() {
         if (small > 0 && !side) small_launch(st);
-        if (hot > 0)
-            w4_moe_wg<16, 4, 3, 1>(st, max_tiles_b, h, wg ? xb : xb2, y, tb, E, K, rows, hc.tile_e, hc.tile_base, hc.n_tiles,
-                                   hc.ctr, D, F, xlo, hlo);
+        if (hot > 0 && !side2) hot_launch(st);
         if (side) CUDA_CHECK(cudaStreamWaitEvent(st, cs->join, 0)); /* the small class, beside: done */
+        if (side2) CUDA_CHECK(cudaStreamWaitEvent(st, cs->join2, 0)); /* the hot class, beside: done */
         moe_combine_cuda(be, out, y, wts, idx, T, K, D);
         return -1;
     };

@@ -170,8 +170,9 @@ void w4_set_moe_hot(int pairs);
 /* tests: experts of at most `pairs` pairs of a call run on tile 12, beside the wg call tiles and
  * tile 13 (0: off; -1: MOESERVE_W4_MOE_SMALL or the default, w4_moe_classes) */
 void w4_set_moe_small(int pairs);
-/* tests: the small class beside the call's tile on a second stream (1), or after it on the one
- * stream (0); -1: MOESERVE_W4_MOE_SIDE or the default (1) */
+/* tests: the small class beside the call's tile on a second stream, and the hot class beside the
+ * call's tile 12 on a third (1); the hot class beside every call's tile too (2); both classes after
+ * it on the one stream (0); -1: MOESERVE_W4_MOE_SIDE or the default (1) */
 void w4_set_moe_side(int on);
 /* the dense GEMMs launched on tile 36 (W4_DENSE_WG_TILE) so far (tests) */
 long w4_dense_wg_calls(void);
