@@ -992,7 +992,7 @@ static int w4_dense_sk(Backend *be, int tile, float *out, int ldo, const float *
  * the partial sums go to part[s][T][N] and w4_reduce_kernel adds them in split order (the same
  * result every call). The activations enter as BF16 rows permuted inside each 64-column chunk
  * (to_bf16 perm), their low halves lo elements further. */
-template <int NT, int ST, int WR, int CPS>
+template <int NT, int ST, int WR, int CPS, int AF>
 static __global__ void __launch_bounds__(256, 2) w4_dense_wg_kernel(float *out, int ldo, float *part, const __nv_bfloat16 *xb,
                                                                    size_t lo, int T, QTensor w, const float *bias, int splits)
 {
@@ -1007,7 +1007,7 @@ static __global__ void __launch_bounds__(256, 2) w4_dense_wg_kernel(float *out, 
     if (threadIdx.x < 8 * NT) rowp[threadIdx.x] = xb + (size_t)min((int)threadIdx.x, T - 1) * K + (size_t)g0 * W4_KG;
     __syncthreads();
     float acc[4 * NT];
-    w4_wg_gemm<NT, ST, WR, CPS>(acc, w.data + ((size_t)i * ng + g0) * W4_REC, rowp, lo, g1 - g0, T, sm, ring, nullptr);
+    w4_wg_gemm<NT, ST, WR, CPS, AF>(acc, w.data + ((size_t)i * ng + g0) * W4_REC, rowp, lo, g1 - g0, T, sm, ring, nullptr);
     const float sc = w.gscale * 512.f;
 #pragma unroll
     for (int b = 0; b < NT; b++)
@@ -1043,7 +1043,8 @@ static int w4_dense_wg(Backend *be, float *out, int ldo, const float *x, int ldx
     const int smem = W4_WG_SMEM(NT, ST, WR);
     static int ready = 0;
     if (!ready) {
-        CUDA_CHECK(cudaFuncSetAttribute(w4_dense_wg_kernel<NT, ST, WR, CPS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        CUDA_CHECK(cudaFuncSetAttribute(w4_dense_wg_kernel<NT, ST, WR, CPS, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        CUDA_CHECK(cudaFuncSetAttribute(w4_dense_wg_kernel<NT, ST, WR, CPS, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         ready = 1;
     }
     /* splits of K: as many as one wave of two blocks an SM holds (a second, partial wave would
@@ -1056,8 +1057,11 @@ static int w4_dense_wg(Backend *be, float *out, int ldo, const float *x, int ldx
     __nv_bfloat16 *xb = (__nv_bfloat16 *)cuda_scratch(be, SCR_W4_X, (size_t)2 * T * K * sizeof(__nv_bfloat16));
     to_bf16(be, xb, x, ldx, T, K, split, 1);
     float *part = splits > 1 ? (float *)cuda_scratch(be, SCR_W4_PART, (size_t)splits * T * N * sizeof(float)) : NULL;
-    w4_dense_wg_kernel<NT, ST, WR, CPS><<<dim3(rb, splits), 256, smem, st>>>(out, ldo, part, xb, split ? (size_t)T * K : 0, T,
-                                                                          *w, bias, splits);
+    if (split)
+        w4_dense_wg_kernel<NT, ST, WR, CPS, 1><<<dim3(rb, splits), 256, smem, st>>>(out, ldo, part, xb, (size_t)T * K, T, *w, bias,
+                                                                                    splits);
+    else
+        w4_dense_wg_kernel<NT, ST, WR, CPS, 0><<<dim3(rb, splits), 256, smem, st>>>(out, ldo, part, xb, 0, T, *w, bias, splits);
     LAUNCH_CHECK("w4_dense_wg_kernel");
     if (splits > 1) {
         int64_t n = (int64_t)T * N;
@@ -1534,7 +1538,8 @@ __device__ __forceinline__ void cp_async4_s(void *smem, const void *gmem)
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
 }
 
-template <int NT, int ST, int WR, int CPS>
+/* AF: the activation form the kernel is built for (w4_wg_gemm): 0 plain BF16, 1 split, 2 either */
+template <int NT, int ST, int WR, int CPS, int AF>
 static __global__ void __launch_bounds__(256, NT == 4 || (WR > 0 && NT == 8) ? 2 : 1) w4_moe_gateup_wg_kernel(
     __nv_bfloat16 *h, const __nv_bfloat16 *xb, const QTensor *table, int E, int topk, const int *rows, const int *tile_e, const int *tile_base, const int *n_tiles, int *ctr, int F, int K,
     size_t xlo, size_t hlo)
@@ -1567,7 +1572,7 @@ static __global__ void __launch_bounds__(256, NT == 4 || (WR > 0 && NT == 8) ? 2
             nrec = table[wgp * E + w4_tile_expert(tile_e, tn)].data + (size_t)(in < nrt ? in : 0) * ng * W4_REC;
         }
         float acc[4 * NT];
-        w4_wg_gemm<NT, ST, WR, CPS>(acc, wq.data + (size_t)(i < nrt ? i : 0) * ng * W4_REC, rowp, xlo, ng, m, sm, ring, nrec);
+        w4_wg_gemm<NT, ST, WR, CPS, AF>(acc, wq.data + (size_t)(i < nrt ? i : 0) * ng * W4_REC, rowp, xlo, ng, m, sm, ring, nrec);
         if (threadIdx.x == 0) wnext = wg_next_of<WR>(after, wn); /* every thread read wnext before the GEMM's barriers */
         float sc = wq.gscale * 512.f;
         __syncthreads(); /* every warp is done with the stages: ex reuses them */
@@ -1601,7 +1606,7 @@ static __global__ void __launch_bounds__(256, NT == 4 || (WR > 0 && NT == 8) ? 2
 #endif
 }
 
-template <int NT, int ST, int WR, int CPS>
+template <int NT, int ST, int WR, int CPS, int AF>
 static __global__ void __launch_bounds__(256, NT == 4 || (WR > 0 && NT == 8) ? 2 : 1) w4_moe_down_wg_kernel(
     float *y, const __nv_bfloat16 *h, const QTensor *table, int E, const int *rows, const int *tile_e, const int *tile_base, const int *n_tiles, int *ctr, int D, int F, size_t hlo)
 {
@@ -1638,7 +1643,7 @@ static __global__ void __launch_bounds__(256, NT == 4 || (WR > 0 && NT == 8) ? 2
             nrec = table[2 * E + w4_tile_expert(tile_e, tn)].data + (size_t)(in < nrt ? in : 0) * ng * W4_REC;
         }
         float acc[4 * NT];
-        w4_wg_gemm<NT, ST, WR, CPS>(acc, wd.data + (size_t)(i < nrt ? i : 0) * ng * W4_REC, rowp, hlo, ng, m, sm, ring, nrec);
+        w4_wg_gemm<NT, ST, WR, CPS, AF>(acc, wd.data + (size_t)(i < nrt ? i : 0) * ng * W4_REC, rowp, hlo, ng, m, sm, ring, nrec);
         if (threadIdx.x == 0) wnext = wg_next_of<WR>(after, wn); /* every thread read wnext before the GEMM's barriers */
         if (i >= nrt) continue;
         float sd = wd.gscale * 512.f;
@@ -1673,12 +1678,17 @@ static void w4_moe_wg(cudaStream_t st, int max_tiles, __nv_bfloat16 *h, const __
                       const int *tile_e, const int *tile_base, const int *n_tiles, int *ctr, int D, int F, size_t xlo, size_t hlo)
 {
     const int smem = W4_WG_SMEM(NT, ST, WR);
+    constexpr int AFS = NT == 4 ? 1 : 2, AFB = NT == 4 ? 0 : 2; /* the kernels' activation forms (w4_wg_gemm): split, plain BF16 */
     static int ready = 0, gfp = 0, gdp = 0;
-    if (!ready) {
-        CUDA_CHECK(cudaFuncSetAttribute(w4_moe_gateup_wg_kernel<NT, ST, WR, CPS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        CUDA_CHECK(cudaFuncSetAttribute(w4_moe_down_wg_kernel<NT, ST, WR, CPS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        gfp = wg_wave(w4_moe_gateup_wg_kernel<NT, ST, WR, CPS>, smem);
-        gdp = wg_wave(w4_moe_down_wg_kernel<NT, ST, WR, CPS>, smem);
+    if (!ready) { /* the kernels of both activation forms hold the same blocks an SM (the same launch bounds and shared memory) */
+        CUDA_CHECK(cudaFuncSetAttribute(w4_moe_gateup_wg_kernel<NT, ST, WR, CPS, AFS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        CUDA_CHECK(cudaFuncSetAttribute(w4_moe_down_wg_kernel<NT, ST, WR, CPS, AFS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        CUDA_CHECK(cudaFuncSetAttribute(w4_moe_gateup_wg_kernel<NT, ST, WR, CPS, AFB>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        CUDA_CHECK(cudaFuncSetAttribute(w4_moe_down_wg_kernel<NT, ST, WR, CPS, AFB>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        int a = wg_wave(w4_moe_gateup_wg_kernel<NT, ST, WR, CPS, AFS>, smem), b = wg_wave(w4_moe_gateup_wg_kernel<NT, ST, WR, CPS, AFB>, smem);
+        int c = wg_wave(w4_moe_down_wg_kernel<NT, ST, WR, CPS, AFS>, smem), d = wg_wave(w4_moe_down_wg_kernel<NT, ST, WR, CPS, AFB>, smem);
+        gfp = a < b ? a : b;
+        gdp = c < d ? c : d;
         ready = 1;
     }
     /* the grids: an item a block, or (the ring kernels) one wave of persistent blocks */
@@ -1687,11 +1697,19 @@ static void w4_moe_wg(cudaStream_t st, int max_tiles, __nv_bfloat16 *h, const __
     int persist = WR > 0 && w4_wg_persist();
     long wf = w4_wg_persist_cap ? w4_wg_persist_cap : gfp, wd = w4_wg_persist_cap ? w4_wg_persist_cap : gdp;
     int gf = (int)(persist && wf < fi ? wf : fi), gd = (int)(persist && wd < di ? wd : di);
-    w4_moe_gateup_wg_kernel<NT, ST, WR, CPS><<<gf, 256, smem, st>>>(h, xb, tb, E, topk, rows, tile_e, tile_base,
-                                                          n_tiles, ctr, F, D, xlo, hlo);
+    if (xlo) /* split activations (xlo and hlo both set) */
+        w4_moe_gateup_wg_kernel<NT, ST, WR, CPS, AFS><<<gf, 256, smem, st>>>(h, xb, tb, E, topk, rows, tile_e, tile_base, n_tiles, ctr,
+                                                                            F, D, xlo, hlo);
+    else
+        w4_moe_gateup_wg_kernel<NT, ST, WR, CPS, AFB><<<gf, 256, smem, st>>>(h, xb, tb, E, topk, rows, tile_e, tile_base, n_tiles, ctr,
+                                                                             F, D, xlo, hlo);
     LAUNCH_CHECK("w4_moe_gateup_wg_kernel");
-    w4_moe_down_wg_kernel<NT, ST, WR, CPS><<<gd, 256, smem, st>>>(y, h, tb, E, rows, tile_e, tile_base, n_tiles, ctr + 1,
-                                                        D, F, hlo);
+    if (hlo)
+        w4_moe_down_wg_kernel<NT, ST, WR, CPS, AFS><<<gd, 256, smem, st>>>(y, h, tb, E, rows, tile_e, tile_base, n_tiles, ctr + 1, D, F,
+                                                                          hlo);
+    else
+        w4_moe_down_wg_kernel<NT, ST, WR, CPS, AFB><<<gd, 256, smem, st>>>(y, h, tb, E, rows, tile_e, tile_base, n_tiles, ctr + 1, D, F,
+                                                                           hlo);
     LAUNCH_CHECK("w4_moe_down_wg_kernel");
 }
 

@@ -428,14 +428,14 @@ __device__ __forceinline__ void w4_wg_gemm_n(float (&acc)[4 * NT], const uint8_t
  * nrec: the warp's records in the block's next token tile (the same ng), or null: the last
  * WR - 1 refills then ask for that tile's first groups, so that its call starts with its weights
  * in flight instead of waiting a full HBM latency (ignored where ng < WR - 1). */
-template <int NT, int ST, int WR, int CPS, int NN, bool SPLIT, bool PK = false>
+template <int NT, int ST, int WR, int CPS, int NN, bool SPLIT, bool PK = false, bool XN = false>
 __device__ __forceinline__ void w4_wg_gemm_r(float (&acc)[4 * NT], const uint8_t *rec, const __nv_bfloat16 *const *rowp,
                                              size_t lo, int ng, int nv, uint8_t *sm, WgRing &ring, const uint8_t *nrec)
 {
     static_assert(ST >= 3 && NN <= 8 * NT && W4_KG == 256, "wg tile: 3+ stages; a record group is 4 chunks of 64");
     static_assert((CPS == 1 || CPS == 2) && ST % CPS == 0 && ST / CPS >= 3, "a stage of 1 or 2 chunks, 3+ stages");
     static_assert(WR >= 2, "a weight ring holds the group being decoded and at least one in flight");
-    static_assert(!PK || (NN == 32 && !SPLIT), "packed halves: one N = 32 MMA set (16 + 16, or 8 + 8 as N = 16)");
+    static_assert(!PK || ((NN == 32 || (XN && NN == 16)) && !SPLIT), "packed halves: one N = 32 MMA set (16 + 16, or 8 + 8 as N = 16)");
     if (ng < WR - 1) nrec = nullptr; /* the next tile's first WR - 1 groups would not all be asked for */
     /* A chunk's slot holds its high and low halves (SPLIT), or one half (plain BF16, and the packed
      * halves, which share a half's rows): then the same shared memory holds twice the slots, and a
@@ -445,9 +445,9 @@ __device__ __forceinline__ void w4_wg_gemm_r(float (&acc)[4 * NT], const uint8_t
     /* CH: copy passes of 32 rows (rows from nv on are never copied) */
     constexpr int NR = 8 * NT, HALF = NR * W4_WG_ROW_BYTES, STAGE = ONE ? HALF : 2 * HALF, CH = (NN + 31) / 32;
     constexpr int NSL = ONE ? 2 * ST : ST, CP = ONE ? 2 * CPS : CPS; /* chunk slots; chunks a stage */
-    /* the MMAs' N for this call's tokens (wg_nn): the same loop, less MMA work; ph: the rows of
-     * each packed half */
-    const int nn = wg_nn<NT, NN, PK, SPLIT>(nv);
+    /* the MMAs' N for this call's tokens (wg_nn): the same loop, less MMA work; or (XN) NN, chosen
+     * by the caller (w4_wg_gemm_s); ph: the rows of each packed half */
+    const int nn = XN ? NN : wg_nn<NT, NN, PK, SPLIT>(nv);
     const int ph = nn / 2;
     constexpr int SP = NSL / CP; /* stages of CP chunks: one barrier and one commit group a stage */
     static_assert(4 % CP == 0, "a record group's 4 chunks in whole stages");
@@ -567,8 +567,17 @@ __device__ __forceinline__ void w4_wg_gemm_r(float (&acc)[4 * NT], const uint8_t
         }
         wg_fence();
         constexpr int co = G4 ? c * (STAGE / 16) : 0;
-        wg_mma_chunk<NT, NN, SPLIT>(acc, av, dc + co, nn);
-        if constexpr (SPLIT) wg_mma_chunk<NT, NN, SPLIT>(acc, av, dc + (co + HALF / 16), nn); /* the same commit group */
+        if constexpr (XN) { /* no choice in the loop */
+#pragma unroll
+            for (int j = 0; j < 4; j++) wg_mma<NN>(acc, av[j], dc + co + 2 * j);
+            if constexpr (SPLIT) {
+#pragma unroll
+                for (int j = 0; j < 4; j++) wg_mma<NN>(acc, av[j], dc + (co + HALF / 16) + 2 * j);
+            }
+        } else {
+            wg_mma_chunk<NT, NN, SPLIT>(acc, av, dc + co, nn);
+            if constexpr (SPLIT) wg_mma_chunk<NT, NN, SPLIT>(acc, av, dc + (co + HALF / 16), nn); /* the same commit group */
+        }
         wg_commit();
         if constexpr (!G4) dc = dc == d0 + (NSL - 1) * (STAGE / 16) ? d0 : dc + STAGE / 16;
         else if constexpr (c == 3) dc = dc == d0 + (NSL - 4) * (STAGE / 16) ? d0 : dc + 4 * (STAGE / 16);
@@ -607,10 +616,48 @@ __device__ __forceinline__ void w4_wg_gemm_nr(float (&acc)[4 * NT], const uint8_
     else w4_wg_gemm_r<NT, ST, WR, CPS, NN, SPLIT>(acc, rec, rowp, lo, ng, nv, sm, ring, nrec);
 }
 
+/* The 32-token ring tiles (27, 30 and the dense 36): the N of a call's MMAs chosen once a call,
+ * each its own instantiation of the loop (XN), on accumulators of its own then copied into acc:
+ * BF16 16 (wg_n16), 24 (wg_fine), 32; split activations 32, and the packed halves (up to 16
+ * tokens) 16 or 32. Session 17: with the choice a branch in the loop between the MMA sets (wg_nn,
+ * wg_mma_chunk, sessions 13-14; the tiles of 64 and 128 tokens keep it), ptxas ends each chunk's
+ * MMAs with an empty wgmma group of its own (C7519, "warpgroup.arrive is injected"), so that the
+ * loop's wait for the chunk before (wait_group 1) waited for this chunk's too: the next chunk's
+ * decode no longer overlapped them. With one accumulator for several instantiations, or both
+ * activation forms' in one kernel (w4_wg_gemm's AF), ptxas serializes their wgmma (C7512). */
+template <int NT, int ST, int WR, int CPS, int NN, bool SPLIT, bool PK = false>
+__device__ __forceinline__ void w4_wg_gemm_x(float (&acc)[4 * NT], const uint8_t *rec, const __nv_bfloat16 *const *rowp,
+                                             size_t lo, int ng, int nv, uint8_t *sm, WgRing &ring, const uint8_t *nrec)
+{
+    float a[4 * NT];
+#pragma unroll
+    for (int i = 0; i < 4 * NT; i++) a[i] = 0.f;
+    w4_wg_gemm_r<NT, ST, WR, CPS, NN, SPLIT, PK, true>(a, rec, rowp, lo, ng, nv, sm, ring, nrec);
+    if constexpr (PK) { /* token j's halves: accumulator columns j and j + NN / 2 */
+#pragma unroll
+        for (int i = 0; i < NN / 4; i++) acc[i] = a[i] + a[i + NN / 4];
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4 * NT; i++) acc[i] = a[i];
+    }
+}
+
 template <int NT, int ST, int WR, int CPS, bool SPLIT>
 __device__ __forceinline__ void w4_wg_gemm_s(float (&acc)[4 * NT], const uint8_t *rec, const __nv_bfloat16 *const *rowp,
                                              size_t lo, int ng, int nv, uint8_t *sm, WgRing &ring, const uint8_t *nrec)
 {
+    if constexpr (NT == 4 && WR > 0) { /* w4_wg_gemm_x */
+        if constexpr (SPLIT) {
+            if (wg_n16<NT, true>(nv)) w4_wg_gemm_x<NT, ST, WR, CPS, 16, false, true>(acc, rec, rowp, lo, ng, nv, sm, ring, nrec);
+            else if (nv <= 16) w4_wg_gemm_x<NT, ST, WR, CPS, 32, false, true>(acc, rec, rowp, lo, ng, nv, sm, ring, nrec);
+            else w4_wg_gemm_x<NT, ST, WR, CPS, 32, true>(acc, rec, rowp, lo, ng, nv, sm, ring, nrec);
+        } else {
+            if (wg_n16<NT, false>(nv)) w4_wg_gemm_x<NT, ST, WR, CPS, 16, false>(acc, rec, rowp, lo, ng, nv, sm, ring, nrec);
+            else if (wg_fine<NT, 32, false>() && nv <= 24) w4_wg_gemm_x<NT, ST, WR, CPS, 24, false>(acc, rec, rowp, lo, ng, nv, sm, ring, nrec);
+            else w4_wg_gemm_x<NT, ST, WR, CPS, 32, false>(acc, rec, rowp, lo, ng, nv, sm, ring, nrec);
+        }
+        return;
+    }
     if constexpr (SPLIT && WR > 0) {
         /* split activations, at most 16 tokens: their high halves as B rows 0..15 and their low
          * halves as rows 16..31 of one N = 32 MMA set instead of two (the MMA work of the tile
@@ -656,17 +703,19 @@ __device__ __forceinline__ void w4_wg_gemm_s(float (&acc)[4 * NT], const uint8_t
 /* acc (4 NT floats: rows 16 w + g (+8) x tokens, the wgmma m64nNk16 accumulator layout:
  * acc[4 b + d] is token 8 b + 2 t + (d & 1), row g + 8 (d >> 1) of the warp's 16) =
  * the warp's row tile (W4P records from rec, ng groups) x the nv token rows rowp[0..nv) (BF16,
- * permuted, lo elements further for the low halves when lo != 0). sm: the stage ring, 1024-byte
- * aligned. Every thread of the block calls (barriers); nv is block-uniform. The instruction's N
- * is the smallest of 32, 64, 128 (up to the tile's) that holds the valid tokens. */
-template <int NT, int ST, int WR, int CPS>
+ * permuted, lo elements further for the low halves with split activations). sm: the stage ring,
+ * 1024-byte aligned. Every thread of the block calls (barriers); nv is block-uniform. The
+ * instruction's N is the smallest of 32, 64, 128 (up to the tile's) that holds the valid tokens
+ * (finer: w4_wg_gemm_s). AF, the activation form the kernel is built for: 0 plain BF16, 1 split
+ * (lo != 0), 2 either (lo says): the 32-token tiles have a kernel a form (w4_wg_gemm_x says why). */
+template <int NT, int ST, int WR, int CPS, int AF>
 __device__ __forceinline__ void w4_wg_gemm(float (&acc)[4 * NT], const uint8_t *rec, const __nv_bfloat16 *const *rowp,
                                            size_t lo, int ng, int nv, uint8_t *sm, WgRing &ring, const uint8_t *nrec)
 {
     static_assert(NT == 4 || NT == 8 || NT == 16, "wg tile: 32, 64 or 128 tokens");
 #pragma unroll
     for (int i = 0; i < 4 * NT; i++) acc[i] = 0.f;
-    if (lo)
+    if (AF == 1 || (AF == 2 && lo))
         w4_wg_gemm_s<NT, ST, WR, CPS, true>(acc, rec, rowp, lo, ng, nv, sm, ring, nrec);
     else
         w4_wg_gemm_s<NT, ST, WR, CPS, false>(acc, rec, rowp, lo, ng, nv, sm, ring, nrec);
