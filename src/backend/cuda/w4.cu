@@ -497,18 +497,18 @@ static void w4_dense_ring(cudaStream_t st, dim3 grid, int xf, int split, float *
  * the cluster's row tiles in rank order and stores them. */
 #define W4_SK_WARPS 16
 
-/* row tile i's sums (acc, a warp's mma layout) to out, scaled, plus the bias, for the m valid rows */
+/* a row tile's sums (acc, a warp's mma layout) for the m valid token slots: slot s, row r (of its
+ * 16) to dst[s ld + r], scaled, plus bias[r] (bias: the tile's first, or null) */
 template <int NT>
-__device__ __forceinline__ void w4_sk_store(float *out, int ldo, const float (&acc)[NT][4], float sc, const float *bias, int m0,
-                                            int m, int i)
+__device__ __forceinline__ void w4_sk_store(float *dst, int ld, const float (&acc)[NT][4], float sc, const float *bias, int m)
 {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            int slot = nt * 8 + 2 * t + (e & 1), row = 16 * i + g + 8 * (e >> 1);
-            if (slot < m) out[(size_t)(m0 + slot) * ldo + row] = acc[nt][e] * sc + (bias ? bias[row] : 0.f);
+            int slot = nt * 8 + 2 * t + (e & 1), row = g + 8 * (e >> 1);
+            if (slot < m) dst[(size_t)slot * ld + row] = acc[nt][e] * sc + (bias ? bias[row] : 0.f);
         }
 }
 
@@ -688,19 +688,10 @@ static __global__ void __launch_bounds__(W4_SK_WARPS * 32, 1) w4_dense_sk_kernel
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
     int i = r0 / gk, G = r0 - i * gk;
-    /* row tile i's sums: to out (scaled, the bias added), or (KS) to part, as they are */
+    /* row tile it's sums: to out (scaled, the bias added), or (KS) to part, as they are */
     auto put = [&](const float (&a)[NT][4], int it) {
-        if constexpr (KS) {
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int slot = nt * 8 + 2 * t + (e & 1), row = g + 8 * (e >> 1);
-                    if (slot < m) part[((size_t)(it - tb0) * 8 * NT + slot) * 16 + row] = a[nt][e];
-                }
-        } else {
-            w4_sk_store<NT>(out, ldo, a, sc, bias, m0, m, it);
-        }
+        if constexpr (KS) w4_sk_store<NT>(part + (size_t)(it - tb0) * 8 * NT * 16, 16, a, 1.f, nullptr, m);
+        else w4_sk_store<NT>(out + (size_t)m0 * ldo + 16 * it, ldo, a, sc, bias ? bias + 16 * it : nullptr, m);
     };
     /* record r from registers cur: its MMAs, and at the end of row tile i its store or share */
     auto step = [&](const W4Frag &cur, int r) {
@@ -783,10 +774,13 @@ static __global__ void __launch_bounds__(W4_SK_WARPS * 32, 1) w4_dense_sk_kernel
     }
 }
 
-/* Shared memory of a stream-K launch: the shares, then its token tile's rows, whole, as BF16 halves */
-static size_t w4_sk_smem(int T, int K, int nt, int split)
+/* Shared memory of a stream-K launch: the shares, then its token tile's rows (K whole, or its part
+ * of ks), as BF16 halves; with K in parts, then the sums of prt row tiles */
+static size_t w4_sk_smem(int T, int K, int nt, int split, int ks = 1, int prt = 0)
 {
-    return W4_SK_SHARES(nt) + (size_t)(T < 8 * nt ? T : 8 * nt) * (K + 8) * 2 * (split ? 2 : 1);
+    size_t rows = (size_t)(T < 8 * nt ? T : 8 * nt) * (K / ks + 8) * (split ? 2 : 1); /* BF16 values */
+    if (ks == 1) return W4_SK_SHARES(nt) + rows * 2;
+    return W4_SK_SHARES(nt) + ((rows + 7) & ~(size_t)7) * 2 + (size_t)prt * 8 * nt * 16 * sizeof(float);
 }
 
 /* Programmatic dependent launch of the stream-K tiles and of the MoE down kernel after gate/up
@@ -949,9 +943,7 @@ static int w4_dense_sk(Backend *be, int tile, float *out, int ldo, const float *
     size_t smem = w4_sk_smem(T, K, nt, split);
     const int ks = w4_sk_ksplit(nt, K, smem <= budget && N / 16 >= sms);
     const int prt = ks > 1 ? cdiv(N / 16, sms / ks / 2 > 0 ? sms / ks / 2 : 1) : 0;
-    if (ks > 1)
-        smem = W4_SK_SHARES(nt) + (((size_t)(T < 8 * nt ? T : 8 * nt) * (K / ks + 8) * (split ? 2 : 1) + 7) & ~(size_t)7) * 2 +
-               (size_t)prt * 8 * nt * 16 * sizeof(float);
+    if (ks > 1) smem = w4_sk_smem(T, K, nt, split, ks, prt);
     if (gy > 2 || nt * gy > 2 || smem > budget) return 0;
     /* the kernel for (nt, split), its shared memory limit raised as the calls need, and the blocks
      * of its wave (1 an SM: 16 warps at up to 128 registers), in clusters of cl that stage the

@@ -715,10 +715,14 @@ __device__ __forceinline__ void w4_wg_gemm(float (&acc)[4 * NT], const uint8_t *
     static_assert(NT == 4 || NT == 8 || NT == 16, "wg tile: 32, 64 or 128 tokens");
 #pragma unroll
     for (int i = 0; i < 4 * NT; i++) acc[i] = 0.f;
-    if (AF == 1 || (AF == 2 && lo))
+    if constexpr (AF == 1) {
         w4_wg_gemm_s<NT, ST, WR, CPS, true>(acc, rec, rowp, lo, ng, nv, sm, ring, nrec);
-    else
+    } else if constexpr (AF == 0) {
         w4_wg_gemm_s<NT, ST, WR, CPS, false>(acc, rec, rowp, lo, ng, nv, sm, ring, nrec);
+    } else {
+        if (lo) w4_wg_gemm_s<NT, ST, WR, CPS, true>(acc, rec, rowp, lo, ng, nv, sm, ring, nrec);
+        else w4_wg_gemm_s<NT, ST, WR, CPS, false>(acc, rec, rowp, lo, ng, nv, sm, ring, nrec);
+    }
 }
 
 #endif
