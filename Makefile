@@ -59,9 +59,16 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/%.o: %.cu
+$(BUILD)/%.o: %.cu $(BUILD)/cuda_arch.txt
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -MD -MF $(@:.o=.d) -c $< -o $@
+
+# what the CUDA objects were built for: rewritten only when CUDA_ARCH changes, which then rebuilds them
+$(BUILD)/cuda_arch.txt: FORCE
+	@mkdir -p $(dir $@)
+	@echo '$(CUDA_ARCH)' | cmp -s - $@ || echo '$(CUDA_ARCH)' > $@
+FORCE:
+.PHONY: FORCE
 
 # make test: CPU only; every test, then the server tests again under ASan + UBSan (a server
 # must survive hostile input without memory errors); ends with "N passed, N failed".

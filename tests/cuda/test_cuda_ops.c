@@ -641,9 +641,11 @@ TEST(cuda_w4_moe_ragged)
 {
     NEED_GPU();
     /* the wg tiles run (and are checked below) wherever the GPU is sm_90 and the build has sm_90a */
-    int cc = w4_device_cc(0);
+    int cc = w4_device_cc(0), code = w4_code_arch(0);
     if (cc == 90) EXPECT(w4_wg_supported(0), "an sm_90 GPU: the build must have sm_90a (CUDA_ARCH)");
     else EXPECT(!w4_wg_supported(0), "sm_%d runs no wg tile", cc);
+    /* the loaded code's target: at most the GPU's, sm_80 or later, and sm_90 where the wg tiles run */
+    EXPECT(code >= 80 && code <= cc && (!w4_wg_supported(0) || code == 90), "sm_%d runs code for sm_%d", cc, code);
     Rng r;
     rng_seed(&r, 23);
     const int E = 16, K = 4, T = 300, D = 768, F = 512;

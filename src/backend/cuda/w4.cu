@@ -281,29 +281,59 @@ extern "C" int w4_load_cached(int device)
     return 1;
 }
 
-static __global__ void w4_wg_probe_kernel(int *out) { *out = W4_WG_ARCH; }
-
-/* 1 if the wg tiles run on this device: the code loaded for it is sm_90a's (a build without
- * sm_90a, or another GPU, runs w4_wg.cuh's kernels as empty bodies: the probe says 0) */
-extern "C" int w4_wg_supported(int device)
+/* what the code loaded for the device was built for: its __CUDA_ARCH__ / 10 (80, 90, ...; PTX
+ * compiled for an older target and JIT-compiled for a newer GPU says the older) times 2, plus 1
+ * where it has the sm_90a wgmma kernels */
+static __global__ void w4_wg_probe_kernel(int *out)
 {
-    static int known[64], wg[64];
+#ifdef __CUDA_ARCH__
+    *out = __CUDA_ARCH__ / 10 * 2 + W4_WG_ARCH;
+#endif
+}
+
+/* The probe's answer for a device, once: a build with no code the device can run is stopped here
+ * with what to build instead (the first launch would otherwise fail with "no kernel image"). */
+static int w4_probe(int device)
+{
+    static int known[64], val[64];
     if (device < 0 || device >= 64) return 0;
     if (!known[device]) {
         int prev = 0, *d = NULL, v = 0;
         CUDA_CHECK(cudaGetDevice(&prev));
         CUDA_CHECK(cudaSetDevice(device));
+        cudaFuncAttributes fa;
+        cudaError_t e = cudaFuncGetAttributes(&fa, w4_wg_probe_kernel);
+        if (e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction) {
+            char name[256];
+            cuda_device_name(device, name, sizeof name);
+            int cc = w4_device_cc(device);
+            const char *a = cc == 90 ? "a" : ""; /* sm_90a: the wgmma tiles */
+            fatal("--device cuda: this build has no GPU code that %s can run (compute capability %d.%d); build for it "
+                  "with make CUDA_ARCH=\"-gencode=arch=compute_%d%s,code=sm_%d%s\" (several -gencode for several GPUs; "
+                  "README, \"Building for other GPUs\")", name, cc / 10, cc % 10, cc, a, cc, a);
+        }
+        CUDA_CHECK(e);
         CUDA_CHECK(cudaMalloc(&d, sizeof(int)));
         w4_wg_probe_kernel<<<1, 1>>>(d);
         LAUNCH_CHECK("w4_wg_probe_kernel");
         CUDA_CHECK(cudaMemcpy(&v, d, sizeof(int), cudaMemcpyDeviceToHost));
         CUDA_CHECK(cudaFree(d));
         CUDA_CHECK(cudaSetDevice(prev));
-        wg[device] = v;
+        val[device] = v;
         known[device] = 1;
     }
-    return wg[device];
+    return val[device];
 }
+
+/* 1 if the wg tiles run on this device: the code loaded for it is sm_90a's (a build without
+ * sm_90a, or another GPU, runs w4_wg.cuh's kernels as empty bodies: the probe says 0) */
+extern "C" int w4_wg_supported(int device) { return w4_probe(device) & 1; }
+
+/* the architecture the device's loaded code was compiled for (80, 90, ...): the stream-K tiles'
+ * clusters and programmatic dependent launch need code of 90 or later (griddepcontrol, the
+ * cluster's shared memory), not only a GPU that has them: PTX for sm_80 JIT-compiled for an H100
+ * or a Blackwell GPU has neither compiled in */
+extern "C" int w4_code_arch(int device) { return w4_probe(device) / 2; }
 
 extern "C" int w4_device_cc(int device)
 {
@@ -784,17 +814,16 @@ static size_t w4_sk_smem(int T, int K, int nt, int split, int ks = 1, int prt = 
 }
 
 /* Programmatic dependent launch of the stream-K tiles and of the MoE down kernel after gate/up
- * (sm_90 on; MOESERVE_W4_PDL=0 turns it off): the next kernel's first weight loads overlap the
+ * (on where the loaded code is sm_90's or later, w4_code_arch; MOESERVE_W4_PDL=0 turns it off): the next kernel's first weight loads overlap the
  * tail of the one before. */
 static int w4_sk_pdl(void)
 {
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("MOESERVE_W4_PDL");
-        int dev = 0, major = 0;
+        int dev = 0;
         CUDA_CHECK(cudaGetDevice(&dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-        v = major >= 9 && !(e && !strcmp(e, "0"));
+        v = w4_code_arch(dev) >= 90 && !(e && !strcmp(e, "0")); /* the kernels' griddepcontrol.wait is compiled in */
     }
     return v;
 }
@@ -941,14 +970,15 @@ static int w4_dense_sk(Backend *be, int tile, float *out, int ldo, const float *
     /* KS (w4_sk_ksplit): the K parts of a cluster's blocks; each stages its part of the rows and
      * keeps its sums of the cluster's row tiles (room for clusters down to half the SMs' worth) */
     size_t smem = w4_sk_smem(T, K, nt, split);
-    const int ks = w4_sk_ksplit(nt, K, smem <= budget && N / 16 >= sms);
+    const int clus = w4_code_arch(cuda_state(be)->device) >= 90; /* clusters: sm_90 code (cl_place, DSMEM) */
+    const int ks = clus ? w4_sk_ksplit(nt, K, smem <= budget && N / 16 >= sms) : 1;
     const int prt = ks > 1 ? cdiv(N / 16, sms / ks / 2 > 0 ? sms / ks / 2 : 1) : 0;
     if (ks > 1) smem = w4_sk_smem(T, K, nt, split, ks, prt);
     if (gy > 2 || nt * gy > 2 || smem > budget) return 0;
     /* the kernel for (nt, split), its shared memory limit raised as the calls need, and the blocks
      * of its wave (1 an SM: 16 warps at up to 128 registers), in clusters of cl that stage the
      * rows together (w4_sk_stage) */
-    int blocks = 0, cl = ks > 1 ? ks : w4_sk_cluster(T, K, split);
+    int blocks = 0, cl = ks > 1 ? ks : clus ? w4_sk_cluster(T, K, split) : 1;
     cudaStream_t st = cuda_stream(be);
 #define W4_SK_LAUNCH_CL(NTV, SPV, PKV, CLV, KSV)                                                                       \
     do {                                                                                                               \

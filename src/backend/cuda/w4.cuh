@@ -36,10 +36,16 @@
 #include "common.cuh"
 #include "w4.h"
 
+/* a * b, two BF16 lanes rounded to nearest: mul.bf16x2 from sm_90; before, the same bits by
+ * fma.rn.bf16x2 with an addend of -0.0 (one rounding, and a zero product keeps its sign) */
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b)
 {
     uint32_t d;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+#else
     asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+#endif
     return d;
 }
 
