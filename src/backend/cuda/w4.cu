@@ -284,7 +284,7 @@ extern "C" int w4_load_cached(int device)
 /* what the code loaded for the device was built for: its __CUDA_ARCH__ / 10 (80, 90, ...; PTX
  * compiled for an older target and JIT-compiled for a newer GPU says the older) times 2, plus 1
  * where it has the sm_90a wgmma kernels */
-static __global__ void w4_wg_probe_kernel(int *out)
+static __global__ void w4_probe_kernel(int *out)
 {
 #ifdef __CUDA_ARCH__
     *out = __CUDA_ARCH__ / 10 * 2 + W4_WG_ARCH;
@@ -302,7 +302,7 @@ static int w4_probe(int device)
         CUDA_CHECK(cudaGetDevice(&prev));
         CUDA_CHECK(cudaSetDevice(device));
         cudaFuncAttributes fa;
-        cudaError_t e = cudaFuncGetAttributes(&fa, w4_wg_probe_kernel);
+        cudaError_t e = cudaFuncGetAttributes(&fa, w4_probe_kernel);
         if (e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction) {
             char name[256];
             cuda_device_name(device, name, sizeof name);
@@ -314,8 +314,8 @@ static int w4_probe(int device)
         }
         CUDA_CHECK(e);
         CUDA_CHECK(cudaMalloc(&d, sizeof(int)));
-        w4_wg_probe_kernel<<<1, 1>>>(d);
-        LAUNCH_CHECK("w4_wg_probe_kernel");
+        w4_probe_kernel<<<1, 1>>>(d);
+        LAUNCH_CHECK("w4_probe_kernel");
         CUDA_CHECK(cudaMemcpy(&v, d, sizeof(int), cudaMemcpyDeviceToHost));
         CUDA_CHECK(cudaFree(d));
         CUDA_CHECK(cudaSetDevice(prev));
