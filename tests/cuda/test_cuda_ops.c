@@ -453,8 +453,9 @@ TEST(cuda_w4_matmul)
                        {4, 4096, 768},
                        /* fewer row tiles than SMs: tile 34 with K in 4 parts a cluster (w4_sk_ksplit), packed halves and not */
                        {3, 1024, 4096}, {8, 576, 6144},
-                       /* the wg ring tile for dense rows (N % 128 == 0, up to 32 rows): K split 4 and 8 ways */
-                       {32, 1024, 2048}, {20, 384, 4096}};
+                       /* the wg ring tile for dense rows (N % 128 == 0, up to 32 rows): K split 4, 8 and
+                        * (132 SMs) 11 ways */
+                       {32, 1024, 2048}, {20, 384, 4096}, {17, 256, 5632}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int T = shapes[s][0], N = shapes[s][1], K = shapes[s][2], ldx = K + 16, ldo = N + 8;
         TW w = tw_make_w4(&r, N, K);

@@ -106,6 +106,7 @@ __device__ __forceinline__ void w4_split_store(__nv_bfloat16 *y, int64_t i, int6
 /* perm: each row stored permuted for the wg tiles (w4_wg_perm; K % 64 == 0) */
 static __global__ void to_bf16_kernel(__nv_bfloat16 *y, const float *x, int ldx, int T, int K, int split, int perm)
 {
+    pdl_trigger(); /* the GEMM launched after it (w4_dense_wg) may fetch its first weights meanwhile */
     int64_t n = (int64_t)T * K;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         int64_t r = i / K;
@@ -221,6 +222,9 @@ static __global__ void __launch_bounds__(W4_WARPS * 32) w4_dense_kernel(float *o
 
 static __global__ void w4_reduce_kernel(float *out, int ldo, const float *part, const float *bias, int T, int N, int splits)
 {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory"); /* launched dependent after tile 36's GEMM (w4_dense_wg): its sums */
+#endif
     int64_t n = (int64_t)T * N;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         float v = bias ? bias[i % N] : 0.f;
@@ -1013,7 +1017,10 @@ static int w4_dense_sk(Backend *be, int tile, float *out, int ldo, const float *
  * record groups of K split s of `splits` (as many splits as fill two blocks an SM); with splits > 1
  * the partial sums go to part[s][T][N] and w4_reduce_kernel adds them in split order (the same
  * result every call). The activations enter as BF16 rows permuted inside each 64-column chunk
- * (to_bf16 perm), their low halves lo elements further. */
+ * (to_bf16 perm), their low halves lo elements further. Launched with PDL after to_bf16 (w4_dense_wg),
+ * it asks for its first ring records before waiting for the activations, and the reduction after
+ * it is launched so too (session 19: -5 to -11% at 17-32 rows; adding the splits in the kernel,
+ * by each row block's last split, was slower in sessions 15 and 19: a serial tail). */
 template <int NT, int ST, int WR, int CPS, int AF>
 static __global__ void __launch_bounds__(256, 2) w4_dense_wg_kernel(float *out, int ldo, float *part, const __nv_bfloat16 *xb,
                                                                    size_t lo, int T, QTensor w, const float *bias, int splits)
@@ -1025,11 +1032,19 @@ static __global__ void __launch_bounds__(256, 2) w4_dense_wg_kernel(float *out, 
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
     const int N = (int)w.rows, K = (int)w.cols, ng = K / W4_KG, split = blockIdx.y, i = 8 * blockIdx.x + warp;
     const int g0 = (int)((int64_t)split * ng / splits), g1 = (int)((int64_t)(split + 1) * ng / splits);
+    const uint8_t *rec = w.data + ((size_t)i * ng + g0) * W4_REC;
     WgRing ring = wg_ring_init<NT, ST, WR>(sm);
+    if (g1 - g0 >= WR - 1) { /* the first records, before the activations are ready (to_bf16 before, PDL) */
+        if (lane == 0)
+            for (int G = 0; G < WR - 1; G++) wg_ring_fill(ring.slots + G * W4_REC, rec + (size_t)G * W4_REC, ring.bars + 8 * G);
+        ring.pre = 1;
+    }
+    asm volatile("griddepcontrol.wait;" ::: "memory"); /* to_bf16: done, its rows visible */
+    pdl_trigger();
     if (threadIdx.x < 8 * NT) rowp[threadIdx.x] = xb + (size_t)min((int)threadIdx.x, T - 1) * K + (size_t)g0 * W4_KG;
     __syncthreads();
     float acc[4 * NT];
-    w4_wg_gemm<NT, ST, WR, CPS, AF>(acc, w.data + ((size_t)i * ng + g0) * W4_REC, rowp, lo, g1 - g0, T, sm, ring, nullptr);
+    w4_wg_gemm<NT, ST, WR, CPS, AF>(acc, rec, rowp, lo, g1 - g0, T, sm, ring, nullptr);
     const float sc = w.gscale * 512.f;
 #pragma unroll
     for (int b = 0; b < NT; b++)
@@ -1080,14 +1095,16 @@ static int w4_dense_wg(Backend *be, float *out, int ldo, const float *x, int ldx
     to_bf16(be, xb, x, ldx, T, K, split, 1);
     float *part = splits > 1 ? (float *)cuda_scratch(be, SCR_W4_PART, (size_t)splits * T * N * sizeof(float)) : NULL;
     if (split)
-        w4_dense_wg_kernel<NT, ST, WR, CPS, 1><<<dim3(rb, splits), 256, smem, st>>>(out, ldo, part, xb, (size_t)T * K, T, *w, bias,
-                                                                                    splits);
+        w4_launch_dependent(w4_dense_wg_kernel<NT, ST, WR, CPS, 1>, dim3(rb, splits), 256, smem, st, out, ldo, part,
+                            (const __nv_bfloat16 *)xb, (size_t)T * K, T, *w, bias, splits);
     else
-        w4_dense_wg_kernel<NT, ST, WR, CPS, 0><<<dim3(rb, splits), 256, smem, st>>>(out, ldo, part, xb, 0, T, *w, bias, splits);
+        w4_launch_dependent(w4_dense_wg_kernel<NT, ST, WR, CPS, 0>, dim3(rb, splits), 256, smem, st, out, ldo, part,
+                            (const __nv_bfloat16 *)xb, (size_t)0, T, *w, bias, splits);
     LAUNCH_CHECK("w4_dense_wg_kernel");
     if (splits > 1) {
         int64_t n = (int64_t)T * N;
-        w4_reduce_kernel<<<cdiv(n, 256) < 65535 ? cdiv(n, 256) : 65535, 256, 0, st>>>(out, ldo, part, bias, T, N, splits);
+        const int nb = cdiv(n, 256) < 65535 ? cdiv(n, 256) : 65535;
+        w4_launch_dependent(w4_reduce_kernel, dim3(nb), 256, 0, st, out, ldo, (const float *)part, bias, T, N, splits);
         LAUNCH_CHECK("w4_reduce_kernel");
     }
     w4_dense_wg_count++;
