@@ -132,8 +132,11 @@ TEST(w4_pf_tiles)
            "9-16 rows: tile 35");
     EXPECT(w4_default_tile(W4_DENSE, 17, 227 * 1024, 1, 0) == 36 && w4_default_tile(W4_DENSE, 32, 227 * 1024, 1, 1) == 36,
            "17-32 rows with wgmma: tile 36");
-    EXPECT(w4_default_tile(W4_DENSE, 17, 227 * 1024, 0, 0) == 4 && w4_default_tile(W4_DENSE, 33, 227 * 1024, 1, 0) == 4 &&
-               w4_default_tile(W4_DENSE, 24, 101 * 1024, 1, 0) == 4, "17 rows without wgmma, 33 rows, 101 KB: tile 4");
+    EXPECT(w4_default_tile(W4_DENSE, 33, 227 * 1024, 1, 0) == 36 && w4_default_tile(W4_DENSE, 64, 227 * 1024, 1, 1) == 36,
+           "33-64 rows with wgmma: tile 36 (on tile 28's GEMM)");
+    EXPECT(w4_default_tile(W4_DENSE, 17, 227 * 1024, 0, 0) == 4 && w4_default_tile(W4_DENSE, 64, 227 * 1024, 0, 0) == 4 &&
+               w4_default_tile(W4_DENSE, 24, 101 * 1024, 1, 0) == 4 && w4_default_tile(W4_DENSE, 65, 227 * 1024, 1, 0) != 36,
+           "17-64 rows without wgmma, 101 KB: tile 4; 65 rows: not tile 36");
     EXPECT(w4_sk_fallback(1, 227 * 1024, 1) == 31, "dense 1 row, split activations: tile 31");
     EXPECT(w4_sk_fallback(8, 99 * 1024, 1) == 31, "dense 8 rows, split, 99 KB: tile 31");
     EXPECT(w4_sk_fallback(1, 227 * 1024, 0) == 10, "dense 1 row, BF16 activations: tile 10");
@@ -143,7 +146,7 @@ TEST(w4_pf_tiles)
         for (size_t b = 48 * 1024; b <= 227 * 1024; b += 1024)
             for (int wg = 0; wg < 2; wg++) {
                 int t = w4_default_tile(W4_DENSE, rows, b, wg, 1);
-                EXPECT(!w4_tiles[t].pf || (w4_tiles[t].pf == 3 && rows <= 16) || (w4_tiles[t].pf == 4 && rows <= 32 && wg),
+                EXPECT(!w4_tiles[t].pf || (w4_tiles[t].pf == 3 && rows <= 16) || (w4_tiles[t].pf == 4 && rows <= 64 && wg),
                        "dense %.0f rows: a pf tile", rows);
                 t = w4_sk_fallback(rows, b, 1);
                 EXPECT(!w4_tiles[t].pf && w4_tile_fits(w4_tiles[t], b, NULL, 0), "dense %.0f rows: fallback tile %d", rows, t);

@@ -1068,15 +1068,11 @@ static __global__ void __launch_bounds__(256, 2) w4_dense_wg_kernel(float *out, 
 static long w4_dense_wg_count;
 extern "C" long w4_dense_wg_calls(void) { return w4_dense_wg_count; }
 
-/* 1 with the GEMM launched on the wg ring tile, 0 where the call does not suit it */
-static int w4_dense_wg(Backend *be, float *out, int ldo, const float *x, int ldx, int T, const QTensor *w, const float *bias)
+/* tile 36's launch on the GEMM of a ring tile <NT, ST, WR, CPS>: tile 30's (32 rows) or tile 28's (64) */
+template <int NT, int ST, int WR, int CPS>
+static void w4_dense_wg_launch(Backend *be, float *out, int ldo, const float *x, int ldx, int T, const QTensor *w, const float *bias)
 {
-    int N = (int)w->rows, K = (int)w->cols, dev = cuda_state(be)->device;
-    const W4Tile tw = w4_tiles[W4_DENSE_WG_TILE];
-    if (T > 8 * tw.nt || N % 128 || !w4_wg_supported(dev) || !w4_tile_fits(tw, w4_smem_budget(dev), NULL, 0)) return 0;
-    constexpr int NT = 4, ST = 6, WR = 3, CPS = 2; /* tile 30 */
-    CHECK(tw.nt == NT && tw.st == ST && tw.wr == WR && tw.sc == CPS, "w4: tile %d is not <%d, %d, %d, %d>", W4_DENSE_WG_TILE, NT, ST,
-          WR, CPS);
+    int N = (int)w->rows, K = (int)w->cols;
     const int smem = W4_WG_SMEM(NT, ST, WR);
     static int ready = 0;
     if (!ready) {
@@ -1108,6 +1104,22 @@ static int w4_dense_wg(Backend *be, float *out, int ldo, const float *x, int ldx
         LAUNCH_CHECK("w4_reduce_kernel");
     }
     w4_dense_wg_count++;
+}
+
+/* 1 with the GEMM launched on the wg ring tile, 0 where the call does not suit it: up to 32 rows
+ * on tile 30's GEMM, 33-64 on tile 28's (the same shared memory; session 19, H200: GLM-5 gate/up
+ * at 33 rows 131 -> 34 us BF16, at 64 rows 75 -> 43, against w4_sk_fallback's tile 4) */
+static int w4_dense_wg(Backend *be, float *out, int ldo, const float *x, int ldx, int T, const QTensor *w, const float *bias)
+{
+    int N = (int)w->rows, dev = cuda_state(be)->device;
+    const W4Tile tw = w4_tiles[W4_DENSE_WG_TILE];
+    if (T > 16 * tw.nt || N % 128 || !w4_wg_supported(dev) || !w4_tile_fits(tw, w4_smem_budget(dev), NULL, 0)) return 0;
+    constexpr int NT = 4, ST = 6, WR = 3, CPS = 2; /* tile 30 */
+    CHECK(tw.nt == NT && tw.st == ST && tw.wr == WR && tw.sc == CPS, "w4: tile %d is not <%d, %d, %d, %d>", W4_DENSE_WG_TILE, NT, ST,
+          WR, CPS);
+    static_assert(W4_WG_SMEM(8, 3, 3) == W4_WG_SMEM(NT, ST, WR), "tile 28's GEMM fits where tile 36 does");
+    if (T > 8 * NT) w4_dense_wg_launch<8, 3, 3, 1>(be, out, ldo, x, ldx, T, w, bias); /* tile 28's GEMM */
+    else w4_dense_wg_launch<NT, ST, WR, CPS>(be, out, ldo, x, ldx, T, w, bias);
     return 1;
 }
 

@@ -69,8 +69,9 @@ W4_HD uint32_t w4_bits2(uint32_t w) { return ((w & W4_SRC2) * 68u) & (W4_MAG | W
  * in shared memory: the budget it needs depends on the call, which runs w4_sk_fallback's tile
  * where it is over (or the rows are more than 16, or the row tiles fewer than the wave's blocks).
  * pf 4 (dense only; the MoE runs it as tile 30): tile 30's GEMM on wgmma (sm_90a) for up to 32
- * rows, the K split over as many blocks as one wave of two an SM holds (w4.cu w4_dense_wg_kernel);
- * its shared memory is tile 30's. A call it does not suit (N % 128, more than 32 rows) runs
+ * rows, tile 28's for 33-64 (the same shared memory), the K split over as many blocks as one wave
+ * of two an SM holds (w4.cu w4_dense_wg_kernel); its shared memory is tile 30's. A call it does
+ * not suit (N % 128, more than 64 rows) runs
  * w4_sk_fallback's tile; the stream-K tiles run it where they do not suit the call. */
 #define W4_DENSE_WG_TILE 36
 

@@ -29,7 +29,7 @@ const W4Tile w4_tiles[W4_N_TILES] = {
     {4, 6, 1, 0, 2, 3, 2}, /* 32 tokens, the ring, stages of 2 chunks (one barrier per 128 columns) */
     {1, 0, 4, 0, 0, 3, 0}, {1, 0, 4, 0, 0, 4, 0}, {2, 0, 4, 0, 0, 3, 0}, /* dense decode (10, 11) with the weights through a ring */
     {1, 0, 1, 0, 3, 0, 0}, {2, 0, 1, 0, 3, 0, 0}, /* dense decode, stream-K: one wave, activations staged whole */
-    {4, 6, 1, 0, 4, 3, 2}, /* dense decode to 32 rows on tile 30's wgmma GEMM, K split to fill a wave */
+    {4, 6, 1, 0, 4, 3, 2}, /* dense decode to 32 rows on tile 30's wgmma GEMM (33-64 on tile 28's), K split to fill a wave */
 };
 
 size_t w4_tile_smem(W4Tile t)
@@ -152,8 +152,9 @@ int w4_default_tile(W4Kind kind, double rows, size_t budget, int wg, int split)
     }
     if (rows <= 8) return 34;
     if (rows <= 16) return 35; /* session 11: 16 rows staged whole where they fit (tile 36, else w4_sk_fallback, where not) */
-    /* session 15: 17-32 rows on tile 36 (GLM-5 o_proj at 24 rows 67 -> 30 us BF16, 98 -> 38 split) */
-    if (rows <= 32 && w4_tile_fits(w4_tiles[W4_DENSE_WG_TILE], budget, NULL, 0) && w4_tile_runs(w4_tiles[W4_DENSE_WG_TILE], wg, NULL, 0))
+    /* session 15: 17-32 rows on tile 36 (GLM-5 o_proj at 24 rows 67 -> 30 us BF16, 98 -> 38 split);
+     * session 19: 33-64 rows too, on tile 28's GEMM (o_proj at 64 rows 114 -> 45 us BF16, 189 -> 63 split) */
+    if (rows <= 64 && w4_tile_fits(w4_tiles[W4_DENSE_WG_TILE], budget, NULL, 0) && w4_tile_runs(w4_tiles[W4_DENSE_WG_TILE], wg, NULL, 0))
         return W4_DENSE_WG_TILE;
     if (rows <= 64) return w4_sk_fallback(rows, budget, split);
     return first_fit(big, 4, budget, wg);
