@@ -155,6 +155,15 @@ __device__ __forceinline__ void pdl_trigger()
 #endif
 }
 
+/* The other side: a kernel launched with programmatic dependent launch waits here until the kernel
+ * before it has ended and its memory is visible (a no-op before sm_90 and after an ordinary launch). */
+__device__ __forceinline__ void pdl_wait()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 /* Block-wide sum / max for blockDim.x a multiple of 32 (<= 1024); every thread gets the result. */
 __device__ __forceinline__ float warp_sum(float v)
 {

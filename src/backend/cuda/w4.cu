@@ -222,9 +222,7 @@ static __global__ void __launch_bounds__(W4_WARPS * 32) w4_dense_kernel(float *o
 
 static __global__ void w4_reduce_kernel(float *out, int ldo, const float *part, const float *bias, int T, int N, int splits)
 {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory"); /* launched dependent after tile 36's GEMM (w4_dense_wg): its sums */
-#endif
+    pdl_wait(); /* launched dependent after tile 36's GEMM (w4_dense_wg): its sums */
     int64_t n = (int64_t)T * N;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         float v = bias ? bias[i % N] : 0.f;
@@ -691,10 +689,8 @@ static __global__ void __launch_bounds__(W4_SK_WARPS * 32, 1) w4_dense_sk_kernel
     if (CL && ncl > 1) cl_arrive_relaxed(); /* this block has started (its peers write into its xs) */
     W4Frag nxt;
     if (r0 < r1) w4_load(nxt, recp(r0), lane); /* in flight while the rows are staged */
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");             /* the kernel before: done, visible */
+    pdl_wait();    /* the kernel before: done, visible */
     pdl_trigger(); /* the next may take SMs as they free (it waits for this grid's end itself) */
-#endif
     uint32_t xsp[4] = {0, 0, 0, 0}; /* xs in each block of the cluster */
     if (CL && ncl > 1) {
         const uint32_t xa = (uint32_t)__cvta_generic_to_shared(xs);
@@ -832,9 +828,6 @@ static int w4_sk_pdl(void)
     return v;
 }
 
-/* kernel<<<grid, block, smem, st>>>(args) with programmatic dependent launch where w4_sk_pdl()
- * says so: the kernel may begin while the one before it ends, and waits for it (and its memory)
- * at its griddepcontrol.wait */
 /* the launch attribute that groups blocks x .. x + cl - 1 into a cluster (they run together and
  * share their shared memory) */
 static cudaLaunchAttribute w4_cluster_attr(int cl)
@@ -846,6 +839,9 @@ static cudaLaunchAttribute w4_cluster_attr(int cl)
     return a;
 }
 
+/* kernel<<<grid, block, smem, st>>>(args) with programmatic dependent launch where w4_sk_pdl()
+ * says so (the kernel may begin while the one before it ends, and waits for it and its memory at
+ * its pdl_wait), in clusters of `cluster` blocks where that is over 1 */
 template <typename... KArgs, typename... Args>
 static void w4_launch_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, int cluster,
                               Args... args)
@@ -1039,7 +1035,7 @@ static __global__ void __launch_bounds__(256, 2) w4_dense_wg_kernel(float *out, 
             for (int G = 0; G < WR - 1; G++) wg_ring_fill(ring.slots + G * W4_REC, rec + (size_t)G * W4_REC, ring.bars + 8 * G);
         ring.pre = 1;
     }
-    asm volatile("griddepcontrol.wait;" ::: "memory"); /* to_bf16: done, its rows visible */
+    pdl_wait(); /* to_bf16: done, its rows visible */
     pdl_trigger();
     if (threadIdx.x < 8 * NT) rowp[threadIdx.x] = xb + (size_t)min((int)threadIdx.x, T - 1) * K + (size_t)g0 * W4_KG;
     __syncthreads();
@@ -1396,7 +1392,7 @@ static __global__ void __launch_bounds__(W4_WARPS * 32) w4_moe_down_kernel(
     if (active)
         for (int b = lane * 128; b < min(2, g1 - g0) * W4_REC; b += 32 * 128)
             asm volatile("prefetch.global.L2 [%0];" ::"l"(rec[0] + (size_t)g0 * W4_REC + b));
-    asm volatile("griddepcontrol.wait;" ::: "memory"); /* gate/up: done, h visible */
+    pdl_wait(); /* gate/up: done, h visible */
 #endif
     const bool pk = w4_packs<NT, ST, SP>(m);
     if (threadIdx.x < 8 * NT)
