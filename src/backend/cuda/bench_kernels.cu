@@ -51,7 +51,43 @@ double wall_s(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* median seconds of iters graph replays of what issue() enqueues on the backend's stream */
+/* The SM clock a case ran at: one warp counts its SM's cycles (clock64) over 250 us of the global
+ * timer, launched right after the case's last replay, while the clock is still where the case's
+ * load left it (the power cap's governor moves it over milliseconds). Printed beside each timing
+ * (MHz): memory-bound kernels that decode on the way run slower when the clock drops, the copy
+ * ceiling hardly does, so that % of copy from two calls that ran at different clocks is not the
+ * same comparison (sessions 17-19: the same binary's 512-token MoE layer took 1659-2017 us across
+ * calls). g_clock_buf: two device words (cycles, ns), set by cuda_bench_kernels; NULL in the tuner. */
+unsigned long long *g_clock_buf;
+double g_case_mhz; /* the clock after the last time_graph, MHz; 0: not read */
+
+__global__ void clock_probe_kernel(unsigned long long *out, unsigned long long ns)
+{
+    unsigned long long g0, g1;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g0));
+    const long long c0 = clock64();
+    do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g1));
+    while (g1 - g0 < ns);
+    const long long c1 = clock64();
+    if (threadIdx.x == 0) {
+        out[0] = (unsigned long long)(c1 - c0);
+        out[1] = g1 - g0;
+    }
+}
+
+/* the SM clock now, MHz (on the stream, after what it holds) */
+double clock_probe(cudaStream_t st)
+{
+    unsigned long long h[2] = {0, 0};
+    clock_probe_kernel<<<1, 32, 0, st>>>(g_clock_buf, 250000);
+    LAUNCH_CHECK("clock_probe_kernel");
+    CUDA_CHECK(cudaMemcpyAsync(h, g_clock_buf, sizeof h, cudaMemcpyDeviceToHost, st));
+    CUDA_CHECK(cudaStreamSynchronize(st));
+    return h[1] ? 1e3 * (double)h[0] / (double)h[1] : 0;
+}
+
+/* median seconds of iters graph replays of what issue() enqueues on the backend's stream (and,
+ * where g_clock_buf is set, the SM clock right after them in g_case_mhz) */
 template <class F>
 double time_graph(Backend *be, int iters, F issue)
 {
@@ -80,6 +116,7 @@ double time_graph(Backend *be, int iters, F issue)
         CUDA_CHECK(cudaEventElapsedTime(&ms, tm.a, tm.b));
         t.push_back(ms * 1e-3);
     }
+    if (g_clock_buf) g_case_mhz = clock_probe(st);
     be->ops->graph_free(be, g);
     return median(t);
 }
@@ -97,6 +134,40 @@ __global__ void read_kernel(const uint4 *p, size_t n, unsigned *sink)
         acc.x ^= v.x; acc.y ^= v.y; acc.z ^= v.z; acc.w ^= v.w;
     }
     if ((acc.x ^ acc.y ^ acc.z ^ acc.w) == 0x9e3779b9u) sink[0] = 1;
+}
+
+/* The floor of a dense shape's chain: R of these on the R copies of its weight, in a graph, launched
+ * as the GEMMs are (PDL where they use it): a thread asks for its first 16 bytes, waits for the
+ * kernel before it (griddepcontrol.wait), lets the next one start and reads the rest: what a
+ * decode step's GEMM that only read its weight would cost a call at this size (launch, ramp and
+ * tail included, which the small weights cannot amortize) */
+__global__ void __launch_bounds__(512) read_chain_kernel(const uint4 *p, size_t n, unsigned *sink)
+{
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    uint4 acc = i < n ? __ldg(p + i) : make_uint4(0, 0, 0, 0);
+    pdl_wait();
+    pdl_trigger();
+#pragma unroll 4
+    for (i += stride; i < n; i += stride) {
+        uint4 v = __ldg(p + i);
+        acc.x ^= v.x; acc.y ^= v.y; acc.z ^= v.z; acc.w ^= v.w;
+    }
+    if ((acc.x ^ acc.y ^ acc.z ^ acc.w) == 0x9e3779b9u) sink[0] = 1;
+}
+
+void read_chain_launch(cudaStream_t st, int blocks, const void *p, size_t bytes, unsigned *sink, int pdl)
+{
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute a = {};
+    a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    a.val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = dim3(blocks);
+    cfg.blockDim = dim3(512);
+    cfg.stream = st;
+    cfg.attrs = &a;
+    cfg.numAttrs = pdl ? 1 : 0;
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, read_chain_kernel, (const uint4 *)p, bytes / 16, sink));
 }
 
 /* mma.sync BF16 rate: each warp runs chains of independent m16n8k16 on registers */
@@ -274,6 +345,7 @@ extern "C" int cuda_bench_kernels(const BenchKernelsOpts *o)
     size_t big = (size_t)2 << 30;
     uint8_t *src = (uint8_t *)be_alloc(&be, big), *dst = (uint8_t *)be_alloc(&be, big);
     unsigned *sink = (unsigned *)be_alloc(&be, 64);
+    g_clock_buf = (unsigned long long *)be_alloc(&be, 2 * sizeof(unsigned long long));
     cudaStream_t st = cuda_stream(&be);
     int sms = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
@@ -282,6 +354,7 @@ extern "C" int cuda_bench_kernels(const BenchKernelsOpts *o)
         copy_kernel<<<sms * 8, 512, 0, st>>>((uint4 *)dst, (const uint4 *)src, big / 16);
         LAUNCH_CHECK("copy_kernel");
     });
+    const double copy_mhz = g_case_mhz;
     g_case_warm_s = case_warm;
     double t_read = time_graph(&be, iters, [&] {
         read_kernel<<<sms * 8, 512, 0, st>>>((const uint4 *)src, big / 16, sink);
@@ -296,11 +369,13 @@ extern "C" int cuda_bench_kernels(const BenchKernelsOpts *o)
     });
     double mma_peak = 2.0 * 16 * 8 * 16 * 8 * 4096.0 * (sms * 4 * 8) / t_mma;
     double bf16 = bf16_peak(&be, iters);
-    printf("ceilings: copy %.2f TB/s (read + write), read %.2f TB/s, cuBLASLt BF16 %.0f TFLOP/s, mma.sync BF16 %.0f TFLOP/s\n",
-           copy_bw / 1e12, read_bw / 1e12, bf16 / 1e12, mma_peak / 1e12);
+    printf("ceilings: copy %.2f TB/s (read + write; SM clock %.0f MHz), read %.2f TB/s, cuBLASLt BF16 %.0f TFLOP/s, "
+           "mma.sync BF16 %.0f TFLOP/s\n", copy_bw / 1e12, copy_mhz, read_bw / 1e12, bf16 / 1e12, mma_peak / 1e12);
+    printf("(MHz: the SM clock right after each case's replays; the GPU lowers it under its power cap)\n");
     if (jf)
-        fprintf(jf, "{\"what\":\"ceilings\",\"device\":\"%s\",\"copy_tbps\":%.4f,\"read_tbps\":%.4f,\"bf16_tflops\":%.1f,"
-                    "\"mma_bf16_tflops\":%.1f}\n", name, copy_bw / 1e12, read_bw / 1e12, bf16 / 1e12, mma_peak / 1e12);
+        fprintf(jf, "{\"what\":\"ceilings\",\"device\":\"%s\",\"copy_tbps\":%.4f,\"copy_sm_mhz\":%.0f,\"read_tbps\":%.4f,"
+                    "\"bf16_tflops\":%.1f,\"mma_bf16_tflops\":%.1f}\n",
+                name, copy_bw / 1e12, copy_mhz, read_bw / 1e12, bf16 / 1e12, mma_peak / 1e12);
 
     /* ---- grouped MoE, GLM-5 layer ---- */
     if (!no_moe) {
@@ -328,8 +403,8 @@ extern "C" int cuda_bench_kernels(const BenchKernelsOpts *o)
         double exp_bytes = 3.0 * D * F * 9 / 16;
         printf("\ngrouped MoE, GLM-5 layer: %d experts, top-%d, hidden %d, width %d, NVFP4 (%.2f MB per expert); "
                "bandwidth over the touched experts' bytes, %% of copy\n", E, K, D, F, exp_bytes / 1e6);
-        printf("%-8s %7s %7s %10s %10s %7s %9s %10s %9s\n", "routing", "tokens", "touched", "time us", "GB/s", "% copy",
-               "TFLOP/s", "torch us", "speedup");
+        printf("%-8s %7s %7s %10s %10s %7s %9s %10s %9s %6s\n", "routing", "tokens", "touched", "time us", "GB/s", "% copy",
+               "TFLOP/s", "torch us", "speedup", "MHz");
         int maxT = *std::max_element(tokens.begin(), tokens.end());
         float *x = (float *)be_alloc(&be, (size_t)maxT * D * 4), *out = (float *)be_alloc(&be, (size_t)maxT * D * 4);
         be_fill(&be, x, (size_t)maxT * D, FILL_F32_NORMAL, 0, 1, 7);
@@ -356,12 +431,12 @@ extern "C" int cuda_bench_kernels(const BenchKernelsOpts *o)
                         snprintf(tcol, sizeof tcol, "%.1f", tms * 1e3);
                         snprintf(scol, sizeof scol, "%.2fx", tms * 1e-3 / t);
                     }
-                    printf("%-8s %7d %7d %10.1f %10.0f %6.1f%% %9.1f %10s %9s%s\n", rname, T, touched, t * 1e6, bw / 1e9,
-                           100 * bw / copy_bw, fl / 1e12, tcol, scol, ver ? "" : "   (v0 kernels)");
+                    printf("%-8s %7d %7d %10.1f %10.0f %6.1f%% %9.1f %10s %9s %6.0f%s\n", rname, T, touched, t * 1e6, bw / 1e9,
+                           100 * bw / copy_bw, fl / 1e12, tcol, scol, g_case_mhz, ver ? "" : "   (v0 kernels)");
                     if (jf)
                         fprintf(jf, "{\"what\":\"moe\",\"kernel\":\"v%d\",\"routing\":\"%s\",\"tokens\":%d,\"touched\":%d,"
-                                    "\"us\":%.2f,\"gbps\":%.1f,\"pct_copy\":%.2f,\"tflops\":%.2f,\"torch_us\":%.2f}\n",
-                                ver, rname, T, touched, t * 1e6, bw / 1e9, 100 * bw / copy_bw, fl / 1e12, tms * 1e3);
+                                    "\"us\":%.2f,\"gbps\":%.1f,\"pct_copy\":%.2f,\"tflops\":%.2f,\"torch_us\":%.2f,\"sm_mhz\":%.0f}\n",
+                                ver, rname, T, touched, t * 1e6, bw / 1e9, 100 * bw / copy_bw, fl / 1e12, tms * 1e3, g_case_mhz);
                 }
             }
         }
@@ -387,8 +462,14 @@ extern "C" int cuda_bench_kernels(const BenchKernelsOpts *o)
         printf("(time us: one call a graph replay; chain us: a graph of R calls on R copies of the weight, R x the bytes\n"
                " over 200 MB so that no copy stays in L2, per call: as the GEMMs of a decode step's graph run, without\n"
                " the replay's launch)\n");
-        printf("%-20s %6s %6s %6s %10s %10s %7s %9s %7s %10s %7s\n", "shape", "N", "K", "rows", "time us", "GB/s", "% copy", "TFLOP/s",
-               "% bf16", "chain us", "% copy");
+        printf("(read us: the chain's floor, the same graph of kernels that only read each copy of the weight, launched\n"
+               " as the GEMMs are; MHz: after the chain's replays, else the call's)\n");
+        printf("%-20s %6s %6s %6s %10s %10s %7s %9s %7s %10s %7s %8s %6s\n", "shape", "N", "K", "rows", "time us", "GB/s", "% copy",
+               "TFLOP/s", "% bf16", "chain us", "% copy", "read us", "MHz");
+        /* the read floor launches as the stream-K GEMMs do: PDL where the loaded code is sm_90's and
+         * MOESERVE_W4_PDL is not 0 (w4.cu w4_sk_pdl) */
+        const char *pe = getenv("MOESERVE_W4_PDL");
+        const int pdl = w4_code_arch(device) >= 90 && !(pe && !strcmp(pe, "0"));
         for (const Shape &s : shapes) {
             W4Set set;
             for (int ver = 1; ver >= (v0 ? 0 : 1); ver--) {
@@ -407,24 +488,35 @@ extern "C" int cuda_bench_kernels(const BenchKernelsOpts *o)
                         ws.push_back(c);
                     }
                 }
+                double tr = 0; /* the read floor a call, seconds */
+                if (ver) {
+                    tr = time_graph(&be, iters, [&] {
+                             for (const QTensor &c : ws) read_chain_launch(st, sms * 4, c.data, (size_t)bytes, sink, pdl);
+                             LAUNCH_CHECK("read_chain_kernel");
+                         }) / ws.size();
+                }
                 for (int T : rowsv) {
                     if (ver == 0 && T > 16) continue;
                     double t = time_graph(&be, iters, [&] { be.ops->matmul(&be, out, s.N, x, s.K, T, &w, NULL); });
                     double bw = bytes / t, fl = 2.0 * T * (double)s.N * s.K / t, tc = 0;
-                    char ccol[32] = "", cpct[32] = "";
+                    char ccol[32] = "", cpct[32] = "", rcol[32] = "";
                     if (ver) {
                         tc = time_graph(&be, iters, [&] {
                                  for (const QTensor &c : ws) be.ops->matmul(&be, out, s.N, x, s.K, T, &c, NULL);
                              }) / ws.size();
                         snprintf(ccol, sizeof ccol, "%.1f", tc * 1e6);
                         snprintf(cpct, sizeof cpct, "%.1f%%", 100 * bytes / tc / copy_bw);
+                        snprintf(rcol, sizeof rcol, "%.1f", tr * 1e6);
                     }
-                    printf("%-20s %6d %6d %6d %10.1f %10.0f %6.1f%% %9.1f %6.1f%% %10s %7s%s\n", s.name, s.N, s.K, T, t * 1e6,
-                           bw / 1e9, 100 * bw / copy_bw, fl / 1e12, 100 * fl / bf16, ccol, cpct, ver ? "" : "   (v0 kernel)");
+                    printf("%-20s %6d %6d %6d %10.1f %10.0f %6.1f%% %9.1f %6.1f%% %10s %7s %8s %6.0f%s\n", s.name, s.N, s.K, T,
+                           t * 1e6, bw / 1e9, 100 * bw / copy_bw, fl / 1e12, 100 * fl / bf16, ccol, cpct, rcol, g_case_mhz,
+                           ver ? "" : "   (v0 kernel)");
                     if (jf)
                         fprintf(jf, "{\"what\":\"dense\",\"kernel\":\"v%d\",\"shape\":\"%s\",\"N\":%d,\"K\":%d,\"rows\":%d,"
-                                    "\"us\":%.2f,\"gbps\":%.1f,\"pct_copy\":%.2f,\"tflops\":%.2f,\"pct_bf16\":%.2f,\"chain_us\":%.2f}\n",
-                                ver, s.name, s.N, s.K, T, t * 1e6, bw / 1e9, 100 * bw / copy_bw, fl / 1e12, 100 * fl / bf16, tc * 1e6);
+                                    "\"us\":%.2f,\"gbps\":%.1f,\"pct_copy\":%.2f,\"tflops\":%.2f,\"pct_bf16\":%.2f,\"chain_us\":%.2f,"
+                                    "\"read_chain_us\":%.2f,\"sm_mhz\":%.0f}\n",
+                                ver, s.name, s.N, s.K, T, t * 1e6, bw / 1e9, 100 * bw / copy_bw, fl / 1e12, 100 * fl / bf16, tc * 1e6,
+                                tr * 1e6, g_case_mhz);
                 }
             }
             free_set(&be, set);
@@ -432,6 +524,9 @@ extern "C" int cuda_bench_kernels(const BenchKernelsOpts *o)
         be_free(&be, x); be_free(&be, out); be_free(&be, stage);
     }
     if (jf) fclose(jf);
+    be_free(&be, g_clock_buf);
+    g_clock_buf = NULL;
+    g_case_mhz = 0;
     backend_free(&be);
     g_case_warm_s = 0;
     return 0;
