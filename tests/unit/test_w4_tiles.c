@@ -225,14 +225,67 @@ TEST(w4_table_cache_file)
     ASSERT(w4_table_save(&t, path, err, sizeof err) == 0, "%s", err);
     ASSERT(w4_table_load(&u, path, err, sizeof err) == 0, "%s", err);
     EXPECT(memcmp(&t, &u, sizeof t) == 0, "the table does not round-trip");
+    /* hand-written caches of this tile set: each bad entry refused with what was expected */
+    char fp[64];
+    w4_tiles_fingerprint(fp, sizeof fp);
+    const char *bad[] = {"{\"64\": {\"tile\": 37}}", "{\"64\": {\"tile\": -1}}", "{\"64\": 5}", "{\"x64\": {\"tile\": 1}}",
+                         "{\"0\": {\"tile\": 1}}", "{\"99999999999\": {\"tile\": 1}}", "{\"\": {\"tile\": 1}}", "[1]"};
+    _Static_assert(W4_N_TILES == 37, "the first bad entry is the tile one past the table");
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        FILE *f = fopen(path, "w");
+        fprintf(f, "{\"device\": \"x\", \"tiles\": \"%s\", \"moe\": %s}", fp, bad[i]);
+        fclose(f);
+        err[0] = 0;
+        EXPECT(w4_table_load(&u, path, err, sizeof err) < 0 && strstr(err, "moe"), "bad moe entry %s accepted: %s", bad[i], err);
+    }
     FILE *f = fopen(path, "w");
-    fprintf(f, "{\"device\": \"x\", \"moe\": {\"64\": {\"tile\": %d}}}", W4_N_TILES);
+    fprintf(f, "{\"device\": \"x\", \"tiles\": \"%s\", \"moe\": {\"64\": {\"tile\": 30}}}", fp);
     fclose(f);
-    EXPECT(w4_table_load(&u, path, err, sizeof err) < 0 && strstr(err, "tile"), "out-of-range tile accepted: %s", err);
+    EXPECT(w4_table_load(&u, path, err, sizeof err) == 0 && u.tile[W4_MOE][w4_bucket(64)] == 30, "a good hand-written entry: %s", err);
+    /* a cache from a build with another tile set (or from before the key existed) is stale */
+    const char *stale[] = {"\"36 tiles, fnv 0123456789abcdef\"", "1", NULL};
+    for (int i = 0; i < 3; i++) {
+        f = fopen(path, "w");
+        if (stale[i]) fprintf(f, "{\"device\": \"x\", \"tiles\": %s, \"moe\": {\"64\": {\"tile\": 1}}}", stale[i]);
+        else fputs("{\"device\": \"x\", \"moe\": {\"64\": {\"tile\": 1}}}", f);
+        fclose(f);
+        err[0] = 0;
+        EXPECT(w4_table_load(&u, path, err, sizeof err) < 0 && strstr(err, "another tile set") && strstr(err, fp),
+               "stale cache %d accepted: %s", i, err);
+    }
     f = fopen(path, "w");
     fputs("{\"moe\": {}", f);
     fclose(f);
     EXPECT(w4_table_load(&u, path, err, sizeof err) < 0, "malformed JSON accepted");
+}
+
+/* the fingerprint names the tile count and moves with any tile's field */
+TEST(w4_tiles_fingerprint)
+{
+    char a[64], b[64];
+    w4_tiles_fingerprint(a, sizeof a);
+    w4_tiles_fingerprint(b, sizeof b);
+    EXPECT(strcmp(a, b) == 0 && strncmp(a, "37 tiles, fnv ", 14) == 0 && strlen(a) == 14 + 16, "fingerprint %s / %s", a, b);
+    W4Tile t[W4_N_TILES];
+    memcpy(t, w4_tiles, sizeof t);
+    w4_fingerprint_of(t, W4_N_TILES, b, sizeof b);
+    EXPECT(strcmp(a, b) == 0, "the same table: %s / %s", a, b);
+    w4_fingerprint_of(t, W4_N_TILES - 1, b, sizeof b);
+    EXPECT(strcmp(a, b) != 0 && strncmp(b, "36 tiles", 8) == 0, "one tile fewer: %s", b);
+    for (int i = 0; i < W4_N_TILES; i += 5)
+        for (int f = 0; f < 7; f++) { /* each field of every fifth tile, one at a time */
+            memcpy(t, w4_tiles, sizeof t);
+            int *fld[7] = {&t[i].nt, &t[i].st, &t[i].ks, &t[i].ss, &t[i].pf, &t[i].wr, &t[i].sc};
+            *fld[f] += 1;
+            w4_fingerprint_of(t, W4_N_TILES, b, sizeof b);
+            EXPECT(strcmp(a, b) != 0, "tile %d field %d changed, fingerprint the same", i, f);
+        }
+    memcpy(t, w4_tiles, sizeof t);
+    W4Tile x = t[28];
+    t[28] = t[29];
+    t[29] = x;
+    w4_fingerprint_of(t, W4_N_TILES, b, sizeof b);
+    EXPECT(strcmp(a, b) != 0, "tiles 28 and 29 swapped, fingerprint the same");
 }
 
 /* w4.h's multiply form of decode register 2 against the two-shift form it replaces: it depends

@@ -132,7 +132,13 @@ typedef struct {
 } W4Table;
 
 void w4_table_clear(W4Table *t);
-/* JSON: {"device": KEY, "dense": {"1": tile, ...}, "moe": {...}}; 0 ok, -1 with err */
+/* The tile set's fingerprint (FNV-1a over W4_N_TILES and every tile's fields), as the cache
+ * stores it: a table tuned by a build whose tiles differ (renumbered, reshaped, or fewer: the
+ * tuner never timed the new ones) is stale, and w4_table_load refuses it. */
+void w4_tiles_fingerprint(char *buf, size_t n);
+void w4_fingerprint_of(const W4Tile *tiles, int count, char *buf, size_t n); /* of any table (tests) */
+/* JSON: {"device": KEY, "tiles": FINGERPRINT, "dense": {"1": {"tile": t, ...}, ...}, "moe": {...}};
+ * 0 ok, -1 with err (malformed, another tile set, a tile or bucket out of range) */
 int w4_table_save(const W4Table *t, const char *path, char *err, size_t n);
 int w4_table_load(W4Table *t, const char *path, char *err, size_t n);
 /* $MOESERVE_TUNE_CACHE, else $XDG_CACHE_HOME/moeserve/w4-tune.json, else ~/.cache/... */

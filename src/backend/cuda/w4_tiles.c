@@ -212,10 +212,27 @@ void w4_table_clear(W4Table *t)
 
 static const char *const kind_key[W4_KINDS] = {"dense", "moe"};
 
+void w4_fingerprint_of(const W4Tile *tiles, int count, char *buf, size_t n)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a, 64 bits, over the count and then each tile's fields */
+    for (int i = -1; i < count; i++) {
+        W4Tile t = i < 0 ? (W4Tile){count, 0, 0, 0, 0, 0, 0} : tiles[i];
+        const int f[7] = {t.nt, t.st, t.ks, t.ss, t.pf, t.wr, t.sc};
+        for (int j = 0; j < 7; j++)
+            for (int b = 0; b < 4; b++) h = (h ^ (uint64_t)((unsigned)f[j] >> (8 * b) & 0xff)) * 1099511628211ull;
+    }
+    snprintf(buf, n, "%d tiles, fnv %016llx", count, (unsigned long long)h);
+}
+
+void w4_tiles_fingerprint(char *buf, size_t n) { w4_fingerprint_of(w4_tiles, W4_N_TILES, buf, n); }
+
 int w4_table_save(const W4Table *t, const char *path, char *err, size_t n)
 {
     json_t *root = json_object();
+    char fp[64];
+    w4_tiles_fingerprint(fp, sizeof fp);
     json_object_set_new(root, "device", json_string(t->device));
+    json_object_set_new(root, "tiles", json_string(fp));
     for (int k = 0; k < W4_KINDS; k++) {
         json_t *m = json_object();
         for (int b = 0; b < W4_BUCKETS; b++)
@@ -264,9 +281,22 @@ int w4_table_load(W4Table *t, const char *path, char *err, size_t n)
         errbuf_set(err, n, "%s: no \"device\"", path);
         return -1;
     }
+    char fp[64];
+    w4_tiles_fingerprint(fp, sizeof fp);
+    const char *tiles = json_string_value(json_object_get(root, "tiles"));
+    if (!tiles || strcmp(tiles, fp) != 0) {
+        errbuf_set(err, n, "%s: tuned with another tile set (%s; this build has %s)", path, tiles ? tiles : "no \"tiles\" key", fp);
+        json_decref(root);
+        return -1;
+    }
     snprintf(t->device, sizeof t->device, "%s", dev);
     for (int k = 0; k < W4_KINDS; k++) {
         json_t *m = json_object_get(root, kind_key[k]);
+        if (m && !json_is_object(m)) {
+            json_decref(root);
+            errbuf_set(err, n, "%s: \"%s\": expected an object of buckets", path, kind_key[k]);
+            return -1;
+        }
         const char *key;
         json_t *v;
         json_object_foreach(m, key, v) {
@@ -274,7 +304,7 @@ int w4_table_load(W4Table *t, const char *path, char *err, size_t n)
             long tok = strtol(key, &end, 10);
             json_t *ti = json_object_get(v, "tile");
             long tile = json_is_integer(ti) ? (long)json_integer_value(ti) : -1;
-            if (*end || tok < 1 || tile < 0 || tile >= W4_N_TILES) {
+            if (*end || end == key || tok < 1 || tok > (1 << 30) || tile < 0 || tile >= W4_N_TILES) {
                 json_decref(root);
                 errbuf_set(err, n, "%s: %s bucket \"%s\": expected {\"tile\": 0..%d}", path, kind_key[k], key, W4_N_TILES - 1);
                 return -1;
