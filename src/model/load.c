@@ -34,6 +34,31 @@ static void shape_str(const StTensor *t, char *buf, size_t n)
 
 static float scalar_of(const StTensor *t) { return dtype_load(t->dtype, t->data, 0); }
 
+/* The first E4M3 NaN (S.1111.111: 0x7f or 0xff) among n bytes, or -1. Eight bytes a step: with
+ * the sign bits cleared a byte is 0x7f iff adding 1 sets its top bit (no byte carries into the
+ * next). The block scales are 1/9 of an NVFP4 checkpoint and are read at upload anyway. */
+static int64_t e4m3_first_nan(const uint8_t *p, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8); /* safetensors data need not be aligned */
+        if (((w & 0x7f7f7f7f7f7f7f7full) + 0x0101010101010101ull) & 0x8080808080808080ull) break;
+    }
+    for (; i < n; i++)
+        if ((p[i] & 0x7f) == 0x7f) return i;
+    return -1;
+}
+
+/* a per-tensor scale (NVFP4 weight_scale_2, FP8 weight_scale): finite and not negative, else err */
+static int scale_ok(const SafeTensors *st, const StTensor *t, const char *what, char *err, size_t errlen)
+{
+    float v = scalar_of(t);
+    if (isfinite(v) && v >= 0) return 1;
+    errbuf_set(err, errlen, "%s: tensor '%s': %s must be a finite scale >= 0, got %g", tfile(st, t), t->name, what, v);
+    return 0;
+}
+
 int load_qtensor(const SafeTensors *st, const char *prefix, QTensor *w, char *err, size_t errlen)
 {
     char name[512];
@@ -80,6 +105,14 @@ int load_qtensor(const SafeTensors *st, const char *prefix, QTensor *w, char *er
                        tfile(st, sc2), s2name, dtype_name(sc2->dtype), (long long)sc2->numel);
             return -1;
         }
+        if (!scale_ok(st, sc2, "weight_scale_2", err, errlen)) return -1;
+        int64_t nan = e4m3_first_nan(sc->data, N * (K / 16));
+        if (nan >= 0) {
+            errbuf_set(err, errlen, "%s: tensor '%s': block scale of row %lld, columns %lld..%lld is an E4M3 NaN (0x%02x): the "
+                       "checkpoint is corrupt", tfile(st, sc), sname, (long long)(nan / (K / 16)), (long long)(nan % (K / 16) * 16),
+                       (long long)(nan % (K / 16) * 16 + 15), ((const uint8_t *)sc->data)[nan]);
+            return -1;
+        }
         w->fmt = QF_NVFP4;
         w->cols = K;
         w->scale = sc->data;
@@ -104,6 +137,7 @@ int load_qtensor(const SafeTensors *st, const char *prefix, QTensor *w, char *er
             return 1;
         }
         if (sc && sc->numel == 1) { /* ModelOpt FP8 per tensor: W = q * weight_scale */
+            if (!scale_ok(st, sc, "weight_scale", err, errlen)) return -1;
             w->fmt = QF_FP8;
             w->gscale = scalar_of(sc);
             return 1;

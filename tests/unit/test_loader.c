@@ -4,6 +4,7 @@
  * config.json, a config that disagrees with the tensors, an unknown architecture, a truncated
  * file, a header length past the end, malformed header JSON. */
 #include <jansson.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -12,7 +13,11 @@
 #include "format/safetensors.h"
 #include "test.h"
 
-typedef enum { MUT_NONE, MUT_DROP, MUT_HALVE_1D, MUT_AS_I32 } Mutation;
+typedef enum { MUT_NONE, MUT_DROP, MUT_HALVE_1D, MUT_AS_I32, MUT_POKE } Mutation;
+
+/* MUT_POKE: poke_n bytes of poke written at byte poke_off of the target tensor's data */
+static size_t poke_off, poke_n;
+static const void *poke;
 
 /* Copy src checkpoint (single model.safetensors) to dst with one tensor mutated. */
 static int copy_mutated(const char *src, const char *dst, const char *target, Mutation mut)
@@ -25,6 +30,7 @@ static int copy_mutated(const char *src, const char *dst, const char *target, Mu
     const void **data = calloc(st.n_tensors, sizeof *data);
     size_t *nbytes = calloc(st.n_tensors, sizeof *nbytes);
     int n = 0, hit = 0;
+    unsigned char *poked = NULL;
     for (int i = 0; i < st.n_tensors; i++) {
         const StTensor *t = &st.tensors[i];
         StSpec s = {.name = t->name, .dtype = t->dtype, .ndim = t->ndim};
@@ -35,9 +41,16 @@ static int copy_mutated(const char *src, const char *dst, const char *target, Mu
             if (mut == MUT_DROP) continue;
             if (mut == MUT_HALVE_1D) { s.shape[0] /= 2; nb /= 2; }
             if (mut == MUT_AS_I32) { s.dtype = DT_I32; s.shape[s.ndim - 1] /= 2; }
+            if (mut == MUT_POKE && poke_off + poke_n <= nb) {
+                poked = malloc(nb);
+                memcpy(poked, t->data, nb);
+                memcpy(poked + poke_off, poke, poke_n);
+            } else if (mut == MUT_POKE) {
+                test_fail(__FILE__, __LINE__, "poke at %zu + %zu past %s's %zu bytes", poke_off, poke_n, target, nb);
+            }
         }
         specs[n] = s;
-        data[n] = t->data;
+        data[n] = hit && poked && !strcmp(t->name, target) ? poked : t->data;
         nbytes[n++] = nb;
     }
     if (!hit && mut != MUT_NONE) test_fail(__FILE__, __LINE__, "fixture has no tensor %s", target);
@@ -50,14 +63,19 @@ static int copy_mutated(const char *src, const char *dst, const char *target, Mu
     free(specs);
     free(data);
     free(nbytes);
+    free(poked);
     safetensors_free(&st);
-    /* config.json unchanged */
-    snprintf(path, sizeof path, "%s/config.json", src);
-    json_error_t jerr;
-    json_t *cfg = json_load_file(path, 0, &jerr);
-    snprintf(path, sizeof path, "%s/config.json", dst);
-    if (!cfg || json_dump_file(cfg, path, JSON_INDENT(2)) != 0) test_fail(__FILE__, __LINE__, "config copy failed");
-    json_decref(cfg);
+    /* config.json (and the NVFP4 fixtures' hf_quant_config.json) unchanged */
+    static const char *const cfgs[] = {"config.json", "hf_quant_config.json"};
+    for (int c = 0; c < 2; c++) {
+        snprintf(path, sizeof path, "%s/%s", src, cfgs[c]);
+        if (c && access(path, R_OK) != 0) continue;
+        json_error_t jerr;
+        json_t *cfg = json_load_file(path, 0, &jerr);
+        snprintf(path, sizeof path, "%s/%s", dst, cfgs[c]);
+        if (!cfg || json_dump_file(cfg, path, JSON_INDENT(2)) != 0) test_fail(__FILE__, __LINE__, "%s copy failed", cfgs[c]);
+        json_decref(cfg);
+    }
     return rc;
 }
 
@@ -225,6 +243,39 @@ TEST(loader_offsets_out_of_range)
     ASSERT(stat(path, &sb) == 0);
     patch_file(dir, sb.st_size - 1, NULL, 0);
     expect_one_line_error(dir, (const char *[]){"model.safetensors", "tensor '", NULL});
+}
+
+/* NVFP4 scales that decode to NaN, infinity or a negative global scale: refused at load, naming
+ * the tensor (and, for a block scale, its row and columns), instead of NaN logits later. A zero
+ * global scale (an all-zero weight) and the sign bit of a block scale decode consistently: not
+ * errors. */
+TEST(loader_nvfp4_bad_scales)
+{
+    const char *src = test_data("golden/glm5-nvfp4");
+    const char *s2 = "model.layers.1.mlp.experts.2.gate_proj.weight_scale_2", *bs = "model.layers.0.self_attn.o_proj.weight_scale";
+    const float nanv = NAN, infv = -INFINITY, negv = -0.5f, zero = 0.0f;
+    const struct { const char *t; size_t off; const void *p; size_t n; const char *want; } cases[] = {
+        {s2, 0, &nanv, 4, "finite scale >= 0, got nan"}, {s2, 0, &infv, 4, "got -inf"}, {s2, 0, &negv, 4, "got -0.5"},
+        {bs, 8 * 5 + 3, "\x7f", 1, "row 5, columns 48..63 is an E4M3 NaN (0x7f)"},
+        {bs, 127 * 8 + 7, "\xff", 1, "row 127, columns 112..127 is an E4M3 NaN (0xff)"}, /* the last byte: the tail loop */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *dir = case_dir("nvfp4-scale");
+        poke_off = cases[i].off, poke = cases[i].p, poke_n = cases[i].n;
+        ASSERT(copy_mutated(src, dir, cases[i].t, MUT_POKE) == 0);
+        expect_one_line_error(dir, (const char *[]){cases[i].t, cases[i].want, NULL});
+    }
+    /* what still loads: a zero global scale, a block scale with its sign bit (0x80 | 0x38: -1.0) */
+    const struct { const char *t; size_t off; const void *p; size_t n; } good[] = {{s2, 0, &zero, 4}, {bs, 17, "\xb8", 1}};
+    for (size_t i = 0; i < 2; i++) {
+        const char *dir = case_dir("nvfp4-scale-ok");
+        poke_off = good[i].off, poke = good[i].p, poke_n = good[i].n;
+        ASSERT(copy_mutated(src, dir, good[i].t, MUT_POKE) == 0);
+        char cmd[8192], *out = NULL;
+        snprintf(cmd, sizeof cmd, "%s logits --model %s --tokens 1,2,3 --out %s/x.f32", test_bin(), dir, test_tmpdir());
+        EXPECT(test_run(cmd, &out) == 0, "%s: %s", cmd, out);
+        free(out);
+    }
 }
 
 /* ---- the same weights in other storage layouts load to the same logits ---- */
