@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <sys/stat.h>
 
 #include "../base/util.h"
 #include "../format/ckpt.h"
@@ -158,12 +160,16 @@ int cmd_quantize(int argc, char **argv)
     if (avail >= 0 && (uint64_t)avail < need)
         fatal("quantize: %s: the checkpoint needs %s but the filesystem has only %s free", out,
               ckpt_fmt_bytes((double)need, b1, sizeof b1), ckpt_fmt_bytes((double)avail, b2, sizeof b2));
+    struct stat sb;
+    const int out_existed = stat(out, &sb) == 0;
     if (ckpt_mkdir(out, err, sizeof err)) fatal("quantize: %s", err);
 
     double t0 = clock_now();
     Source src = {.st = &st, .t = order};
-    if (ckpt_write(&plan, out, (uint64_t)shard_mb << 20, source_fetch, &src, "quantize", err, sizeof err))
+    if (ckpt_write(&plan, out, (uint64_t)shard_mb << 20, source_fetch, &src, "quantize", err, sizeof err)) {
+        if (!out_existed) rmdir(out); /* ckpt_write removed what it wrote: no half checkpoint, no new directory */
         fatal("quantize: %s", err);
+    }
     double dt = clock_now() - t0;
 
     char path[4096];

@@ -135,14 +135,16 @@ static void row_to_f32(DType t, const uint8_t *src, int64_t n, float *dst)
     }
 }
 
-/* max |x| over [N, K] of dtype t, ignoring NaN (as quant.c's amax). Rows in parallel; max is
- * exact, so the result does not depend on the split. */
+/* max |x| over [N, K] of dtype t, or +inf where any value is NaN or infinite (write_nvfp4 then
+ * refuses the tensor: its weight_scale_2 would not be finite). Rows in parallel; max is exact, so
+ * the result does not depend on the split. */
 static float tensor_amax(DType t, const uint8_t *src, int64_t N, int64_t K)
 {
     const size_t es = (size_t)dtype_bits(t) / 8;
     float m = 0.0f;
     if (t == DT_BF16) {
-        /* |bf16| orders like its low 15 bits; 0x7f80 is inf, above it NaN */
+        /* |bf16| orders like its low 15 bits; 0x7f80 is inf, above it NaN: both order above every
+         * finite value, so the max is 0x7f80 or more iff one is there */
         uint32_t mb = 0;
 #pragma omp parallel for reduction(max : mb) schedule(static)
         for (int64_t r = 0; r < N; r++) {
@@ -151,14 +153,14 @@ static float tensor_amax(DType t, const uint8_t *src, int64_t N, int64_t K)
 #pragma omp simd reduction(max : rm)
             for (int64_t k = 0; k < K; k++) {
                 uint32_t a = u16_at(row + 2 * k) & 0x7fffu;
-                a = a > 0x7f80u ? 0 : a;
                 rm = a > rm ? a : rm;
             }
             if (rm > mb) mb = rm;
         }
-        return bf16_to_f32((uint16_t)mb);
+        return mb >= 0x7f80u ? INFINITY : bf16_to_f32((uint16_t)mb);
     }
-#pragma omp parallel reduction(max : m)
+    int bad = 0;
+#pragma omp parallel reduction(max : m) reduction(| : bad)
     {
         float *buf = xmalloc((size_t)K * sizeof(float));
 #pragma omp for schedule(static)
@@ -166,12 +168,13 @@ static float tensor_amax(DType t, const uint8_t *src, int64_t N, int64_t K)
             row_to_f32(t, src + (size_t)r * K * es, K, buf);
             for (int64_t k = 0; k < K; k++) {
                 float a = fabsf(buf[k]);
+                bad |= !isfinite(a);
                 if (a > m) m = a;
             }
         }
         free(buf);
     }
-    return m;
+    return bad ? INFINITY : m;
 }
 
 /* ---- helpers: the I/O thread ---- */
@@ -319,6 +322,11 @@ static int write_nvfp4(Writer *w, StWriter *sw, int i, char *err, size_t errlen)
     float amax = e->partner >= 0 ? entry_amax(w, e->partner, NULL) : 0.0f;
     const uint8_t *src = fetch_all(w, i);
     float a = entry_amax(w, i, src);
+    if (isinf(a) || isinf(amax)) { /* NaN or infinity in the weight (or in the partner it shares weight_scale_2 with) */
+        errbuf_set(err, errlen, "tensor '%s': NaN or infinite values: it cannot be quantized to NVFP4 (its weight_scale_2 would "
+                   "not be finite)", isinf(a) ? e->name : w->p->e[e->partner].name);
+        return -1;
+    }
     if (a > amax) amax = a;
     float g = amax / CKPT_FP4_GLOBAL;
     if (!(g > 0.0f)) g = 1.0f; /* all zeros: nvfp4_global_scale's choice */
@@ -606,6 +614,7 @@ int ckpt_write(const CkptPlan *p, const char *dir, uint64_t shard_bytes, CkptFet
     pthread_join(w.io.th, NULL);
     pthread_mutex_destroy(&w.io.mu);
     pthread_cond_destroy(&w.io.cv);
+    if (rc != 0) remove_old_weights(dir); /* a failed write leaves no partial checkpoint behind */
     if (rc == 0)
         log_info("%s: %.1f s: data %.1f s, amax %.1f s, quantize %.1f s; writing %.1f s, %.1f s of it not "
                  "overlapped (%d threads)", label, clock_now() - t0, w.t_fetch, w.t_amax, w.t_quant, w.io.t_busy,

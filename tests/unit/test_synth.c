@@ -435,6 +435,53 @@ TEST(synth_big_presets)
     free(out);
 }
 
+/* n bytes written at the start of tensor `name`'s data in dir/model.safetensors (its header's data_offsets) */
+static int poke_tensor(const char *dir, const char *name, const unsigned char *bytes, size_t n)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    FILE *f = fopen(path, "r+b");
+    if (!f) return -1;
+    uint64_t hl = 0;
+    unsigned char l8[8];
+    int rc = -1;
+    if (fread(l8, 1, 8, f) == 8) {
+        for (int i = 7; i >= 0; i--) hl = hl << 8 | l8[i];
+        char *h = malloc(hl + 1);
+        json_t *j = h && fread(h, 1, hl, f) == hl ? json_loadb(h, hl, 0, NULL) : NULL;
+        json_t *off = json_object_get(json_object_get(j, name), "data_offsets");
+        if (json_is_array(off) && fseek(f, (long)(8 + hl + json_integer_value(json_array_get(off, 0))), SEEK_SET) == 0 &&
+            fwrite(bytes, 1, n, f) == n)
+            rc = 0;
+        json_decref(j);
+        free(h);
+    }
+    fclose(f);
+    return rc;
+}
+
+/* A BF16 weight with a NaN or an infinity: quantize refuses it with one error line naming the
+ * tensor, and leaves neither a half-written checkpoint nor the directory it would have made
+ * (its weight_scale_2 would not be finite: a checkpoint the loader refuses, or NaN logits). */
+TEST(quantize_refuses_non_finite)
+{
+    const char *bf = tdir("nonfinite-bf16"), *t = "model.layers.1.mlp.experts.0.up_proj.weight";
+    ASSERT(synth("glm5", "bf16", bf, NULL) == 0, "synth bf16");
+    const unsigned char vals[2][2] = {{0xc0, 0x7f}, {0x80, 0xff}}; /* BF16 NaN, -inf (little-endian) */
+    for (int v = 0; v < 2; v++) {
+        ASSERT(poke_tensor(bf, t, vals[v], 2) == 0, "poke %s", t);
+        const char *qd = tdir(v ? "nonfinite-q-inf" : "nonfinite-q-nan");
+        char cmd[4800], *out = NULL;
+        snprintf(cmd, sizeof cmd, "'%s' quantize --model '%s' --out '%s'", test_bin(), bf, qd);
+        int rc = test_run(cmd, &out);
+        EXPECT(rc == 1, "%s: exit %d", cmd, rc);
+        /* named whether it or its gate_proj (which shares weight_scale_2 with it) is written first */
+        EXPECT(out && error_lines(out) == 1 && strstr(out, t) && strstr(out, "NaN or infinite"), "%s", out ? out : "");
+        EXPECT(!file_exists(qd), "a failed quantize left %s", qd);
+        free(out);
+    }
+}
+
 /* Bad options: one "error:" line (not a file:line internal error), exit status != 0. */
 TEST(synth_bad_options)
 {
