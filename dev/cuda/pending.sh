@@ -1,0 +1,51 @@
+#!/bin/bash
+# dev/cuda/pending.sh: the measurements the pending patches wait for (dev/cuda/README.md, "Pending"),
+# two device calls of ~5 min each. Here (no GPU): apply w4_dense_wg_tt.patch and
+# w4_moe_hot_beside.patch to a copy of the tree, build moeserve and test_cuda, strip and `xz -9e`
+# them into carry/mn.xz and carry/tc.xz (carry/lib: libmicrohttpd.so.12, libutf8proc.so.2); on
+# the device, with carry/ carried: `bash dev/cuda/pending.sh 1`, then `bash dev/cuda/pending.sh 2`
+# (logs and medians under $OUT).
+#   1: the CUDA tests of w4, graph and moe (the hot class capped and first where it runs beside),
+#      then tile 36 at 65-255 rows against tile 7 (MOESERVE_W4_WG_TT=0|1), and at 256-512 rows the
+#      cuBLASLt route against tile 7 and tile 36
+#   2: the hot class beside the call's tile on 44 or 66 SMs (and S1 twice: the spread between
+#      processes), the dense read floor at 1-16 rows, bench model at batch 1/32/64
+set -u
+cd "$(dirname "$0")/../.."
+for f in mn tc; do xz -dkf carry/$f.xz; chmod +x carry/$f; done
+export LD_LIBRARY_PATH=$PWD/carry/lib
+OUT=${OUT:-/tmp}
+S=$SECONDS
+case "${1:-}" in
+1)
+  for t in w4 graph moe; do
+    MOESERVE_W4_MOE_HOT_BLOCKS=7 MOESERVE_W4_MOE_HOT_FIRST=1 MOESERVE_BIN=$PWD/carry/mn timeout 120 ./carry/tc $t >> $OUT/test.txt 2>&1
+    echo "test $t rc=$? t=$((SECONDS-S))" | tee -a $OUT/test.txt
+  done
+  grep -E "FAIL|passed" $OUT/test.txt | head
+  mkdir -p $OUT/tt $OUT/lt
+  OUT=$OUT/tt B=./carry/mn bash dev/cuda/ab.sh 2 "--no-moe --rows 65,96,128,192,255 --iters 20" A:MOESERVE_W4_WG_TT=0 B: |
+    grep -A4 -E "^dense glm5 (dense gate/up|o_proj|q_b)" | head -120
+  echo "t=$((SECONDS-S))"
+  OUT=$OUT/lt B=./carry/mn bash dev/cuda/ab.sh 2 "--no-moe --rows 256,384,512 --iters 20" LT: T7:MOESERVE_W4_LT_ROWS=0 \
+    "T36:MOESERVE_W4_LT_ROWS=0:--tile 36" | grep -A6 -E "^dense glm5 (dense gate/up|o_proj|q_b)" | head -80
+  echo "t=$((SECONDS-S))"
+  ;;
+2)
+  mkdir -p $OUT/hot $OUT/floor
+  OUT=$OUT/hot B=./carry/mn bash dev/cuda/ab.sh 2 "--no-dense --tokens 256,512 --iters 20" S1: S1b: S2:MOESERVE_W4_MOE_SIDE=2 \
+    "S2H44:MOESERVE_W4_MOE_SIDE=2 MOESERVE_W4_MOE_HOT_BLOCKS=44" \
+    "S2H44F:MOESERVE_W4_MOE_SIDE=2 MOESERVE_W4_MOE_HOT_BLOCKS=44 MOESERVE_W4_MOE_HOT_FIRST=1" \
+    "S2H66F:MOESERVE_W4_MOE_SIDE=2 MOESERVE_W4_MOE_HOT_BLOCKS=66 MOESERVE_W4_MOE_HOT_FIRST=1" | head -80
+  echo "t=$((SECONDS-S))"
+  OUT=$OUT/floor B=./carry/mn bash dev/cuda/ab.sh 1 "--no-moe --rows 1,4,8,16 --iters 20" final: | head -100
+  echo "t=$((SECONDS-S))"
+  for act in bf16 split; do
+    echo "=== bench model act $act"
+    MOESERVE_W4_ACT=$act timeout 120 ./carry/mn bench model --model tests/data/configs/glm5 --dummy-weights --num-layers 6 \
+      --device cuda --batch 1,32,64 --input-len 128 --output-len 32 2>&1 | grep -v "^upload\|^engine" | tail -5
+  done | tee $OUT/model.txt
+  echo "t=$((SECONDS-S))"
+  ;;
+*) echo "usage: bash dev/cuda/pending.sh 1|2 (on the device, carry/ carried)"; exit 2 ;;
+esac
