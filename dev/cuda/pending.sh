@@ -5,11 +5,12 @@
 # them into carry/mn.xz and carry/tc.xz (carry/lib: libmicrohttpd.so.12, libutf8proc.so.2); on
 # the device, with carry/ carried: `bash dev/cuda/pending.sh 1`, then `bash dev/cuda/pending.sh 2`
 # (logs and medians under $OUT).
-#   1: the CUDA tests of w4, graph and moe (the hot class capped and first where it runs beside),
-#      then tile 36 at 65-255 rows against tile 7 (MOESERVE_W4_WG_TT=0|1), and at 256-512 rows the
+#   1: the CUDA tests of w4, graph and moe (the hot class capped, first and at priority where it
+#      runs beside), then tile 36 at 65-255 rows against tile 7 (MOESERVE_W4_WG_TT=0|1), and at 256-512 rows the
 #      cuBLASLt route against tile 7 and tile 36
-#   2: the hot class beside the call's tile on 44 or 66 SMs (and S1 twice: the spread between
-#      processes), the dense read floor at 1-16 rows, bench model at batch 1/32/64
+#   2: the hot class beside the call's tile on 44 or 66 SMs, launched first or at a higher stream
+#      priority (and S1 twice: the spread between processes), the dense read floor at 1-16 rows,
+#      bench model at batch 1/32/64
 set -u
 cd "$(dirname "$0")/../.."
 for f in mn tc; do xz -dkf carry/$f.xz; chmod +x carry/$f; done
@@ -19,7 +20,7 @@ S=$SECONDS
 case "${1:-}" in
 1)
   for t in w4 graph moe; do
-    MOESERVE_W4_MOE_HOT_BLOCKS=7 MOESERVE_W4_MOE_HOT_FIRST=1 MOESERVE_BIN=$PWD/carry/mn timeout 120 ./carry/tc $t >> $OUT/test.txt 2>&1
+    MOESERVE_W4_MOE_HOT_BLOCKS=7 MOESERVE_W4_MOE_HOT_FIRST=1 MOESERVE_W4_MOE_HOT_PRIO=1 MOESERVE_BIN=$PWD/carry/mn timeout 120 ./carry/tc $t >> $OUT/test.txt 2>&1
     echo "test $t rc=$? t=$((SECONDS-S))" | tee -a $OUT/test.txt
   done
   grep -E "FAIL|passed" $OUT/test.txt | head
@@ -36,7 +37,8 @@ case "${1:-}" in
   OUT=$OUT/hot B=./carry/mn bash dev/cuda/ab.sh 2 "--no-dense --tokens 256,512 --iters 20" S1: S1b: S2:MOESERVE_W4_MOE_SIDE=2 \
     "S2H44:MOESERVE_W4_MOE_SIDE=2 MOESERVE_W4_MOE_HOT_BLOCKS=44" \
     "S2H44F:MOESERVE_W4_MOE_SIDE=2 MOESERVE_W4_MOE_HOT_BLOCKS=44 MOESERVE_W4_MOE_HOT_FIRST=1" \
-    "S2H66F:MOESERVE_W4_MOE_SIDE=2 MOESERVE_W4_MOE_HOT_BLOCKS=66 MOESERVE_W4_MOE_HOT_FIRST=1" | head -80
+    "S2H66F:MOESERVE_W4_MOE_SIDE=2 MOESERVE_W4_MOE_HOT_BLOCKS=66 MOESERVE_W4_MOE_HOT_FIRST=1" \
+    "S2H66P:MOESERVE_W4_MOE_SIDE=2 MOESERVE_W4_MOE_HOT_BLOCKS=66 MOESERVE_W4_MOE_HOT_PRIO=1" | head -90
   echo "t=$((SECONDS-S))"
   OUT=$OUT/floor B=./carry/mn bash dev/cuda/ab.sh 1 "--no-moe --rows 1,4,8,16 --iters 20" final: | head -100
   echo "t=$((SECONDS-S))"
