@@ -466,10 +466,7 @@ extern "C" int cuda_bench_kernels(const BenchKernelsOpts *o)
                " as the GEMMs are; MHz: after the chain's replays, else the call's)\n");
         printf("%-20s %6s %6s %6s %10s %10s %7s %9s %7s %10s %7s %8s %6s\n", "shape", "N", "K", "rows", "time us", "GB/s", "% copy",
                "TFLOP/s", "% bf16", "chain us", "% copy", "read us", "MHz");
-        /* the read floor launches as the stream-K GEMMs do: PDL where the loaded code is sm_90's and
-         * MOESERVE_W4_PDL is not 0 (w4.cu w4_sk_pdl) */
-        const char *pe = getenv("MOESERVE_W4_PDL");
-        const int pdl = w4_code_arch(device) >= 90 && !(pe && !strcmp(pe, "0"));
+        const int pdl = w4_sk_pdl(); /* the read floor launches as the stream-K GEMMs do */
         for (const Shape &s : shapes) {
             W4Set set;
             for (int ver = 1; ver >= (v0 ? 0 : 1); ver--) {

@@ -816,7 +816,7 @@ static size_t w4_sk_smem(int T, int K, int nt, int split, int ks = 1, int prt = 
 /* Programmatic dependent launch of the stream-K tiles and of the MoE down kernel after gate/up
  * (on where the loaded code is sm_90's or later, w4_code_arch; MOESERVE_W4_PDL=0 turns it off): the next kernel's first weight loads overlap the
  * tail of the one before. */
-static int w4_sk_pdl(void)
+extern "C" int w4_sk_pdl(void)
 {
     static int v = -1;
     if (v < 0) {

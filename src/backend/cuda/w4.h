@@ -190,6 +190,9 @@ size_t w4_smem_budget(int device);
 /* 1 if the wg tiles (w4_tile_runs) run on this device with this build (a probe kernel, once) */
 int w4_wg_supported(int device);
 int w4_code_arch(int device); /* what the device's loaded code was built for: 80, 90, ... */
+/* 1 where the W4A16 kernels launch with programmatic dependent launch (the current device's loaded
+ * code is sm_90's or later and MOESERVE_W4_PDL is not 0); bench kernels' read floor launches so too */
+int w4_sk_pdl(void);
 /* the compute capability as 10 major + minor (90: H100, H200) */
 int w4_device_cc(int device);
 /* Use this tuned table (copied), or none (NULL). */

@@ -212,14 +212,20 @@ void w4_table_clear(W4Table *t)
 
 static const char *const kind_key[W4_KINDS] = {"dense", "moe"};
 
+/* FNV-1a (64 bits) of the 4 bytes of v, little end first */
+static uint64_t fnv_int(uint64_t h, int v)
+{
+    for (int b = 0; b < 4; b++) h = (h ^ ((unsigned)v >> (8 * b) & 0xff)) * 1099511628211ull;
+    return h;
+}
+
 void w4_fingerprint_of(const W4Tile *tiles, int count, char *buf, size_t n)
 {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a, 64 bits, over the count and then each tile's fields */
-    for (int i = -1; i < count; i++) {
-        W4Tile t = i < 0 ? (W4Tile){count, 0, 0, 0, 0, 0, 0} : tiles[i];
+    uint64_t h = fnv_int(1469598103934665603ull, count);
+    for (int i = 0; i < count; i++) {
+        const W4Tile t = tiles[i];
         const int f[7] = {t.nt, t.st, t.ks, t.ss, t.pf, t.wr, t.sc};
-        for (int j = 0; j < 7; j++)
-            for (int b = 0; b < 4; b++) h = (h ^ (uint64_t)((unsigned)f[j] >> (8 * b) & 0xff)) * 1099511628211ull;
+        for (int j = 0; j < 7; j++) h = fnv_int(h, f[j]);
     }
     snprintf(buf, n, "%d tiles, fnv %016llx", count, (unsigned long long)h);
 }
