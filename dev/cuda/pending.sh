@@ -6,10 +6,12 @@
 # the device, with carry/ carried: `bash dev/cuda/pending.sh 1`, then `bash dev/cuda/pending.sh 2`
 # (logs and medians under $OUT).
 #   1: the CUDA tests of w4, graph and moe (the hot class capped, first and at priority where it
-#      runs beside), then tile 36 at 65-255 rows against tile 7 (MOESERVE_W4_WG_TT=0|1), and at 256-512 rows the
+#      runs beside), moe and graph again with the routing's cap (auto:1e9:1: a few blocks, most of
+#      the grid leaving at once; then auto's defaults), then tile 36 at 65-255 rows against tile 7 (MOESERVE_W4_WG_TT=0|1), and at 256-512 rows the
 #      cuBLASLt route against tile 7 and tile 36
 #   2: the hot class beside the call's tile on 44 or 66 SMs, launched first or at a higher stream
-#      priority (and S1 twice: the spread between processes), the dense read floor at 1-16 rows,
+#      priority, or on the SMs the routing kernel gives it (auto; S1 twice: the spread between
+#      processes), the routing's cap at 1024-2048 tokens, the dense read floor at 1-16 rows,
 #      bench model at batch 1/32/64
 set -u
 cd "$(dirname "$0")/../.."
@@ -23,7 +25,13 @@ case "${1:-}" in
     MOESERVE_W4_MOE_HOT_BLOCKS=7 MOESERVE_W4_MOE_HOT_FIRST=1 MOESERVE_W4_MOE_HOT_PRIO=1 MOESERVE_BIN=$PWD/carry/mn timeout 120 ./carry/tc $t >> $OUT/test.txt 2>&1
     echo "test $t rc=$? t=$((SECONDS-S))" | tee -a $OUT/test.txt
   done
-  grep -E "FAIL|passed" $OUT/test.txt | head
+  for cap in auto:1e9:1 auto; do
+    for t in moe graph; do
+      MOESERVE_W4_MOE_HOT_BLOCKS=$cap MOESERVE_W4_MOE_HOT_PRIO=1 MOESERVE_BIN=$PWD/carry/mn timeout 120 ./carry/tc $t >> $OUT/test.txt 2>&1
+      echo "test $t cap $cap rc=$? t=$((SECONDS-S))" | tee -a $OUT/test.txt
+    done
+  done
+  grep -E "FAIL|passed" $OUT/test.txt | head -20
   mkdir -p $OUT/tt $OUT/lt
   OUT=$OUT/tt B=./carry/mn bash dev/cuda/ab.sh 2 "--no-moe --rows 65,96,128,192,255 --iters 20" A:MOESERVE_W4_WG_TT=0 B: |
     grep -A4 -E "^dense glm5 (dense gate/up|o_proj|q_b)" | head -120
@@ -35,10 +43,15 @@ case "${1:-}" in
 2)
   mkdir -p $OUT/hot $OUT/floor
   OUT=$OUT/hot B=./carry/mn bash dev/cuda/ab.sh 2 "--no-dense --tokens 256,512 --iters 20" S1: S1b: S2:MOESERVE_W4_MOE_SIDE=2 \
-    "S2H44:MOESERVE_W4_MOE_SIDE=2 MOESERVE_W4_MOE_HOT_BLOCKS=44" \
+    "S2A:MOESERVE_W4_MOE_SIDE=2 MOESERVE_W4_MOE_HOT_BLOCKS=auto" \
+    "S2AP:MOESERVE_W4_MOE_SIDE=2 MOESERVE_W4_MOE_HOT_BLOCKS=auto MOESERVE_W4_MOE_HOT_PRIO=1" \
     "S2H44F:MOESERVE_W4_MOE_SIDE=2 MOESERVE_W4_MOE_HOT_BLOCKS=44 MOESERVE_W4_MOE_HOT_FIRST=1" \
     "S2H66F:MOESERVE_W4_MOE_SIDE=2 MOESERVE_W4_MOE_HOT_BLOCKS=66 MOESERVE_W4_MOE_HOT_FIRST=1" \
     "S2H66P:MOESERVE_W4_MOE_SIDE=2 MOESERVE_W4_MOE_HOT_BLOCKS=66 MOESERVE_W4_MOE_HOT_PRIO=1" | head -90
+  echo "t=$((SECONDS-S))"
+  mkdir -p $OUT/hot2 # the routing's cap where the hot class is most of the work (a fixed cap would slow it)
+  OUT=$OUT/hot2 B=./carry/mn bash dev/cuda/ab.sh 1 "--no-dense --tokens 1024,2048 --iters 10" S1: \
+    "S2AP:MOESERVE_W4_MOE_SIDE=2 MOESERVE_W4_MOE_HOT_BLOCKS=auto MOESERVE_W4_MOE_HOT_PRIO=1" | head -40
   echo "t=$((SECONDS-S))"
   OUT=$OUT/floor B=./carry/mn bash dev/cuda/ab.sh 1 "--no-moe --rows 1,4,8,16 --iters 20" final: | head -100
   echo "t=$((SECONDS-S))"
