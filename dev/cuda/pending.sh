@@ -1,6 +1,6 @@
 #!/bin/bash
 # dev/cuda/pending.sh: the measurements the pending patches wait for (dev/cuda/README.md, "Pending"),
-# two device calls of ~5 min each. Here (no GPU): apply w4_dense_wg_tt.patch and
+# three device calls of ~5 min each. Here (no GPU): apply w4_dense_wg_tt.patch and
 # w4_moe_hot_beside.patch to a copy of the tree, build moeserve and test_cuda, strip and `xz -9e`
 # them into carry/mn.xz and carry/tc.xz (carry/lib: libmicrohttpd.so.12, libutf8proc.so.2); on
 # the device, with carry/ carried: `bash dev/cuda/pending.sh 1`, then `bash dev/cuda/pending.sh 2`
@@ -11,8 +11,10 @@
 #      cuBLASLt route against tile 7 and tile 36
 #   2: the hot class beside the call's tile on 44 or 66 SMs, launched first or at a higher stream
 #      priority, or on the SMs the routing kernel gives it (auto; S1 twice: the spread between
-#      processes), the routing's cap at 1024-2048 tokens, the dense read floor at 1-16 rows,
-#      bench model at batch 1/32/64
+#      processes), the routing's cap at 1024-2048 tokens, the dense read floor at 1-16 rows (the
+#      fused shapes among them)
+#   3: every CUDA test, then bench model at batch 1/32/64 with the same-input linears fused and
+#      apart (MOESERVE_FUSE), both activation forms, two rounds (~6 min)
 set -u
 cd "$(dirname "$0")/../.."
 for f in mn tc; do xz -dkf carry/$f.xz; chmod +x carry/$f; done
@@ -55,12 +57,24 @@ case "${1:-}" in
   echo "t=$((SECONDS-S))"
   OUT=$OUT/floor B=./carry/mn bash dev/cuda/ab.sh 1 "--no-moe --rows 1,4,8,16 --iters 20" final: | head -100
   echo "t=$((SECONDS-S))"
-  for act in bf16 split; do
-    echo "=== bench model act $act"
-    MOESERVE_W4_ACT=$act timeout 120 ./carry/mn bench model --model tests/data/configs/glm5 --dummy-weights --num-layers 6 \
-      --device cuda --batch 1,32,64 --input-len 128 --output-len 32 2>&1 | grep -v "^upload\|^engine" | tail -5
+  ;;
+3)
+  # every CUDA test on the tree (fused linears: golden logits, dummy weights against the CPU, the
+  # strided swiglu), then end to end the fused linears (MOESERVE_FUSE=1, the default) against them
+  # apart, two rounds
+  MOESERVE_BIN=$PWD/carry/mn timeout 240 ./carry/tc > $OUT/test3.txt 2>&1
+  echo "test_cuda rc=$? t=$((SECONDS-S))"; grep -E "FAIL|passed" $OUT/test3.txt | head -20
+  for round in 1 2; do
+    for act in bf16 split; do
+      for fz in 1 0; do
+        echo "=== round $round act $act fuse $fz"
+        MOESERVE_FUSE=$fz MOESERVE_W4_ACT=$act timeout 120 ./carry/mn bench model --model tests/data/configs/glm5 \
+          --dummy-weights --num-layers 6 --device cuda --batch 1,32,64 --input-len 128 --output-len 32 2>&1 |
+          grep -v "^upload\|^engine" | tail -5
+      done
+    done
   done | tee $OUT/model.txt
   echo "t=$((SECONDS-S))"
   ;;
-*) echo "usage: bash dev/cuda/pending.sh 1|2 (on the device, carry/ carried)"; exit 2 ;;
+*) echo "usage: bash dev/cuda/pending.sh 1|2|3 (on the device, carry/ carried)"; exit 2 ;;
 esac

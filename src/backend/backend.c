@@ -138,10 +138,10 @@ void be_to_device(Backend *be, void *dst, const void *src, size_t bytes)
     be->ops->to_device(be, dst, src, bytes);
 }
 
-void be_swiglu(Backend *be, float *out, const float *gate, const float *up, int T, int F)
+void be_swiglu(Backend *be, float *out, const float *gate, const float *up, int ld, int T, int F)
 {
     be_op_begin(be);
-    be->ops->swiglu(be, out, gate, up, T, F);
+    be->ops->swiglu(be, out, gate, up, ld, T, F);
     count(be, OP_SWIGLU, 6.0 * T * F, 12.0 * T * F);
 }
 

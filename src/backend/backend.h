@@ -109,7 +109,7 @@ typedef struct {
     void (*get_rows)(Backend *be, float *out, const float *x, int ld, const int *rows, int n, int dim);
     void (*to_host)(Backend *be, void *dst, const void *src, size_t bytes);
     void (*to_device)(Backend *be, void *dst, const void *src, size_t bytes);
-    void (*swiglu)(Backend *be, float *out, const float *gate, const float *up, int T, int F);
+    void (*swiglu)(Backend *be, float *out, const float *gate, const float *up, int ld, int T, int F);
     void (*kv_write)(Backend *be, void *cache, KVDtype dt, float scale, int width, int off,
                      const float *src, int ld, int n, const int *slot, int T);
     void (*matmul)(Backend *be, float *out, int ldo, const float *x, int ldx, int T,
@@ -208,8 +208,9 @@ void be_get_rows(Backend *be, float *out, const float *x, int ld, const int *row
 /* Copy backend memory to the host (a plain memcpy on the cpu backend). */
 void be_to_host(Backend *be, void *dst, const void *src, size_t bytes);
 void be_to_device(Backend *be, void *dst, const void *src, size_t bytes);
-/* out[T, F] = silu(gate) * up */
-void be_swiglu(Backend *be, float *out, const float *gate, const float *up, int T, int F);
+/* out[T, F] = silu(gate) * up; gate and up rows ld apart (the halves of a fused gate/up GEMM's
+ * rows: ld 2F), out's F */
+void be_swiglu(Backend *be, float *out, const float *gate, const float *up, int ld, int T, int F);
 /* cache[slot[t], off + 0..n) = src[t, 0..n) rounded to dt (kv_elem_store with scale) for t < T;
  * cache rows are width elements of dt; a negative slot is padding and writes nothing. */
 void be_kv_write(Backend *be, void *cache, KVDtype dt, float scale, int width, int off,

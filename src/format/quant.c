@@ -307,6 +307,55 @@ int qtensor_cols_copy(const QTensor *src, int64_t c0, int64_t n, QTensor *out, v
     return 0;
 }
 
+int qtensor_rows_concat(const QTensor *const *parts, int n, QTensor *out, void **owned)
+{
+    *owned = NULL;
+    if (n < 1) return -1;
+    const QTensor *p0 = parts[0];
+    const size_t sel = p0->scale_dtype == DT_BF16 ? 2 : 4, gk = (size_t)((p0->cols + 127) / 128);
+    int64_t rows = 0;
+    size_t codes = 0, scales = 0;
+    for (int i = 0; i < n; i++) {
+        const QTensor *w = parts[i];
+        if (w->fmt != p0->fmt || w->cols != p0->cols || w->rows <= 0 || w->packed || w->gscale != p0->gscale ||
+            !w->data != !p0->data)
+            return -1;
+        /* block FP8: each part's scale rows whole blocks of 128, so that the grids stack */
+        if (w->fmt == QF_FP8_BLOCK &&
+            (w->scale_dtype != p0->scale_dtype || w->scale_row_off % 128 || (i < n - 1 && w->rows % 128)))
+            return -1;
+        rows += w->rows;
+        codes += (size_t)w->rows * qformat_row_bytes(w->fmt, w->cols);
+        if (w->fmt == QF_NVFP4) scales += (size_t)w->rows * (w->cols / 16);
+        if (w->fmt == QF_FP8_BLOCK) scales += (size_t)((w->rows + 127) / 128) * gk * sel;
+    }
+    QTensor f = *p0;
+    f.rows = rows;
+    f.scale_row_off = 0;
+    if (p0->data) {
+        uint8_t *buf = xmalloc(codes + scales), *c = buf, *s = buf + codes;
+        for (int i = 0; i < n; i++) {
+            const QTensor *w = parts[i];
+            size_t cb = (size_t)w->rows * qformat_row_bytes(w->fmt, w->cols), sb = 0;
+            memcpy(c, w->data, cb);
+            c += cb;
+            if (w->fmt == QF_NVFP4) {
+                sb = (size_t)w->rows * (w->cols / 16);
+                memcpy(s, w->scale, sb);
+            } else if (w->fmt == QF_FP8_BLOCK) { /* its grid rows from the one its first row is in */
+                sb = (size_t)((w->rows + 127) / 128) * gk * sel;
+                memcpy(s, w->scale + (size_t)(w->scale_row_off / 128) * gk * sel, sb);
+            }
+            s += sb;
+        }
+        f.data = buf;
+        f.scale = scales ? buf + codes : NULL;
+        *owned = buf;
+    }
+    *out = f;
+    return 0;
+}
+
 const char *qformat_name(QFormat f)
 {
     return (unsigned)f < QF_COUNT ? qformat_names[f] : "?";

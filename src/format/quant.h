@@ -70,6 +70,13 @@ QTensor qtensor_rows(const QTensor *w, int64_t r0, int64_t n);
  * slice ending at K); returns -1 (nothing allocated) when they are not. A skeleton (data NULL)
  * only changes its shape. */
 int qtensor_cols_copy(const QTensor *w, int64_t c0, int64_t n, QTensor *out, void **owned);
+/* The rows of parts[0..n) one after the other, copied into one new allocation (*owned, the
+ * caller frees it; NULL for skeletons, whose data is NULL, which only add up their shapes): the
+ * linears that read the same input as one GEMM (model/load.c fuse). The parts must share the
+ * format, the columns and the global scale (NVFP4, FP8: one gscale for the whole), none be
+ * packed, and with block FP8 each start on a scale block and all but the last end on one (the
+ * grids stack); else returns -1 and allocates nothing. out->name is the first part's. */
+int qtensor_rows_concat(const QTensor *const *parts, int n, QTensor *out, void **owned);
 
 /* NVFP4 (ModelOpt, SPEC §3.5). w is [N, K] float, K a multiple of 16.
  * gscale <= 0: computed as amax(|w|) / (6 * 448); > 0: used as given (gate and up of one

@@ -60,7 +60,8 @@ void forward_init(Forward *f, const Model *m, Backend *be, int max_tokens, int m
         f->iw = be_alloc(be, T * c->index_n_heads * F4);
         f->topk = be_alloc(be, T * c->index_topk * sizeof(int));
     }
-    f->g = be_alloc(be, T * fdim * F4);
+    if (c->q_lora_rank > 0) f->qkva = be_alloc(be, T * (c->q_lora_rank + kdim) * F4);
+    f->g = be_alloc(be, T * 2 * fdim * F4); /* fused gate and up: both */
     f->u = be_alloc(be, T * fdim * F4);
     f->ffn = be_alloc(be, T * D * F4);
     f->ffn2 = be_alloc(be, T * D * F4);
@@ -97,7 +98,7 @@ void forward_free(Forward *f)
     Batch *d = &f->dbuf;
     void *dev[] = {d->tokens, d->pos, d->seq, d->slot, d->seq_start, d->seq_ntok, d->ctx_len, d->block_table, d->out_idx};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) be_free(f->be, dev[i]);
-    void *bufs[] = {f->inv_freq, f->h, f->a, f->qa, f->q, f->k, f->v, f->attn, f->iq, f->ik, f->iw, f->topk,
+    void *bufs[] = {f->inv_freq, f->h, f->a, f->qa, f->qkva, f->q, f->k, f->v, f->attn, f->iq, f->ik, f->iw, f->topk,
                     f->g, f->u, f->ffn, f->ffn2, f->rlogits, f->ridx, f->rwts, f->out_h, f->logits, f->lm_part,
                     f->lm_gather, f->gidx_d != f->gidx ? f->gidx_d : NULL};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be_free(f->be, bufs[i]);

@@ -22,19 +22,31 @@ void glm5_attention(Forward *f, int layer, KVCache *kv)
     be_rmsnorm(be, f->a, D, f->h, D, w->attn_norm, T, D, c->rms_eps);
     const float *qin = f->a;
     int qin_dim = D;
+    /* the latent and k_pe: kv[T, kvd] rows kld apart, after q_a in the fused GEMM's rows (load.c fuse) */
+    float *kvl = f->k;
+    int kld = kvd;
+    if (w->wqkv_a.rows) {
+        be_matmul(be, OP_GEMM_ATTN, f->qkva, R + kvd, f->a, D, T, &w->wqkv_a, NULL);
+        be_rmsnorm(be, f->qa, R, f->qkva, R + kvd, w->q_a_norm, T, R, MLA_NORM_EPS);
+        kvl = f->qkva + R;
+        kld = R + kvd;
+    } else {
+        if (R > 0) {
+            be_matmul(be, OP_GEMM_ATTN, f->qa, R, f->a, D, T, &w->wq_a, NULL);
+            be_rmsnorm(be, f->qa, R, f->qa, R, w->q_a_norm, T, R, MLA_NORM_EPS);
+        }
+        be_matmul(be, OP_GEMM_ATTN, f->k, kvd, f->a, D, T, &w->wkv_a, NULL);
+    }
     if (R > 0) {
-        be_matmul(be, OP_GEMM_ATTN, f->qa, R, f->a, D, T, &w->wq_a, NULL);
-        be_rmsnorm(be, f->qa, R, f->qa, R, w->q_a_norm, T, R, MLA_NORM_EPS);
         qin = f->qa;
         qin_dim = R;
     }
     be_matmul(be, OP_GEMM_ATTN, f->q, qd, qin, qin_dim, T, &w->wq_b, NULL);
     be_rope(be, f->q, qd, T, H, Dq, c->qk_nope_dim, Dr, db->pos, f->inv_freq, f->rope_scale, c->rope_interleave);
-    be_matmul(be, OP_GEMM_ATTN, f->k, kvd, f->a, D, T, &w->wkv_a, NULL);
-    be_rmsnorm(be, f->k, kvd, f->k, kvd, w->kv_a_norm, T, C, MLA_NORM_EPS);
-    be_rope(be, f->k, kvd, T, 1, kvd, C, Dr, db->pos, f->inv_freq, f->rope_scale, c->rope_interleave);
+    be_rmsnorm(be, kvl, kld, kvl, kld, w->kv_a_norm, T, C, MLA_NORM_EPS);
+    be_rope(be, kvl, kld, T, 1, kvd, C, Dr, db->pos, f->inv_freq, f->rope_scale, c->rope_interleave);
     KVLayer *L = &kv->layers[layer];
-    be_kv_write(be, L->kv, L->dtype, L->k_scale, L->kv_width, 0, f->k, kvd, kvd, db->slot, T);
+    be_kv_write(be, L->kv, L->dtype, L->k_scale, L->kv_width, 0, kvl, kld, kvd, db->slot, T);
 
     const int *topk = NULL;
     if (c->layer_indexer[layer] == INDEXER_FULL) {

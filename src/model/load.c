@@ -198,7 +198,7 @@ static void account_model(Model *m)
         const LayerWeights *w = &m->layers[l];
         const QTensor *t[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->wq_a, &w->wq_b, &w->wkv_a, &w->wkv_b, &w->idx_wq_b,
                               &w->idx_wk, &w->idx_wproj, &w->w_gate, &w->w_up, &w->w_down, &w->router, &w->sh_gate,
-                              &w->sh_up, &w->sh_down};
+                              &w->sh_up, &w->sh_down, &w->wqkv_a, &w->w_gate_up, &w->sh_gate_up};
         for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) account(m, t[i]);
         if (c->layer_moe[l] && w->exp_gate)
             for (int e = 0; e < c->n_local_experts; e++) {
@@ -296,6 +296,28 @@ static void own(Model *m, void *buf)
 {
     m->owned = xrealloc(m->owned, (m->n_owned + 1) * sizeof(void *));
     m->owned[m->n_owned++] = buf;
+}
+
+/* Linears that read the same input fused into one GEMM of their rows one after the other
+ * (q_a and kv_a; gate and up of the dense MLP and of the shared experts), as vLLM and SGLang
+ * merge them: one launch instead of two (with the BF16 route one split of the activations and
+ * one join, cuda/matmul.cu), and one GEMM of the rows of both. The parts are left empty. Only
+ * where one GEMM computes the same sums (qtensor_rows_concat: one format, one global scale;
+ * block FP8 on whole scale blocks), else they stay apart; MOESERVE_FUSE=0 keeps them apart. The
+ * fused copy is the model's (host memory: the parts' bytes again, on this rank's shard). */
+static void fuse(Model *m, QTensor *fused, QTensor *a, QTensor *b)
+{
+    static int off = -1;
+    if (off < 0) {
+        const char *e = getenv("MOESERVE_FUSE");
+        off = e && !strcmp(e, "0");
+    }
+    const QTensor *parts[2] = {a, b};
+    void *buf;
+    if (off || qtensor_rows_concat(parts, 2, fused, &buf)) return;
+    if (buf) own(m, buf);
+    *a = *b = (QTensor){0};
+    m->n_fused++;
 }
 
 /* columns [c0, c0 + n): a copy of just those bytes, owned by the model. A slice that cuts a
@@ -444,6 +466,7 @@ static void load_layer(Loader *ld, int l)
         shard_rows(&w->wq_b, h0 * Dq, Hl * Dq);
         linear(ld, &w->wkv_a, PFX("self_attn.kv_a_proj_with_mqa", p), C + Dr, D, 0);
         w->kv_a_norm = vec(ld, PFX("self_attn.kv_a_layernorm.weight", p), C, 0);
+        if (R > 0) fuse(ld->m, &w->wqkv_a, &w->wq_a, &w->wkv_a);
         linear(ld, &w->wkv_b, PFX("self_attn.kv_b_proj", p), H * Dkv, C, 0);
         shard_rows(&w->wkv_b, h0 * Dkv, Hl * Dkv);
         linear(ld, &w->wo, PFX("self_attn.o_proj", p), D, H * Dv, 0);
@@ -486,6 +509,7 @@ static void load_layer(Loader *ld, int l)
         shard_rows(&w->w_gate, tr * Fl, Fl);
         shard_rows(&w->w_up, tr * Fl, Fl);
         shard_cols(ld, &w->w_down, tr * Fl, Fl);
+        fuse(ld->m, &w->w_gate_up, &w->w_gate, &w->w_up);
         return;
     }
     int E = c->n_experts, El = c->n_local_experts, e0 = c->expert0;
@@ -517,6 +541,7 @@ static void load_layer(Loader *ld, int l)
         shard_rows(&w->sh_gate, tr * Fsl, Fsl);
         shard_rows(&w->sh_up, tr * Fsl, Fsl);
         shard_cols(ld, &w->sh_down, tr * Fsl, Fsl);
+        fuse(ld->m, &w->sh_gate_up, &w->sh_gate, &w->sh_up);
     }
 #undef PFX
 }
@@ -549,6 +574,7 @@ static void load_all(Loader *ld)
     m->layers = xcalloc(c->n_layers, sizeof(LayerWeights));
     for (int l = c->layer_begin; l < c->layer_end; l++) load_layer(ld, l);
     account_model(m);
+    if (m->n_fused) log_debug("load: %d pairs of linears that read the same input run as one GEMM each", m->n_fused);
 }
 
 void model_load_dummy(Model *m, const char *dir, QFormat fmt, int n_layers)

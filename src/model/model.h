@@ -152,6 +152,8 @@ typedef struct {
     QTensor wkv_a;             /* [C+Dr, D] */
     float *kv_a_norm;          /* [C] */
     QTensor wkv_b;             /* [H*(Dn+Dv), C] */
+    QTensor wqkv_a;            /* [R+C+Dr, D]: wq_a and wkv_a as one GEMM (load.c fuse; they are then
+                                  empty), or empty */
     /* DSA indexer (absent on "shared" layers) */
     QTensor idx_wq_b;          /* [Hi*Di, R] */
     QTensor idx_wk;            /* [Di, D] */
@@ -159,6 +161,7 @@ typedef struct {
     float *idx_norm_w, *idx_norm_b; /* [Di] LayerNorm */
     /* dense MLP */
     QTensor w_gate, w_up;      /* [Fd, D] */
+    QTensor w_gate_up;         /* [2 Fd, D]: w_gate and w_up as one GEMM (fuse), or empty */
     QTensor w_down;            /* [D, Fd] */
     /* MoE */
     QTensor router;            /* [E, D] */
@@ -168,6 +171,7 @@ typedef struct {
     const QTensor *exp_table;  /* [3, E] gate, up, down QTensors in backend memory (device
                                   backends; the kernels read it), NULL on the cpu */
     QTensor sh_gate, sh_up;    /* [F*n_shared, D] */
+    QTensor sh_gate_up;        /* [2 F*n_shared, D]: sh_gate and sh_up fused, or empty */
     QTensor sh_down;           /* [D, F*n_shared] */
 } LayerWeights;
 
@@ -182,6 +186,7 @@ typedef struct {
     int dummy;                 /* weights are skeletons (data NULL) that model_upload fills randomly */
     void **owned;              /* host copies this Model frees (column slices of a TP shard) */
     int n_owned;
+    int n_fused;               /* pairs of linears fused into one GEMM (load.c fuse) */
     double bytes_by_format[QF_COUNT]; /* weight bytes loaded per storage format */
     int64_t params_by_format[QF_COUNT];
 } Model;

@@ -6,14 +6,23 @@
 #include "forward.h"
 
 /* out[T, D] = down(silu(gate(x)) * up(x)) */
-static void swiglu_mlp(Forward *f, float *out, const float *x, int T, const QTensor *gate,
+/* gate_up: gate and up fused into one GEMM (load.c fuse), else empty and gate and up apart */
+static void swiglu_mlp(Forward *f, float *out, const float *x, int T, const QTensor *gate_up, const QTensor *gate,
                        const QTensor *up, const QTensor *down)
 {
     Backend *be = f->be;
-    int D = f->m->cfg.hidden, Fw = (int)gate->rows;
+    int D = f->m->cfg.hidden;
+    if (gate_up->rows) { /* g[T, 2 Fw]: gate's Fw columns, then up's */
+        int Fw = (int)gate_up->rows / 2;
+        be_matmul(be, OP_GEMM_MLP, f->g, 2 * Fw, x, D, T, gate_up, NULL);
+        be_swiglu(be, f->u, f->g, f->g + Fw, 2 * Fw, T, Fw);
+        be_matmul(be, OP_GEMM_MLP, out, D, f->u, Fw, T, down, NULL);
+        return;
+    }
+    int Fw = (int)gate->rows;
     be_matmul(be, OP_GEMM_MLP, f->g, Fw, x, D, T, gate, NULL);
     be_matmul(be, OP_GEMM_MLP, f->u, Fw, x, D, T, up, NULL);
-    be_swiglu(be, f->g, f->g, f->u, T, Fw);
+    be_swiglu(be, f->g, f->g, f->u, Fw, T, Fw);
     be_matmul(be, OP_GEMM_MLP, out, D, f->g, Fw, T, down, NULL);
 }
 
@@ -28,7 +37,7 @@ void moe_ffn(Forward *f, int layer)
 
     be_rmsnorm(be, f->a, D, f->h, D, w->ffn_norm, T, D, c->rms_eps);
     if (!c->layer_moe[layer]) {
-        swiglu_mlp(f, f->ffn, f->a, T, &w->w_gate, &w->w_up, &w->w_down);
+        swiglu_mlp(f, f->ffn, f->a, T, &w->w_gate_up, &w->w_gate, &w->w_up, &w->w_down);
         dist_all_reduce(f->dist, be, f->ffn, n);
         be_add(be, f->h, f->h, f->ffn, n);
         return;
@@ -43,7 +52,7 @@ void moe_ffn(Forward *f, int layer)
         be_moe(be, f->ffn, f->a, f->ridx, f->rwts, T, w, c);
     }
     if (c->n_shared_experts > 0) { /* (routed + shared), then the residual, as transformers adds */
-        swiglu_mlp(f, f->ffn2, f->a, T, &w->sh_gate, &w->sh_up, &w->sh_down);
+        swiglu_mlp(f, f->ffn2, f->a, T, &w->sh_gate_up, &w->sh_gate, &w->sh_up, &w->sh_down);
         be_add(be, f->ffn, f->ffn, f->ffn2, n);
     }
     dist_all_reduce(f->dist, be, f->ffn, n);

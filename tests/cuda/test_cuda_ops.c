@@ -173,12 +173,18 @@ TEST(cuda_elementwise)
     int T = 19, F = 777, D = 130;
     size_t n = (size_t)T * F;
     float *g = rnd(&r, n, 3), *u = rnd(&r, n, 1), *ref = malloc(n * 4), *ref2 = malloc(n * 4);
-    swiglu_cpu(&cpu, ref, g, u, T, F);
+    swiglu_cpu(&cpu, ref, g, u, F, T, F);
     add_cpu(&cpu, ref2, g, u, n);
     float *dg = up(g, n * 4), *du = up(u, n * 4), *dout = be_alloc(&gpu, n * 4);
-    be_swiglu(&gpu, dout, dg, du, T, F);
+    be_swiglu(&gpu, dout, dg, du, F, T, F);
     float *got = down(dout, n);
     EXPECT_CLOSE(got, ref, n, TOL_F32, "swiglu");
+    free(got);
+    /* the halves of a fused gate/up GEMM's rows: gate and up F apart in rows of F, 388 wide */
+    swiglu_cpu(&cpu, ref, g, g + 388, F, T, 388);
+    be_swiglu(&gpu, dout, dg, dg + 388, F, T, 388);
+    got = down(dout, (size_t)T * 388);
+    EXPECT_CLOSE(got, ref, (size_t)T * 388, TOL_F32, "swiglu, strided halves");
     free(got);
     be_add(&gpu, dout, dg, du, n);
     got = down(dout, n);
@@ -1104,9 +1110,11 @@ TEST(cuda_w4_checkpoint_weights)
         for (int l = 0; l < m.cfg.n_layers; l++) {
             const LayerWeights *hl = &m.layers[l], *dl = &dm.layers[l];
             const QTensor *hs[] = {&hl->wq, &hl->wk, &hl->wv, &hl->wo, &hl->wq_a, &hl->wq_b, &hl->wkv_a, &hl->wkv_b,
-                                   &hl->w_gate, &hl->w_up, &hl->w_down, &hl->sh_gate, &hl->sh_up, &hl->sh_down};
+                                   &hl->w_gate, &hl->w_up, &hl->w_down, &hl->sh_gate, &hl->sh_up, &hl->sh_down,
+                                   &hl->wqkv_a, &hl->w_gate_up, &hl->sh_gate_up};
             const QTensor *ds[] = {&dl->wq, &dl->wk, &dl->wv, &dl->wo, &dl->wq_a, &dl->wq_b, &dl->wkv_a, &dl->wkv_b,
-                                   &dl->w_gate, &dl->w_up, &dl->w_down, &dl->sh_gate, &dl->sh_up, &dl->sh_down};
+                                   &dl->w_gate, &dl->w_up, &dl->w_down, &dl->sh_gate, &dl->sh_up, &dl->sh_down,
+                                   &dl->wqkv_a, &dl->w_gate_up, &dl->sh_gate_up};
             for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++) {
                 if (!ds[i]->packed) continue;
                 int T = 5, N = (int)hs[i]->rows, K = (int)hs[i]->cols;

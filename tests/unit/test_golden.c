@@ -147,3 +147,38 @@ TEST(golden_logits_mla_expanded)
         }
     EXPECT(checks == 3 * 3 * 2, "%d of %d fixture runs completed", checks, 3 * 3 * 2);
 }
+
+/* The linears that read the same input run as one GEMM (model/load.c fuse: q_a and kv_a, gate
+ * and up of the dense MLP and of the shared experts) where their format and global scale allow:
+ * on the CPU a row's sum does not depend on the rows beside it, so the logits must be the same
+ * bits as with every linear apart (MOESERVE_FUSE=0), whole and one token at a time. The load
+ * says how many pairs it fused (debug log): every fixture has at least its dense and shared
+ * gate/up. */
+TEST(golden_logits_fused_apart)
+{
+    const char *names[] = {"glm5-bf16", "glm5-nvfp4", "glm5-shared-bf16", "glm4moe-bf16", "glm4moe-nvfp4"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char dir[4300], cmd[8192], outf[2][1300], *out = NULL;
+        snprintf(dir, sizeof dir, "%s/%s", test_data("golden"), names[i]);
+        for (int chunk = 1; chunk <= 12; chunk += 11) {
+            for (int apart = 0; apart < 2; apart++) {
+                snprintf(outf[apart], sizeof outf[apart], "%s/fused-%d.f32", test_tmpdir(), apart);
+                snprintf(cmd, sizeof cmd,
+                         "MOESERVE_LOG=3 %s%s logits --model %s --tokens 5,17,2,99,41,8,23,64,3,11,70,9 --chunk %d --out %s",
+                         apart ? "MOESERVE_FUSE=0 " : "", test_bin(), dir, chunk, outf[apart]);
+                int rc = test_run(cmd, &out);
+                EXPECT(rc == 0, "%s: exit %d: %s", cmd, rc, out);
+                int said = out && strstr(out, "pairs of linears that read the same input run as one GEMM") != NULL;
+                EXPECT(said == !apart, "%s: %s the fusion: %s", cmd, said ? "says" : "does not say", out);
+                free(out);
+                out = NULL;
+            }
+            size_t n0, n1;
+            float *a = test_read_f32(outf[0], &n0), *b = test_read_f32(outf[1], &n1);
+            EXPECT(a && b && n0 == n1 && n0 > 0 && memcmp(a, b, n0 * sizeof(float)) == 0,
+                   "%s chunk %d: fused and apart logits differ", names[i], chunk);
+            free(a);
+            free(b);
+        }
+    }
+}

@@ -676,6 +676,99 @@ TEST(quant_rows_slice)
     }
 }
 
+/* qtensor_rows_concat (model/load.c fuse): the parts' rows one after the other, each decoding as
+ * it did in its part (slices too, as TP shards are); refused, with nothing allocated, where one
+ * GEMM could not compute both (another format, columns or global scale, block FP8, packed) */
+TEST(quant_rows_concat)
+{
+    static const QFormat fmts[] = {QF_F32, QF_BF16, QF_F16, QF_FP8, QF_NVFP4};
+    for (size_t i = 0; i < sizeof fmts / sizeof fmts[0]; i++) {
+        Rng r;
+        rng_seed(&r, 900 + i);
+        uint8_t *ma, *mb;
+        QTensor a = make_random(fmts[i], 7, 64, DT_F8_E4M3, &r, &ma), big = make_random(fmts[i], 12, 64, DT_F8_E4M3, &r, &mb);
+        if (fmts[i] == QF_FP8 || fmts[i] == QF_NVFP4) a.gscale = 0.37f; /* one global scale for both */
+        QTensor b = qtensor_rows(&big, 3, 5); /* a slice, as a TP shard is */
+        b.gscale = a.gscale;
+        const QTensor *parts[2] = {&a, &b};
+        QTensor f;
+        void *own = NULL;
+        ASSERT(qtensor_rows_concat(parts, 2, &f, &own) == 0, "%s: refused", qformat_name(a.fmt));
+        EXPECT(own && f.data == own && f.rows == 12 && f.cols == 64 && f.fmt == a.fmt && f.gscale == a.gscale && !f.packed,
+               "%s: header", qformat_name(a.fmt));
+        float *x = malloc(64 * sizeof *x), *y = malloc(64 * sizeof *y);
+        for (int64_t n = 0; n < f.rows && !test_failed_now(); n++) {
+            qtensor_decode(&f, n, 0, 64, x);
+            qtensor_decode(n < 7 ? &a : &b, n < 7 ? n : n - 7, 0, 64, y);
+            EXPECT(memcmp(x, y, 64 * sizeof *x) == 0, "%s: fused row %lld differs from its part's", qformat_name(a.fmt),
+                   (long long)n);
+        }
+        free(x); free(y); free(own);
+        /* refusals */
+        QTensor c = b;
+        c.gscale = a.gscale * 2;
+        own = (void *)1;
+        parts[1] = &c;
+        EXPECT(qtensor_rows_concat(parts, 2, &f, &own) == -1 && !own, "%s: another global scale", qformat_name(a.fmt));
+        QTensor narrow = qtensor_rows(&big, 0, 4);
+        narrow.cols = 32;
+        narrow.gscale = a.gscale;
+        parts[1] = &narrow;
+        EXPECT(qtensor_rows_concat(parts, 2, &f, &own) == -1 && !own, "%s: other columns", qformat_name(a.fmt));
+        c = b;
+        c.packed = 1;
+        parts[1] = &c;
+        EXPECT(qtensor_rows_concat(parts, 2, &f, &own) == -1 && !own, "%s: packed", qformat_name(a.fmt));
+        c = b;
+        c.data = NULL;
+        c.scale = NULL;
+        EXPECT(qtensor_rows_concat(parts, 2, &f, &own) == -1 && !own, "%s: a skeleton beside data", qformat_name(a.fmt));
+        /* skeletons (dummy weights) add up their shapes */
+        QTensor sa = a, sb = b;
+        sa.data = sb.data = NULL;
+        sa.scale = sb.scale = NULL;
+        parts[0] = &sa;
+        parts[1] = &sb;
+        EXPECT(qtensor_rows_concat(parts, 2, &f, &own) == 0 && !own && !f.data && f.rows == 12, "%s: skeletons",
+               qformat_name(a.fmt));
+        free(ma); free(mb);
+    }
+    /* another format; block FP8: the grids stack where the parts' rows keep to whole scale blocks */
+    Rng r;
+    rng_seed(&r, 950);
+    uint8_t *ma, *mb;
+    QTensor a = make_random(QF_BF16, 4, 64, DT_F32, &r, &ma), b = make_random(QF_F16, 4, 64, DT_F32, &r, &mb);
+    const QTensor *parts[2] = {&a, &b};
+    QTensor f;
+    void *own;
+    EXPECT(qtensor_rows_concat(parts, 2, &f, &own) == -1 && !own, "bf16 beside f16");
+    free(ma); free(mb);
+    for (int sdt = 0; sdt < 2; sdt++) {
+        QTensor whole = make_random(QF_FP8_BLOCK, 256, 300, sdt ? DT_BF16 : DT_F32, &r, &ma),
+                big = make_random(QF_FP8_BLOCK, 400, 300, sdt ? DT_BF16 : DT_F32, &r, &mb);
+        a = qtensor_rows(&whole, 128, 128);
+        b = qtensor_rows(&big, 256, 100); /* the last part may end inside a block */
+        ASSERT(qtensor_rows_concat(parts, 2, &f, &own) == 0 && own, "block fp8 refused");
+        EXPECT(f.rows == 228 && f.scale_row_off == 0 && f.scale_dtype == a.scale_dtype, "block fp8 header");
+        float *x = malloc(300 * sizeof *x), *y = malloc(300 * sizeof *y);
+        for (int64_t n = 0; n < f.rows && !test_failed_now(); n++) {
+            qtensor_decode(&f, n, 0, 300, x);
+            qtensor_decode(n < 128 ? &a : &b, n < 128 ? n : n - 128, 0, 300, y);
+            EXPECT(memcmp(x, y, 300 * sizeof *x) == 0, "block fp8: fused row %lld differs from its part's", (long long)n);
+        }
+        free(x); free(y); free(own);
+        a = qtensor_rows(&whole, 0, 100); /* a part before the last ending inside a block */
+        EXPECT(qtensor_rows_concat(parts, 2, &f, &own) == -1 && !own, "block fp8: a seam inside a block");
+        a = qtensor_rows(&whole, 28, 128); /* a part starting inside one */
+        EXPECT(qtensor_rows_concat(parts, 2, &f, &own) == -1 && !own, "block fp8: a part starting inside a block");
+        free(ma); free(mb);
+    }
+    a = make_random(QF_FP8_BLOCK, 128, 128, DT_F32, &r, &ma);
+    b = make_random(QF_FP8_BLOCK, 128, 128, DT_BF16, &r, &mb);
+    EXPECT(qtensor_rows_concat(parts, 2, &f, &own) == -1 && !own, "block fp8: another scale dtype");
+    free(ma); free(mb);
+}
+
 TEST(quant_bytes)
 {
     static uint8_t dummy[300 * 300]; /* the pointers below stay inside it */

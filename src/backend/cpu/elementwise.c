@@ -85,13 +85,14 @@ void get_rows_cpu(Backend *be, float *out, const float *x, int ld, const int *ro
 }
 
 /* silu(g) * u = g * sigmoid(g) * u */
-void swiglu_cpu(Backend *be, float *out, const float *gate, const float *up, int T, int F)
+void swiglu_cpu(Backend *be, float *out, const float *gate, const float *up, int ld, int T, int F)
 {
     int64_t n = (int64_t)T * F;
 #pragma omp parallel for num_threads(be->n_threads) if (n > 65536)
     for (int64_t i = 0; i < n; i++) {
-        float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
+        int64_t at = ld == F ? i : i / F * ld + i % F;
+        float g = gate[at];
+        out[i] = g / (1.0f + expf(-g)) * up[at];
     }
 }
 

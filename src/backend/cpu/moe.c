@@ -34,7 +34,7 @@ int moe_cpu(Backend *be, float *out, const float *x, const int *idx, const float
             memcpy(xg + (int64_t)i * D, x + (int64_t)(list[start[e] + i] / K) * D, D * sizeof(float));
         matmul_cpu(be, g, F, xg, D, n, &lw->exp_gate[e], NULL);
         matmul_cpu(be, u, F, xg, D, n, &lw->exp_up[e], NULL);
-        swiglu_cpu(be, g, g, u, n, F);
+        swiglu_cpu(be, g, g, u, F, n, F);
         matmul_cpu(be, y, D, g, F, n, &lw->exp_down[e], NULL);
         for (int i = 0; i < n; i++) {
             int tk = list[start[e] + i];

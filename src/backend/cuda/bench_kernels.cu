@@ -453,11 +453,19 @@ extern "C" int cuda_bench_kernels(const BenchKernelsOpts *o)
             {"glm5 dense gate/up", 12288, 6144}, {"glm5 dense down", 6144, 12288}, {"glm5 shared gate/up", 2048, 6144},
             {"glm5 shared down", 6144, 2048}, {"glm5 q_b", 16384, 2048}, {"glm5 o_proj", 6144, 16384},
             {"glm5 kv_a", 576, 6144}, {"glm5 q_a", 2048, 6144}, {"glm4.5 q_proj", 12288, 5120},
-            {"glm4.5 o_proj", 5120, 12288}, {"glm4.5 kv_proj", 1024, 5120}, {"glm4.5 shared down", 5120, 1536}};
-        int maxT = *std::max_element(rowsv.begin(), rowsv.end()), maxK = 16384, maxN = 16384;
+            {"glm4.5 o_proj", 5120, 12288}, {"glm4.5 kv_proj", 1024, 5120}, {"glm4.5 shared down", 5120, 1536},
+            /* what the engine runs where the checkpoint lets it fuse them (model/load.c fuse) */
+            {"glm5 q_a+kv_a", 2624, 6144}, {"glm5 shared gate+up", 4096, 6144}, {"glm5 dense gate+up", 24576, 6144}};
+        int maxT = *std::max_element(rowsv.begin(), rowsv.end()), maxK = 0, maxN = 0;
+        size_t maxW = 0;
+        for (const Shape &s : shapes) {
+            maxK = std::max(maxK, s.K);
+            maxN = std::max(maxN, s.N);
+            maxW = std::max(maxW, (size_t)s.N * s.K);
+        }
         float *x = (float *)be_alloc(&be, (size_t)maxT * maxK * 4), *out = (float *)be_alloc(&be, (size_t)maxT * maxN * 4);
         be_fill(&be, x, (size_t)maxT * maxK, FILL_F32_NORMAL, 0, 1, 9);
-        uint8_t *stage = (uint8_t *)be_alloc(&be, (size_t)16384 * 16384 * 9 / 16);
+        uint8_t *stage = (uint8_t *)be_alloc(&be, maxW * 9 / 16);
         printf("\ndense NVFP4 GEMM: bandwidth over the weight's bytes (%% of copy); TFLOP/s (%% of cuBLASLt BF16)\n");
         printf("(time us: one call a graph replay; chain us: a graph of R calls on R copies of the weight, R x the bytes\n"
                " over 200 MB so that no copy stays in L2, per call: as the GEMMs of a decode step's graph run, without\n"

@@ -242,7 +242,7 @@ void rope_cuda(Backend *be, float *x, int ld, int T, int n_heads, int head_strid
                const int *pos, const float *inv_freq, float scale, int interleave);
 void add_cuda(Backend *be, float *out, const float *a, const float *b, size_t n);
 void get_rows_cuda(Backend *be, float *out, const float *x, int ld, const int *rows, int n, int dim);
-void swiglu_cuda(Backend *be, float *out, const float *gate, const float *up, int T, int F);
+void swiglu_cuda(Backend *be, float *out, const float *gate, const float *up, int ld, int T, int F);
 void kv_write_cuda(Backend *be, void *cache, KVDtype dt, float scale, int width, int off, const float *src, int ld,
                    int n, const int *slot, int T);
 void matmul_cuda(Backend *be, float *out, int ldo, const float *x, int ldx, int T, const QTensor *w, const float *bias);

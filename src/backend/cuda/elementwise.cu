@@ -96,20 +96,22 @@ void get_rows_cuda(Backend *be, float *out, const float *x, int ld, const int *r
     LAUNCH_CHECK("get_rows_kernel");
 }
 
-static __global__ void swiglu_kernel(float *out, const float *gate, const float *up, int64_t n)
+/* block (x, y): columns of rows y, y + gridDim.y, ...; gate and up rows ld apart (be_swiglu) */
+static __global__ void swiglu_kernel(float *out, const float *gate, const float *up, int ld, int T, int F)
 {
     pdl_trigger(); /* the down projection after it */
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
-    }
+    for (int t = blockIdx.y; t < T; t += gridDim.y)
+        for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < F; j += gridDim.x * blockDim.x) {
+            float g = gate[(int64_t)t * ld + j];
+            out[(int64_t)t * F + j] = g / (1.0f + expf(-g)) * up[(int64_t)t * ld + j];
+        }
 }
 
-void swiglu_cuda(Backend *be, float *out, const float *gate, const float *up, int T, int F)
+void swiglu_cuda(Backend *be, float *out, const float *gate, const float *up, int ld, int T, int F)
 {
-    int64_t n = (int64_t)T * F;
-    if (!n) return;
-    swiglu_kernel<<<cdiv(n, 256) < 65535 ? cdiv(n, 256) : 65535, 256, 0, cuda_stream(be)>>>(out, gate, up, n);
+    if (!T || !F) return;
+    dim3 grid(cdiv(F, 256) < 65535 ? cdiv(F, 256) : 65535, T < 65535 ? T : 65535);
+    swiglu_kernel<<<grid, 256, 0, cuda_stream(be)>>>(out, gate, up, ld, T, F);
     LAUNCH_CHECK("swiglu_kernel");
 }
 

@@ -141,7 +141,7 @@ int moe_cuda(Backend *be, float *out, const float *x, const int *idx, const floa
     LAUNCH_CHECK("moe_gemm_kernel(gate)");
     moe_gemm_kernel<<<gf, QTHREADS, 0, st>>>(u, F, x, D, lw->exp_table, 1, count, offset, rows, tile_e, tile_m0, n_tiles, K, E, 0);
     LAUNCH_CHECK("moe_gemm_kernel(up)");
-    swiglu_cuda(be, g, g, u, P, F);
+    swiglu_cuda(be, g, g, u, F, P, F);
     moe_gemm_kernel<<<gd, QTHREADS, 0, st>>>(y, D, g, F, lw->exp_table, 2, count, offset, rows, tile_e, tile_m0, n_tiles, K, E, 1);
     LAUNCH_CHECK("moe_gemm_kernel(down)");
     moe_combine_cuda(be, out, y, wts, idx, T, K, D);
