@@ -5,9 +5,10 @@
  * A step: admit waiting requests (FIFO) up to max_running, looking their full prompt blocks up
  * in the prefix cache; give every running sequence its next tokens: one for those decoding, a
  * chunk of up to chunked_prefill for those prefilling, within max_batch_tokens; a sequence whose
- * blocks cannot be allocated makes the youngest running sequence give its blocks back (it
- * recomputes later from its tokens so far: preemption by recompute); run the forward; sample for
- * every sequence that computed its last token; queue the events; wake the owners. */
+ * blocks cannot be allocated makes the youngest running sequence that arrived after it give its
+ * blocks back (it recomputes later from its tokens so far: preemption by recompute), or waits
+ * when there is none; run the forward; sample for every sequence that computed its last token;
+ * queue the events; wake the owners. */
 #include "engine.h"
 
 #include <pthread.h>
@@ -491,25 +492,33 @@ static void admit_prefix(Engine *e, Seq *s)
     e->stats.prefix_hits += s->cached_tokens;
 }
 
-/* Blocks for s to hold n tokens; evicts cached blocks, then preempts younger sequences. */
+/* Blocks for s to hold n tokens; evicts cached blocks, then preempts the youngest running
+ * sequence that arrived after s and holds blocks (arrival, not place: the running list is out
+ * of order once preempted sequences come back). When there is none, s waits for this step with
+ * what it holds. So the oldest sequence always progresses, where picking by place let two
+ * sequences take each other's blocks in turn, each recomputing its whole context per token. */
 static int ensure_blocks(Engine *e, Seq *s, int n)
 {
     for (;;) {
         if (block_table_reserve(&s->bt, &e->kv, n) == 0) return 0;
         if (evict_one(e)) continue;
-        /* preempt the youngest running sequence other than s */
         Seq *victim = NULL;
-        for (int i = e->n_running - 1; i >= 0 && !victim; i--)
-            if (e->running[i] != s) victim = e->running[i];
+        for (int i = 0; i < e->n_running; i++) {
+            Seq *v = e->running[i];
+            if (v->id > s->id && v->bt.n_blocks > 0 && (!victim || v->id > victim->id)) victim = v;
+        }
         if (!victim) return -1;
         remove_ptr(e->running, &e->n_running, victim);
         victim->running = 0;
         seq_release_blocks(e, victim);
-        /* back to the head of the queue: it resumes first, recomputing what it had */
+        /* back into the queue in arrival order, ahead of every later request: it resumes
+         * first, recomputing what it had */
         if (e->n_waiting == e->cap_waiting)
             e->waiting = xrealloc(e->waiting, (e->cap_waiting = e->cap_waiting ? 2 * e->cap_waiting : 64) * sizeof(Seq *));
-        memmove(e->waiting + 1, e->waiting, e->n_waiting * sizeof(Seq *));
-        e->waiting[0] = victim;
+        int at = 0;
+        while (at < e->n_waiting && e->waiting[at]->id < victim->id) at++;
+        memmove(e->waiting + at + 1, e->waiting + at, (e->n_waiting - at) * sizeof(Seq *));
+        e->waiting[at] = victim;
         e->n_waiting++;
         e->stats.preemptions++;
     }

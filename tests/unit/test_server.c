@@ -922,6 +922,57 @@ TEST(server_13_openai_python)
 
 typedef struct {
     int port;
+    ApiBuf body;
+    Resp r;
+} KvArg;
+
+static void *kv_request(void *p)
+{
+    KvArg *a = p;
+    post(a->port, "/v1/completions", a->body.p, &a->r);
+    return NULL;
+}
+
+/* Two requests that do not fit the KV cache together (8 blocks of 16 tokens; 120 tokens each):
+ * the younger one gives its blocks back once and waits for the older, instead of the two taking
+ * each other's blocks every step and each recomputing its context for every token. */
+TEST(server_14_kv_pressure)
+{
+    Srv k;
+    ASSERT(srv_start(&k, "kv", "--num-kv-blocks 8 --max-model-len 128") == 0);
+    enum { N = 2 };
+    KvArg a[N];
+    pthread_t th[N];
+    double t0 = clock_now();
+    for (int i = 0; i < N; i++) {
+        a[i] = (KvArg){.port = k.port};
+        openai_buf_add(&a[i].body, "{\"prompt\":[", 11);
+        for (int t = 0; t < 48; t++) {
+            char id[16];
+            int n = snprintf(id, sizeof id, "%s%d", t ? "," : "", 300 + 50 * i + t);
+            openai_buf_add(&a[i].body, id, (size_t)n);
+        }
+        const char *tail = "],\"max_tokens\":72,\"ignore_eos\":true,\"temperature\":0}";
+        openai_buf_add(&a[i].body, tail, strlen(tail));
+        pthread_create(&th[i], NULL, kv_request, &a[i]);
+    }
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        EXPECT_EQ_INT(a[i].r.status, 200);
+        json_t *j = body_json(&a[i].r);
+        EXPECT(j && jint(j, "usage.completion_tokens") == 72, "request %d: %s", i, a[i].r.body ? a[i].r.body : "");
+        json_decref(j);
+        resp_free(&a[i].r);
+        openai_buf_free(&a[i].body);
+    }
+    double pre = metric(k.port, "moeserve_preemptions_total");
+    fprintf(stderr, "    2 requests over a full KV cache in %.1f s, %g preemptions\n", clock_now() - t0, pre);
+    EXPECT(pre >= 0 && pre <= 4, "%g preemptions for two requests", pre);
+    EXPECT_EQ_INT(srv_stop(&k, 60), 0);
+}
+
+typedef struct {
+    int port;
     Resp r;
 } DrainArg;
 
