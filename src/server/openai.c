@@ -149,7 +149,7 @@ static int field_int(json_t *o, const char *key, long long lo, long long hi, lon
         x = (long long)json_real_value(v);
     else return bad_field(err, key, "'%s' must be an integer", key);
     if (x < lo || x > hi) {
-        if (hi == (long long)INT32_MAX) return bad_field(err, key, "'%s' must be at least %lld, got %lld", key, lo, x);
+        if (x < lo && hi == (long long)INT32_MAX) return bad_field(err, key, "'%s' must be at least %lld, got %lld", key, lo, x);
         return bad_field(err, key, "'%s' must be in [%lld, %lld], got %lld", key, lo, hi, x);
     }
     *out = x;

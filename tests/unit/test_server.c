@@ -442,6 +442,8 @@ TEST(server_06_errors)
         {"/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 0}", 400, "at least 1", "max_tokens"},
         {"/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": -1}", 400, "at least 1", "max_tokens"},
         {"/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 1.5}", 400, "integer", "max_tokens"},
+        {"/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 2147483648}", 400, "[1, 2147483647], got 2147483648", "max_tokens"},
+        {"/v1/completions", "{\"prompt\": \"x\", \"n\": 1e12}", 400, "[1, 2147483647]", "n"},
         {"/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 5000}", 400, "maximum context length", "prompt"},
         {"/v1/completions", "{\"prompt\": \"x\", \"temperature\": -1}", 400, "temperature", "temperature"},
         {"/v1/completions", "{\"prompt\": \"x\", \"temperature\": \"hot\"}", 400, "number", "temperature"},
