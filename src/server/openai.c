@@ -487,8 +487,10 @@ static int parse_messages(json_t *m, json_t **out, ApiErr *err)
                 openai_buf_free(&joined);
                 return bad_field(err, "messages", "messages[%zu].content[%zu] must be an object with a 'type'", i, k);
             }
-            if (strcmp(json_string_value(type), "text") != 0 || !json_is_string(text)) {
+            int is_text = !strcmp(json_string_value(type), "text");
+            if (!is_text || !json_is_string(text)) {
                 openai_buf_free(&joined);
+                if (is_text) return bad_field(err, "messages", "messages[%zu].content[%zu].text must be a string", i, k);
                 return bad_field(err, "messages", "messages[%zu].content[%zu]: content of type '%.32s' is not supported (text only)",
                                  i, k, json_string_value(type));
             }

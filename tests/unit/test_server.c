@@ -489,6 +489,8 @@ TEST(server_06_errors)
         {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\"}]}", 400, "content", "messages"},
         {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": 5}]}", 400, "content", "messages"},
         {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", \"image_url\": {\"url\": \"x\"}}]}]}", 400, "not supported", "messages"},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\"}]}]}", 400, "content[0].text must be a string", "messages"},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": 5}]}]}", 400, "content[0].text must be a string", "messages"},
         {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"top_logprobs\": 2}", 400, "logprobs", "top_logprobs"},
         {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"logprobs\": true, \"top_logprobs\": 21}", 400, "top_logprobs", "top_logprobs"},
         {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_completion_tokens\": 0}", 400, "at least 1", "max_completion_tokens"},
