@@ -279,6 +279,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             errbuf_set(err.msg, sizeof err.msg, "the request body has %s bytes; the limit is %zu bytes (--max-body)", cl, h->o.max_body);
             rc = API_ETOOBIG;
         }
+        /* MHD reads any other transfer coding as a body that ends with the connection: without
+         * this the client would wait for its answer until the connection timeout */
+        const char *te = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING);
+        if (rc == API_OK && te && strcasecmp(te, "chunked") != 0) {
+            errbuf_set(err.msg, sizeof err.msg, "Transfer-Encoding '%.100s' is not supported: send the body with a Content-Length or as chunked", te);
+            rc = API_ENOTIMPL;
+        }
         if (rc < 0) return respond_error(s, rc, &err, rc == API_EMETHOD ? allow : NULL);
         return MHD_YES;
     }

@@ -1309,6 +1309,7 @@ int openai_error(int rc, const ApiErr *err, ApiBuf *out)
         {API_ENOROUTE, 404, "invalid_request_error"}, {API_ENOMODEL, 404, "invalid_request_error"},
         {API_EMETHOD, 405, "invalid_request_error"}, {API_ETOOBIG, 413, "invalid_request_error"},
         {API_EBUSY, 503, "server_error"}, {API_EINTERNAL, 500, "server_error"},
+        {API_ENOTIMPL, 501, "invalid_request_error"},
     };
     int status = 500;
     const char *type = "server_error";

@@ -37,6 +37,7 @@ typedef enum {
     API_ETOOBIG = -6,          /* 413 invalid_request_error */
     API_EBUSY = -7,            /* 503 server_error (engine queue full, shutting down, no connection slot) */
     API_EINTERNAL = -8,        /* 500 server_error (never from a request: a bug) */
+    API_ENOTIMPL = -9,         /* 501 invalid_request_error (a transfer coding other than chunked) */
 } ApiError;
 
 typedef struct {

@@ -572,6 +572,21 @@ TEST(server_06_errors)
     EXPECT(r.status == 0 || r.status == 413, "chunked 5 MB body: status %d", r.status);
     resp_free(&r);
 
+    /* a transfer coding other than chunked: refused at once, not read to the end of the
+     * connection while the client waits for an answer */
+    fd = hc_connect(s->port, 0);
+    ASSERT(fd >= 0);
+    head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n";
+    hc_send(fd, head, strlen(head));
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    EXPECT(poll(&pf, 1, 10000) == 1, "Transfer-Encoding gzip: no answer in 10 s");
+    raw = hc_read_all(fd, &n);
+    close(fd);
+    hc_parse(raw, n, &r);
+    free(raw);
+    expect_error(__FILE__, __LINE__, "Transfer-Encoding gzip", &r, 501, "invalid_request_error", "Transfer-Encoding", NULL);
+    resp_free(&r);
+
     /* headers over the limit */
     fd = hc_connect(s->port, 0);
     ASSERT(fd >= 0);
