@@ -21,6 +21,7 @@
 #include "kv_cache.h"
 
 #define ENGINE_MAX_EOS 16
+#define ENGINE_WAIT_PING_S 0.5     /* how often the owners of queued requests are woken (engine.h) */
 
 typedef struct Seq {
     uint64_t id;
@@ -69,6 +70,7 @@ struct Engine {
     int n_all, cap_all;
     Seq **waiting;             /* FIFO */
     int n_waiting, cap_waiting;
+    double t_ping;             /* when the owners of the waiting requests were last woken (s, clock_now) */
     Seq **running;             /* in admission order (oldest first) */
     int n_running;
     /* prefix cache */
@@ -724,6 +726,13 @@ static void *engine_main(void *arg)
                 if (s->notify) s->notify(s->user, s->id);
             }
             continue;
+        }
+        /* a queued request has no events to wake its owner, which therefore cannot see that its
+         * client left: it would hold its place in the queue, then be prefilled for nobody */
+        if (e->n_waiting > 0 && clock_now() - e->t_ping >= ENGINE_WAIT_PING_S) {
+            e->t_ping = clock_now();
+            for (int i = 0; i < e->n_waiting; i++)
+                if (e->waiting[i]->notify) e->waiting[i]->notify(e->waiting[i]->user, e->waiting[i]->id);
         }
         for (int k = 0; k < (e->o.decode_steps > 0 ? e->o.decode_steps : 1); k++) step(e);
     }

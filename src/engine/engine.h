@@ -68,8 +68,9 @@ typedef struct {
     int cached_tokens;         /* prompt tokens served from the prefix cache */
 } EngineEvent;
 
-/* Called on the engine thread when new events wait for request `id` (keep it short: resume a
- * suspended connection, signal a condition variable). */
+/* Called on the engine thread when new events wait for request `id`, and every half second
+ * while it waits in the queue, so that its owner can cancel it if its client has gone (keep it
+ * short: resume a suspended connection, signal a condition variable). */
 typedef void (*EngineNotify)(void *user, uint64_t id);
 
 typedef struct Engine Engine;

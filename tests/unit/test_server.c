@@ -905,13 +905,19 @@ TEST(server_12_queue_full)
     expect_error(__FILE__, __LINE__, "third request", &r, 503, "server_error", "overloaded", NULL);
     EXPECT(r.head && header_value(r.head, "Retry-After"));
     resp_free(&r);
+    /* the waiting one's client leaves: its place comes back while the first still runs, not
+     * when the request would have started */
     struct linger lg = {.l_onoff = 1, .l_linger = 0};
-    setsockopt(fd1, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
     setsockopt(fd2, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
-    close(fd1);
     close(fd2);
-    /* room again once they are gone */
     double t0 = clock_now();
+    while (clock_now() - t0 < 5 && metric(q.port, "moeserve_requests_waiting") != 0) usleep(50000);
+    EXPECT(metric(q.port, "moeserve_requests_waiting") == 0, "the request of a client that left still waits after 5 s");
+    EXPECT(metric(q.port, "moeserve_requests_running") == 1);
+    setsockopt(fd1, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    close(fd1);
+    /* room again once they are gone */
+    t0 = clock_now();
     int status = 0;
     while (clock_now() - t0 < 10 && status != 200) {
         post(q.port, "/v1/completions", "{\"prompt\":\"one more\",\"max_tokens\":2}", &r);
