@@ -3008,8 +3008,8 @@ static Value py_add(Ctx *C, Value a, Value b)
 
 static Value py_repeat(Ctx *C, Value s, int64_t k)
 {
-    if (k < 0) k = 0;
     size_t unit = s.t == V_STR ? s.s.n : s.l->n * sizeof(Value);
+    if (k < 0 || !unit) k = 0; /* '' * 10**18 is '' at once, not 10**18 empty copies */
     if (unit && (uint64_t)k > (RENDER_MEM_LIMIT / unit)) rerr(C, "repetition result too large");
     if (s.t == V_STR) {
         size_t n = s.s.n * (size_t)k;

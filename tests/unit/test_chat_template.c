@@ -260,6 +260,19 @@ TEST(chat_render_variables)
     free(out);
 }
 
+/* ---- hostile templates: each ends quickly, with the right text or a clear error ---- */
+
+TEST(chat_hostile_repeat)
+{
+    /* repeating nothing a huge number of times is nothing, at once (it used to loop 10**18 times) */
+    char err[512] = "", *out = NULL;
+    int rc = render_str("{{ ([] * 10**18) | length }}{{ ('' * 10**18) | length }}{{ (() * 10**18) | length }}",
+                        NULL, NULL, &out, err, sizeof err);
+    ASSERT(rc == 0, "%s", err);
+    EXPECT(!strcmp(out, "000"), "got %s", out);
+    free(out);
+}
+
 /* ---- loading from a model directory ---- */
 
 static void write_file(const char *dir, const char *name, const char *text)
