@@ -3805,11 +3805,14 @@ static Value call_func(Ctx *C, int id, const Args *a)
             if (a->na == 3) r[2] = a->args[2].i;
         }
         if (r[2] == 0) rerr(C, "range() arg 3 must not be zero");
-        double cnt = r[2] > 0 ? ceil(((double)r[1] - (double)r[0]) / (double)r[2]) : ceil(((double)r[0] - (double)r[1]) / (double)-r[2]);
-        if (cnt < 0) cnt = 0;
+        /* the length as CPython's compute_range_length, in uint64: the span of two int64 bounds
+           and i * step may not fit int64 although every item does */
+        uint64_t lo = (uint64_t)r[0], hi = (uint64_t)r[1], st = (uint64_t)r[2], cnt = 0;
+        if (r[2] > 0 && r[0] < r[1]) cnt = (hi - lo - 1) / st + 1;
+        else if (r[2] < 0 && r[0] > r[1]) cnt = (lo - hi - 1) / (0 - st) + 1;
         if (cnt > RANGE_LIMIT) rerr(C, "range too big: the sandbox allows at most %d items", RANGE_LIMIT);
         List *l = list_new(C, LK_RANGE, (size_t)cnt);
-        for (size_t i = 0; i < (size_t)cnt; i++) l->v[i] = v_int(r[0] + (int64_t)i * r[2]);
+        for (size_t i = 0; i < (size_t)cnt; i++) l->v[i] = v_int((int64_t)(lo + i * st));
         l->n = (size_t)cnt;
         l->r0 = r[0];
         l->r1 = r[1];

@@ -273,6 +273,26 @@ TEST(chat_hostile_repeat)
     free(out);
 }
 
+TEST(chat_hostile_range)
+{
+    /* bounds and steps near the int64 limits: Python's items, no signed overflow */
+    static const struct { const char *tmpl, *want; } cases[] = {
+        { "{{ range(-9223372036854775807 - 1, 9223372036854775807, 4611686018427387904) | list }}",
+          "[-9223372036854775808, -4611686018427387904, 0, 4611686018427387904]" },
+        { "{{ range(9223372036854775807, -9223372036854775807 - 1, -9223372036854775807 - 1) | list }}",
+          "[9223372036854775807, -1]" },
+        { "{{ range(0, 4611686018427387905, 4611686018427387904) | list }}", "[0, 4611686018427387904]" },
+        { "{{ range(5, 0, -2) | list }}{{ range(0, 5, 2) | list }}{{ range(3, 3) | list }}", "[5, 3, 1][0, 2, 4][]" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char err[512] = "", *out = NULL;
+        int rc = render_str(cases[i].tmpl, NULL, NULL, &out, err, sizeof err);
+        EXPECT(rc == 0, "case %zu: %s", i, err);
+        EXPECT(rc || !strcmp(out, cases[i].want), "case %zu: got %s, want %s", i, out, cases[i].want);
+        free(out);
+    }
+}
+
 /* ---- loading from a model directory ---- */
 
 static void write_file(const char *dir, const char *name, const char *text)
