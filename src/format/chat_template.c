@@ -44,7 +44,8 @@
 #define RENDER_STEP_LIMIT  50000000            /* loop iterations + macro calls per render */
 #define MACRO_DEPTH_LIMIT  200                 /* nested macro calls (Python would hit its recursion limit) */
 #define PARSE_DEPTH_LIMIT  200                 /* nested expressions / statements in a template */
-#define JSON_DEPTH_LIMIT   256                 /* nesting of messages/tools/kwargs JSON */
+#define JSON_DEPTH_LIMIT   256                 /* nesting of messages/tools/kwargs JSON, and of values
+                                                  printed, compared or hashed (C recursion) */
 #define RANGE_LIMIT        100000              /* Jinja's sandbox MAX_RANGE */
 
 /* ---- types ---- */
@@ -2311,13 +2312,23 @@ static Value *dict_find_str(Dict *d, const char *s)
     return NULL;
 }
 
-static void check_hashable(Ctx *C, Value k)
+/* Values a template builds in a loop ({% set ns.x = [ns.x] %}) can nest far deeper than the C
+   stack allows recursing into them; Python stops at its recursion limit too. */
+static void check_nesting(Ctx *C, int depth)
 {
+    if (depth > JSON_DEPTH_LIMIT) rerr(C, "value nested deeper than %d to compare or hash", JSON_DEPTH_LIMIT);
+}
+
+static void check_hashable_at(Ctx *C, Value k, int depth)
+{
+    check_nesting(C, depth);
     if ((k.t == V_LIST && k.l->kind != LK_TUPLE && k.l->kind != LK_RANGE && k.l->kind != LK_ITER) || k.t == V_DICT)
         rerr(C, "unhashable type: '%s'", type_name(k));
     if (k.t == V_LIST && k.l->kind == LK_TUPLE)
-        for (size_t i = 0; i < k.l->n; i++) check_hashable(C, k.l->v[i]);
+        for (size_t i = 0; i < k.l->n; i++) check_hashable_at(C, k.l->v[i], depth + 1);
 }
+
+static void check_hashable(Ctx *C, Value k) { check_hashable_at(C, k, 0); }
 
 static void dict_set(Ctx *C, Dict *d, Value k, Value v)
 {
@@ -2340,8 +2351,9 @@ static void dict_set(Ctx *C, Dict *d, Value k, Value v)
     d->n++;
 }
 
-static int py_eq(Ctx *C, Value a, Value b)
+static int py_eq_at(Ctx *C, Value a, Value b, int depth)
 {
+    check_nesting(C, depth);
     if (is_num(a) && is_num(b)) return num_eq(a, b);
     if (a.t != b.t) return 0;
     switch (a.t) {
@@ -2358,14 +2370,14 @@ static int py_eq(Ctx *C, Value a, Value b)
         }
         if (x->kind != y->kind || x->n != y->n) return 0;
         for (size_t i = 0; i < x->n; i++)
-            if (!py_eq(C, x->v[i], y->v[i])) return 0;
+            if (!py_eq_at(C, x->v[i], y->v[i], depth + 1)) return 0;
         return 1;
     }
     case V_DICT: {
         if (a.d->n != b.d->n) return 0;
         for (size_t i = 0; i < a.d->n; i++) {
             Value *o = dict_find(C, b.d, a.d->k[i]);
-            if (!o || !py_eq(C, a.d->v[i], *o)) return 0;
+            if (!o || !py_eq_at(C, a.d->v[i], *o, depth + 1)) return 0;
         }
         return 1;
     }
@@ -2377,9 +2389,12 @@ static int py_eq(Ctx *C, Value a, Value b)
     }
 }
 
+static int py_eq(Ctx *C, Value a, Value b) { return py_eq_at(C, a, b, 0); }
+
 /* Python ordering (<, >, sorted): <0, 0, >0, or a TypeError. */
-static int py_cmp(Ctx *C, Value a, Value b)
+static int py_cmp_at(Ctx *C, Value a, Value b, int depth)
 {
+    check_nesting(C, depth);
     if (is_num(a) && is_num(b)) {
         if (a.t != V_FLOAT && b.t != V_FLOAT) return (a.i > b.i) - (a.i < b.i);
         if (num_eq(a, b)) return 0;
@@ -2395,12 +2410,14 @@ static int py_cmp(Ctx *C, Value a, Value b)
     if (a.t == V_LIST && b.t == V_LIST && a.l->kind == b.l->kind && (a.l->kind == LK_LIST || a.l->kind == LK_TUPLE)) {
         size_t n = a.l->n < b.l->n ? a.l->n : b.l->n;
         for (size_t i = 0; i < n; i++)
-            if (!py_eq(C, a.l->v[i], b.l->v[i])) return py_cmp(C, a.l->v[i], b.l->v[i]);
+            if (!py_eq_at(C, a.l->v[i], b.l->v[i], depth + 1)) return py_cmp_at(C, a.l->v[i], b.l->v[i], depth + 1);
         return (a.l->n > b.l->n) - (a.l->n < b.l->n);
     }
     if (a.t == V_UNDEF || b.t == V_UNDEF) rerr(C, "'%s' is undefined", a.t == V_UNDEF ? a.s.p ? a.s.p : "value" : b.s.p ? b.s.p : "value");
     rerr(C, "'<' not supported between instances of '%s' and '%s'", type_name(a), type_name(b));
 }
+
+static int py_cmp(Ctx *C, Value a, Value b) { return py_cmp_at(C, a, b, 0); }
 
 /* ---- str() and repr() ---- */
 

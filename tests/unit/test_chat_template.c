@@ -293,6 +293,29 @@ TEST(chat_hostile_range)
     }
 }
 
+TEST(chat_hostile_nesting)
+{
+    /* lists and tuples nested 100000 deep by a loop: comparing or hashing them is an error, not a
+       stack overflow (Python stops at its recursion limit) */
+    static const char *const ops[] = { "ns.x == ns.y", "ns.x < ns.y", "ns.x in [ns.y]", "{ns.t: 1}", "[ns.t] | unique | list" };
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
+        char tmpl[512], err[512] = "", *out = NULL;
+        snprintf(tmpl, sizeof tmpl, "{%% set ns = namespace(x=[], y=[], t=()) %%}{%% for i in range(100000) %%}"
+                 "{%% set ns.x = [ns.x] %%}{%% set ns.y = [ns.y] %%}{%% set ns.t = (ns.t,) %%}{%% endfor %%}{{ %s }}", ops[i]);
+        int rc = render_str(tmpl, NULL, NULL, &out, err, sizeof err);
+        EXPECT(rc == -1, "%s rendered", ops[i]);
+        EXPECT(strstr(err, "nested deeper"), "%s: %s", ops[i], err);
+        free(out);
+    }
+    /* shallow nesting still compares */
+    char err[512] = "", *out = NULL;
+    int rc = render_str("{{ [[[1]]] == [[[1]]] }}{{ [[1], [2]] < [[1], [3]] }}{{ {(1, (2, 3)): 4}[(1, (2, 3))] }}",
+                        NULL, NULL, &out, err, sizeof err);
+    ASSERT(rc == 0, "%s", err);
+    EXPECT(!strcmp(out, "TrueTrue4"), "got %s", out);
+    free(out);
+}
+
 /* ---- loading from a model directory ---- */
 
 static void write_file(const char *dir, const char *name, const char *text)
