@@ -41,7 +41,8 @@
 /* ---- limits (bounds on what a template or a request can make the renderer do) ---- */
 
 #define RENDER_MEM_LIMIT   ((size_t)512 << 20) /* bytes a render may allocate in all */
-#define RENDER_STEP_LIMIT  50000000            /* loop iterations + macro calls per render */
+#define RENDER_STEP_LIMIT  50000000            /* loop iterations + macro calls + comparisons per render,
+                                                  and one per 8 bytes scanned (step_bytes) */
 #define MACRO_DEPTH_LIMIT  200                 /* nested macro calls (Python would hit its recursion limit) */
 #define PARSE_DEPTH_LIMIT  200                 /* nested expressions / statements in a template */
 #define JSON_DEPTH_LIMIT   256                 /* nesting of messages/tools/kwargs JSON, and of values
@@ -2147,6 +2148,7 @@ typedef struct {
     Dict *vars;        /* render variables: messages, tools, add_generation_prompt, bos/eos tokens, kwargs */
     int depth;         /* macro call depth */
     long steps;
+    size_t scanned;    /* bytes scanned not yet counted in steps (< 8) */
 } Ctx;
 
 static void rerr(Ctx *C, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
@@ -2163,6 +2165,18 @@ static void rerr(Ctx *C, const char *fmt, ...)
 static void step(Ctx *C)
 {
     if (++C->steps > RENDER_STEP_LIMIT) rerr(C, "the render takes more than %d steps", RENDER_STEP_LIMIT);
+}
+
+/* Reading n bytes without allocating (comparing, searching, measuring a string) costs steps too:
+   the memory limit bounds only what is built, so a loop that rescans a 100 MB string, or one
+   quadratic search, would otherwise run for hours within both limits. One step per 8 bytes: a
+   loop over code points (py_space_at, u8_count) reads about that many in the time of a step. */
+static void step_bytes(Ctx *C, size_t n)
+{
+    C->scanned += n;
+    C->steps += (long)(C->scanned >> 3);
+    C->scanned &= 7;
+    if (C->steps > RENDER_STEP_LIMIT) rerr(C, "the render takes more than %d steps", RENDER_STEP_LIMIT);
 }
 
 static Value v_undef(const char *name)
@@ -2354,11 +2368,15 @@ static void dict_set(Ctx *C, Dict *d, Value k, Value v)
 static int py_eq_at(Ctx *C, Value a, Value b, int depth)
 {
     check_nesting(C, depth);
+    step(C);
     if (is_num(a) && is_num(b)) return num_eq(a, b);
     if (a.t != b.t) return 0;
     switch (a.t) {
     case V_UNDEF: case V_NONE: return 1;
-    case V_STR: return a.s.n == b.s.n && !memcmp(a.s.p, b.s.p, a.s.n);
+    case V_STR:
+        if (a.s.n != b.s.n) return 0;
+        step_bytes(C, a.s.n);
+        return !memcmp(a.s.p, b.s.p, a.s.n);
     case V_LIST: {
         List *x = a.l, *y = b.l;
         if (x == y) return 1;
@@ -2395,6 +2413,7 @@ static int py_eq(Ctx *C, Value a, Value b) { return py_eq_at(C, a, b, 0); }
 static int py_cmp_at(Ctx *C, Value a, Value b, int depth)
 {
     check_nesting(C, depth);
+    step(C);
     if (is_num(a) && is_num(b)) {
         if (a.t != V_FLOAT && b.t != V_FLOAT) return (a.i > b.i) - (a.i < b.i);
         if (num_eq(a, b)) return 0;
@@ -2403,6 +2422,7 @@ static int py_cmp_at(Ctx *C, Value a, Value b, int depth)
     }
     if (a.t == V_STR && b.t == V_STR) { /* UTF-8 byte order is code point order */
         size_t n = a.s.n < b.s.n ? a.s.n : b.s.n;
+        step_bytes(C, n);
         int c = memcmp(a.s.p, b.s.p, n);
         if (c) return c < 0 ? -1 : 1;
         return (a.s.n > b.s.n) - (a.s.n < b.s.n);
@@ -2733,7 +2753,7 @@ static int64_t py_len(Ctx *C, Value v)
 {
     switch (v.t) {
     case V_UNDEF: return 0;
-    case V_STR: return (int64_t)u8_count(v.s.p, v.s.n);
+    case V_STR: step_bytes(C, v.s.n); return (int64_t)u8_count(v.s.p, v.s.n);
     case V_LIST:
         if (v.l->kind == LK_ITER) rerr(C, "object of type 'generator' has no len()");
         return (int64_t)v.l->n;
@@ -2746,6 +2766,7 @@ static int64_t py_len(Ctx *C, Value v)
 /* Byte offsets of the code points of s (n+1 entries, last = byte length); NULL if ASCII. */
 static size_t *u8_offsets(Ctx *C, Value s, size_t *ncp)
 {
+    step_bytes(C, s.s.n);
     if (is_ascii(s.s.p, s.s.n)) { *ncp = s.s.n; return NULL; }
     size_t n = u8_count(s.s.p, s.s.n), k = 0;
     size_t *off = arena_alloc(&C->A, sizeof(size_t) * (n + 1));
@@ -2761,6 +2782,7 @@ static int py_contains(Ctx *C, Value container, Value item)
     switch (container.t) {
     case V_STR:
         if (item.t != V_STR) rerr(C, "'in <string>' requires string as left operand, not %s", type_name(item));
+        step_bytes(C, container.s.n);
         return item.s.n == 0 || memmem(container.s.p, container.s.n, item.s.p, item.s.n) != NULL;
     case V_DICT:
         check_hashable(C, item);
@@ -3417,15 +3439,33 @@ static int in_chars(Value chars, const char *p, int l)
 
 static int cp_len_at(const char *p) { unsigned c = (unsigned char)*p; return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4; }
 
+/* The last occurrence of sub (m bytes, m > 0) in s (n bytes), or NULL. Candidates come from
+   memrchr on sub's first byte and are compared in full, so a run of one byte costs n * m: each
+   comparison is charged. */
+static const char *str_rsearch(Ctx *C, const char *s, size_t n, const char *sub, size_t m)
+{
+    if (m > n) return NULL;
+    for (size_t lim = n - m + 1; lim;) { /* candidates start before s + lim */
+        const char *r = memrchr(s, sub[0], lim);
+        step_bytes(C, (size_t)(s + lim - (r ? r : s)) + (r ? m : 0));
+        if (!r) return NULL;
+        if (!memcmp(r, sub, m)) return r;
+        lim = (size_t)(r - s);
+    }
+    return NULL;
+}
+
 static Value str_strip(Ctx *C, Value s, Value chars, int left, int right)
 {
     if (chars.t != V_ABSENT && chars.t != V_NONE && chars.t != V_STR)
         rerr(C, "strip arg must be None or str, not %s", type_name(chars));
     int ws = chars.t != V_STR;
+    size_t per = ws ? 1 : chars.s.n; /* bytes read to test one character */
     const char *b = s.s.p, *e = s.s.p + s.s.n;
     if (left)
         while (b < e) {
             int l = cp_len_at(b);
+            step_bytes(C, per);
             if (ws ? !py_space_at(b, e) : !in_chars(chars, b, l)) break;
             b += l;
         }
@@ -3433,6 +3473,7 @@ static Value str_strip(Ctx *C, Value s, Value chars, int left, int right)
         while (e > b) {
             const char *q = e - 1;
             while (q > b && ((unsigned char)*q & 0xC0) == 0x80) q--;
+            step_bytes(C, per);
             if (ws ? !py_space_at(q, e) : !in_chars(chars, q, (int)(e - q))) break;
             e = q;
         }
@@ -3447,6 +3488,7 @@ static Value str_split(Ctx *C, Value s, Value sep, Value maxv, int from_right)
         maxsplit = maxv.i;
     }
     if (maxsplit < 0) maxsplit = INT64_MAX;
+    step_bytes(C, s.s.n);
     List *l = list_new(C, LK_LIST, 0);
     const char *p = s.s.p, *e = s.s.p + s.s.n;
     if (sep.t == V_ABSENT || sep.t == V_NONE) { /* runs of whitespace; no empty strings */
@@ -3501,10 +3543,7 @@ static Value str_split(Ctx *C, Value s, Value sep, Value maxv, int from_right)
     } else {
         const char *b = p;
         for (;;) {
-            const char *q = NULL;
-            if (maxsplit-- != 0)
-                for (const char *r = e - sep.s.n; r >= b && e - b >= (ptrdiff_t)sep.s.n; r--)
-                    if (!memcmp(r, sep.s.p, sep.s.n)) { q = r; break; }
+            const char *q = maxsplit-- == 0 ? NULL : str_rsearch(C, b, (size_t)(e - b), sep.s.p, sep.s.n);
             if (!q) { list_push(C, l, v_str(b, (size_t)(e - b))); break; }
             list_push(C, l, v_str(q + sep.s.n, (size_t)(e - q - sep.s.n)));
             e = q;
@@ -3546,15 +3585,12 @@ static Value str_replace(Ctx *C, Value s, Value old, Value nw, int64_t count)
 }
 
 /* str.find / rfind as code point index, -1 if absent */
-static int64_t str_find(Value s, Value sub, int rev)
+static int64_t str_find(Ctx *C, Value s, Value sub, int rev)
 {
     const char *hit = NULL;
+    step_bytes(C, s.s.n); /* memmem is linear; so is counting the code points before the hit */
     if (!rev) hit = sub.s.n ? memmem(s.s.p, s.s.n, sub.s.p, sub.s.n) : s.s.p;
-    else if (sub.s.n <= s.s.n)
-        for (const char *r = s.s.p + s.s.n - sub.s.n;; r--) {
-            if (!memcmp(r, sub.s.p, sub.s.n)) { hit = r; break; }
-            if (r == s.s.p) break;
-        }
+    else hit = sub.s.n ? str_rsearch(C, s.s.p, s.s.n, sub.s.p, sub.s.n) : s.s.p + s.s.n;
     return hit ? (int64_t)u8_count(s.s.p, (size_t)(hit - s.s.p)) : -1;
 }
 
@@ -3671,6 +3707,7 @@ static Value call_method(Ctx *C, Method *m, const Args *a)
         for (size_t i = 0; i < nc; i++) {
             if (cand[i].t != V_STR) rerr(C, "%s first arg must be str or a tuple of str, not %s", name, type_name(cand[i]));
             if (cand[i].s.n > self.s.n) continue;
+            step_bytes(C, cand[i].s.n);
             const char *at = m->id == M_STARTSWITH ? self.s.p : self.s.p + self.s.n - cand[i].s.n;
             if (!memcmp(at, cand[i].s.p, cand[i].s.n)) return v_bool(1);
         }
@@ -3715,12 +3752,13 @@ static Value call_method(Ctx *C, Method *m, const Args *a)
         }
         need_str(C, p[0], "substring");
         if (m->id == M_COUNT) {
+            step_bytes(C, self.s.n);
             if (!p[0].s.n) return v_int((int64_t)u8_count(self.s.p, self.s.n) + 1);
             int64_t cnt = 0;
             for (const char *q = self.s.p, *e = self.s.p + self.s.n; (q = memmem(q, (size_t)(e - q), p[0].s.p, p[0].s.n)); q += p[0].s.n) cnt++;
             return v_int(cnt);
         }
-        int64_t at = str_find(self, p[0], m->id == M_RFIND);
+        int64_t at = str_find(C, self, p[0], m->id == M_RFIND);
         if (at < 0 && m->id == M_INDEX) rerr(C, "substring not found");
         return v_int(at);
     }
@@ -3765,6 +3803,7 @@ static Value call_method(Ctx *C, Method *m, const Args *a)
         if (p[0].t == V_ABSENT) rerr(C, "%s() takes exactly one argument", name);
         need_str(C, p[0], name);
         if (p[0].s.n > self.s.n) return self;
+        step_bytes(C, p[0].s.n);
         if (m->id == M_REMOVEPREFIX)
             return memcmp(self.s.p, p[0].s.p, p[0].s.n) ? self : v_str(self.s.p + p[0].s.n, self.s.n - p[0].s.n);
         return memcmp(self.s.p + self.s.n - p[0].s.n, p[0].s.p, p[0].s.n) ? self : v_str(self.s.p, self.s.n - p[0].s.n);
@@ -4044,7 +4083,7 @@ static Value filter_call(Ctx *C, int id, Value v, const Args *a)
         switch (v.t) {
         case V_FLOAT: return v;
         case V_INT: case V_BOOL: return v_float((double)v.i);
-        case V_STR: return py_parse_float(v, &f) ? v_float(f) : dflt;
+        case V_STR: step_bytes(C, v.s.n); return py_parse_float(v, &f) ? v_float(f) : dflt;
         case V_UNDEF: rerr(C, "'%s' is undefined", v.s.p ? v.s.p : "value");
         default: return dflt;
         }
@@ -4065,6 +4104,7 @@ static Value filter_call(Ctx *C, int id, Value v, const Args *a)
             if (fabs(v.f) >= 9223372036854775808.0) rerr(C, "integer overflow");
             return v_int((int64_t)v.f);
         case V_STR:
+            step_bytes(C, v.s.n);
             if (py_parse_int(v, &i)) return v_int(i);
             if (py_parse_float(v, &f) && isfinite(f) && fabs(f) < 9223372036854775808.0) return v_int((int64_t)f);
             return dflt;

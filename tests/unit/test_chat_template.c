@@ -316,6 +316,39 @@ TEST(chat_hostile_nesting)
     free(out);
 }
 
+TEST(chat_hostile_scans)
+{
+    /* work that allocates nothing (comparing, searching, measuring strings) counts against the
+       step limit: each of these ran for minutes to hours inside the memory and step limits */
+    static const char *const cases[] = {
+        "{% set s = 'a' * 10000000 %}{% for i in range(100000) %}{{ s | length }}{% endfor %}",
+        "{% set s = 'a' * 10000000 %}{% for i in range(100000) %}{{ 'b' in s }}{% endfor %}",
+        "{% set s = 'a' * 10000000 %}{% for i in range(100000) %}{{ s[i] }}{% endfor %}",
+        "{% set s = 'a' * 10000000 %}{{ ([s] * 100000) | select('equalto', s ~ '') | list | length }}",
+        "{{ range(100000) | unique | length }}",                          /* 5e9 comparisons */
+        "{{ ('a' * 1000000).rfind('a' * 500000 ~ 'b') }}",               /* quadratic search */
+        "{{ ('a' * 1000000).rsplit('a' * 500000 ~ 'b') | length }}",
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char err[512] = "", *out = NULL;
+        double t0 = clock_now();
+        int rc = render_str(cases[i], NULL, NULL, &out, err, sizeof err);
+        EXPECT(rc == -1, "case %zu rendered", i);
+        EXPECT(strstr(err, "steps"), "case %zu: %s", i, err);
+        EXPECT(clock_now() - t0 < 20, "case %zu took %.1f s", i, clock_now() - t0);
+        free(out);
+    }
+    /* the searches still give Python's answers */
+    char err[512] = "", *out = NULL;
+    int rc = render_str("{{ ('a' * 100000).rfind('ab') }}|{{ ('xab' * 100000).rfind('ab') }}|{{ 'abcabc'.rfind('bc') }}"
+                        "{{ 'abc'.rfind('') }}{{ 'abc'.rfind('abcd') }}{{ 'a,b,,c'.rsplit(',') }}{{ 'a,b,,c'.rsplit(',', 1) }}"
+                        "{{ ',a'.rsplit(',') }}{{ 'xxaxx'.strip('x') }}{{ '  a  ' | trim }}",
+                        NULL, NULL, &out, err, sizeof err);
+    ASSERT(rc == 0, "%s", err);
+    EXPECT(!strcmp(out, "-1|299998|43-1['a', 'b', '', 'c']['a,b,', 'c']['', 'a']aa"), "got %s", out);
+    free(out);
+}
+
 /* ---- loading from a model directory ---- */
 
 static void write_file(const char *dir, const char *name, const char *text)
