@@ -48,6 +48,8 @@
 #define JSON_DEPTH_LIMIT   256                 /* nesting of messages/tools/kwargs JSON, and of values
                                                   printed, compared or hashed (C recursion) */
 #define RANGE_LIMIT        100000              /* Jinja's sandbox MAX_RANGE */
+#define LOAD_MEM_LIMIT     ((size_t)256 << 20) /* bytes loading a template may allocate (AST, scoping) */
+#define FRAME_NAME_LIMIT   1024                /* names one frame references or assigns (linear lookups) */
 
 /* ---- types ---- */
 
@@ -70,6 +72,7 @@ typedef struct {
     size_t total;  /* bytes obtained from malloc */
     size_t limit;  /* 0: none */
     Fail *fail;    /* borrowed: where exceeding limit throws */
+    const char *what; /* for that error: "the render" or "loading the template" */
 } Arena;
 
 typedef struct {
@@ -309,7 +312,7 @@ static void *arena_alloc(Arena *a, size_t n)
     if (!a->head || a->head->cap - a->head->used < n) {
         size_t cap = n > ((size_t)64 << 10) ? n : ((size_t)64 << 10);
         if (a->limit && a->total + cap > a->limit)
-            fail_throw(a->fail, "the render needs more than %zu MiB of memory", a->limit >> 20);
+            fail_throw(a->fail, "%s needs more than %zu MiB of memory", a->what, a->limit >> 20);
         ArenaBlock *b = xmalloc(sizeof(ArenaBlock) + cap);
         b->next = a->head;
         b->used = 0;
@@ -1800,6 +1803,7 @@ static SymEnt *sym_entry(Ana *a, Syms *S, const char *name)
 {
     for (int i = 0; i < S->n; i++)
         if (!strcmp(S->e[i].name, name)) return &S->e[i];
+    if (S->n == FRAME_NAME_LIMIT) fail_throw(a->f, "more than %d names in one scope", FRAME_NAME_LIMIT);
     if (S->n == S->cap) {
         int cap = S->cap ? S->cap * 2 : 8;
         SymEnt *e = arena_alloc(a->A, sizeof(SymEnt) * (size_t)cap);
@@ -1862,14 +1866,15 @@ static Syms *sym_copy(Ana *a, Syms *S)
    starts from the enclosing frame's variable (or the render variables), not from missing. */
 static void sym_branch_update(Ana *a, Syms *S, Syms **br, int nb)
 {
+    /* a branch is a copy of S plus its own names: its entry i < n0 is S's entry i, so only the
+       names new in a branch are looked up (a lookup per copied name made each if cost n^2) */
+    const int n0 = S->n;
     PtrVec fresh = { 0 };
     for (int b = 0; b < nb; b++)
         for (int i = 0; i < br[b]->n; i++) {
             SymEnt *e = &br[b]->e[i];
             if (!e->stored) continue;
-            SymEnt *o = NULL;
-            for (int k = 0; k < S->n && !o; k++)
-                if (!strcmp(S->e[k].name, e->name)) o = &S->e[k];
+            SymEnt *o = i < n0 ? &S->e[i] : NULL;
             if (o && o->stored) continue;
             int dup = 0;
             for (int k = 0; k < fresh.n && !dup; k++) dup = !strcmp(fresh.p[k], e->name);
@@ -1877,7 +1882,7 @@ static void sym_branch_update(Ana *a, Syms *S, Syms **br, int nb)
         }
     for (int b = 0; b < nb; b++)
         for (int i = 0; i < br[b]->n; i++) {
-            SymEnt *e = &br[b]->e[i], *t = sym_entry(a, S, e->name);
+            SymEnt *e = &br[b]->e[i], *t = i < n0 ? &S->e[i] : sym_entry(a, S, e->name);
             if (e->ref) sym_define(t, e->load, e->alias);
             if (e->stored) t->stored = 1;
         }
@@ -2084,6 +2089,8 @@ static Tmpl *tmpl_parse(const char *text, size_t len, char *err, size_t errlen)
     f->err = err;
     f->errlen = errlen;
     T->arena.fail = f;
+    T->arena.limit = LOAD_MEM_LIMIT;
+    T->arena.what = "loading the template";
     if (setjmp(f->jb)) {
         free(tv->tk);
         free(tv);
@@ -2133,6 +2140,7 @@ static Tmpl *tmpl_parse(const char *text, size_t len, char *err, size_t errlen)
     ana.A = &T->arena;
     sym_frame(&ana, NULL, T->root, 0);
     T->arena.fail = NULL;
+    T->arena.limit = 0;
     free(tv->tk);
     free(tv);
     free(f);
@@ -4820,6 +4828,7 @@ int chat_template_render(const ChatTemplate *t, json_t *messages, json_t *tools,
     C->f.errlen = errlen;
     C->A.limit = RENDER_MEM_LIMIT;
     C->A.fail = &C->f;
+    C->A.what = "the render";
     if (setjmp(C->f.jb)) {
         arena_free(&C->A);
         free(C);

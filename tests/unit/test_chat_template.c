@@ -349,6 +349,41 @@ TEST(chat_hostile_scans)
     free(out);
 }
 
+/* A template text of n_sets distinct assignments, then n_ifs if blocks, then {{ a5 }}. */
+static char *sets_then_ifs(int n_sets, int n_ifs)
+{
+    size_t cap = (size_t)n_sets * 32 + (size_t)n_ifs * 22 + 16, n = 0;
+    char *t = malloc(cap);
+    for (int i = 0; i < n_sets; i++) n += (size_t)snprintf(t + n, cap - n, "{%% set a%d = %d %%}", i, i);
+    for (int i = 0; i < n_ifs; i++) n += (size_t)snprintf(t + n, cap - n, "{%% if 1 %%}x{%% endif %%}");
+    snprintf(t + n, cap - n, "{{ a5 }}");
+    return t;
+}
+
+TEST(chat_hostile_load)
+{
+    /* 1000 names and 1000 if blocks (60 kB) took seconds to load, 4000 and 4000 ten minutes and
+       1.6 GB: each if compared every copied name with every name */
+    char err[512] = "", *out = NULL;
+    char *text = sets_then_ifs(1000, 1000);
+    double t0 = clock_now();
+    int rc = render_str(text, NULL, NULL, &out, err, sizeof err);
+    ASSERT(rc == 0, "%s", err);
+    EXPECT(strlen(out) == 1001 && !strcmp(out + 1000, "5"), "got %zu bytes", strlen(out));
+    EXPECT(clock_now() - t0 < 10, "loading took %.1f s", clock_now() - t0);
+    free(out);
+    free(text);
+    /* too many names in one scope, or too much memory to load: a clear error */
+    text = sets_then_ifs(5000, 1);
+    EXPECT(render_str(text, NULL, NULL, &out, err, sizeof err) == -2);
+    EXPECT(strstr(err, "names in one scope"), "%s", err);
+    free(text);
+    text = sets_then_ifs(1000, 100000);
+    EXPECT(render_str(text, NULL, NULL, &out, err, sizeof err) == -2);
+    EXPECT(strstr(err, "loading the template needs more than"), "%s", err);
+    free(text);
+}
+
 /* ---- loading from a model directory ---- */
 
 static void write_file(const char *dir, const char *name, const char *text)
