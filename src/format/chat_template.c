@@ -44,6 +44,8 @@
 #define RENDER_STEP_LIMIT  50000000            /* loop iterations + macro calls + comparisons per render,
                                                   and one per 8 bytes scanned (step_bytes) */
 #define MACRO_DEPTH_LIMIT  200                 /* nested macro calls (Python would hit its recursion limit) */
+#define EVAL_DEPTH_LIMIT   1000                /* nested expressions + statement bodies in a render, macro calls
+                                                  included: C recursion, a few MB of stack at most */
 #define PARSE_DEPTH_LIMIT  200                 /* nested expressions / statements in a template */
 #define JSON_DEPTH_LIMIT   256                 /* nesting of messages/tools/kwargs JSON, and of values
                                                   printed, compared or hashed (C recursion) */
@@ -2155,6 +2157,7 @@ typedef struct {
     Buf *out;          /* where output goes (a macro call swaps it) */
     Dict *vars;        /* render variables: messages, tools, add_generation_prompt, bos/eos tokens, kwargs */
     int depth;         /* macro call depth */
+    int nest;          /* eval / exec_body calls in progress (EVAL_DEPTH_LIMIT) */
     long steps;
     size_t scanned;    /* bytes scanned not yet counted in steps (< 8) */
 } Ctx;
@@ -4479,7 +4482,34 @@ static Args eval_args(Ctx *C, const Node *n, Frame *S)
     return a;
 }
 
+/* Each macro level may nest expressions and statements up to PARSE_DEPTH_LIMIT again, so a
+   recursive macro can nest C calls 200 x 200 deep and overflow the stack: the render counts
+   them as a whole (Python would hit its recursion limit). */
+static Value eval_node(Ctx *C, const Node *n, Frame *S);
+static int exec_nodes(Ctx *C, Node *const *v, int nv, Frame *S);
+
+static void nest_enter(Ctx *C)
+{
+    if (++C->nest > EVAL_DEPTH_LIMIT) rerr(C, "expressions and blocks nested deeper than %d (through macro calls)", EVAL_DEPTH_LIMIT);
+}
+
 static Value eval(Ctx *C, const Node *n, Frame *S)
+{
+    nest_enter(C);
+    Value v = eval_node(C, n, S);
+    C->nest--;
+    return v;
+}
+
+static int exec_body(Ctx *C, Node *const *v, int nv, Frame *S)
+{
+    nest_enter(C);
+    int r = exec_nodes(C, v, nv, S);
+    C->nest--;
+    return r;
+}
+
+static Value eval_node(Ctx *C, const Node *n, Frame *S)
 {
     C->f.line = n->line;
     switch (n->kind) {
@@ -4666,7 +4696,7 @@ static void exec_set(Ctx *C, const Node *n, Frame *S)
     assign(C, S, n, n->slots, v);
 }
 
-static int exec_body(Ctx *C, Node *const *v, int nv, Frame *S)
+static int exec_nodes(Ctx *C, Node *const *v, int nv, Frame *S)
 {
     for (int i = 0; i < nv; i++) {
         const Node *n = v[i];

@@ -349,6 +349,26 @@ TEST(chat_hostile_scans)
     free(out);
 }
 
+TEST(chat_hostile_recursion)
+{
+    /* a macro recursing 199 deep through an expression nested 60 deep overflowed the C stack
+       (SIGSEGV in release builds): the render bounds the nesting as a whole */
+    char tmpl[1024], err[512] = "", *out = NULL;
+    int n = snprintf(tmpl, sizeof tmpl, "{%% macro f(n) %%}{%% if n < 199 %%}{{ ");
+    for (int i = 0; i < 60; i++) tmpl[n++] = '[';
+    n += snprintf(tmpl + n, sizeof tmpl - (size_t)n, "f(n + 1)");
+    for (int i = 0; i < 60; i++) tmpl[n++] = ']';
+    snprintf(tmpl + n, sizeof tmpl - (size_t)n, " }}{%% endif %%}{%% endmacro %%}{{ f(0) | length }}");
+    EXPECT(render_str(tmpl, NULL, NULL, &out, err, sizeof err) == -1);
+    EXPECT(strstr(err, "nested deeper"), "%s", err);
+    /* a plain recursive macro 150 deep still renders */
+    int rc = render_str("{% macro f(n) %}{% if n < 150 %}{{ f(n + 1) }}{% endif %}{% endmacro %}[{{ f(0) }}]",
+                        NULL, NULL, &out, err, sizeof err);
+    ASSERT(rc == 0, "%s", err);
+    EXPECT(!strcmp(out, "[]"), "got %s", out);
+    free(out);
+}
+
 /* A template text of n_sets distinct assignments, then n_ifs if blocks, then {{ a5 }}. */
 static char *sets_then_ifs(int n_sets, int n_ifs)
 {
