@@ -2,8 +2,10 @@
  * (model_text.h). */
 #include "model_text.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../base/util.h"
 
@@ -13,21 +15,44 @@ static void add_eos(ModelText *t, int id)
     t->eos_ids[t->n_eos++] = id;
 }
 
+/* One default from generation_config.json, kept only if the sampler takes it: a value out of
+ * range there would otherwise make every request that relies on the defaults fail, blaming the
+ * request. */
+static void take_default(SamplingParams *p, const char *path, const char *key, float *field, double v)
+{
+    float was = *field;
+    *field = (float)v;
+    const char *why = sampling_params_check(p);
+    if (why) {
+        *field = was;
+        log_warn("%s: %s = %g ignored (%s); the default stays %g", path, key, v, why, was);
+    }
+}
+
 /* generation_config.json: temperature, top_p, top_k, repetition_penalty, do_sample and
- * eos_token_id, when present */
+ * eos_token_id, when present; a file that is there but not JSON, and values the sampler refuses,
+ * are named in a warning and left out (vLLM reads the file the same way, when it reads) */
 static void read_generation_config(ModelText *t, const char *dir)
 {
     char path[4200];
     path_join(path, sizeof path, dir, "generation_config.json");
     json_error_t jerr;
     json_t *g = json_load_file(path, 0, &jerr);
-    if (!g) return;
+    if (!g) {
+        if (access(path, F_OK) == 0) log_warn("%s: not read (%s, line %d); the sampling defaults are moeserve's", path, jerr.text, jerr.line);
+        return;
+    }
     SamplingParams *p = &t->defaults;
     json_t *v;
-    if ((v = json_object_get(g, "temperature")) && json_is_number(v)) p->temperature = (float)json_number_value(v);
-    if ((v = json_object_get(g, "top_p")) && json_is_number(v)) p->top_p = (float)json_number_value(v);
-    if ((v = json_object_get(g, "top_k")) && json_is_integer(v)) p->top_k = (int)json_integer_value(v);
-    if ((v = json_object_get(g, "repetition_penalty")) && json_is_number(v)) p->repetition_penalty = (float)json_number_value(v);
+    if ((v = json_object_get(g, "temperature")) && json_is_number(v)) take_default(p, path, "temperature", &p->temperature, json_number_value(v));
+    if ((v = json_object_get(g, "top_p")) && json_is_number(v)) take_default(p, path, "top_p", &p->top_p, json_number_value(v));
+    if ((v = json_object_get(g, "top_k")) && json_is_integer(v)) {
+        json_int_t k = json_integer_value(v);
+        if (k >= -1 && k <= INT32_MAX) p->top_k = (int)k;
+        else log_warn("%s: top_k = %lld ignored (top_k must be -1, 0 (off) or positive); the default stays %d", path, (long long)k, p->top_k);
+    }
+    if ((v = json_object_get(g, "repetition_penalty")) && json_is_number(v))
+        take_default(p, path, "repetition_penalty", &p->repetition_penalty, json_number_value(v));
     if ((v = json_object_get(g, "do_sample")) && json_is_false(v)) p->temperature = 0;
     v = json_object_get(g, "eos_token_id");
     if (json_is_integer(v)) add_eos(t, (int)json_integer_value(v));

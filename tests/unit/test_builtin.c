@@ -122,3 +122,43 @@ TEST(builtin_generate_controls)
     free(u);
     free(x);
 }
+
+/* generation_config.json's sampling defaults (format/model_text.c): a value the sampler refuses
+ * is named in a warning and left out, the valid ones beside it still apply, and a file that is
+ * not JSON is named too; before, a refused default made every request that relies on the
+ * defaults fail (`serve`: a 400 blaming the request). Here temperature 0 from the file, with
+ * top_p 5 and top_k -7 refused, must give the greedy text of `--temperature 0`. */
+TEST(builtin_generation_config_bad_values)
+{
+    char dir[4200], cmd[9000], *out = NULL, *ref = NULL;
+    snprintf(dir, sizeof dir, "%s/gencfg", test_tmpdir());
+    snprintf(cmd, sizeof cmd, "cp -r %s/models/builtin-nvfp4 %s", test_root(), dir);
+    ASSERT(test_run(cmd, &out) == 0, "%s: %s", cmd, out);
+    free(out);
+    const char *prompt = "--device cpu --max-tokens 12 --prompt 'The Debian package'";
+    snprintf(cmd, sizeof cmd, "%s generate --model %s %s --temperature 0 --repetition-penalty 1 2>/dev/null", test_bin(), dir,
+             prompt);
+    ASSERT(test_run(cmd, &ref) == 0, "%s: %s", cmd, ref);
+    char path[4300];
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    FILE *f = fopen(path, "w");
+    ASSERT(f);
+    fputs("{\"temperature\": 0, \"top_p\": 5, \"top_k\": -7, \"eos_token_id\": [8168]}\n", f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s %s 2>&1", test_bin(), dir, prompt);
+    int rc = test_run(cmd, &out);
+    EXPECT(rc == 0, "%s: exit %d: %s", cmd, rc, out);
+    EXPECT(out && strstr(out, "generation_config.json: top_p = 5 ignored") && strstr(out, "top_k = -7 ignored"),
+           "no warning naming the refused defaults: %s", out);
+    ref[strcspn(ref, "\n")] = 0; /* the text; then the timing line */
+    EXPECT(out && ref[0] && strstr(out, ref), "temperature 0 from the file did not apply: %s against %s", out, ref);
+    free(out);
+    f = fopen(path, "w");
+    ASSERT(f);
+    fputs("{\"temperature\": 0.5,\n oops", f);
+    fclose(f);
+    rc = test_run(cmd, &out);
+    EXPECT(rc == 0 && out && strstr(out, "generation_config.json: not read"), "%s: exit %d: %s", cmd, rc, out);
+    free(out);
+    free(ref);
+}
