@@ -60,8 +60,14 @@ void forward_init(Forward *f, const Model *m, Backend *be, int max_tokens, int m
         f->iw = be_alloc(be, T * c->index_n_heads * F4);
         f->topk = be_alloc(be, T * c->index_topk * sizeof(int));
     }
-    if (c->q_lora_rank > 0) f->qkva = be_alloc(be, T * (c->q_lora_rank + kdim) * F4);
-    f->g = be_alloc(be, T * 2 * fdim * F4); /* fused gate and up: both */
+    int fused_qkv = 0, fused_gu = 0; /* load.c fuse: buffers for the fused GEMMs' outputs where a layer has one */
+    for (int l = c->layer_begin; l < c->layer_end; l++) {
+        const LayerWeights *w = &m->layers[l];
+        fused_qkv |= w->wqkv_a.rows > 0;
+        fused_gu |= w->w_gate_up.rows > 0 || w->sh_gate_up.rows > 0;
+    }
+    if (fused_qkv) f->qkva = be_alloc(be, T * (c->q_lora_rank + kdim) * F4);
+    f->g = be_alloc(be, T * (fused_gu ? 2 : 1) * fdim * F4); /* fused: gate and up both */
     f->u = be_alloc(be, T * fdim * F4);
     f->ffn = be_alloc(be, T * D * F4);
     f->ffn2 = be_alloc(be, T * D * F4);

@@ -54,8 +54,8 @@ typedef struct {
     float *iw;                 /* [T, Hi] indexer head weights */
     int *topk;                 /* [T, Ki] indexer selection (positions, -1 padded) */
     float *qkva;               /* [T, R + C + Dr] MLA q_a and kv_a fused (wqkv_a), or NULL */
-    float *g, *u;              /* [T, 2 max(Fd, F * n_shared)] MLP gate / up (fused: both in g, the
-                                  product in u), [T, max(...)] */
+    float *g, *u;              /* [T, max(Fd, F * n_shared)] MLP gate / up; where a layer fuses them,
+                                  g is twice that (both) and u takes the product */
     float *ffn, *ffn2;         /* [T, D] FFN output (routed, shared expert) */
     float *rlogits;            /* [T, E] router logits */
     int *ridx;                 /* [T, K] routed experts */

@@ -196,10 +196,9 @@ static void account_model(Model *m)
     if (!c->tie_embeddings) account(m, &m->lm_head);
     for (int l = c->layer_begin; l < c->layer_end; l++) {
         const LayerWeights *w = &m->layers[l];
-        const QTensor *t[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->wq_a, &w->wq_b, &w->wkv_a, &w->wkv_b, &w->idx_wq_b,
-                              &w->idx_wk, &w->idx_wproj, &w->w_gate, &w->w_up, &w->w_down, &w->router, &w->sh_gate,
-                              &w->sh_up, &w->sh_down, &w->wqkv_a, &w->w_gate_up, &w->sh_gate_up};
-        for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) account(m, t[i]);
+        const QTensor *t[LAYER_LINEARS];
+        layer_linears(w, t);
+        for (int i = 0; i < LAYER_LINEARS; i++) account(m, t[i]);
         if (c->layer_moe[l] && w->exp_gate)
             for (int e = 0; e < c->n_local_experts; e++) {
                 account(m, &w->exp_gate[e]);

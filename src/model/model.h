@@ -175,6 +175,18 @@ typedef struct {
     QTensor sh_down;           /* [D, F*n_shared] */
 } LayerWeights;
 
+/* A layer's linears but the routed experts', in one order: what load.c counts, upload.c copies
+ * and the tests compare (one list, so that a linear added to LayerWeights is not missed by one) */
+#define LAYER_LINEARS 21
+static inline void layer_linears(const LayerWeights *w, const QTensor *out[LAYER_LINEARS])
+{
+    const QTensor *t[LAYER_LINEARS] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->wq_a, &w->wq_b, &w->wkv_a, &w->wkv_b,
+                                       &w->idx_wq_b, &w->idx_wk, &w->idx_wproj, &w->w_gate, &w->w_up, &w->w_down,
+                                       &w->router, &w->sh_gate, &w->sh_up, &w->sh_down, &w->wqkv_a, &w->w_gate_up,
+                                       &w->sh_gate_up};
+    for (int i = 0; i < LAYER_LINEARS; i++) out[i] = t[i];
+}
+
 typedef struct {
     ModelConfig cfg;
     SafeTensors st;            /* the mmapped checkpoint the QTensors point into */

@@ -142,13 +142,10 @@ static void up_layer(Up *u, LayerWeights *d, const LayerWeights *s, const ModelC
     *d = *s;
     d->attn_norm = up_vec(u, s->attn_norm, c->hidden);
     d->ffn_norm = up_vec(u, s->ffn_norm, c->hidden);
-    QTensor *qd[] = {&d->wq, &d->wk, &d->wv, &d->wo, &d->wq_a, &d->wq_b, &d->wkv_a, &d->wkv_b, &d->idx_wq_b,
-                     &d->idx_wk, &d->idx_wproj, &d->w_gate, &d->w_up, &d->w_down, &d->router, &d->sh_gate,
-                     &d->sh_up, &d->sh_down, &d->wqkv_a, &d->w_gate_up, &d->sh_gate_up};
-    const QTensor *qs[] = {&s->wq, &s->wk, &s->wv, &s->wo, &s->wq_a, &s->wq_b, &s->wkv_a, &s->wkv_b, &s->idx_wq_b,
-                           &s->idx_wk, &s->idx_wproj, &s->w_gate, &s->w_up, &s->w_down, &s->router, &s->sh_gate,
-                           &s->sh_up, &s->sh_down, &s->wqkv_a, &s->w_gate_up, &s->sh_gate_up};
-    for (size_t i = 0; i < sizeof qd / sizeof qd[0]; i++) up_qtensor(u, qd[i], qs[i]);
+    const QTensor *qd[LAYER_LINEARS], *qs[LAYER_LINEARS];
+    layer_linears(d, qd);
+    layer_linears(s, qs);
+    for (int i = 0; i < LAYER_LINEARS; i++) up_qtensor(u, (QTensor *)qd[i], qs[i]); /* qd: d's, written here */
     int64_t qdim = (int64_t)c->n_heads * c->head_dim, kdim = (int64_t)c->n_kv_heads * c->head_dim;
     d->bq = up_vec(u, s->bq, qdim);
     d->bk = up_vec(u, s->bk, kdim);

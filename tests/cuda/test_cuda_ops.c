@@ -1109,13 +1109,10 @@ TEST(cuda_w4_checkpoint_weights)
         model_upload(&dm, &m, &gpu);
         for (int l = 0; l < m.cfg.n_layers; l++) {
             const LayerWeights *hl = &m.layers[l], *dl = &dm.layers[l];
-            const QTensor *hs[] = {&hl->wq, &hl->wk, &hl->wv, &hl->wo, &hl->wq_a, &hl->wq_b, &hl->wkv_a, &hl->wkv_b,
-                                   &hl->w_gate, &hl->w_up, &hl->w_down, &hl->sh_gate, &hl->sh_up, &hl->sh_down,
-                                   &hl->wqkv_a, &hl->w_gate_up, &hl->sh_gate_up};
-            const QTensor *ds[] = {&dl->wq, &dl->wk, &dl->wv, &dl->wo, &dl->wq_a, &dl->wq_b, &dl->wkv_a, &dl->wkv_b,
-                                   &dl->w_gate, &dl->w_up, &dl->w_down, &dl->sh_gate, &dl->sh_up, &dl->sh_down,
-                                   &dl->wqkv_a, &dl->w_gate_up, &dl->sh_gate_up};
-            for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++) {
+            const QTensor *hs[LAYER_LINEARS], *ds[LAYER_LINEARS];
+            layer_linears(hl, hs);
+            layer_linears(dl, ds);
+            for (int i = 0; i < LAYER_LINEARS; i++) {
                 if (!ds[i]->packed) continue;
                 int T = 5, N = (int)hs[i]->rows, K = (int)hs[i]->cols;
                 float *x = rnd(&r, (size_t)T * K, 1), *ref = calloc((size_t)T * N, 4);
@@ -1123,7 +1120,7 @@ TEST(cuda_w4_checkpoint_weights)
                 float *dx = up(x, (size_t)T * K * 4), *dout = be_alloc(&gpu, (size_t)T * N * 4);
                 be_matmul(&gpu, OP_GEMM_MLP, dout, N, dx, K, T, ds[i], NULL);
                 float *got = down(dout, (size_t)T * N);
-                EXPECT_CLOSE(got, ref, (size_t)T * N, TOL_W4, "%s layer %d tensor %zu (%s) %d x %d", names[f], l, i,
+                EXPECT_CLOSE(got, ref, (size_t)T * N, TOL_W4, "%s layer %d tensor %d (%s) %d x %d", names[f], l, i,
                              hs[i]->name ? hs[i]->name : "?", N, K);
                 checked++;
                 free(x); free(ref); free(got);
