@@ -461,7 +461,10 @@ TEST(cuda_w4_matmul)
                        {3, 1024, 4096}, {8, 576, 6144},
                        /* the wg ring tile for dense rows (N % 128 == 0, up to 64 rows: tile 30's GEMM to 32,
                         * tile 28's above): K split 4, 8 and (132 SMs) 11 ways */
-                       {32, 1024, 2048}, {20, 384, 4096}, {17, 256, 5632}, {64, 1024, 2048}, {48, 256, 5632}};
+                       {32, 1024, 2048}, {20, 384, 4096}, {17, 256, 5632}, {64, 1024, 2048}, {48, 256, 5632},
+                       /* token tiles of 64 above 64 rows (the last one ragged), and past the rows
+                        * from which the built-in choice is the cuBLASLt route (1536) */
+                       {100, 1024, 2048}, {255, 256, 1024}, {384, 256, 1024}, {1600, 256, 512}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int T = shapes[s][0], N = shapes[s][1], K = shapes[s][2], ldx = K + 16, ldo = N + 8;
         TW w = tw_make_w4(&r, N, K);
@@ -469,9 +472,9 @@ TEST(cuda_w4_matmul)
         float *ref = calloc((size_t)T * ldo, 4);
         matmul_cpu(&cpu, ref, ldo, x, ldx, T, &w.host, bias);
         float *dx = up(x, (size_t)T * ldx * 4), *db = up(bias, N * 4), *dout = be_alloc(&gpu, (size_t)T * ldo * 4);
-        /* the built-in choice (the BF16 + cuBLASLt route from 256 rows), then every tile that fits
-         * (tile 36 runs where N % 128 == 0 and T <= 64, else its fallback: counted) */
-        const int wg_runs = w4_wg_supported(0) && N % 128 == 0 && T <= 64;
+        /* the built-in choice (the BF16 + cuBLASLt route from w4_lt_rows(N)), then every tile that
+         * fits (tile 36 runs where N % 128 == 0, else its fallback: counted) */
+        const int wg_runs = w4_wg_supported(0) && N % 128 == 0;
         for (int tile = -1; tile < W4_N_TILES; tile++) {
             if (tile >= 0 && (!w4_tile_fits(w4_tiles[tile], w4_smem_budget(0), NULL, 0) || !w4_tile_runs(w4_tiles[tile], w4_wg_supported(0), NULL, 0))) continue;
             w4_set_config((W4Config){tile, 0});

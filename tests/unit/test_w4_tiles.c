@@ -135,8 +135,14 @@ TEST(w4_pf_tiles)
     EXPECT(w4_default_tile(W4_DENSE, 33, 227 * 1024, 1, 0) == 36 && w4_default_tile(W4_DENSE, 64, 227 * 1024, 1, 1) == 36,
            "33-64 rows with wgmma: tile 36 (on tile 28's GEMM)");
     EXPECT(w4_default_tile(W4_DENSE, 17, 227 * 1024, 0, 0) == 4 && w4_default_tile(W4_DENSE, 64, 227 * 1024, 0, 0) == 4 &&
-               w4_default_tile(W4_DENSE, 24, 101 * 1024, 1, 0) == 4 && w4_default_tile(W4_DENSE, 65, 227 * 1024, 1, 0) != 36,
-           "17-64 rows without wgmma, 101 KB: tile 4; 65 rows: not tile 36");
+               w4_default_tile(W4_DENSE, 24, 101 * 1024, 1, 0) == 4 && w4_default_tile(W4_DENSE, 255, 227 * 1024, 1, 0) == 36,
+           "17-64 rows without wgmma, 101 KB: tile 4; 255 rows: tile 36");
+    EXPECT(w4_default_tile(W4_DENSE, 4096, 227 * 1024, 1, 0) == 36 && w4_default_tile(W4_DENSE, 256, 227 * 1024, 0, 1) == 7 &&
+               w4_default_tile(W4_DENSE, 256, 99 * 1024, 1, 1) == 4 && w4_sk_fallback(100, 227 * 1024, 1) == 7 &&
+               w4_sk_fallback(64, 227 * 1024, 1) == 4,
+           "4096 rows with wgmma: tile 36 (where the cuBLASLt route is off); 256 rows without wgmma: tile 7, on 99 KB "
+           "(tile 36 does not fit): tile 4; "
+           "tile 36 declined at 100 rows: tile 7, at 64: tile 4");
     EXPECT(w4_sk_fallback(1, 227 * 1024, 1) == 31, "dense 1 row, split activations: tile 31");
     EXPECT(w4_sk_fallback(8, 99 * 1024, 1) == 31, "dense 8 rows, split, 99 KB: tile 31");
     EXPECT(w4_sk_fallback(1, 227 * 1024, 0) == 10, "dense 1 row, BF16 activations: tile 10");
@@ -146,7 +152,7 @@ TEST(w4_pf_tiles)
         for (size_t b = 48 * 1024; b <= 227 * 1024; b += 1024)
             for (int wg = 0; wg < 2; wg++) {
                 int t = w4_default_tile(W4_DENSE, rows, b, wg, 1);
-                EXPECT(!w4_tiles[t].pf || (w4_tiles[t].pf == 3 && rows <= 16) || (w4_tiles[t].pf == 4 && rows <= 64 && wg),
+                EXPECT(!w4_tiles[t].pf || (w4_tiles[t].pf == 3 && rows <= 16) || (w4_tiles[t].pf == 4 && wg),
                        "dense %.0f rows: a pf tile", rows);
                 t = w4_sk_fallback(rows, b, 1);
                 EXPECT(!w4_tiles[t].pf && w4_tile_fits(w4_tiles[t], b, NULL, 0), "dense %.0f rows: fallback tile %d", rows, t);
@@ -169,8 +175,9 @@ TEST(w4_default_never_over_budget)
                 EXPECT(w4_tile_fits(w4_tiles[t], budgets[b], NULL, 0), "kind %d rows %.0f budget %zu: tile %d does not fit", kind,
                        rows, budgets[b], t);
             }
-    /* with room, prefill takes the 64-token staged tile; on smaller GPUs the largest that fits */
-    EXPECT(w4_default_tile(W4_DENSE, 4096, 227 * 1024, 1, 1) == 7, "dense 4096 rows on 227 KB");
+    /* with room, prefill takes tile 36 (wgmma) or else the 64-token staged tile; on smaller GPUs the largest that fits */
+    EXPECT(w4_default_tile(W4_DENSE, 4096, 227 * 1024, 1, 1) == 36, "dense 4096 rows on 227 KB with wgmma");
+    EXPECT(w4_default_tile(W4_DENSE, 4096, 227 * 1024, 0, 1) == 7, "dense 4096 rows on 227 KB without wgmma");
     EXPECT(w4_default_tile(W4_DENSE, 4096, 99 * 1024, 1, 1) == 4, "99 KB: 32 tokens, 2 stages");
     EXPECT(w4_default_tile(W4_DENSE, 4096, 48 * 1024, 0, 1) == 3, "48 KB: 16 tokens, 2 stages");
     EXPECT(w4_default_tile(W4_DENSE, 1, 227 * 1024, 1, 0) == 34 && w4_default_tile(W4_DENSE, 1, 1024, 0, 1) == 34,

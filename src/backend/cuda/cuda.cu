@@ -302,7 +302,7 @@ static void cuda_reserve(Backend *be, const ModelConfig *c, int T, int max_out, 
     if (c->index_n_heads > 0) cuda_scratch(be, SCR_IDX_SCORES, (size_t)T * max_ctx * 4);
     mla_v1_reserve(be, c, T); /* the absorbed MLA kernels' q, latent output and split partials */
     /* prefill's BF16 copy of the largest dense weight (w4_matmul_lt), when a step can be that long */
-    if (w4_lt_rows() > 0 && gm >= w4_lt_rows()) {
+    if (w4_lt_rows(0, cuda_state(be)->device) > 0 && gm >= w4_lt_rows(0, cuda_state(be)->device)) {
         int64_t D = c->hidden, Fs = (int64_t)c->moe_intermediate * c->n_shared_experts, H = c->n_heads;
         int64_t shapes[][2] = {{c->intermediate, D}, {Fs, D}, {H * (c->qk_nope_dim + c->qk_rope_dim), imax(c->q_lora_rank, 1)},
                                {D, H * imax(c->v_head_dim, c->head_dim)}, {H * (c->qk_nope_dim + c->v_head_dim), c->kv_lora_rank},

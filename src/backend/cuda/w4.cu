@@ -453,20 +453,30 @@ static __global__ void w4_to_bf16_kernel(__nv_bfloat16 *out, const uint8_t *data
     }
 }
 
-/* rows from which the BF16 route is taken (MOESERVE_W4_LT_ROWS; 0: never) */
+/* Rows from which a dense GEMM of a weight with n rows takes the BF16 route (n <= 0: the fewest of
+ * any weight): MOESERVE_W4_LT_ROWS or w4_set_lt_rows for every weight (0: never), else 1536 where
+ * tile 36 can run the call (n % 128 == 0, wgmma, its shared memory within the budget) and 256
+ * where it cannot. Session 22 (H200): tile 36 in token tiles of 64 costs ~0.36 us a row on GLM-5
+ * gate/up (BF16; 0.55 split), the route ~200 us (decoding W to BF16 and cuBLASLt's start at few
+ * rows) plus 0.23 a row (0.40 split): even at 1536 rows (gate/up 517 against 522 us BF16, 879
+ * against 827 split), the route ahead from 2048. The mma.sync tiles (n % 128 != 0: kv_a, q_a+kv_a)
+ * lose to the route 2-4x from 256 rows. */
 static int w4_lt_override = -1;
 extern "C" void w4_set_lt_rows(int rows) { w4_lt_override = rows; }
 
-extern "C" int w4_lt_rows(void)
+extern "C" int w4_lt_rows(int n, int device)
 {
-    static int v = -1;
+    static int v = -2;
     if (w4_lt_override >= 0) return w4_lt_override;
-    if (v < 0) {
+    if (v == -2) {
         const char *e = getenv("MOESERVE_W4_LT_ROWS");
-        v = e && *e ? atoi(e) : 256;
-        if (v < 0) v = 0;
+        v = e && *e ? atoi(e) : -1;
+        if (e && *e && v < 0) v = 0;
     }
-    return v;
+    if (v >= 0) return v;
+    const int t36 = n > 0 && n % 128 == 0 && w4_wg_supported(device) &&
+                    w4_tile_fits(w4_tiles[W4_DENSE_WG_TILE], w4_smem_budget(device), NULL, 0);
+    return t36 ? 1536 : 256;
 }
 
 /* Prefill: compute-bound, where cuBLASLt's wgmma kernels reach the tensor roof and our mma.sync
@@ -1037,17 +1047,19 @@ static __global__ void __launch_bounds__(256, 2) w4_dense_wg_kernel(float *out, 
     }
     pdl_wait(); /* to_bf16: done, its rows visible */
     pdl_trigger();
-    if (threadIdx.x < 8 * NT) rowp[threadIdx.x] = xb + (size_t)min((int)threadIdx.x, T - 1) * K + (size_t)g0 * W4_KG;
+    const int m0 = 8 * NT * blockIdx.z, m = min(8 * NT, T - m0); /* this block's token tile */
+    if (threadIdx.x < 8 * NT) rowp[threadIdx.x] = xb + (size_t)(m0 + min((int)threadIdx.x, m - 1)) * K + (size_t)g0 * W4_KG;
     __syncthreads();
     float acc[4 * NT];
-    w4_wg_gemm<NT, ST, WR, CPS, AF>(acc, rec, rowp, lo, g1 - g0, T, sm, ring, nullptr);
+    w4_wg_gemm<NT, ST, WR, CPS, AF>(acc, rec, rowp, lo, g1 - g0, m, sm, ring, nullptr);
     const float sc = w.gscale * 512.f;
 #pragma unroll
     for (int b = 0; b < NT; b++)
 #pragma unroll
         for (int p = 0; p < 2; p++) {
             int slot = 8 * b + 2 * t + p, row = 16 * i + g;
-            if (slot >= T) continue;
+            if (slot >= m) continue;
+            slot += m0;
             float v0 = acc[4 * b + p] * sc, v1 = acc[4 * b + p + 2] * sc;
             if (splits == 1) {
                 out[(size_t)slot * ldo + row] = v0 + (bias ? bias[row] : 0.f);
@@ -1078,7 +1090,7 @@ static void w4_dense_wg_launch(Backend *be, float *out, int ldo, const float *x,
     }
     /* splits of K: as many as one wave of two blocks an SM holds (a second, partial wave would
      * cost a whole item's time: session 15 measured 2x), each split 2 record groups or more */
-    int rb = N / 128, ng = K / W4_KG, splits = 2 * sm_count(be) / rb;
+    int rb = N / 128, ng = K / W4_KG, ntt = cdiv(T, 8 * NT), splits = 2 * sm_count(be) / (rb * ntt);
     if (splits > ng / 2) splits = ng / 2;
     if (splits < 1) splits = 1;
     int split = w4_split_act();
@@ -1087,10 +1099,10 @@ static void w4_dense_wg_launch(Backend *be, float *out, int ldo, const float *x,
     to_bf16(be, xb, x, ldx, T, K, split, 1);
     float *part = splits > 1 ? (float *)cuda_scratch(be, SCR_W4_PART, (size_t)splits * T * N * sizeof(float)) : NULL;
     if (split)
-        w4_launch_dependent(w4_dense_wg_kernel<NT, ST, WR, CPS, 1>, dim3(rb, splits), 256, smem, st, out, ldo, part,
+        w4_launch_dependent(w4_dense_wg_kernel<NT, ST, WR, CPS, 1>, dim3(rb, splits, ntt), 256, smem, st, out, ldo, part,
                             (const __nv_bfloat16 *)xb, (size_t)T * K, T, *w, bias, splits);
     else
-        w4_launch_dependent(w4_dense_wg_kernel<NT, ST, WR, CPS, 0>, dim3(rb, splits), 256, smem, st, out, ldo, part,
+        w4_launch_dependent(w4_dense_wg_kernel<NT, ST, WR, CPS, 0>, dim3(rb, splits, ntt), 256, smem, st, out, ldo, part,
                             (const __nv_bfloat16 *)xb, (size_t)0, T, *w, bias, splits);
     LAUNCH_CHECK("w4_dense_wg_kernel");
     if (splits > 1) {
@@ -1102,14 +1114,19 @@ static void w4_dense_wg_launch(Backend *be, float *out, int ldo, const float *x,
     w4_dense_wg_count++;
 }
 
-/* 1 with the GEMM launched on the wg ring tile, 0 where the call does not suit it: up to 32 rows
- * on tile 30's GEMM, 33-64 on tile 28's (the same shared memory; session 19, H200: GLM-5 gate/up
- * at 33 rows 131 -> 34 us BF16, at 64 rows 75 -> 43, against w4_sk_fallback's tile 4) */
+/* 1 with the GEMM launched on the wg ring tile, 0 where the call does not suit it (N % 128, no
+ * wgmma, tile 30's shared memory over the budget): up to 32 rows on tile 30's GEMM, from 33 on
+ * tile 28's (the same shared memory; session 19, H200: GLM-5 gate/up at 33 rows 131 -> 34 us BF16,
+ * at 64 rows 75 -> 43, against w4_sk_fallback's tile 4), above 64 rows in token tiles of 64 (a
+ * grid dimension; each token tile's blocks decode the weights again; session 22, H200: GLM-5
+ * gate/up at 128 rows 215 -> 64 us BF16 and 470 -> 100 split against tile 7, at 512 rows 319 ->
+ * 182 and 444 -> 280 against the BF16 + cuBLASLt route, which takes the calls from
+ * w4_lt_rows(N)) */
 static int w4_dense_wg(Backend *be, float *out, int ldo, const float *x, int ldx, int T, const QTensor *w, const float *bias)
 {
     int N = (int)w->rows, dev = cuda_state(be)->device;
     const W4Tile tw = w4_tiles[W4_DENSE_WG_TILE];
-    if (T > 16 * tw.nt || N % 128 || !w4_wg_supported(dev) || !w4_tile_fits(tw, w4_smem_budget(dev), NULL, 0)) return 0;
+    if (N % 128 || cdiv(T, 64) > 65535 || !w4_wg_supported(dev) || !w4_tile_fits(tw, w4_smem_budget(dev), NULL, 0)) return 0;
     constexpr int NT = 4, ST = 6, WR = 3, CPS = 2; /* tile 30 */
     CHECK(tw.nt == NT && tw.st == ST && tw.wr == WR && tw.sc == CPS, "w4: tile %d is not <%d, %d, %d, %d>", W4_DENSE_WG_TILE, NT, ST,
           WR, CPS);
@@ -1123,7 +1140,8 @@ void w4_matmul_cuda(Backend *be, float *out, int ldo, const float *x, int ldx, i
 {
     int N = (int)w->rows, K = (int)w->cols;
     cudaStream_t st = cuda_stream(be);
-    if (w4_lt_rows() > 0 && T >= w4_lt_rows()) {
+    const int lt = w4_lt_rows(N, cuda_state(be)->device);
+    if (lt > 0 && T >= lt) {
         w4_matmul_lt(be, out, ldo, x, ldx, T, w, bias);
         return;
     }

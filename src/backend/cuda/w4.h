@@ -69,9 +69,9 @@ W4_HD uint32_t w4_bits2(uint32_t w) { return ((w & W4_SRC2) * 68u) & (W4_MAG | W
  * in shared memory: the budget it needs depends on the call, which runs w4_sk_fallback's tile
  * where it is over (or the rows are more than 16, or the row tiles fewer than the wave's blocks).
  * pf 4 (dense only; the MoE runs it as tile 30): tile 30's GEMM on wgmma (sm_90a) for up to 32
- * rows, tile 28's for 33-64 (the same shared memory), the K split over as many blocks as one wave
- * of two an SM holds (w4.cu w4_dense_wg_kernel); its shared memory is tile 30's. A call it does
- * not suit (N % 128, more than 64 rows) runs
+ * rows, tile 28's from 33 (the same shared memory), above 64 rows in token tiles of 64 (a grid
+ * dimension), the K split over as many blocks as one wave of two an SM holds (w4.cu
+ * w4_dense_wg_kernel); its shared memory is tile 30's. A call it does not suit (N % 128) runs
  * w4_sk_fallback's tile; the stream-K tiles run it where they do not suit the call. */
 #define W4_DENSE_WG_TILE 36
 
@@ -152,9 +152,10 @@ int w4_packable(const QTensor *w);
 int w4_moe_ready(const LayerWeights *lw, const ModelConfig *c);
 /* Force a configuration for the next ops (bench, tune, tests); {-1, 0} returns to the choice. */
 /* Dense GEMMs of at least rows rows decode W to BF16 and run cuBLASLt (prefill); 0: never,
- * -1: MOESERVE_W4_LT_ROWS or the default (256). */
+ * -1: MOESERVE_W4_LT_ROWS or the default, which w4_lt_rows gives for a weight of n rows (n <= 0:
+ * the fewest of any weight): 1536 where tile 36 runs the call, 256 where it does not. */
 void w4_set_lt_rows(int rows);
-int w4_lt_rows(void);
+int w4_lt_rows(int n, int device);
 /* Blocks a cluster of the stream-K launches (1, 2 or 4; they stage the rows together); 0:
  * MOESERVE_W4_SK_CLUSTER or the default (2 where rows x K x halves >= 24576, else 1). */
 void w4_set_sk_cluster(int cl);

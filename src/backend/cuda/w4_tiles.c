@@ -153,16 +153,18 @@ int w4_default_tile(W4Kind kind, double rows, size_t budget, int wg, int split)
     if (rows <= 8) return 34;
     if (rows <= 16) return 35; /* session 11: 16 rows staged whole where they fit (tile 36, else w4_sk_fallback, where not) */
     /* session 15: 17-32 rows on tile 36 (GLM-5 o_proj at 24 rows 67 -> 30 us BF16, 98 -> 38 split);
-     * session 19: 33-64 rows too, on tile 28's GEMM (o_proj at 64 rows 114 -> 45 us BF16, 189 -> 63 split) */
-    if (rows <= 64 && w4_tile_fits(w4_tiles[W4_DENSE_WG_TILE], budget, NULL, 0) && w4_tile_runs(w4_tiles[W4_DENSE_WG_TILE], wg, NULL, 0))
+     * session 19: 33-64 rows too, on tile 28's GEMM (o_proj at 64 rows 114 -> 45 us BF16, 189 -> 63 split);
+     * session 22: above 64 rows too, in token tiles of 64 (o_proj at 128 rows 304 -> 87 us BF16, 679 ->
+     * 130 split against tile 7; the BF16 + cuBLASLt route takes the calls from w4_lt_rows) */
+    if (w4_tile_fits(w4_tiles[W4_DENSE_WG_TILE], budget, NULL, 0) && w4_tile_runs(w4_tiles[W4_DENSE_WG_TILE], wg, NULL, 0))
         return W4_DENSE_WG_TILE;
-    if (rows <= 64) return w4_sk_fallback(rows, budget, split);
-    return first_fit(big, 4, budget, wg);
+    return w4_sk_fallback(rows, budget, split);
 }
 
 int w4_sk_fallback(double rows, size_t budget, int split)
 {
-    static const int mid[] = {4, 3, 0}, d16[] = {3, 0};
+    static const int mid[] = {4, 3, 0}, d16[] = {3, 0}, big[] = {7, 4, 3, 0};
+    if (rows > 64) return first_fit(big, 4, budget, 0); /* the mma.sync tiles of the time before tile 36 */
     if (rows <= 8) return split ? first_fit((const int[]){31, 10, 0}, 3, budget, 0) : first_fit((const int[]){10, 0}, 2, budget, 0);
     if (rows <= 16) return first_fit(d16, 2, budget, 0);
     return first_fit(mid, 3, budget, 0);
