@@ -11,6 +11,9 @@
 #   2 (session 22, ~4 min): every CUDA test, then the route's rows by weight (1536 where tile 36
 #     runs the call, 256 where it does not: kv_a, q_a+kv_a) against 256 for all (OLD) at 256-1024
 #     rows, and bench model at prompts of 512 both ways, two rounds
+#   3 (session 22, ~4 min): the expanded MLA form's piece kernel on the tensor cores (v1) against
+#     v0: its tests first, then every CUDA test, then `moeserve diagnose` (attention's share of a
+#     prefill step) and `bench model` prefill at prompts of 512 and 2048 tokens, v0 and v1
 set -u
 cd "$(dirname "$0")/../.."
 for f in mn tc; do xz -dkf carry/$f.xz; chmod +x carry/$f; done
@@ -58,5 +61,25 @@ case "${1:-}" in
   done | tee $OUT/model.txt
   echo "t=$((SECONDS-S))"
   ;;
-*) echo "usage: bash dev/cuda/pending.sh 1|2 (on the device, carry/ carried)"; exit 2 ;;
+3)
+  MOESERVE_BIN=$PWD/carry/mn timeout 120 ./carry/tc mla > $OUT/test_mla.txt 2>&1
+  echo "mla tests rc=$? t=$((SECONDS-S))"; grep -E "FAIL|passed" $OUT/test_mla.txt | head -30
+  MOESERVE_BIN=$PWD/carry/mn timeout 240 ./carry/tc > $OUT/test.txt 2>&1
+  echo "test_cuda rc=$? t=$((SECONDS-S))"; grep -E "FAIL|passed" $OUT/test.txt | head -20
+  for il in 512 2048; do
+    for k in v0 v1; do
+      echo "=== diagnose input $il piece kernel $k"
+      MOESERVE_MLA_PIECE_KERNEL=$k timeout 60 ./carry/mn diagnose --model tests/data/configs/glm5 --dummy-weights --num-layers 6 \
+        --device cuda --batch 1 --input-len $il --output-len 4 --requests 1 --profile-every 1 2>&1 |
+        grep -E "^(dense GEMM|MoE GEMM|attention|indexer|norms) | a step takes"
+    done
+  done | tee $OUT/diag.txt
+  for k in v0 v1 v0 v1; do
+    echo "=== bench model piece kernel $k"
+    MOESERVE_MLA_PIECE_KERNEL=$k timeout 90 ./carry/mn bench model --model tests/data/configs/glm5 --dummy-weights \
+      --num-layers 6 --device cuda --batch 1,4 --input-len 2048 --output-len 8 2>&1 | grep -v "^upload\|^engine" | tail -3
+  done | tee $OUT/model.txt
+  echo "t=$((SECONDS-S))"
+  ;;
+*) echo "usage: bash dev/cuda/pending.sh 1|2|3 (on the device, carry/ carried)"; exit 2 ;;
 esac

@@ -1020,9 +1020,10 @@ TEST(cuda_attention_mla_kernels)
 /* MLA's expanded form (prefill, model/mla.c: kv_gather, the kv_b_proj GEMM, attention_mla_piece
  * over pieces of the context) on the GPU against the same on the CPU, and against the GPU's
  * absorbed form (be_attention_mla), contexts 1 to 4096, ragged batches, causal and top-k keys,
- * every cache dtype, pieces from 8 positions to be_mla_piece's. Tolerances: NVFP4 kv_b_proj
- * (decoded to float32 in the GEMM tile) TOL_F32; BF16 kv_b_proj TOL_SPLIT, its GEMM takes the
- * latents as two BF16 halves (the absorbed form decodes the weight and keeps float32). */
+ * every cache dtype, pieces from 8 positions to be_mla_piece's, both piece kernels. Tolerances:
+ * NVFP4 kv_b_proj (decoded to float32 in the GEMM tile) TOL_F32; BF16 kv_b_proj TOL_SPLIT, its
+ * GEMM takes the latents as two BF16 halves (the absorbed form decodes the weight and keeps
+ * float32); the tensor-core piece kernel (v1) TOL_SPLIT, its operands as two BF16 halves. */
 TEST(cuda_attention_mla_expanded)
 {
     NEED_GPU();
@@ -1069,17 +1070,27 @@ TEST(cuda_attention_mla_expanded)
                 mla_layers(cache, NULL, b.n_slots, W, 0, dt, ks, bs, &hk, &dk);
                 for (int use_topk = 0; use_topk < 2; use_topk++) {
                     mla_attention_expanded(&cpu, &hx, ref, q, &hk, &wkvb.host, use_topk ? topk : NULL, Ki, &b.h, &b.h, &c);
-                    mla_attention_expanded(&gpu, &dx, dout, dq, &dk, &wkvb.dev, use_topk ? dtopk : NULL, Ki, &b.h, &b.d, &c);
                     be_attention_mla(&gpu, dabs, dq, &dk, &wkvb.dev, use_topk ? dtopk : NULL, Ki, &b.h, &b.d, &c);
-                    float *got = down(dout, n), *absd = down(dabs, n);
-                    EXPECT_CLOSE(got, ref, n, tol, "mla expanded cuda vs cpu: case %zu piece %d kv_b %s topk %d, %s cache",
-                                 cs, piece, qformat_name(fmts[f]), use_topk, model_kv_dtype_name(dt));
-                    EXPECT_CLOSE(got, absd, n, tol, "mla expanded vs absorbed, cuda: case %zu piece %d kv_b %s%s topk %d, %s cache",
-                                 cs, piece, qformat_name(fmts[f]), w4p ? " (W4P)" : "", use_topk, model_kv_dtype_name(dt));
+                    float *absd = down(dabs, n);
                     /* the absorbed form keeps float32 for every kv_b_proj format */
                     EXPECT_CLOSE(absd, ref, n, TOL_F32, "mla absorbed cuda vs expanded cpu: case %zu kv_b %s%s topk %d, %s cache",
                                  cs, qformat_name(fmts[f]), w4p ? " (W4P)" : "", use_topk, model_kv_dtype_name(dt));
-                    free(got); free(absd);
+                    /* the piece kernels: v0 (float32, a thread per key: tol) and v1 (the tensor cores:
+                     * q, k, p and v as two BF16 halves each, ~2^-16 of each operand, as the GEMMs'
+                     * split activations: TOL_SPLIT; measured on the H200 up to 1.4e-5 at GLM-5's heads) */
+                    for (int pk = 0; pk < 2; pk++) {
+                        const double tk = pk && tol < TOL_SPLIT ? TOL_SPLIT : tol;
+                        setenv("MOESERVE_MLA_PIECE_KERNEL", pk ? "v1" : "v0", 1);
+                        mla_attention_expanded(&gpu, &dx, dout, dq, &dk, &wkvb.dev, use_topk ? dtopk : NULL, Ki, &b.h, &b.d, &c);
+                        float *got = down(dout, n);
+                        EXPECT_CLOSE(got, ref, n, tk, "mla expanded cuda (piece v%d) vs cpu: case %zu piece %d kv_b %s topk %d, %s cache",
+                                     pk, cs, piece, qformat_name(fmts[f]), use_topk, model_kv_dtype_name(dt));
+                        EXPECT_CLOSE(got, absd, n, tk, "mla expanded (piece v%d) vs absorbed, cuda: case %zu piece %d kv_b %s%s topk %d, %s cache",
+                                     pk, cs, piece, qformat_name(fmts[f]), w4p ? " (W4P)" : "", use_topk, model_kv_dtype_name(dt));
+                        free(got);
+                    }
+                    unsetenv("MOESERVE_MLA_PIECE_KERNEL");
+                    free(absd);
                 }
                 mla_layers_free(&hk, &dk);
             }

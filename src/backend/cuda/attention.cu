@@ -8,9 +8,9 @@
  * k_scale, v with v_scale, the MLA row with k_scale), as the CPU twins do.
  * MLA expanded form (prefill, model/mla.c): kv_gather_kernel decodes a piece of a sequence's
  * cache rows to float32, kv_b_proj expands them (matmul_cuda), attention_mla_piece_kernel folds
- * the piece into each (query, head)'s online softmax, kept across pieces in st and out. Twins
- * of kv_gather_cpu and attention_mla_piece_cpu. Correct first versions: the fast kernels come
- * later. */
+ * the piece into each (query, head)'s online softmax, kept across pieces in st and out (v0, a
+ * thread per key; attention_mla_piece_tc_kernel, v1, the default: the tensor cores). Twins of
+ * kv_gather_cpu and attention_mla_piece_cpu. */
 #include "w4.cuh" /* mma_bf16 */
 
 #define ATT_THREADS 256
@@ -991,14 +991,255 @@ static __global__ void attention_mla_piece_kernel(float *out, float *st, const f
     }
 }
 
+/* ---- the expanded form on the tensor cores (v1, the default) ----
+ * Block (query tile, head h): 64 queries of the chunk (4 warps of 16 rows), the piece's keys 16
+ * at a time. The queries, keys, probabilities and values enter the MMAs (m16n8k16, float32
+ * accumulation) as two BF16 halves each, hi = bf16(x) and lo = bf16(x - hi), and each product as
+ * hi x hi + hi x lo + lo x hi: each operand carries ~2^-16 of its value's error (lo's rounding),
+ * as the W4A16 GEMMs' split activations do (test_cuda_ops: TOL_SPLIT; v0 keeps float32). S = Q K^T on the C fragments, masked (causal: key position <= the
+ * query's; top-k: the key's bit in the query's row of the piece's mask, built by
+ * mla_piece_mask_kernel), folded into the rows' online softmax (max and sum per row; the sum
+ * kept per thread, added over the quad at the end); P (C fragments, which are the A fragments of
+ * P V) times V, stored transposed in shared memory. The rows' state and unnormalised outputs
+ * carry across pieces in st and out as in attention_mla_piece_kernel. */
+#define MLA_TC_ROWS 64
+#define MLA_TC_KT 16
+
+template <int DQ, int DV>
+struct MlaTcSmem {
+    static constexpr int QS = DQ + 8;        /* BF16 a query or key row: 16 bytes apart mod 128 */
+    static constexpr int VS = MLA_TC_KT + 8; /* a value dimension's row of keys (transposed) */
+    static constexpr size_t bytes = 2 * sizeof(__nv_bfloat16) * ((size_t)MLA_TC_ROWS * QS + (size_t)MLA_TC_KT * QS + (size_t)DV * VS);
+};
+
+__device__ __forceinline__ void split_bf16(float x, __nv_bfloat16 &hi, __nv_bfloat16 &lo)
+{
+    hi = __float2bfloat16_rn(x);
+    lo = __float2bfloat16_rn(x - __bfloat162float(hi));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float a, float b, uint32_t &lo)
+{
+    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    __nv_bfloat162 l = __floats2bfloat162_rn(a - __low2float(h), b - __high2float(h));
+    lo = *(uint32_t *)&l;
+    return *(uint32_t *)&h;
+}
+
+template <int DQ, int DV>
+static __global__ void __launch_bounds__(128) attention_mla_piece_tc_kernel(
+    float *out, float *st, const float *q, const float *kv, const float *kpe, int ldk, int j0, int n, int t0, int nt,
+    const uint32_t *mask, int mw, int first, int last, const int *pos, int H, int Dn, float scale)
+{
+    using L = MlaTcSmem<DQ, DV>;
+    constexpr int QS = L::QS, VS = L::VS, KT = MLA_TC_KT, NV = DV / 8;
+    static_assert(DQ % 16 == 0 && DV % 8 == 0, "MMA shapes");
+    extern __shared__ __align__(16) uint8_t mla_tc_raw[];
+    __nv_bfloat16 *qh = (__nv_bfloat16 *)mla_tc_raw, *ql = qh + MLA_TC_ROWS * QS, *kh = ql + MLA_TC_ROWS * QS,
+                  *kl = kh + KT * QS, *vh = kl + KT * QS, *vl = vh + DV * VS;
+    __shared__ int s_rend;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int i0 = blockIdx.x * MLA_TC_ROWS, h = blockIdx.y, Dkv = Dn + DV;
+    const int64_t N = (int64_t)H * Dkv;
+    /* the block's queries, as halves (rows past the chunk repeat its last) */
+    for (int e = tid; e < MLA_TC_ROWS * DQ; e += blockDim.x) {
+        int r = e / DQ, k = e - r * DQ, t = t0 + min(i0 + r, nt - 1);
+        split_bf16(q[((int64_t)t * H + h) * DQ + k], qh[r * QS + k], ql[r * QS + k]);
+    }
+    if (tid == 0) s_rend = 0;
+    __syncthreads();
+    /* the piece's rows any query of the block may take: causal, up to the latest position */
+    if (tid < MLA_TC_ROWS && i0 + tid < nt) atomicMax(&s_rend, mask ? n : max(0, min(n, pos[t0 + i0 + tid] + 1 - j0)));
+    /* this thread's rows: ra (C fragment elements 0, 1) and ra + 8 (2, 3) of the block */
+    const int ra = warp * 16 + g, rb = ra + 8;
+    const bool va = i0 + ra < nt, vb = i0 + rb < nt;
+    const int pa = va ? pos[t0 + i0 + ra] : -1, pb = vb ? pos[t0 + i0 + rb] : -1;
+    const int64_t ha = ((int64_t)(t0 + i0 + (va ? ra : 0)) * H + h), hb = ((int64_t)(t0 + i0 + (vb ? rb : 0)) * H + h);
+    float m[2], l[2], acc[NV][4];
+    if (first) {
+        m[0] = m[1] = -INFINITY;
+        l[0] = l[1] = 0.f;
+#pragma unroll
+        for (int j = 0; j < NV; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    } else {
+        m[0] = va ? st[ha * 2] : -INFINITY;
+        m[1] = vb ? st[hb * 2] : -INFINITY;
+        l[0] = va && t4 == 0 ? st[ha * 2 + 1] : 0.f; /* the row's sum on one lane of its quad */
+        l[1] = vb && t4 == 0 ? st[hb * 2 + 1] : 0.f;
+        const float *oa = out + ha * DV, *ob = out + hb * DV;
+#pragma unroll
+        for (int j = 0; j < NV; j++) {
+            float2 x = va ? *(const float2 *)(oa + j * 8 + 2 * t4) : make_float2(0.f, 0.f);
+            float2 y = vb ? *(const float2 *)(ob + j * 8 + 2 * t4) : make_float2(0.f, 0.f);
+            acc[j][0] = x.x, acc[j][1] = x.y, acc[j][2] = y.x, acc[j][3] = y.y;
+        }
+    }
+    __syncthreads();
+    const int rend = s_rend;
+    for (int k0 = 0; k0 < rend; k0 += KT) {
+        if (mask) { /* a tile none of the block's queries selected: skipped */
+            int any = 0;
+            if (tid < MLA_TC_ROWS && i0 + tid < nt) any = (mask[(int64_t)(i0 + tid) * mw + (k0 >> 5)] >> (k0 & 31)) & 0xffffu;
+            if (!__syncthreads_or(any)) continue;
+        }
+        __syncthreads(); /* the last tile's keys and values are read */
+        for (int e = tid; e < KT * DQ; e += blockDim.x) { /* keys [k_nope | k_pe] */
+            int r = e / DQ, k = e - r * DQ, j = k0 + r;
+            float x = j >= n ? 0.f : k < Dn ? kv[j * N + (int64_t)h * Dkv + k] : kpe[(int64_t)j * ldk + (k - Dn)];
+            split_bf16(x, kh[r * QS + k], kl[r * QS + k]);
+        }
+        for (int e = tid; e < KT * DV; e += blockDim.x) { /* values, transposed */
+            int r = e / DV, d = e - r * DV, j = k0 + r;
+            float x = j >= n ? 0.f : kv[j * N + (int64_t)h * Dkv + Dn + d];
+            split_bf16(x, vh[d * VS + r], vl[d * VS + r]);
+        }
+        __syncthreads();
+        float s[2][4] = {};
+#pragma unroll 4
+        for (int kk = 0; kk < DQ; kk += 16) {
+            const __nv_bfloat16 *qa = qh + (warp * 16 + g) * QS + kk + 2 * t4, *qb = ql + (warp * 16 + g) * QS + kk + 2 * t4;
+            uint32_t ah[4] = {*(const uint32_t *)qa, *(const uint32_t *)(qa + 8 * QS), *(const uint32_t *)(qa + 8),
+                              *(const uint32_t *)(qa + 8 * QS + 8)};
+            uint32_t al[4] = {*(const uint32_t *)qb, *(const uint32_t *)(qb + 8 * QS), *(const uint32_t *)(qb + 8),
+                              *(const uint32_t *)(qb + 8 * QS + 8)};
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const __nv_bfloat16 *ka = kh + (j * 8 + g) * QS + kk + 2 * t4, *kb = kl + (j * 8 + g) * QS + kk + 2 * t4;
+                uint32_t bh0 = *(const uint32_t *)ka, bh1 = *(const uint32_t *)(ka + 8);
+                uint32_t bl0 = *(const uint32_t *)kb, bl1 = *(const uint32_t *)(kb + 8);
+                mma_bf16(s[j], ah[0], ah[1], ah[2], ah[3], bh0, bh1);
+                mma_bf16(s[j], ah[0], ah[1], ah[2], ah[3], bl0, bl1);
+                mma_bf16(s[j], al[0], al[1], al[2], al[3], bh0, bh1);
+            }
+        }
+        /* masked scores; the rows' new maxima over the quad */
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = k0 + j * 8 + 2 * t4 + (e & 1), row = e < 2 ? ra : rb;
+                const bool valid = e < 2 ? va : vb;
+                bool ok = valid && key < n;
+                if (ok) ok = mask ? (mask[(int64_t)(i0 + row) * mw + (key >> 5)] >> (key & 31)) & 1u : j0 + key <= (e < 2 ? pa : pb);
+                s[j][e] = ok ? s[j][e] * scale : -INFINITY;
+                mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
+            }
+        float corr[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            float mn = fmaxf(m[r], mx[r]);
+            corr[r] = m[r] == -INFINITY ? 0.f : expf(m[r] - mn);
+            m[r] = mn;
+            l[r] *= corr[r];
+        }
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float p = s[j][e] == -INFINITY ? 0.f : expf(s[j][e] - m[e >> 1]);
+                s[j][e] = p;
+                l[e >> 1] += p;
+            }
+#pragma unroll
+        for (int j = 0; j < NV; j++) acc[j][0] *= corr[0], acc[j][1] *= corr[0], acc[j][2] *= corr[1], acc[j][3] *= corr[1];
+        /* P (rows ra, rb x the 16 keys) as the A fragments of P V */
+        uint32_t pl[4], ph[4] = {pack_bf16(s[0][0], s[0][1], pl[0]), pack_bf16(s[0][2], s[0][3], pl[1]),
+                                 pack_bf16(s[1][0], s[1][1], pl[2]), pack_bf16(s[1][2], s[1][3], pl[3])};
+#pragma unroll
+        for (int j = 0; j < NV; j++) {
+            const __nv_bfloat16 *va_ = vh + (j * 8 + g) * VS + 2 * t4, *vb_ = vl + (j * 8 + g) * VS + 2 * t4;
+            uint32_t bh0 = *(const uint32_t *)va_, bh1 = *(const uint32_t *)(va_ + 8);
+            uint32_t bl0 = *(const uint32_t *)vb_, bl1 = *(const uint32_t *)(vb_ + 8);
+            mma_bf16(acc[j], ph[0], ph[1], ph[2], ph[3], bh0, bh1);
+            mma_bf16(acc[j], ph[0], ph[1], ph[2], ph[3], bl0, bl1);
+            mma_bf16(acc[j], pl[0], pl[1], pl[2], pl[3], bh0, bh1);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
+    const float ia = last ? (l[0] > 0.f ? 1.f / l[0] : 0.f) : 1.f, ib = last ? (l[1] > 0.f ? 1.f / l[1] : 0.f) : 1.f;
+    float *oa = out + ha * DV, *ob = out + hb * DV;
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+        if (va) *(float2 *)(oa + j * 8 + 2 * t4) = make_float2(acc[j][0] * ia, acc[j][1] * ia);
+        if (vb) *(float2 *)(ob + j * 8 + 2 * t4) = make_float2(acc[j][2] * ib, acc[j][3] * ib);
+    }
+    if (t4 == 0) {
+        if (va) st[ha * 2] = m[0], st[ha * 2 + 1] = l[0];
+        if (vb) st[hb * 2] = m[1], st[hb * 2 + 1] = l[1];
+    }
+}
+
+/* the piece's top-k mask: bit j - j0 of row i (words of 32 keys) for each selected j of query
+ * t0 + i inside the piece; block i, the row's selections over the threads */
+static __global__ void mla_piece_mask_kernel(uint32_t *mask, int mw, const int *topk, int ktop, int t0, int j0, int n)
+{
+    const int i = blockIdx.x;
+    for (int c = threadIdx.x; c < ktop; c += blockDim.x) {
+        int j = topk[(int64_t)(t0 + i) * ktop + c] - j0;
+        if (j >= 0 && j < n) atomicOr(&mask[(int64_t)i * mw + (j >> 5)], 1u << (j & 31));
+    }
+}
+
+/* the expanded form's kernel: MOESERVE_MLA_PIECE_KERNEL "v0" (attention_mla_piece_kernel), else
+ * v1 (the tensor cores) where the head shapes have an instance and its shared memory fits; read
+ * at every call, so that a test can run both in one process */
+static int mla_piece_v1(Backend *be, int Dq, int Dv)
+{
+    const char *e = getenv("MOESERVE_MLA_PIECE_KERNEL");
+    if (e && !strcmp(e, "v0")) return 0;
+    /* GLM-5's heads (192 + 64, 256), DeepSeek-V3's (128 + 64, 128), the fixtures' (32 + 16, 32) */
+    size_t smem = Dq == 256 && Dv == 256 ? MlaTcSmem<256, 256>::bytes : Dq == 192 && Dv == 128 ? MlaTcSmem<192, 128>::bytes
+                  : Dq == 48 && Dv == 32 ? MlaTcSmem<48, 32>::bytes : 0;
+    return smem && mla_smem_fits(be, smem);
+}
+
+template <int DQ, int DV>
+static void mla_piece_tc_launch(Backend *be, float *out, float *st, const float *q, const float *kv, const float *kpe,
+                                int ldk, int j0, int n, int t0, int nt, const uint32_t *mask, int mw, int first, int last,
+                                const Batch *b, const ModelConfig *c)
+{
+    const size_t smem = MlaTcSmem<DQ, DV>::bytes;
+    static int ready;
+    if (!ready) {
+        CUDA_CHECK(cudaFuncSetAttribute(attention_mla_piece_tc_kernel<DQ, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        ready = 1;
+    }
+    dim3 grid(cdiv(nt, MLA_TC_ROWS), c->n_heads);
+    attention_mla_piece_tc_kernel<DQ, DV><<<grid, 128, smem, cuda_stream(be)>>>(out, st, q, kv, kpe, ldk, j0, n, t0, nt, mask, mw,
+                                                                              first, last, b->pos, c->n_heads,
+                                                                              c->qk_nope_dim, c->attn_scale);
+    LAUNCH_CHECK("attention_mla_piece_tc_kernel");
+}
+
 void attention_mla_piece_cuda(Backend *be, float *out, float *st, const float *q, const float *kv, const float *kpe,
                               int ldk, int j0, int n, int t0, int nt, const int *topk, int ktop, int first, int last,
                               const Batch *b, const ModelConfig *c)
 {
     if (nt <= 0) return;
-    if (c->qk_nope_dim + c->qk_rope_dim > MLA_MAX_DQ || c->v_head_dim > MLA_MAX_DV)
-        die("attention_mla_piece_cuda: q head %d / v head %d exceed the kernel's limits %d / %d",
-            c->qk_nope_dim + c->qk_rope_dim, c->v_head_dim, MLA_MAX_DQ, MLA_MAX_DV);
+    const int Dq = c->qk_nope_dim + c->qk_rope_dim, Dv = c->v_head_dim;
+    if (mla_piece_v1(be, Dq, Dv)) {
+        uint32_t *mask = NULL;
+        const int mw = cdiv(n, 32);
+        if (topk) {
+            mask = (uint32_t *)cuda_scratch(be, SCR_MLA_MASK, (size_t)nt * mw * 4);
+            CUDA_CHECK(cudaMemsetAsync(mask, 0, (size_t)nt * mw * 4, cuda_stream(be)));
+            mla_piece_mask_kernel<<<nt, ATT_THREADS, 0, cuda_stream(be)>>>(mask, mw, topk, ktop, t0, j0, n);
+            LAUNCH_CHECK("mla_piece_mask_kernel");
+        }
+        if (Dq == 256) mla_piece_tc_launch<256, 256>(be, out, st, q, kv, kpe, ldk, j0, n, t0, nt, mask, mw, first, last, b, c);
+        else if (Dq == 192) mla_piece_tc_launch<192, 128>(be, out, st, q, kv, kpe, ldk, j0, n, t0, nt, mask, mw, first, last, b, c);
+        else mla_piece_tc_launch<48, 32>(be, out, st, q, kv, kpe, ldk, j0, n, t0, nt, mask, mw, first, last, b, c);
+        return;
+    }
+    if (Dq > MLA_MAX_DQ || Dv > MLA_MAX_DV)
+        die("attention_mla_piece_cuda: q head %d / v head %d exceed the kernel's limits %d / %d", Dq, Dv, MLA_MAX_DQ, MLA_MAX_DV);
     dim3 grid(nt, c->n_heads);
     attention_mla_piece_kernel<<<grid, ATT_THREADS, 0, cuda_stream(be)>>>(
         out, st, q, kv, kpe, ldk, j0, n, t0, topk, ktop, first, last, b->pos, c->n_heads, c->qk_nope_dim,

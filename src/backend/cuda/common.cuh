@@ -48,7 +48,7 @@ static inline cudaStream_t cuda_stream(Backend *be) { return cuda_state(be)->str
 void *cuda_scratch(Backend *be, int slot, size_t bytes);
 enum { SCR_MM_X = 0, SCR_MM_Y, SCR_MOE_COUNT, SCR_MOE_ROWS, SCR_MOE_H, SCR_MOE_U, SCR_MOE_Y, SCR_MOE_TILES,
        SCR_IDX_SCORES, SCR_MOE_TABLE, SCR_W4_X, SCR_W4_PART, SCR_W4_WB, SCR_MLA_QA, SCR_MLA_OL, SCR_MLA_PART,
-       SCR_W4_XP };
+       SCR_W4_XP, SCR_MLA_MASK };
 
 static inline int cdiv(long a, long b) { return (int)((a + b - 1) / b); }
 
