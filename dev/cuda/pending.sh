@@ -13,7 +13,8 @@
 #     rows, and bench model at prompts of 512 both ways, two rounds
 #   3 (session 22, ~4 min): the expanded MLA form's piece kernel on the tensor cores (v1) against
 #     v0: its tests first, then every CUDA test, then `moeserve diagnose` (attention's share of a
-#     prefill step) and `bench model` prefill at prompts of 512 and 2048 tokens, v0 and v1
+#     prefill step) and `bench model` prefill at prompts of 512 and 2048 tokens, v0 and v1 (run in
+#     session 22 on the tree; pending: the same with dev/cuda/mla_piece_v2.patch applied)
 set -u
 cd "$(dirname "$0")/../.."
 for f in mn tc; do xz -dkf carry/$f.xz; chmod +x carry/$f; done

@@ -996,12 +996,13 @@ static __global__ void attention_mla_piece_kernel(float *out, float *st, const f
  * at a time. The queries, keys, probabilities and values enter the MMAs (m16n8k16, float32
  * accumulation) as two BF16 halves each, hi = bf16(x) and lo = bf16(x - hi), and each product as
  * hi x hi + hi x lo + lo x hi: each operand carries ~2^-16 of its value's error (lo's rounding),
- * as the W4A16 GEMMs' split activations do (test_cuda_ops: TOL_SPLIT; v0 keeps float32). S = Q K^T on the C fragments, masked (causal: key position <= the
- * query's; top-k: the key's bit in the query's row of the piece's mask, built by
- * mla_piece_mask_kernel), folded into the rows' online softmax (max and sum per row; the sum
- * kept per thread, added over the quad at the end); P (C fragments, which are the A fragments of
- * P V) times V, stored transposed in shared memory. The rows' state and unnormalised outputs
- * carry across pieces in st and out as in attention_mla_piece_kernel. */
+ * as the W4A16 GEMMs' split activations do (test_cuda_ops: TOL_SPLIT; v0 keeps float32).
+ * S = Q K^T on the C fragments, masked (causal: key position <= the query's; top-k: the key's
+ * bit in the query's row of the piece's mask, built by mla_piece_mask_kernel), folded into the
+ * rows' online softmax (max and sum per row; the sum kept per thread, added over the quad at the
+ * end); P (C fragments, which are the A fragments of P V) times V, stored transposed in shared
+ * memory. The rows' state and unnormalised outputs carry across pieces in st and out as in
+ * attention_mla_piece_kernel. */
 #define MLA_TC_ROWS 64
 #define MLA_TC_KT 16
 
