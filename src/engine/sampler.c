@@ -3,6 +3,7 @@
  * sample_row (backend/cpu/sample.c), the definition the backends' sample op shares. */
 #include "sampler.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -141,8 +142,12 @@ int sampler_sample(Sampler *s, float *logits, SampleResult *res)
             int t = s->keys[i];
             if (t < 0) continue;
             int cnt = s->out_count[i];
-            if (p->repetition_penalty != 1.0f && (cnt > 0 || s->in_prompt[i]))
-                logits[t] = logits[t] > 0 ? logits[t] / p->repetition_penalty : logits[t] * p->repetition_penalty;
+            if (p->repetition_penalty != 1.0f && (cnt > 0 || s->in_prompt[i])) {
+                /* a penalty near 0 (the range allows 1e-40) overflows the division: the largest
+                 * float, not inf, which would turn the softmax's shift into inf - inf */
+                double v = logits[t] > 0 ? (double)logits[t] / p->repetition_penalty : (double)logits[t] * p->repetition_penalty;
+                logits[t] = v > FLT_MAX ? FLT_MAX : (float)v;
+            }
             if (cnt > 0) logits[t] -= p->frequency_penalty * cnt + p->presence_penalty;
         }
     for (int i = 0; i < p->n_bias; i++)

@@ -24,6 +24,7 @@
 #define _GNU_SOURCE
 #endif
 #include "format/chat_template.h"
+#include "format/config.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -4824,7 +4825,8 @@ ChatTemplate *chat_template_load(const char *model_dir, char *err, size_t errlen
             return NULL;
         }
     } else {
-        errbuf_set(err, errlen, "%s: no chat_template", path);
+        if (ct && !json_is_null(ct)) errbuf_set(err, errlen, "%s: chat_template is %s, not a string or a list of named templates", path, json_kind(ct));
+        else errbuf_set(err, errlen, "%s: no chat_template", path);
         json_decref(cfg);
         return NULL;
     }

@@ -86,7 +86,7 @@ static int bad(Ctx *x, const char *fmt, ...)
     return -1;
 }
 
-static const char *json_kind(const json_t *v)
+const char *json_kind(const json_t *v)
 {
     switch (json_typeof(v)) {
     case JSON_OBJECT: return "an object";

@@ -8,6 +8,9 @@
 
 #include "../model/model.h"
 
+/* "an object", "a list", "a string", ... for messages that name a JSON value's kind */
+struct json_t;
+const char *json_kind(const struct json_t *v);
 /* Parse a config.json text (path is for messages). 0 ok, -1 with err set. */
 int config_parse(ModelConfig *c, const char *json_text, const char *path, char *err, size_t errlen);
 /* Read dir/config.json. */

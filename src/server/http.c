@@ -27,6 +27,8 @@
 #define HTTP_HEADER_LIMIT (32 * 1024)   /* bytes of request line + headers per connection */
 #define HTTP_STREAM_BLOCK (16 * 1024)   /* bytes MHD asks the stream reader for at most */
 
+#define HTTP_MAX_DROP (64 << 20) /* the most of an oversized chunked body read to answer it */
+
 typedef struct Slot {
     /* shared with the engine thread, under mu */
     pthread_mutex_t mu;
@@ -42,6 +44,7 @@ typedef struct Slot {
     int status;                /* HTTP status sent */
     MetricsRoute mroute;
     ApiBuf body;                  /* the request body, at most max_body bytes */
+    size_t over;                  /* bytes of a chunked body past max_body, read and dropped (413) */
     ApiReq req;
 } Slot;
 
@@ -83,6 +86,7 @@ static Slot *slot_get(HttpServer *h)
     s->status = 0;
     s->mroute = METRICS_ROUTE_OTHER;
     s->body.len = 0;
+    s->over = 0;
     if (s->body.cap > (1u << 20)) openai_buf_free(&s->body); /* do not pin a big upload's memory */
     openai_req_reset(&s->req);
     metrics_req_start(&s->req.mr);
@@ -290,13 +294,25 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     if (*upload_size) { /* a piece of the body */
-        if (s->body.len + *upload_size > h->o.max_body) {
-            log_warn("http: closing a connection whose chunked body passed %zu bytes (--max-body)", h->o.max_body);
-            return MHD_NO; /* no length announced: the connection is closed */
+        /* a chunked body (no length announced) past --max-body: the rest is read and dropped
+         * and answered 413 at its end, up to HTTP_MAX_DROP bytes more; past that the
+         * connection is closed unanswered */
+        if (s->over || s->body.len + *upload_size > h->o.max_body) {
+            s->over += *upload_size;
+            *upload_size = 0;
+            if (s->over <= HTTP_MAX_DROP) return MHD_YES;
+            log_warn("http: closing a connection whose chunked body passed %zu bytes (--max-body) by more than %d MiB",
+                     h->o.max_body, HTTP_MAX_DROP >> 20);
+            return MHD_NO;
         }
         openai_buf_add(&s->body, upload, *upload_size);
         *upload_size = 0;
         return MHD_YES;
+    }
+    if (s->over) { /* the oversized chunked body has ended */
+        errbuf_set(err.msg, sizeof err.msg, "the chunked request body passed %zu bytes; the limit is %zu bytes (--max-body)",
+                   h->o.max_body, h->o.max_body);
+        return respond_error(s, API_ETOOBIG, &err, NULL);
     }
     if (!s->started) { /* the whole request is in */
         pthread_mutex_lock(&h->pool_mu);

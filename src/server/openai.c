@@ -832,6 +832,9 @@ static int parse_request(Api *a, ApiReq *r, json_t *root, int **ids, int **force
                 return bad_field(err, "logit_bias", "logit_bias key '%.32s' is not a token id in [0, %d)", key, a->vocab);
             if (!json_is_number(v) || !(json_number_value(v) >= -100 && json_number_value(v) <= 100))
                 return bad_field(err, "logit_bias", "logit_bias['%.32s'] must be a number in [-100, 100]", key);
+            for (int j = 0; j < sp.n_bias; j++) /* "5", "05" and " 5": one token, two biases that would add up */
+                if (sp.bias_id[j] == (int)id)
+                    return bad_field(err, "logit_bias", "logit_bias key '%.32s' names token %lld, which another key names too", key, id);
             sp.bias_id[sp.n_bias] = (int)id;
             sp.bias_val[sp.n_bias++] = (float)json_number_value(v);
         }

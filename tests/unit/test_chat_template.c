@@ -485,6 +485,12 @@ TEST(chat_load_dir)
     write_file(d, "tokenizer_config.json", "{\"eos_token\": \"x\"}");
     EXPECT(!render_dir(d, 0, err, sizeof err));
     EXPECT(strstr(err, "no chat_template"), "%s", err);
+    write_file(d, "tokenizer_config.json", "{\"chat_template\": null}"); /* null: as absent */
+    EXPECT(!render_dir(d, 0, err, sizeof err));
+    EXPECT(strstr(err, "no chat_template"), "%s", err);
+    write_file(d, "tokenizer_config.json", "{\"chat_template\": 5}"); /* not a template: named so */
+    EXPECT(!render_dir(d, 0, err, sizeof err));
+    EXPECT(strstr(err, "chat_template is an integer, not a string or a list of named templates"), "%s", err);
 
     snprintf(d, sizeof d, "%s/bad", base); /* an unsupported construct names the file */
     mkdir(d, 0755);

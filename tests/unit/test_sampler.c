@@ -125,6 +125,25 @@ TEST(sampler_penalties)
     sampler_accept(&s, 0);
     EXPECT_EQ_INT(draw(l, 4, &s), 1);
     sampler_free(&s);
+    /* a denormal repetition penalty: the seen positive logits become the largest float (0.5 /
+     * 1e-40 overflows), not inf: greedy and sampled draws take only them, never the NaN softmax's junk */
+    float l6[6] = {3.0f, 2.9f, 0.5f, -1.0f, 1.0f, 0.2f};
+    sampling_params_default(&p);
+    p.repetition_penalty = 1e-40f;
+    p.seed = 7;
+    int seen[2] = {2, 0}, got[6] = {0};
+    sampler_init(&s, &p, 6, seen, 2);
+    for (int i = 0; i < 50; i++) {
+        int t = draw(l6, 6, &s);
+        EXPECT(t == 0 || t == 2, "draw %d with a denormal repetition penalty: token %d", i, t);
+        got[t >= 0 && t < 6 ? t : 1]++;
+    }
+    EXPECT(got[0] > 0 && got[2] > 0, "two seen tokens at the largest float, drawn alike: %d and %d of 50", got[0], got[2]);
+    sampler_free(&s);
+    p.temperature = 0;
+    sampler_init(&s, &p, 6, seen, 2);
+    EXPECT_EQ_INT(draw(l6, 6, &s), 0); /* both at the largest float: the tie to the lower id */
+    sampler_free(&s);
     /* presence penalty: once is enough */
     sampling_params_default(&p);
     p.temperature = 0;
