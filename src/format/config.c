@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 
 #include "../base/util.h"
 
@@ -71,6 +72,10 @@ typedef struct {
 #define MAX_HEADS 4096
 #define MAX_EXPERTS 65536
 #define MAX_MTP 16
+/* Routed and shared expert parameters of all layers: a thousand times GLM-5's 7.7e11. Each size
+   alone is bounded above, but E x F x D x layers can pass 2^63 (model_count_params sums it in
+   int64); with this bound every other term stays below 2^58, so the sums cannot overflow. */
+#define MAX_EXPERT_PARAMS 1e15
 
 /* ---- helpers: typed access to JSON values ---- */
 
@@ -151,6 +156,14 @@ static int get_str(Ctx *x, const json_t *obj, const char *key, const char **out)
     if (!json_is_string(v)) return bad(x, "'%s' must be a string, not %s", key, json_kind(v));
     *out = json_string_value(v);
     return 0;
+}
+
+/* 1 if path exists and is not a regular file: reading a FIFO would block, a device (a link to
+   /dev/zero) never end, so neither is read as a configuration file. */
+static int not_regular(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 && !S_ISREG(sb.st_mode);
 }
 
 /* Two JSON values that mean the same setting (1e6 and 1000000 agree). */
@@ -501,6 +514,12 @@ static int parse_root(Ctx *x, const json_t *root, ModelConfig *c)
     if (c->n_layers + c->n_mtp_layers > MODEL_MAX_LAYERS)
         return bad(x, "num_hidden_layers + MTP layers = %d exceeds %d", c->n_layers + c->n_mtp_layers,
                    MODEL_MAX_LAYERS);
+    double expert_params = (double)(c->n_experts + c->n_shared_experts) * 3.0 * c->hidden * c->moe_intermediate *
+                           (c->n_layers + c->n_mtp_layers);
+    if (expert_params > MAX_EXPERT_PARAMS)
+        return bad(x, "(n_routed_experts + n_shared_experts) x 3 x hidden_size x moe_intermediate_size x %d layers = "
+                      "%.3g expert parameters, over the limit of %g", c->n_layers + c->n_mtp_layers, expert_params,
+                   MAX_EXPERT_PARAMS);
 
     double eps;
     if (get_num(x, root, "rms_norm_eps", NULL, 0, 1, 1, ai->rms_eps, &eps)) return -1;
@@ -746,6 +765,10 @@ int config_load(ModelConfig *c, const char *dir, char *err, size_t errlen)
 {
     char path[4096];
     path_join(path, sizeof path, dir, "config.json");
+    if (not_regular(path)) {
+        errbuf_set(err, errlen, "%s: not a regular file", path);
+        return -1;
+    }
     size_t n;
     char *text = file_read_all(path, &n);
     if (!text) {
@@ -765,6 +788,7 @@ int quant_config_load(QuantConfig *q, const char *dir, char *err, size_t errlen)
     int hf = file_exists(path_join(path, sizeof path, dir, "hf_quant_config.json"));
     if (!hf && !file_exists(path_join(path, sizeof path, dir, "config.json"))) return 0;
     Ctx x = {path, err, errlen};
+    if (not_regular(path)) return bad(&x, "not a regular file");
     char *text = file_read_all(path, NULL);
     if (!text) return bad(&x, "cannot read");
     json_error_t je;

@@ -228,7 +228,9 @@ static int st_load(const char *path, StFile *out, StTensor **ts, int *nt, char *
     memset(out, 0, sizeof *out);
     *ts = NULL;
     *nt = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO in a file's place would block a plain open until some writer came;
+     * the S_ISREG check below then refuses it (the flag changes nothing for a regular file) */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) { errbuf_set(err, errlen, "%s: %s", path, strerror(errno)); return -1; }
     struct stat sb;
     if (fstat(fd, &sb) != 0) {
@@ -387,6 +389,10 @@ static int st_open_index(SafeTensors *st, const char *dir, const char *ipath, ch
 {
     struct stat sb;
     if (stat(ipath, &sb) != 0) { errbuf_set(err, errlen, "%s: %s", ipath, strerror(errno)); return -1; }
+    if (!S_ISREG(sb.st_mode)) { /* a FIFO would block the read below, a device never end */
+        errbuf_set(err, errlen, "%s: not a regular file", ipath);
+        return -1;
+    }
     if ((uint64_t)sb.st_size > ST_MAX_INDEX) {
         errbuf_set(err, errlen, "%s: %llu bytes, over the limit of %u", ipath,
                    (unsigned long long)sb.st_size, ST_MAX_INDEX);

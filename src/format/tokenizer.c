@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <utf8proc.h>
 
 #include "../base/util.h"
@@ -1563,6 +1564,20 @@ static int add_tokens(Tokenizer *t, json_t *list, int *next_id, char *err, size_
     return 0;
 }
 
+/* A post-processor's special token id: an integer id of the vocabulary (checked against it once
+ * the vocabulary is complete, in check_post_ids), as the encode output goes to the embedding. */
+static int template_id(json_t *v, const char *name, int32_t *out, char *err, size_t errlen)
+{
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= MAX_IDS) {
+        char *s = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+        errbuf_set(err, errlen, "post_processor: special token '%s' has a bad id %.40s", name, s ? s : "(none)");
+        free(s);
+        return -1;
+    }
+    *out = (int32_t)json_integer_value(v);
+    return 0;
+}
+
 static int parse_template_item(Tokenizer *t, json_t *it, json_t *specials, TplItem *out, char *err, size_t errlen)
 {
     (void)t;
@@ -1594,7 +1609,8 @@ static int parse_template_item(Tokenizer *t, json_t *it, json_t *specials, TplIt
     }
     out->n = (int)json_array_size(ids);
     out->ids = xmalloc(((size_t)out->n + 1) * sizeof *out->ids);
-    for (int k = 0; k < out->n; k++) out->ids[k] = (int32_t)json_integer_value(json_array_get(ids, (size_t)k));
+    for (int k = 0; k < out->n; k++)
+        if (template_id(json_array_get(ids, (size_t)k), nm, &out->ids[k], err, errlen)) return -1;
     return 0;
 }
 
@@ -1645,7 +1661,11 @@ static int post_parse(Tokenizer *t, json_t *j, char *err, size_t errlen)
             TplItem *it = &tp.items[k ? 2 : 0];
             it->n = 1;
             it->ids = xmalloc(sizeof *it->ids);
-            it->ids[0] = (int32_t)json_integer_value(json_array_get(ends[k], 1));
+            if (template_id(json_array_get(ends[k], 1), k ? "sep" : "cls", &it->ids[0], err, errlen)) {
+                for (int q = 0; q < 3; q++) free(tp.items[q].ids);
+                free(tp.items);
+                return -1;
+            }
         }
     } else {
         errbuf_set(err, errlen, "unsupported post_processor '%s' (supported: TemplateProcessing, ByteLevel, "
@@ -1733,6 +1753,23 @@ static void finish_tables(Tokenizer *t, int maxid)
     map_free(&special);
 }
 
+/* Every id the post-processor adds names a token (else encode would hand the model an id past
+ * its embedding: HF does not check, the model then fails on it). */
+static int check_post_ids(const Tokenizer *t, char *err, size_t errlen)
+{
+    for (int p = 0; p < t->n_post; p++)
+        for (int k = 0; k < t->post[p].n; k++)
+            for (int i = 0; i < t->post[p].items[k].n; i++) {
+                int32_t id = t->post[p].items[k].ids[i];
+                if (id >= t->n_ids || t->tok[id] < 0) {
+                    errbuf_set(err, errlen, "post_processor: special token id %d is not in the vocabulary "
+                               "(ids 0..%d)", (int)id, t->n_ids - 1);
+                    return -1;
+                }
+            }
+    return 0;
+}
+
 static Tokenizer *load_fail(Tokenizer *t, json_t *root, json_t *cfg, char *err, size_t errlen, const char *file)
 {
     if (err && errlen) {
@@ -1764,6 +1801,11 @@ Tokenizer *tokenizer_load(const char *path, char *err, size_t errlen)
     }
     snprintf(cfgpath, sizeof cfgpath, "%s/tokenizer_config.json", dir);
 
+    struct stat st;
+    if (!is_dir && stat(file, &st) == 0 && S_ISDIR(st.st_mode)) {   /* else jansson's "'[' or '{' expected" */
+        errbuf_set(err, errlen, "%s: no tokenizer.json in this directory", file);
+        return NULL;
+    }
     json_error_t je;
     json_t *root = json_load_file(file, JSON_ALLOW_NUL, &je), *cfg = NULL;
     if (!root) {
@@ -1846,6 +1888,7 @@ Tokenizer *tokenizer_load(const char *path, char *err, size_t errlen)
             buf_free(&nb);
         }
     finish_tables(t, maxid);
+    if (check_post_ids(t, err, errlen)) return load_fail(t, root, cfg, err, errlen, file);
 
     if (cfg) {
         t->bos = named_id(t, json_object_get(cfg, "bos_token"));

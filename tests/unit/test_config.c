@@ -580,6 +580,9 @@ TEST(config_invalid_values)
     EXPECT_CONFIG_ERROR("glm4.5", "{\"partial_rotary_factor\": 0}", NULL, "partial_rotary_factor");
     EXPECT_CONFIG_ERROR("glm4.5", "{\"head_dim\": 2, \"partial_rotary_factor\": 0.5}", NULL, "rotated dims");
     EXPECT_CONFIG_ERROR("glm4.5", "{\"architectures\": \"Glm4MoeForCausalLM\"}", NULL, "architectures");
+    /* each size in range, but E x F x D x layers would overflow the int64 parameter count */
+    EXPECT_CONFIG_ERROR("glm5", "{\"n_routed_experts\": 65536, \"moe_intermediate_size\": 1048576, "
+                        "\"hidden_size\": 1048576, \"num_hidden_layers\": 200}", NULL, "expert parameters");
 
     ModelConfig c;
     char err[512] = "";
@@ -861,6 +864,26 @@ TEST(config_cli_info_checkpoint)
     EXPECT_EQ_INT(jint(j, "precision.kinds.attention.nvfp4.modules"), 4 * 5);
     EXPECT_EQ_INT(jint(j, "precision.kinds.indexer.nvfp4.modules"), 4 * 3);
     json_decref(j);
+}
+
+/* A FIFO in place of config.json, hf_quant_config.json or model.safetensors: info refuses it at
+ * once as not a regular file (a read would wait forever for a writer; `timeout` turns a hang into
+ * exit 124). */
+TEST(config_cli_info_fifo)
+{
+    static const char *const files[] = {"config.json", "hf_quant_config.json", "model.safetensors"};
+    for (int i = 0; i < 3; i++) {
+        char name[32], cmd[9000], *out = NULL;
+        snprintf(name, sizeof name, "fifo%d", i);
+        const char *d = tmp_model_dir(name);
+        snprintf(cmd, sizeof cmd, "cp '%s'/config.json '%s'/hf_quant_config.json '%s'/ && rm -f '%s/%s' && mkfifo '%s/%s'",
+                 test_data("golden/glm5-nvfp4"), test_data("golden/glm5-nvfp4"), d, d, files[i], d, files[i]);
+        ASSERT(test_run(cmd, NULL) == 0, "%s", cmd);
+        snprintf(cmd, sizeof cmd, "timeout 20 '%s' info --model '%s'", test_bin(), d);
+        EXPECT_EQ_INT(test_run(cmd, &out), 1);
+        EXPECT(out && strstr(out, files[i]) && strstr(out, "not a regular file"), "%s: %s", files[i], out ? out : "");
+        free(out);
+    }
 }
 
 TEST(config_cli_info_errors)

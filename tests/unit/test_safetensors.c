@@ -8,6 +8,7 @@
 #include "../test.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -57,6 +58,19 @@ static int write_raw(const char *path, uint64_t hlen, const char *header, size_t
     int rc = write_bytes(path, buf, n);
     free(buf);
     return rc;
+}
+
+/* SIGALRM in secs seconds, with a handler installed without SA_RESTART: a call that would block
+ * forever (an open or read of a FIFO no one writes) fails with EINTR instead of hanging the run. */
+static void st_on_alarm(int sig) { (void)sig; }
+static void st_alarm(unsigned secs)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = st_on_alarm;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGALRM, &sa, NULL);
+    alarm(secs);
 }
 
 static int st_is_zero(const SafeTensors *st)
@@ -599,6 +613,29 @@ TEST(safetensors_bad_index)
     EXPECT_EQ_INT(st.n_tensors, 4);
     safetensors_free(&st);
 #undef IDX
+}
+
+/* A FIFO where a file or the index should be: refused at once as not a regular file, never
+ * waited on (the open of a FIFO blocks until a writer comes). */
+TEST(safetensors_fifo_refused)
+{
+    const char *fifo = st_path("fifo.safetensors");
+    unlink(fifo);
+    ASSERT(mkfifo(fifo, 0644) == 0, "mkfifo %s", fifo);
+    st_alarm(2);
+    EXPECT_FAIL(fifo, "not a regular file", NULL);
+    alarm(0);
+
+    const char *dir = index_dir("idx_fifo", NULL);
+    ASSERT(dir, "setup");
+    char idx[600];
+    snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", dir);
+    unlink(idx);
+    ASSERT(mkfifo(idx, 0644) == 0, "mkfifo %s", idx);
+    st_alarm(2);
+    EXPECT_FAIL_DIR(dir, idx, "not a regular file");
+    alarm(0);
+    signal(SIGALRM, SIG_DFL);
 }
 
 TEST(safetensors_dir_layouts)

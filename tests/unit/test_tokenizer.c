@@ -14,6 +14,7 @@
 #include <jansson.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include "base/util.h"
 #include "format/tokenizer.h"
@@ -627,10 +628,27 @@ TEST(tokenizer_load_errors)
     expect_load_error("model.merges", "[\"a b c\"]", "merges[0]");
     expect_load_error("model.merges", "[[\"a\", \"zzzz-not-there\"]]", "zzzz-not-there");
     expect_load_error("truncation", "{\"max_length\": 8}", "truncation");
+    /* the post-processor's ids go to the model as they are: each must name a token (3004 is
+       past this vocabulary; encode used to return such ids, and -5 or 0 for "x") */
+    const char *tpl = "{\"type\": \"TemplateProcessing\", \"single\": [\"<s>\", \"$A\"], "
+                      "\"special_tokens\": {\"<s>\": {\"id\": \"<s>\", \"ids\": [%s]}}}";
+    const char *bad_ids[][2] = {{"3004", "3004"}, {"16777216", "16777216"}, {"-5", "-5"}, {"\"x\"", "\"x\""},
+                                {"2999, 1e3", "1000.0"}};
+    for (size_t k = 0; k < sizeof bad_ids / sizeof bad_ids[0]; k++) {
+        char pp[512];
+        snprintf(pp, sizeof pp, tpl, bad_ids[k][0]);
+        expect_load_error("post_processor", pp, bad_ids[k][1]);
+    }
+    expect_load_error("post_processor", "{\"type\": \"RobertaProcessing\", \"cls\": [\"<s>\", 2999], "
+                      "\"sep\": [\"</s>\", 70000]}", "70000");
     char err[512];
     EXPECT(tokenizer_load("/nonexistent-moeserve/tokenizer.json", err, sizeof err) == NULL);
     EXPECT(strstr(err, "/nonexistent-moeserve") != NULL, "%s", err);
     char path[4400];
+    snprintf(path, sizeof path, "%s/no-tokenizer-dir", test_tmpdir());   /* a directory without one */
+    mkdir(path, 0755);
+    EXPECT(tokenizer_load(path, err, sizeof err) == NULL);
+    EXPECT(strstr(err, "no-tokenizer-dir: no tokenizer.json") != NULL, "%s", err);
     snprintf(path, sizeof path, "%s/notjson.json", test_tmpdir());
     FILE *f = fopen(path, "w");
     ASSERT(f);
