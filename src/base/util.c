@@ -4,6 +4,7 @@
 #endif
 #include "util.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -126,20 +127,36 @@ char *file_read_all(const char *path, size_t *len)
     if (len) *len = 0;
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
-    size_t cap = 1 << 16, n = 0;
+    struct stat st;
+    int e = 0;
+    if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size > FILE_READ_MAX) {
+        fclose(f);                               /* too long, known without reading it */
+        errno = EFBIG;
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;                 /* at most FILE_READ_MAX + 2: the bytes, one more, a NUL */
     char *buf = xmalloc(cap);
     for (;;) {
-        if (n + 1 >= cap) buf = xrealloc(buf, cap *= 2);
+        if (n + 1 >= cap) {
+            cap = 2 * cap < FILE_READ_MAX + 2 ? 2 * cap : FILE_READ_MAX + 2;
+            buf = xrealloc(buf, cap);
+        }
         size_t got = fread(buf + n, 1, cap - n - 1, f);
         n += got;
-        if (got == 0) break;
+        if (n > FILE_READ_MAX) { e = EFBIG; break; }
+        if (got == 0) { if (ferror(f)) e = errno ? errno : EIO; break; }
     }
-    int bad = ferror(f);
     fclose(f);
-    if (bad) { free(buf); return NULL; }
+    if (e) { free(buf); errno = e; return NULL; }
     buf[n] = 0;
     if (len) *len = n;
     return buf;
+}
+
+const char *file_read_error(int errnum)
+{
+    _Static_assert(FILE_READ_MAX == (size_t)64 << 20, "the message below names the limit");
+    return errnum == EFBIG ? "more than 64 MiB, the limit for reading a whole file" : strerror(errnum);
 }
 
 int file_exists(const char *path)

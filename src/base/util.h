@@ -39,9 +39,14 @@ double clock_now(void); /* monotonic seconds */
 /* Formatting into a caller's buffer for error messages: snprintf that never overflows. */
 void errbuf_set(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
-/* Reading a whole small file (config.json, fixtures) into a NUL-terminated buffer.
- * Returns NULL (and sets *len = 0) when it cannot be read; the caller frees. */
+/* Reading a whole small file (config.json, a template, a text to tokenize) into a NUL-terminated
+ * buffer. Returns NULL (and sets *len = 0) when it cannot be read, errno saying why; the caller
+ * frees. At most FILE_READ_MAX bytes: a longer file, or one that never ends (/dev/zero, a FIFO
+ * written to forever), is refused with errno EFBIG after reading FILE_READ_MAX + 1 bytes. */
+#define FILE_READ_MAX ((size_t)64 << 20)
 char *file_read_all(const char *path, size_t *len);
+/* Why file_read_all failed, from its errno: strerror's words, or the limit for EFBIG. */
+const char *file_read_error(int errnum);
 int file_exists(const char *path);
 /* dir + "/" + name into out; returns out. */
 char *path_join(char *out, size_t outlen, const char *dir, const char *name);

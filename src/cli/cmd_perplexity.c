@@ -40,7 +40,7 @@ int cmd_perplexity(int argc, char **argv)
     }
     size_t len;
     char *text = file_read_all(file, &len);
-    if (!text) fatal("perplexity: cannot read %s: %s", file, strerror(errno));
+    if (!text) fatal("perplexity: cannot read %s: %s", file, file_read_error(errno));
     char err[1024];
     device = dist_setup(&par, device);
     Model m;

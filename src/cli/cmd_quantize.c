@@ -65,7 +65,8 @@ static int copy_file(const char *src_dir, const char *dst_dir, const char *name,
     char path[4096];
     size_t n;
     char *text = file_read_all(path_join(path, sizeof path, src_dir, name), &n);
-    if (!text) return 0; /* absent: nothing to copy */
+    if (!text && errno == ENOENT) return 0; /* absent: nothing to copy */
+    if (!text) { errbuf_set(err, errlen, "%s: cannot read: %s", path, file_read_error(errno)); return -1; }
     path_join(path, sizeof path, dst_dir, name);
     FILE *f = fopen(path, "wb");
     int bad = !f || fwrite(text, 1, n, f) != n;
@@ -174,7 +175,7 @@ int cmd_quantize(int argc, char **argv)
 
     char path[4096];
     char *config_text = file_read_all(path_join(path, sizeof path, model, "config.json"), NULL);
-    if (!config_text) fatal("quantize: cannot read %s", path);
+    if (!config_text) fatal("quantize: cannot read %s: %s", path, file_read_error(errno));
     if (ckpt_write_nvfp4_configs(out, config_text, &q, err, sizeof err)) fatal("quantize: %s", err);
     free(config_text);
     for (size_t i = 0; i < sizeof copied_files / sizeof copied_files[0]; i++)

@@ -45,7 +45,7 @@ int cmd_tokenize(int argc, char **argv)
     if (text_file) {
         buf = file_read_all(text_file, &len);      /* byte for byte: no newline translation */
         if (!buf) {
-            fprintf(stderr, "error: tokenize: cannot read %s: %s\n", text_file, strerror(errno));
+            fprintf(stderr, "error: tokenize: cannot read %s: %s\n", text_file, file_read_error(errno));
             return 1;
         }
         text = buf;

@@ -26,6 +26,7 @@
 #include "format/chat_template.h"
 #include "format/config.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <setjmp.h>
@@ -4785,7 +4786,7 @@ ChatTemplate *chat_template_load(const char *model_dir, char *err, size_t errlen
     path_join(path, sizeof path, model_dir, "chat_template.jinja");
     if (file_exists(path)) {
         char *text = file_read_all(path, &len);
-        if (!text) { errbuf_set(err, errlen, "%s: cannot read", path); return NULL; }
+        if (!text) { errbuf_set(err, errlen, "%s: cannot read: %s", path, file_read_error(errno)); return NULL; }
         if (strlen(text) != len) {
             free(text);
             errbuf_set(err, errlen, "%s: contains a NUL byte", path);

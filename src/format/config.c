@@ -7,6 +7,7 @@
 #include "config.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <fnmatch.h>
 #include <jansson.h>
 #include <math.h>
@@ -772,8 +773,8 @@ int config_load(ModelConfig *c, const char *dir, char *err, size_t errlen)
     size_t n;
     char *text = file_read_all(path, &n);
     if (!text) {
-        errbuf_set(err, errlen, "%s: cannot read the model config (is %s a Hugging Face checkpoint directory?)",
-                   path, dir);
+        errbuf_set(err, errlen, "%s: cannot read the model config: %s (is %s a Hugging Face checkpoint directory?)",
+                   path, file_read_error(errno), dir);
         return -1;
     }
     int rc = config_parse(c, text, path, err, errlen);
@@ -790,7 +791,7 @@ int quant_config_load(QuantConfig *q, const char *dir, char *err, size_t errlen)
     Ctx x = {path, err, errlen};
     if (not_regular(path)) return bad(&x, "not a regular file");
     char *text = file_read_all(path, NULL);
-    if (!text) return bad(&x, "cannot read");
+    if (!text) return bad(&x, "cannot read: %s", file_read_error(errno));
     json_error_t je;
     json_t *root = json_loads(text, 0, &je);
     free(text);

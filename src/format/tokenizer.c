@@ -43,6 +43,8 @@ typedef struct { uint64_t key; int32_t rank, id; } MSlot;              /* id == 
 typedef struct { MSlot *s; size_t cap, n; } MergeMap;
 
 typedef struct { pcre2_code *code; int jit; } Regex;
+typedef struct { size_t out, src; } Mark;                   /* see regex_translate */
+typedef struct { Mark *v; size_t n, cap; } Marks;
 
 typedef struct {                   /* one added token (HF AddedToken) */
     uint32_t off, len;             /* content, in the arena */
@@ -97,9 +99,10 @@ struct Tokenizer {
     int byte_ids[256];            /* byte_fallback: id of "<0xXX>", -1 */
     int32_t char_ids[0x144];      /* id of the one-character token of each code point below U+0144 */
 
-    AddedTok *added; int n_added;
+    AddedTok *added; int n_added, added_cap;
     Map added_map;                /* content -> id */
-    int32_t *added_of;            /* [n_ids] id -> index in added, -1 */
+    int32_t *added_of;            /* [added_of_n] id -> index in added, -1 (n_ids + 1 or more once loaded) */
+    size_t added_of_n;
     Trie raw_trie, norm_trie;     /* normalized = false / true tokens */
 
     Norm *norm;                   /* NULL: none */
@@ -420,7 +423,9 @@ static void bl_init(void)
  * character class \S is left as it is (no tokenizer.json uses it there). */
 #define WS_RANGES "\\t-\\r\\x{20}\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}"
 
-static char *regex_translate(const char *pat, size_t len, size_t *outlen)
+/* marks: (output offset, pattern offset) at the start and the end of each rewritten escape, so
+ * that a compile error's offset names the place in the pattern as written (regex_source_offset). */
+static char *regex_translate(const char *pat, size_t len, size_t *outlen, Marks *marks)
 {
     Buf b = {0};
     int in_class = 0;
@@ -431,6 +436,8 @@ static char *regex_translate(const char *pat, size_t len, size_t *outlen)
             char d = pat[i + 1];
             int hex4 = d == 'u' && i + 6 <= len;
             for (size_t k = 2; hex4 && k < 6; k++) hex4 = pat[i + k] && strchr("0123456789abcdefABCDEF", pat[i + k]);
+            int rewrite = hex4 || d == 's' || (d == 'S' && !in_class) || d == 'h' || (d == 'H' && !in_class);
+            if (rewrite) VEC_PUSH(marks, ((Mark){b.n, i}));
             if (hex4) {
                 buf_add(&b, "\\x{", 3);
                 buf_add(&b, pat + i + 2, 4);
@@ -450,6 +457,7 @@ static char *regex_translate(const char *pat, size_t len, size_t *outlen)
                 buf_add(&b, pat + i, 2);
                 i++;
             }
+            if (rewrite) VEC_PUSH(marks, ((Mark){b.n, i + 1}));
             continue;
         }
         buf_add(&b, &c, 1);
@@ -469,23 +477,56 @@ static char *regex_translate(const char *pat, size_t len, size_t *outlen)
     return b.p;
 }
 
+/* The offset in the pattern as written of offset eo of its translation. */
+static size_t regex_source_offset(const Marks *marks, size_t eo)
+{
+    size_t k = marks->n;
+    while (k > 0 && marks->v[k - 1].out > eo) k--;
+    if (!k) return eo;
+    const Mark *m = &marks->v[k - 1];
+    return k % 2 ? m->src : m->src + (eo - m->out);   /* odd k: inside a rewritten escape */
+}
+
+/* The pattern for an error message: its first 60 bytes, control characters as \xHH. */
+static void regex_show(const char *pat, size_t len, char *out, size_t cap)
+{
+    size_t n = len > 60 ? 60 : len, o = 0;
+    while (n < len && n > 0 && ((unsigned char)pat[n] & 0xc0) == 0x80) n--;   /* whole characters */
+    for (size_t i = 0; i < n && o + 8 < cap; i++) {
+        unsigned char c = (unsigned char)pat[i];
+        if (c < 0x20 || c == 0x7f) o += (size_t)snprintf(out + o, cap - o, "\\x%02x", c);
+        else out[o++] = (char)c;
+    }
+    snprintf(out + o, cap - o, "%s", n < len ? "..." : "");
+}
+
+/* Patterns are compiled with PCRE2_NEVER_BACKSLASH_C: \C matches one byte, so a match could end
+ * inside a UTF-8 character and cut pieces that are not UTF-8, which all that follows assumes. */
 static int regex_compile(Regex *r, const char *pat, size_t len, int literal, const char *what, char *err,
                          size_t errlen)
 {
     memset(r, 0, sizeof *r);
     size_t tlen = len;
-    char *tpat = literal ? NULL : regex_translate(pat, len, &tlen);
+    Marks marks = {0};
+    char *tpat = literal ? NULL : regex_translate(pat, len, &tlen, &marks);
     int ec;
     PCRE2_SIZE eo;
-    uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
+    uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP | PCRE2_NEVER_BACKSLASH_C);
     r->code = pcre2_compile((PCRE2_SPTR)(literal ? pat : tpat), tlen, opts, &ec, &eo, NULL);
     free(tpat);
     if (!r->code) {
         PCRE2_UCHAR msg[256];
+        char show[300];
         pcre2_get_error_message(ec, msg, sizeof msg);
-        errbuf_set(err, errlen, "%s: regex does not compile at offset %zu: %s", what, (size_t)eo, (char *)msg);
+        regex_show(pat, len, show, sizeof show);
+        const char *why = ec == PCRE2_ERROR_BACKSLASH_C_CALLER_DISABLED
+                          ? " (\\C matches one byte and can split a UTF-8 character)" : "";
+        errbuf_set(err, errlen, "%s: regex \"%s\" does not compile at offset %zu: %s%s", what, show,
+                   regex_source_offset(&marks, (size_t)eo), (char *)msg, why);
+        free(marks.v);
         return -1;
     }
+    free(marks.v);
     r->jit = pcre2_jit_compile(r->code, PCRE2_JIT_COMPLETE) == 0;
     return 0;
 }
@@ -1523,6 +1564,18 @@ static int load_model(Tokenizer *t, json_t *m, int *maxid_out, char *err, size_t
     return 0;
 }
 
+/* Make added_of cover ids below n (new entries -1); it grows by doubling, so the index of n added
+ * tokens costs O(n), not the O(n^2) of a search of the list per token. */
+static void added_of_reserve(Tokenizer *t, size_t n)
+{
+    if (n <= t->added_of_n) return;
+    size_t cap = t->added_of_n ? 2 * t->added_of_n : 1024;
+    if (cap < n) cap = n;
+    t->added_of = xrealloc(t->added_of, cap * sizeof *t->added_of);
+    for (size_t i = t->added_of_n; i < cap; i++) t->added_of[i] = -1;
+    t->added_of_n = cap;
+}
+
 /* AddedVocabulary::add_tokens: an added token's id is its content's id if the content is
  * already known (added, then model vocabulary), else the next free id; the id in the file is not
  * used (HF only warns when it differs). */
@@ -1548,9 +1601,13 @@ static int add_token(Tokenizer *t, json_t *j, int *next_id, char *err, size_t er
     a.moff = a.off;
     a.mlen = a.len;
     map_put(&t->added_map, t->arena.p, a.off, a.len, id);
-    for (int i = 0; i < t->n_added; i++)
-        if (t->added[i].id == id) { t->added[i] = a; return 0; }
-    t->added = xrealloc(t->added, (size_t)(t->n_added + 1) * sizeof *t->added);
+    added_of_reserve(t, (size_t)id + 1);
+    if (t->added_of[id] >= 0) { t->added[t->added_of[id]] = a; return 0; }   /* a token with this id: replaced */
+    if (t->n_added == t->added_cap) {
+        t->added_cap = t->added_cap ? 2 * t->added_cap : 64;
+        t->added = xrealloc(t->added, (size_t)t->added_cap * sizeof *t->added);
+    }
+    t->added_of[id] = t->n_added;
     t->added[t->n_added++] = a;
     return 0;
 }
@@ -1715,8 +1772,8 @@ static void finish_tables(Tokenizer *t, int maxid)
     t->tok = xmalloc(n * sizeof *t->tok);
     t->dec = xmalloc(n * sizeof *t->dec);
     t->special = xcalloc(n, 1);
-    t->added_of = xmalloc(n * sizeof *t->added_of);
-    for (size_t i = 0; i < n; i++) { t->tok[i] = -1; t->dec[i] = -1; t->added_of[i] = -1; }
+    added_of_reserve(t, n);       /* already holds the added tokens' ids (add_token) */
+    for (size_t i = 0; i < n; i++) { t->tok[i] = -1; t->dec[i] = -1; }
     for (size_t j = 0; j < t->vocab.cap; j++) {
         const Slot *s = &t->vocab.s[j];
         if (s->h && s->val < t->n_ids) t->tok[s->val] = (int64_t)s->off << 32 | s->len;
@@ -1724,7 +1781,6 @@ static void finish_tables(Tokenizer *t, int maxid)
     Map special = {0};
     for (int i = 0; i < t->n_added; i++) {
         AddedTok *a = &t->added[i];
-        t->added_of[a->id] = i;
         t->tok[a->id] = (int64_t)a->moff << 32 | a->mlen;
         if (a->special) map_put(&special, t->arena.p, a->off, a->len, 1);
         if (a->normalized) trie_insert(&t->norm_trie, t->arena.p + a->moff, a->mlen, i);

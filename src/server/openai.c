@@ -743,7 +743,8 @@ static int script_tokens(Api *a, int **ids, int *n, ApiErr *err)
     size_t len;
     char *text = file_read_all(a->script_path, &len), e[256];
     if (!text) {
-        errbuf_set(err->msg, sizeof err->msg, "--script-output %s cannot be read", a->script_path);
+        errbuf_set(err->msg, sizeof err->msg, "--script-output %s cannot be read: %s", a->script_path,
+                   file_read_error(errno));
         return API_EINTERNAL;
     }
     *n = tokenizer_encode(a->text->tok, text, len, 0, ids, e, sizeof e);

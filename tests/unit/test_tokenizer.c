@@ -11,10 +11,13 @@
 #endif
 #include "../test.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/util.h"
 #include "format/tokenizer.h"
@@ -658,6 +661,119 @@ TEST(tokenizer_load_errors)
     EXPECT(strstr(err, "notjson.json") != NULL, "%s", err);
 }
 
+/* Regex errors name the pattern as written and the offset in it (the offset used to count in the
+ * translated pattern, where each \s is a 60-byte class). \C matches one byte: a Split on it cut
+ * "é" in two and handed invalid UTF-8 pieces to BPE, so a regex holding it is refused wherever it
+ * is; as a literal String pattern it is two plain characters. */
+TEST(tokenizer_regex_errors)
+{
+    const char *split = "{\"type\": \"Split\", \"pattern\": {\"%s\": \"%s\"}, \"behavior\": \"Isolated\", \"invert\": false}";
+    char v[1024], seq[1200];
+    snprintf(v, sizeof v, split, "Regex", "\\\\C");
+    expect_load_error("pre_tokenizer", v, "pre_tokenizer Split: regex \"\\C\" does not compile at offset 2: "
+                      "using \\C is disabled by the application (\\C matches one byte and can split a UTF-8 character)");
+    snprintf(v, sizeof v, split, "Regex", "\\\\s+\\\\C|\\\\p{L}+");
+    snprintf(seq, sizeof seq, "{\"type\": \"Sequence\", \"pretokenizers\": [%s, {\"type\": \"ByteLevel\"}]}", v);
+    expect_load_error("pre_tokenizer", seq, "regex \"\\s+\\C|\\p{L}+\" does not compile at offset 5: using \\C");
+    expect_load_error("normalizer", "{\"type\": \"Replace\", \"pattern\": {\"Regex\": \"a\\\\C\"}, \"content\": \"b\"}",
+                      "normalizer Replace: regex \"a\\C\" does not compile at offset 3: using \\C");
+    /* other errors: offsets in the pattern as written, control characters shown escaped */
+    snprintf(v, sizeof v, split, "Regex", "\\\\s\\\\s(unclosed");
+    expect_load_error("pre_tokenizer", v, "regex \"\\s\\s(unclosed\" does not compile at offset 13: missing closing parenthesis");
+    snprintf(v, sizeof v, split, "Regex", "\\\\u00e9\\\\s)x");
+    expect_load_error("pre_tokenizer", v, "regex \"\\u00e9\\s)x\" does not compile at offset 8: unmatched closing parenthesis");
+    snprintf(v, sizeof v, split, "Regex", "a\\nb(");
+    expect_load_error("pre_tokenizer", v, "regex \"a\\x0ab(\" does not compile at offset 4: missing closing parenthesis");
+
+    /* a literal \C: loads, and splits on the two characters */
+    json_error_t je;
+    json_t *j = json_load_file(test_data("tokenizer/synth-llama3/tokenizer.json"), 0, &je);
+    ASSERT(j, "%s", je.text);
+    snprintf(v, sizeof v, split, "String", "\\\\C");
+    snprintf(seq, sizeof seq, "{\"type\": \"Sequence\", \"pretokenizers\": [%s, {\"type\": \"ByteLevel\", "
+             "\"add_prefix_space\": false, \"use_regex\": false}]}", v);
+    json_object_set_new(j, "pre_tokenizer", json_loads(seq, 0, &je));
+    char path[4400];
+    snprintf(path, sizeof path, "%s/literal-c.json", test_tmpdir());
+    ASSERT(json_dump_file(j, path, 0) == 0);
+    json_decref(j);
+    Tokenizer *t = load(path);
+    ASSERT(t);
+    char err[256];
+    int *ids;
+    int n = tokenizer_encode(t, "\xc3\xa9\\C\xc3\xa9", 6, 0, &ids, err, sizeof err);
+    EXPECT(n >= 3, "%s", err);
+    char *text;
+    size_t len;
+    tokenizer_decode(t, ids, n > 0 ? n : 0, 0, &text, &len);
+    EXPECT(len == 6 && !memcmp(text, "\xc3\xa9\\C\xc3\xa9", 6), "decodes to %s", show(text, len));
+    free(text);
+    free(ids);
+    tokenizer_free(t);
+}
+
+/* Many added tokens (the list used to be searched once per token: quadratic, 200k tokens took
+ * 7-12 s to load, now 0.8 s): ids, special flags and duplicates as before. Token i is <|x_i|>, special
+ * for even i; <|x_10|> and <|x_11|> come again with the flag flipped (the later entry wins, the id
+ * stays); a vocabulary token added keeps its vocabulary id; the file's ids are not used. */
+TEST(tokenizer_many_added_tokens)
+{
+    enum { N = 4000, FIRST = 3004 };          /* synth-llama3: 2999 vocabulary tokens, 5 added */
+    json_error_t je;
+    json_t *j = json_load_file(test_data("tokenizer/synth-llama3/tokenizer.json"), 0, &je);
+    ASSERT(j, "%s", je.text);
+    json_t *at = json_object_get(j, "added_tokens");
+    char c[64];
+    for (int i = 0; i < N + 3; i++) {
+        int k = i < N ? i : i == N ? 10 : 11;
+        int special = i < N ? k % 2 == 0 : k == 11;
+        if (i < N + 2) snprintf(c, sizeof c, "<|x_%d|>", k);
+        else snprintf(c, sizeof c, "\xc4\xa0" "antidisestablishment");   /* Ġantidisestablishment, id 2995 */
+        json_array_append_new(at, json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id", 7, "content", c,
+                                            "single_word", 0, "lstrip", 0, "rstrip", 0, "normalized", 0,
+                                            "special", i == N + 2 ? 1 : special));
+    }
+    char path[4400];
+    snprintf(path, sizeof path, "%s/many-added.json", test_tmpdir());
+    ASSERT(json_dump_file(j, path, 0) == 0);
+    json_decref(j);
+    Tokenizer *t = load(path);
+    ASSERT(t);
+    EXPECT_EQ_INT(tokenizer_vocab_size(t), FIRST + N);
+    int bad = 0;
+    for (int i = 0; i < N && bad < 5; i++) {
+        snprintf(c, sizeof c, "<|x_%d|>", i);
+        int id = tokenizer_token_id(t, c), want_special = i == 10 ? 0 : i == 11 ? 1 : i % 2 == 0;
+        const char *s = tokenizer_token(t, FIRST + i);
+        if (id != FIRST + i || !s || strcmp(s, c) || tokenizer_is_special(t, id) != want_special) {
+            fprintf(stderr, "    %s: id %d (want %d), token %s, special %d (want %d)\n", c, id, FIRST + i,
+                    s ? s : "(none)", tokenizer_is_special(t, id), want_special);
+            bad++;
+        }
+    }
+    EXPECT(bad == 0, "%d added tokens wrong", bad);
+    EXPECT_EQ_INT(tokenizer_token_id(t, "\xc4\xa0" "antidisestablishment"), 2995);
+    EXPECT(tokenizer_is_special(t, 2995));
+    EXPECT(tokenizer_is_special(t, 2999) && tokenizer_token_id(t, "<|eot_id|>") == 3003);
+    /* encode: leftmost-longest among them (<|x_12|>, not <|x_1|>), in text and side by side */
+    const char *text = "a<|x_3999|>b<|x_12|><|x_1|> antidisestablishment";
+    int want[] = {-1, FIRST + 3999, -1, FIRST + 12, FIRST + 1, 2995};    /* -1: the id of "a", "b" */
+    char err[256];
+    int *ids;
+    int n = tokenizer_encode(t, text, strlen(text), 0, &ids, err, sizeof err);
+    EXPECT_EQ_INT(n, 6);
+    for (int i = 0; i < n && i < 6; i++)
+        if (want[i] >= 0) EXPECT(ids[i] == want[i], "ids[%d] = %d, want %d", i, ids[i], want[i]);
+    /* decode, skipping the special ones: <|x_12|> and the added vocabulary token go */
+    char *out;
+    size_t len;
+    tokenizer_decode(t, ids, n, 1, &out, &len);
+    EXPECT(len == 19 && !memcmp(out, "a<|x_3999|>b<|x_1|>", 19), "decodes to %s", show(out, len));
+    free(out);
+    free(ids);
+    tokenizer_free(t);
+}
+
 /* ---- the commands ---- */
 
 static int run_cmd(const char *args, char **out)
@@ -774,6 +890,49 @@ TEST(tokenizer_cli)
         free(out);
     }
     tokenizer_free(t);
+}
+
+/* --text-file reads at most FILE_READ_MAX bytes: a longer file, a pipe or /dev/zero is refused
+ * with one line naming the limit once that much is read (it used to be read to its end: /dev/zero
+ * until memory ran out). The bounded cases come first, so that without the limit the test fails
+ * rather than reading /dev/zero forever. */
+TEST(tokenizer_cli_text_file_limit)
+{
+    char file[4400], args[9000], *out;
+    snprintf(file, sizeof file, "%s/max.txt", test_tmpdir());          /* sparse: no disk used */
+    int fd = open(file, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ASSERT(fd >= 0 && ftruncate(fd, (off_t)FILE_READ_MAX) == 0);
+    close(fd);
+    size_t n;
+    char *buf = file_read_all(file, &n);
+    EXPECT(buf && n == FILE_READ_MAX, "a file of exactly the limit: %zu bytes read", n);
+    free(buf);
+    snprintf(file, sizeof file, "%s/over.txt", test_tmpdir());
+    fd = open(file, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ASSERT(fd >= 0 && ftruncate(fd, (off_t)FILE_READ_MAX + 1) == 0);
+    close(fd);
+    errno = 0;
+    buf = file_read_all(file, &n);
+    ASSERT(!buf && errno == EFBIG && n == 0, "a file one byte over the limit: %zu bytes read", n);
+    /* a pipe (its size unknown until read) one byte over, then one without end */
+    char head[64];
+    snprintf(head, sizeof head, "head -c %zu /dev/zero", FILE_READ_MAX + 1);
+    const char *writers[] = {head, "yes"};
+    for (int k = 0; k < 2; k++) {
+        FILE *p = popen(writers[k], "r");
+        ASSERT(p);
+        snprintf(file, sizeof file, "/dev/fd/%d", fileno(p));
+        errno = 0;
+        buf = file_read_all(file, &n);
+        int e = errno;
+        pclose(p);
+        ASSERT(!buf && e == EFBIG, "%s: %zu bytes read", writers[k], n);
+    }
+    snprintf(args, sizeof args, "tokenize --tokenizer '%s' --text-file /dev/zero", test_data("tokenizer/synth-llama3"));
+    EXPECT_EQ_INT(run_cmd(args, &out), 1);
+    EXPECT(!strcmp(out, "error: tokenize: cannot read /dev/zero: more than 64 MiB, the limit for reading a whole file\n"),
+           "got '%s'", out);
+    free(out);
 }
 
 /* Encoding speed on the ShareGPT prompts joined by newlines (the figure in docs/PERFORMANCE.md):
