@@ -14,7 +14,16 @@
 #   3 (session 22, ~4 min): the expanded MLA form's piece kernel on the tensor cores (v1) against
 #     v0: its tests first, then every CUDA test, then `moeserve diagnose` (attention's share of a
 #     prefill step) and `bench model` prefill at prompts of 512 and 2048 tokens, v0 and v1 (run in
-#     session 22 on the tree; pending: the same with dev/cuda/mla_piece_v2.patch applied)
+#     session 22 on the tree; session 23 with mla_piece_v2.patch applied, since in the tree)
+#   4 (session 23, ~1 min, run): the dense GEMMs at 1-16 rows, both forms, two rounds, with their read
+#     floor (`read us`: the same chain of launches only reading the weights)
+#   5 (session 23, ~2 min, run): the piece kernels v0, v1 (mla_piece_v2.patch applied) and v3 (the keys
+#     and values as BF16 halves in global memory, staged by cp.async in two stages, 128 queries a
+#     block): the mla tests (all three kernels), `diagnose` at prompts of 512 and 2048, `bench model`
+#     at 2048, v1 against v3 in two rounds (v3 was MOESERVE_MLA_PIECE_KERNEL=v3 then; now the default,
+#     so this case runs v3 for v3 and v1 for v1 still)
+#   6 (session 23, ~7 min): v3 the default: every CUDA test, scripts/memcheck.sh, bench model v3 / v1;
+#     the dense GEMMs at 9-16 rows, tile 35 (the built-in stream-K) against tile 36, one round
 set -u
 cd "$(dirname "$0")/../.."
 for f in mn tc; do xz -dkf carry/$f.xz; chmod +x carry/$f; done
@@ -82,5 +91,48 @@ case "${1:-}" in
   done | tee $OUT/model.txt
   echo "t=$((SECONDS-S))"
   ;;
-*) echo "usage: bash dev/cuda/pending.sh 1|2|3 (on the device, carry/ carried)"; exit 2 ;;
+4)
+  # the dense GEMMs at 1-16 rows against their read floor (`read us`, session 20; never run yet)
+  mkdir -p $OUT/dense
+  OUT=$OUT/dense B=./carry/mn bash dev/cuda/ab.sh 2 "--no-moe --rows 1,2,4,8,12,16 --iters 20" T: | tail -80
+  echo "t=$((SECONDS-S))"
+  ;;
+5)
+  # session 23: the piece kernels v0, v1 (with mla_piece_v2.patch) and v3 (the halves by cp.async)
+  MOESERVE_BIN=$PWD/carry/mn timeout 150 ./carry/tc mla > $OUT/test_mla.txt 2>&1
+  echo "mla tests rc=$? t=$((SECONDS-S))"; grep -E "FAIL|passed" $OUT/test_mla.txt | head -30
+  for il in 512 2048; do
+    for k in v0 v1 v3; do
+      [ $il = 512 ] && [ $k = v0 ] && continue
+      echo "=== diagnose input $il piece kernel $k"
+      MOESERVE_MLA_PIECE_KERNEL=$k timeout 60 ./carry/mn diagnose --model tests/data/configs/glm5 --dummy-weights --num-layers 6 \
+        --device cuda --batch 1 --input-len $il --output-len 4 --requests 1 --profile-every 1 2>&1 |
+        grep -E "^(dense GEMM|MoE GEMM|attention|indexer|norms) | a step takes"
+    done
+  done | tee $OUT/diag.txt
+  echo "t=$((SECONDS-S))"
+  for k in v1 v3 v1 v3; do
+    echo "=== bench model piece kernel $k"
+    MOESERVE_MLA_PIECE_KERNEL=$k timeout 90 ./carry/mn bench model --model tests/data/configs/glm5 --dummy-weights \
+      --num-layers 6 --device cuda --batch 1,4 --input-len 2048 --output-len 8 2>&1 | grep -v "^upload\|^engine" | tail -3
+  done | tee $OUT/model.txt
+  echo "t=$((SECONDS-S))"
+  ;;
+6)
+  # session 23: v3 the default (its halves reserved): every CUDA test, memcheck, bench model v3 / v1;
+  # then the dense GEMMs at 9-16 rows on the built-in tile 35 (stream-K) against tile 36
+  MOESERVE_BIN=$PWD/carry/mn timeout 200 ./carry/tc > $OUT/test.txt 2>&1
+  echo "test_cuda rc=$? t=$((SECONDS-S))"; grep -E "FAIL|passed" $OUT/test.txt | head -20
+  MOESERVE_BIN=$PWD/carry/mn timeout 200 sh scripts/memcheck.sh ./carry/mn ./carry/tc > $OUT/memcheck.txt 2>&1
+  echo "memcheck rc=$? t=$((SECONDS-S))"; tail -4 $OUT/memcheck.txt
+  for k in default v1; do
+    echo "=== bench model piece kernel $k"
+    env $([ $k = default ] || echo MOESERVE_MLA_PIECE_KERNEL=$k) timeout 90 ./carry/mn bench model --model tests/data/configs/glm5 \
+      --dummy-weights --num-layers 6 --device cuda --batch 1,4 --input-len 2048 --output-len 8 2>&1 | grep -v "^upload\|^engine" | tail -3
+  done | tee $OUT/model.txt
+  mkdir -p $OUT/dense
+  OUT=$OUT/dense B=./carry/mn bash dev/cuda/ab.sh 1 "--no-moe --rows 9,12,16 --iters 20" T35: T36::--tile 36 | tail -5
+  echo "t=$((SECONDS-S))"
+  ;;
+*) echo "usage: bash dev/cuda/pending.sh 1|2|3|4|5|6 (on the device, carry/ carried)"; exit 2 ;;
 esac

@@ -520,7 +520,8 @@ static void shard_rank(ModelConfig *c, void *user)
  * the larger buffers): the step's activations for max_batch_tokens T rows, the logits of
  * max_running rows, the routed pairs (T x K) of the MoE kernels, the split-BF16 GEMM halves,
  * prefill's BF16 copy of the largest dense weight, and MLA's expanded form (model/mla.c: a piece
- * of KC cached positions as float32 and through kv_b_proj, whose GEMM halves have KC rows). */
+ * of KC cached positions as float32 and through kv_b_proj, whose GEMM halves have KC rows, and
+ * its keys and values as BF16 halves). */
 static double activation_bytes(const ModelConfig *c, int T, int S)
 {
     double D = c->hidden, H = c->n_heads, E = c->n_experts, K = c->n_experts_per_tok, F = c->moe_intermediate;
@@ -533,7 +534,11 @@ static double activation_bytes(const ModelConfig *c, int T, int S)
     double fwd = 4.0 * T * per_tok + 4.0 * S * (c->vocab + D);
     double moe = E > 0 ? T * K * (F * 4.0 + D * 4.0 + 4) : 0;                 /* h (two BF16 halves), y */
     double nkv = H * (c->qk_nope_dim + c->v_head_dim), kc = c->kv_lora_rank > 0 ? be_mla_piece(c) : 0;
-    double mla = kc > 0 ? 4.0 * kc * (c->kv_lora_rank + c->qk_rope_dim + nkv) + 8.0 * T * H : 0;
+    /* (the GPU's piece kernel v3 also keeps the piece's keys and values as BF16 halves: 4 bytes an
+     * element of H (Dn + Dr + Dv) a position) */
+    double mla = kc > 0 ? 4.0 * kc * (c->kv_lora_rank + c->qk_rope_dim + nkv + H * (c->qk_nope_dim + c->qk_rope_dim + c->v_head_dim)) +
+                              8.0 * T * H
+                        : 0;
     double gemm = 2.0 * fmax(T, kc) * fmax(qdim, fmax(fdim, fmax(D, nkv))) * 4 /* split halves */
                   + 2.0 * fmax(T, kc) * fmax(D, fdim) * 2 * 2;                 /* BF16 activations */
     double wcopy = T >= 256 ? 2.0 * fmax(c->intermediate * D, fmax(H * c->v_head_dim * D, qdim * fmax(c->q_lora_rank, 1))) : 0;

@@ -1020,10 +1020,11 @@ TEST(cuda_attention_mla_kernels)
 /* MLA's expanded form (prefill, model/mla.c: kv_gather, the kv_b_proj GEMM, attention_mla_piece
  * over pieces of the context) on the GPU against the same on the CPU, and against the GPU's
  * absorbed form (be_attention_mla), contexts 1 to 4096, ragged batches, causal and top-k keys,
- * every cache dtype, pieces from 8 positions to be_mla_piece's, both piece kernels. Tolerances:
+ * every cache dtype, pieces from 8 positions to be_mla_piece's, every piece kernel (v1 also as
+ * chosen for 99 KB of shared memory). Tolerances:
  * NVFP4 kv_b_proj (decoded to float32 in the GEMM tile) TOL_F32; BF16 kv_b_proj TOL_SPLIT, its
  * GEMM takes the latents as two BF16 halves (the absorbed form decodes the weight and keeps
- * float32); the tensor-core piece kernel (v1) TOL_SPLIT, its operands as two BF16 halves. */
+ * float32); the tensor-core piece kernels (v1, v3) TOL_SPLIT, its operands as two BF16 halves. */
 TEST(cuda_attention_mla_expanded)
 {
     NEED_GPU();
@@ -1075,19 +1076,31 @@ TEST(cuda_attention_mla_expanded)
                     /* the absorbed form keeps float32 for every kv_b_proj format */
                     EXPECT_CLOSE(absd, ref, n, TOL_F32, "mla absorbed cuda vs expanded cpu: case %zu kv_b %s%s topk %d, %s cache",
                                  cs, qformat_name(fmts[f]), w4p ? " (W4P)" : "", use_topk, model_kv_dtype_name(dt));
-                    /* the piece kernels: v0 (float32, a thread per key: tol) and v1 (the tensor cores:
-                     * q, k, p and v as two BF16 halves each, ~2^-16 of each operand, as the GEMMs'
-                     * split activations: TOL_SPLIT; measured on the H200 up to 1.4e-5 at GLM-5's heads) */
-                    for (int pk = 0; pk < 2; pk++) {
+                    /* the piece kernels (pk): v0 (float32, a thread per key: tol); on the tensor cores,
+                     * q, k, p and v as two BF16 halves each, ~2^-16 of each operand as the GEMMs' split
+                     * activations (TOL_SPLIT; measured on the H200 up to 1.4e-5 at GLM-5's heads): v1
+                     * (64 queries a block), v1 as chosen with 99 KB of shared memory (48 queries), v3
+                     * (v1's maths staged by cp.async, the default where it fits) */
+                    static const char *pkn[] = {"v0", "v1", "v1 at 99 KB", "v3"};
+                    const size_t budget = w4_smem_budget(0);
+                    for (int pk = 0; pk < 4; pk++) {
                         const double tk = pk && tol < TOL_SPLIT ? TOL_SPLIT : tol;
-                        setenv("MOESERVE_MLA_PIECE_KERNEL", pk ? "v1" : "v0", 1);
+                        if (pk == 2) w4_set_smem_budget(99 * 1024);
+                        if (pk == 3) unsetenv("MOESERVE_MLA_PIECE_KERNEL");
+                        else setenv("MOESERVE_MLA_PIECE_KERNEL", pk ? "v1" : "v0", 1);
+                        const int kind = cuda_mla_piece_kernel(&gpu, &c);
+                        /* every GPU of sm_80 on has 99 KB; v1 of 64 queries needs 101.4 KB at GLM-5's
+                         * heads, v3 198 KB (the H100, H200 and B200 have 227 KB) */
+                        if (pk < 3 || budget >= 227 * 1024) EXPECT(kind == (pk == 3 ? 3 : pk == 1 && budget < 102 * 1024 ? 2 : pk),
+                                                                 "piece kernel choice %d for %s, case %zu", kind, pkn[pk], cs);
                         mla_attention_expanded(&gpu, &dx, dout, dq, &dk, &wkvb.dev, use_topk ? dtopk : NULL, Ki, &b.h, &b.d, &c);
                         float *got = down(dout, n);
-                        EXPECT_CLOSE(got, ref, n, tk, "mla expanded cuda (piece v%d) vs cpu: case %zu piece %d kv_b %s topk %d, %s cache",
-                                     pk, cs, piece, qformat_name(fmts[f]), use_topk, model_kv_dtype_name(dt));
-                        EXPECT_CLOSE(got, absd, n, tk, "mla expanded (piece v%d) vs absorbed, cuda: case %zu piece %d kv_b %s%s topk %d, %s cache",
-                                     pk, cs, piece, qformat_name(fmts[f]), w4p ? " (W4P)" : "", use_topk, model_kv_dtype_name(dt));
+                        EXPECT_CLOSE(got, ref, n, tk, "mla expanded cuda (piece %s) vs cpu: case %zu piece %d kv_b %s topk %d, %s cache",
+                                     pkn[pk], cs, piece, qformat_name(fmts[f]), use_topk, model_kv_dtype_name(dt));
+                        EXPECT_CLOSE(got, absd, n, tk, "mla expanded (piece %s) vs absorbed, cuda: case %zu piece %d kv_b %s%s topk %d, %s cache",
+                                     pkn[pk], cs, piece, qformat_name(fmts[f]), w4p ? " (W4P)" : "", use_topk, model_kv_dtype_name(dt));
                         free(got);
+                        w4_set_smem_budget(0);
                     }
                     unsetenv("MOESERVE_MLA_PIECE_KERNEL");
                     free(absd);

@@ -9,7 +9,8 @@
  * MLA expanded form (prefill, model/mla.c): kv_gather_kernel decodes a piece of a sequence's
  * cache rows to float32, kv_b_proj expands them (matmul_cuda), attention_mla_piece_kernel folds
  * the piece into each (query, head)'s online softmax, kept across pieces in st and out (v0, a
- * thread per key; attention_mla_piece_tc_kernel, v1, the default: the tensor cores). Twins of
+ * thread per key; on the tensor cores attention_mla_piece_tc_kernel, v1, and
+ * attention_mla_piece_t3_kernel, v3, the default where its shared memory fits). Twins of
  * kv_gather_cpu and attention_mla_piece_cpu. */
 #include "w4.cuh" /* mma_bf16 */
 
@@ -991,7 +992,7 @@ static __global__ void attention_mla_piece_kernel(float *out, float *st, const f
     }
 }
 
-/* ---- the expanded form on the tensor cores (v1, the default) ----
+/* ---- the expanded form on the tensor cores (v1: where v3's shared memory does not fit) ----
  * Block (query tile, head h): 64 queries of the chunk (4 warps of 16 rows), the piece's keys 16
  * at a time. The queries, keys, probabilities and values enter the MMAs (m16n8k16, float32
  * accumulation) as two BF16 halves each, hi = bf16(x) and lo = bf16(x - hi), and each product as
@@ -1000,24 +1001,19 @@ static __global__ void attention_mla_piece_kernel(float *out, float *st, const f
  * S = Q K^T on the C fragments, masked (causal: key position <= the query's; top-k: the key's
  * bit in the query's row of the piece's mask, built by mla_piece_mask_kernel), folded into the
  * rows' online softmax (max and sum per row; the sum kept per thread, added over the quad at the
- * end); P (C fragments, which are the A fragments of P V) times V, stored transposed in shared
- * memory. The rows' state and unnormalised outputs carry across pieces in st and out as in
+ * end); P (C fragments, which are the A fragments of P V) times V, row-major in shared memory,
+ * its B fragments by ldmatrix.trans; the rows staged as float4s, several in flight a thread.
+ * The rows' state and unnormalised outputs carry across pieces in st and out as in
  * attention_mla_piece_kernel. */
 #define MLA_TC_ROWS 64
 #define MLA_TC_KT 16
 
-template <int DQ, int DV>
+template <int DQ, int DV, int ROWS = MLA_TC_ROWS>
 struct MlaTcSmem {
     static constexpr int QS = DQ + 8;        /* BF16 a query or key row: 16 bytes apart mod 128 */
-    static constexpr int VS = MLA_TC_KT + 8; /* a value dimension's row of keys (transposed) */
-    static constexpr size_t bytes = 2 * sizeof(__nv_bfloat16) * ((size_t)MLA_TC_ROWS * QS + (size_t)MLA_TC_KT * QS + (size_t)DV * VS);
+    static constexpr int VS = DV + 8; /* a key's values (ldmatrix.trans: 8 rows in 8 bank groups) */
+    static constexpr size_t bytes = 2 * sizeof(__nv_bfloat16) * ((size_t)ROWS * QS + (size_t)MLA_TC_KT * QS + (size_t)MLA_TC_KT * VS);
 };
-
-__device__ __forceinline__ void split_bf16(float x, __nv_bfloat16 &hi, __nv_bfloat16 &lo)
-{
-    hi = __float2bfloat16_rn(x);
-    lo = __float2bfloat16_rn(x - __bfloat162float(hi));
-}
 
 __device__ __forceinline__ uint32_t pack_bf16(float a, float b, uint32_t &lo)
 {
@@ -1027,30 +1023,62 @@ __device__ __forceinline__ uint32_t pack_bf16(float a, float b, uint32_t &lo)
     return *(uint32_t *)&h;
 }
 
-template <int DQ, int DV>
-static __global__ void __launch_bounds__(128) attention_mla_piece_tc_kernel(
+/* four floats as BF16 halves: hi and lo, four each, into shared memory (8-byte stores) */
+__device__ __forceinline__ void split_store4(float4 f, __nv_bfloat16 *hi, __nv_bfloat16 *lo)
+{
+    uint32_t l0, l1;
+    uint32_t h0 = pack_bf16(f.x, f.y, l0), h1 = pack_bf16(f.z, f.w, l1);
+    *(uint2 *)hi = make_uint2(h0, h1);
+    *(uint2 *)lo = make_uint2(l0, l1);
+}
+
+/* rows x cols floats (cols % 4 == 0) of a source row by row (src(r, c): the float4 at row r,
+ * column c) into shared memory as halves, hi[r * ld + c] and lo[...]: U float4 loads in flight
+ * a thread before any is converted (one at a time waited a trip to L2 or DRAM per 4 values) */
+template <int ROWS, int COLS, int U, typename Src>
+__device__ __forceinline__ void stage_halves(__nv_bfloat16 *hi, __nv_bfloat16 *lo, int ld, Src src)
+{
+    constexpr int C4 = COLS / 4, NQ = ROWS * C4;
+    for (int e0 = threadIdx.x; e0 < NQ; e0 += U * blockDim.x) {
+        float4 f[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int e = e0 + u * blockDim.x;
+            if (e < NQ) f[u] = src(e / C4, 4 * (e % C4));
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int e = e0 + u * blockDim.x, r = e / C4, c = 4 * (e % C4);
+            if (e < NQ) split_store4(f[u], hi + r * ld + c, lo + r * ld + c);
+        }
+    }
+}
+
+__device__ __forceinline__ float4 ldg4(const float *p) { return __ldg((const float4 *)p); }
+
+template <int DQ, int DV, int ROWS>
+static __global__ void __launch_bounds__(ROWS * 2, 1) attention_mla_piece_tc_kernel(
     float *out, float *st, const float *q, const float *kv, const float *kpe, int ldk, int j0, int n, int t0, int nt,
     const uint32_t *mask, int mw, int first, int last, const int *pos, int H, int Dn, float scale)
 {
-    using L = MlaTcSmem<DQ, DV>;
+    using L = MlaTcSmem<DQ, DV, ROWS>;
     constexpr int QS = L::QS, VS = L::VS, KT = MLA_TC_KT, NV = DV / 8;
+    static_assert(ROWS % 16 == 0, "16 queries a warp");
     static_assert(DQ % 16 == 0 && DV % 8 == 0, "MMA shapes");
     extern __shared__ __align__(16) uint8_t mla_tc_raw[];
-    __nv_bfloat16 *qh = (__nv_bfloat16 *)mla_tc_raw, *ql = qh + MLA_TC_ROWS * QS, *kh = ql + MLA_TC_ROWS * QS,
-                  *kl = kh + KT * QS, *vh = kl + KT * QS, *vl = vh + DV * VS;
+    __nv_bfloat16 *qh = (__nv_bfloat16 *)mla_tc_raw, *ql = qh + ROWS * QS, *kh = ql + ROWS * QS,
+                  *kl = kh + KT * QS, *vh = kl + KT * QS, *vl = vh + KT * VS;
     __shared__ int s_rend;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    const int i0 = blockIdx.x * MLA_TC_ROWS, h = blockIdx.y, Dkv = Dn + DV;
+    const int i0 = blockIdx.x * ROWS, h = blockIdx.y, Dkv = Dn + DV;
     const int64_t N = (int64_t)H * Dkv;
-    /* the block's queries, as halves (rows past the chunk repeat its last) */
-    for (int e = tid; e < MLA_TC_ROWS * DQ; e += blockDim.x) {
-        int r = e / DQ, k = e - r * DQ, t = t0 + min(i0 + r, nt - 1);
-        split_bf16(q[((int64_t)t * H + h) * DQ + k], qh[r * QS + k], ql[r * QS + k]);
-    }
+    /* the block's queries, as halves (rows past the chunk repeat its last); the keys and values
+     * below with 4 loads in flight, not 8, beside the 128 registers of the accumulators */
+    stage_halves<ROWS, DQ, 8>(qh, ql, QS, [&](int r, int k) { return ldg4(q + ((int64_t)(t0 + min(i0 + r, nt - 1)) * H + h) * DQ + k); });
     if (tid == 0) s_rend = 0;
     __syncthreads();
     /* the piece's rows any query of the block may take: causal, up to the latest position */
-    if (tid < MLA_TC_ROWS && i0 + tid < nt) atomicMax(&s_rend, mask ? n : max(0, min(n, pos[t0 + i0 + tid] + 1 - j0)));
+    if (tid < ROWS && i0 + tid < nt) atomicMax(&s_rend, mask ? n : max(0, min(n, pos[t0 + i0 + tid] + 1 - j0)));
     /* this thread's rows: ra (C fragment elements 0, 1) and ra + 8 (2, 3) of the block */
     const int ra = warp * 16 + g, rb = ra + 8;
     const bool va = i0 + ra < nt, vb = i0 + rb < nt;
@@ -1080,20 +1108,19 @@ static __global__ void __launch_bounds__(128) attention_mla_piece_tc_kernel(
     for (int k0 = 0; k0 < rend; k0 += KT) {
         if (mask) { /* a tile none of the block's queries selected: skipped */
             int any = 0;
-            if (tid < MLA_TC_ROWS && i0 + tid < nt) any = (mask[(int64_t)(i0 + tid) * mw + (k0 >> 5)] >> (k0 & 31)) & 0xffffu;
+            if (tid < ROWS && i0 + tid < nt) any = (mask[(int64_t)(i0 + tid) * mw + (k0 >> 5)] >> (k0 & 31)) & 0xffffu;
             if (!__syncthreads_or(any)) continue;
         }
         __syncthreads(); /* the last tile's keys and values are read */
-        for (int e = tid; e < KT * DQ; e += blockDim.x) { /* keys [k_nope | k_pe] */
-            int r = e / DQ, k = e - r * DQ, j = k0 + r;
-            float x = j >= n ? 0.f : k < Dn ? kv[j * N + (int64_t)h * Dkv + k] : kpe[(int64_t)j * ldk + (k - Dn)];
-            split_bf16(x, kh[r * QS + k], kl[r * QS + k]);
-        }
-        for (int e = tid; e < KT * DV; e += blockDim.x) { /* values, transposed */
-            int r = e / DV, d = e - r * DV, j = k0 + r;
-            float x = j >= n ? 0.f : kv[j * N + (int64_t)h * Dkv + Dn + d];
-            split_bf16(x, vh[d * VS + r], vl[d * VS + r]);
-        }
+        stage_halves<KT, DQ, 4>(kh, kl, QS, [&](int r, int k) { /* keys [k_nope | k_pe] (Dn % 4 == 0) */
+            const int j = k0 + r;
+            return j >= n ? make_float4(0.f, 0.f, 0.f, 0.f)
+                   : k < Dn ? ldg4(kv + j * N + (int64_t)h * Dkv + k) : ldg4(kpe + (int64_t)j * ldk + (k - Dn));
+        });
+        stage_halves<KT, DV, 4>(vh, vl, VS, [&](int r, int d) { /* values */
+            const int j = k0 + r;
+            return j >= n ? make_float4(0.f, 0.f, 0.f, 0.f) : ldg4(kv + j * N + (int64_t)h * Dkv + Dn + d);
+        });
         __syncthreads();
         float s[2][4] = {};
 #pragma unroll 4
@@ -1149,16 +1176,254 @@ static __global__ void __launch_bounds__(128) attention_mla_piece_tc_kernel(
         /* P (rows ra, rb x the 16 keys) as the A fragments of P V */
         uint32_t pl[4], ph[4] = {pack_bf16(s[0][0], s[0][1], pl[0]), pack_bf16(s[0][2], s[0][3], pl[1]),
                                  pack_bf16(s[1][0], s[1][1], pl[2]), pack_bf16(s[1][2], s[1][3], pl[3])};
+        /* V's B fragments of two n8 tiles by one ldmatrix.x4.trans: lanes 0-15 give the 16 keys'
+         * rows at tile j's columns, lanes 16-31 at tile j + 1's */
+        const uint32_t vah = (uint32_t)__cvta_generic_to_shared(vh + (lane & 15) * VS + (lane >> 4) * 8);
+        const uint32_t val = (uint32_t)__cvta_generic_to_shared(vl + (lane & 15) * VS + (lane >> 4) * 8);
+        static_assert(NV % 2 == 0, "pairs of n8 tiles");
 #pragma unroll
-        for (int j = 0; j < NV; j++) {
-            const __nv_bfloat16 *va_ = vh + (j * 8 + g) * VS + 2 * t4, *vb_ = vl + (j * 8 + g) * VS + 2 * t4;
-            uint32_t bh0 = *(const uint32_t *)va_, bh1 = *(const uint32_t *)(va_ + 8);
-            uint32_t bl0 = *(const uint32_t *)vb_, bl1 = *(const uint32_t *)(vb_ + 8);
-            mma_bf16(acc[j], ph[0], ph[1], ph[2], ph[3], bh0, bh1);
-            mma_bf16(acc[j], ph[0], ph[1], ph[2], ph[3], bl0, bl1);
-            mma_bf16(acc[j], pl[0], pl[1], pl[2], pl[3], bh0, bh1);
+        for (int j = 0; j < NV; j += 2) {
+            uint32_t bh[4], bl[4];
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                         : "=r"(bh[0]), "=r"(bh[1]), "=r"(bh[2]), "=r"(bh[3]) : "r"(vah + j * 16));
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                         : "=r"(bl[0]), "=r"(bl[1]), "=r"(bl[2]), "=r"(bl[3]) : "r"(val + j * 16));
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                mma_bf16(acc[j + u], ph[0], ph[1], ph[2], ph[3], bh[2 * u], bh[2 * u + 1]);
+                mma_bf16(acc[j + u], ph[0], ph[1], ph[2], ph[3], bl[2 * u], bl[2 * u + 1]);
+                mma_bf16(acc[j + u], pl[0], pl[1], pl[2], pl[3], bh[2 * u], bh[2 * u + 1]);
+            }
         }
     }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
+    const float ia = last ? (l[0] > 0.f ? 1.f / l[0] : 0.f) : 1.f, ib = last ? (l[1] > 0.f ? 1.f / l[1] : 0.f) : 1.f;
+    float *oa = out + ha * DV, *ob = out + hb * DV;
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+        if (va) *(float2 *)(oa + j * 8 + 2 * t4) = make_float2(acc[j][0] * ia, acc[j][1] * ia);
+        if (vb) *(float2 *)(ob + j * 8 + 2 * t4) = make_float2(acc[j][2] * ib, acc[j][3] * ib);
+    }
+    if (t4 == 0) {
+        if (va) st[ha * 2] = m[0], st[ha * 2 + 1] = l[0];
+        if (vb) st[hb * 2] = m[1], st[hb * 2 + 1] = l[1];
+    }
+}
+
+/* ---- v3: the keys and values as BF16 halves in global memory, staged by cp.async ----
+ * mla_piece_halves_kernel writes the piece's keys [k_nope | k_pe] and values of every head once as
+ * BF16 halves (hi row, then lo row; the rows 16-byte aligned), so that the attention kernel stages a
+ * tile of keys by 16-byte cp.async copies that need no registers: the next tile's copies are in
+ * flight while the MMAs of this one run (two stages, one barrier a tile), where v1 waited for its
+ * loads and conversions before every tile. A block takes 128 queries (8 warps) of one head, so each
+ * staged tile feeds twice v1's MMAs. The tiles the block runs are listed first: every tile up to the
+ * block's latest position (causal), or (top-k) the tiles whose 16 keys hold a bit of any of the
+ * block's queries, from the piece's mask. The maths of a tile is v1's. */
+#define MLA_T3_ROWS 128
+
+template <int DQ, int DV>
+struct MlaT3Smem {
+    static constexpr int QS = DQ + 8, VS = DV + 8; /* rows 16 bytes apart mod 128 */
+    static constexpr size_t stage = 2 * sizeof(__nv_bfloat16) * (size_t)MLA_TC_KT * (QS + VS);
+    static constexpr size_t bytes = 2 * sizeof(__nv_bfloat16) * (size_t)MLA_T3_ROWS * QS + 2 * stage + 64 * 4;
+};
+
+/* kh2[(j H + h) 2 DQ ..] = the hi then lo halves of key j of head h ([k_nope | k_pe]), vh2 its
+ * values' (2 DV); a warp a (key, head) row */
+template <int DQ, int DV>
+static __global__ void mla_piece_halves_kernel(__nv_bfloat16 *kh2, __nv_bfloat16 *vh2, const float *kv, const float *kpe,
+                                               int ldk, int n, int H, int Dn)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= (int64_t)n * H) return;
+    const int j = (int)(row / H), Dkv = Dn + DV;
+    const float *src = kv + row * Dkv;
+    __nv_bfloat16 *kd = kh2 + row * 2 * DQ, *vd = vh2 + row * 2 * DV;
+    for (int c = 4 * lane; c < DQ; c += 128) {
+        float4 f = c < Dn ? ldg4(src + c) : ldg4(kpe + (int64_t)j * ldk + (c - Dn));
+        split_store4(f, kd + c, kd + DQ + c);
+    }
+    for (int c = 4 * lane; c < DV; c += 128) split_store4(ldg4(src + Dn + c), vd + c, vd + DV + c);
+}
+
+/* 16 bytes by cp.async, or zeros where !ok (src-size 0) */
+__device__ __forceinline__ void cp_async16_z(void *smem, const void *gmem, bool ok)
+{
+    const uint32_t sa = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa), "l"(gmem), "r"(ok ? 16 : 0));
+}
+
+template <int DQ, int DV>
+static __global__ void __launch_bounds__(256, 1) attention_mla_piece_t3_kernel(
+    float *out, float *st, const float *q, const __nv_bfloat16 *kh2, const __nv_bfloat16 *vh2, int j0, int n, int t0,
+    int nt, const uint32_t *mask, int mw, int first, int last, const int *pos, int H, float scale)
+{
+    using L = MlaT3Smem<DQ, DV>;
+    constexpr int QS = L::QS, VS = L::VS, KT = MLA_TC_KT, NV = DV / 8, ROWS = MLA_T3_ROWS;
+    static_assert(DQ % 16 == 0 && DV % 16 == 0, "MMA shapes");
+    extern __shared__ __align__(16) uint8_t mla_t3_raw[];
+    __nv_bfloat16 *qh = (__nv_bfloat16 *)mla_t3_raw, *ql = qh + ROWS * QS, *stg = ql + ROWS * QS;
+    /* the tiles the block runs: a bit a tile of 16 keys (n <= 4096: 256 tiles, 8 words) */
+    uint32_t *tiles = (uint32_t *)(mla_t3_raw + L::bytes - 64 * 4);
+    __shared__ int s_rend;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int i0 = blockIdx.x * ROWS, h = blockIdx.y;
+    const int ntile = (n + KT - 1) / KT;
+    if (tid < 64) tiles[tid] = 0;
+    if (tid == 0) s_rend = 0;
+    stage_halves<ROWS, DQ, 4>(qh, ql, QS, [&](int r, int k) { return ldg4(q + ((int64_t)(t0 + min(i0 + r, nt - 1)) * H + h) * DQ + k); });
+    __syncthreads();
+    if (mask) { /* each (query, word of 32 keys) of the block: its two tiles' bits */
+        const int nq = min(ROWS, nt - i0);
+        for (int e = tid; e < nq * mw; e += blockDim.x) {
+            const int r = e / mw, w = e - r * mw;
+            const uint32_t b = mask[(int64_t)(i0 + r) * mw + w];
+            if (b & 0xffffu) atomicOr(&tiles[(2 * w) >> 5], 1u << ((2 * w) & 31));
+            if (b >> 16) atomicOr(&tiles[(2 * w + 1) >> 5], 1u << ((2 * w + 1) & 31));
+        }
+    } else if (tid < ROWS && i0 + tid < nt) {
+        atomicMax(&s_rend, max(0, min(n, pos[t0 + i0 + tid] + 1 - j0)));
+    }
+    __syncthreads();
+    const int tend = mask ? ntile : (s_rend + KT - 1) / KT;
+    /* the first tile at or after k (of the block's list), tend if none */
+    auto next = [&](int k) {
+        if (!mask) return k < tend ? k : tend;
+        for (; k < tend; k++) {
+            const uint32_t w = tiles[k >> 5] >> (k & 31);
+            if (w) return k + __ffs(w) - 1 < tend ? k + __ffs(w) - 1 : tend;
+            k |= 31;
+        }
+        return tend;
+    };
+    /* tile kt's keys and values into stage s: 16 rows of 2 DQ + 2 DV halves, 16 bytes a copy */
+    auto issue = [&](int kt, int s) {
+        __nv_bfloat16 *kh = stg + (size_t)s * (L::stage / 2), *kl = kh + KT * QS, *vh = kl + KT * QS, *vl = vh + KT * VS;
+        constexpr int CK = 2 * DQ / 8, CV = 2 * DV / 8; /* copies a key row, a value row */
+        for (int c = tid; c < KT * (CK + CV); c += blockDim.x) {
+            const int r = c / (CK + CV), w = c - r * (CK + CV), j = kt * KT + r;
+            const bool ok = j < n;
+            const int64_t jr = (int64_t)(ok ? j : 0) * H + h;
+            if (w < CK) {
+                const int hf = w / (DQ / 8), col = (w - hf * (DQ / 8)) * 8;
+                cp_async16_z((hf ? kl : kh) + r * QS + col, kh2 + jr * 2 * DQ + w * 8, ok);
+            } else {
+                const int u = w - CK, hf = u / (DV / 8), col = (u - hf * (DV / 8)) * 8;
+                cp_async16_z((hf ? vl : vh) + r * VS + col, vh2 + jr * 2 * DV + u * 8, ok);
+            }
+        }
+    };
+    /* this thread's rows: ra (C fragment elements 0, 1) and ra + 8 (2, 3) of the block */
+    const int ra = warp * 16 + g, rb = ra + 8;
+    const bool va = i0 + ra < nt, vb = i0 + rb < nt;
+    const int pa = va ? pos[t0 + i0 + ra] : -1, pb = vb ? pos[t0 + i0 + rb] : -1;
+    const int64_t ha = ((int64_t)(t0 + i0 + (va ? ra : 0)) * H + h), hb = ((int64_t)(t0 + i0 + (vb ? rb : 0)) * H + h);
+    float m[2], l[2], acc[NV][4];
+    if (first) {
+        m[0] = m[1] = -INFINITY;
+        l[0] = l[1] = 0.f;
+#pragma unroll
+        for (int j = 0; j < NV; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    } else {
+        m[0] = va ? st[ha * 2] : -INFINITY;
+        m[1] = vb ? st[hb * 2] : -INFINITY;
+        l[0] = va && t4 == 0 ? st[ha * 2 + 1] : 0.f; /* the row's sum on one lane of its quad */
+        l[1] = vb && t4 == 0 ? st[hb * 2 + 1] : 0.f;
+        const float *oa = out + ha * DV, *ob = out + hb * DV;
+#pragma unroll
+        for (int j = 0; j < NV; j++) {
+            float2 x = va ? *(const float2 *)(oa + j * 8 + 2 * t4) : make_float2(0.f, 0.f);
+            float2 y = vb ? *(const float2 *)(ob + j * 8 + 2 * t4) : make_float2(0.f, 0.f);
+            acc[j][0] = x.x, acc[j][1] = x.y, acc[j][2] = y.x, acc[j][3] = y.y;
+        }
+    }
+    int kt = next(0), s = 0;
+    if (kt < tend) issue(kt, 0);
+    cp_async_commit();
+    while (kt < tend) {
+        cp_async_wait<0>();
+        __syncthreads(); /* tile kt has landed in stage s, and every warp is done with stage s ^ 1 */
+        const int kn = next(kt + 1);
+        if (kn < tend) issue(kn, s ^ 1);
+        cp_async_commit();
+        const __nv_bfloat16 *kh = stg + (size_t)s * (L::stage / 2), *kl = kh + KT * QS, *vh = kl + KT * QS, *vl = vh + KT * VS;
+        const int k0 = kt * KT;
+        float sc[2][4] = {};
+#pragma unroll 4
+        for (int kk = 0; kk < DQ; kk += 16) {
+            const __nv_bfloat16 *qa = qh + (warp * 16 + g) * QS + kk + 2 * t4, *qb = ql + (warp * 16 + g) * QS + kk + 2 * t4;
+            uint32_t ah[4] = {*(const uint32_t *)qa, *(const uint32_t *)(qa + 8 * QS), *(const uint32_t *)(qa + 8),
+                              *(const uint32_t *)(qa + 8 * QS + 8)};
+            uint32_t al[4] = {*(const uint32_t *)qb, *(const uint32_t *)(qb + 8 * QS), *(const uint32_t *)(qb + 8),
+                              *(const uint32_t *)(qb + 8 * QS + 8)};
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const __nv_bfloat16 *ka = kh + (j * 8 + g) * QS + kk + 2 * t4, *kb = kl + (j * 8 + g) * QS + kk + 2 * t4;
+                uint32_t bh0 = *(const uint32_t *)ka, bh1 = *(const uint32_t *)(ka + 8);
+                uint32_t bl0 = *(const uint32_t *)kb, bl1 = *(const uint32_t *)(kb + 8);
+                mma_bf16(sc[j], ah[0], ah[1], ah[2], ah[3], bh0, bh1);
+                mma_bf16(sc[j], ah[0], ah[1], ah[2], ah[3], bl0, bl1);
+                mma_bf16(sc[j], al[0], al[1], al[2], al[3], bh0, bh1);
+            }
+        }
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = k0 + j * 8 + 2 * t4 + (e & 1), row = e < 2 ? ra : rb;
+                bool ok = (e < 2 ? va : vb) && key < n;
+                if (ok) ok = mask ? (mask[(int64_t)(i0 + row) * mw + (key >> 5)] >> (key & 31)) & 1u : j0 + key <= (e < 2 ? pa : pb);
+                sc[j][e] = ok ? sc[j][e] * scale : -INFINITY;
+                mx[e >> 1] = fmaxf(mx[e >> 1], sc[j][e]);
+            }
+        float corr[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            float mn = fmaxf(m[r], mx[r]);
+            corr[r] = m[r] == -INFINITY ? 0.f : expf(m[r] - mn);
+            m[r] = mn;
+            l[r] *= corr[r];
+        }
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float p = sc[j][e] == -INFINITY ? 0.f : expf(sc[j][e] - m[e >> 1]);
+                sc[j][e] = p;
+                l[e >> 1] += p;
+            }
+#pragma unroll
+        for (int j = 0; j < NV; j++) acc[j][0] *= corr[0], acc[j][1] *= corr[0], acc[j][2] *= corr[1], acc[j][3] *= corr[1];
+        uint32_t pl[4], ph[4] = {pack_bf16(sc[0][0], sc[0][1], pl[0]), pack_bf16(sc[0][2], sc[0][3], pl[1]),
+                                 pack_bf16(sc[1][0], sc[1][1], pl[2]), pack_bf16(sc[1][2], sc[1][3], pl[3])};
+        const uint32_t vah = (uint32_t)__cvta_generic_to_shared(vh + (lane & 15) * VS + (lane >> 4) * 8);
+        const uint32_t val = (uint32_t)__cvta_generic_to_shared(vl + (lane & 15) * VS + (lane >> 4) * 8);
+#pragma unroll
+        for (int j = 0; j < NV; j += 2) {
+            uint32_t bh[4], bl[4];
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                         : "=r"(bh[0]), "=r"(bh[1]), "=r"(bh[2]), "=r"(bh[3]) : "r"(vah + j * 16));
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                         : "=r"(bl[0]), "=r"(bl[1]), "=r"(bl[2]), "=r"(bl[3]) : "r"(val + j * 16));
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                mma_bf16(acc[j + u], ph[0], ph[1], ph[2], ph[3], bh[2 * u], bh[2 * u + 1]);
+                mma_bf16(acc[j + u], ph[0], ph[1], ph[2], ph[3], bl[2 * u], bl[2 * u + 1]);
+                mma_bf16(acc[j + u], pl[0], pl[1], pl[2], pl[3], bh[2 * u], bh[2 * u + 1]);
+            }
+        }
+        kt = kn;
+        s ^= 1;
+    }
+    cp_async_wait<0>();
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
@@ -1188,35 +1453,81 @@ static __global__ void mla_piece_mask_kernel(uint32_t *mask, int mw, const int *
     }
 }
 
-/* the expanded form's kernel: MOESERVE_MLA_PIECE_KERNEL "v0" (attention_mla_piece_kernel), else
- * v1 (the tensor cores) where the head shapes have an instance and its shared memory fits; read
- * at every call, so that a test can run both in one process */
-static int mla_piece_v1(Backend *be, int Dq, int Dv)
+/* the expanded form's kernel: v3 (attention_mla_piece_t3_kernel) where the head shapes have an
+ * instance and its shared memory fits (GLM-5's heads: 198 KB), else v1 (attention_mla_piece_tc_kernel)
+ * with 64 queries a block (101 KB), or 48 (84 KB: the GPUs of 99-101 KB), else v0
+ * (attention_mla_piece_kernel); MOESERVE_MLA_PIECE_KERNEL=v1 or v0 starts the list there. Returns
+ * 3, 1 (v1, 64 queries), 2 (v1, 48) or 0. Read at every call, so that a test can run them all in
+ * one process; the budget is w4_smem_budget's (a test may lower it). */
+static int mla_piece_kind(Backend *be, int Dq, int Dv)
 {
     const char *e = getenv("MOESERVE_MLA_PIECE_KERNEL");
     if (e && !strcmp(e, "v0")) return 0;
     /* GLM-5's heads (192 + 64, 256), DeepSeek-V3's (128 + 64, 128), the fixtures' (32 + 16, 32) */
-    size_t smem = Dq == 256 && Dv == 256 ? MlaTcSmem<256, 256>::bytes : Dq == 192 && Dv == 128 ? MlaTcSmem<192, 128>::bytes
-                  : Dq == 48 && Dv == 32 ? MlaTcSmem<48, 32>::bytes : 0;
-    return smem && mla_smem_fits(be, smem);
+    const int known = (Dq == 256 && Dv == 256) || (Dq == 192 && Dv == 128) || (Dq == 48 && Dv == 32);
+    if (!known) return 0;
+    const size_t budget = w4_smem_budget(cuda_state(be)->device);
+    if (!e || strcmp(e, "v1")) {
+        size_t smem = Dq == 256 ? MlaT3Smem<256, 256>::bytes : Dq == 192 ? MlaT3Smem<192, 128>::bytes : MlaT3Smem<48, 32>::bytes;
+        if (smem <= budget) return 3;
+    }
+    size_t s64 = Dq == 256 ? MlaTcSmem<256, 256>::bytes : Dq == 192 ? MlaTcSmem<192, 128>::bytes : MlaTcSmem<48, 32>::bytes;
+    size_t s48 = Dq == 256 ? MlaTcSmem<256, 256, 48>::bytes : Dq == 192 ? MlaTcSmem<192, 128, 48>::bytes : MlaTcSmem<48, 32, 48>::bytes;
+    return s64 <= budget ? 1 : s48 <= budget ? 2 : 0;
 }
 
-template <int DQ, int DV>
+extern "C" int cuda_mla_piece_kernel(Backend *be, const ModelConfig *c)
+{
+    return mla_piece_kind(be, c->qk_nope_dim + c->qk_rope_dim, c->v_head_dim);
+}
+
+/* v3's halves of a piece of up to `rows` positions (cuda_reserve) */
+void mla_piece_reserve(Backend *be, const ModelConfig *c, int rows)
+{
+    const int Dq = c->qk_nope_dim + c->qk_rope_dim, Dv = c->v_head_dim;
+    if (rows > 0 && mla_piece_kind(be, Dq, Dv) == 3)
+        cuda_scratch(be, SCR_MLA_HALVES, (size_t)rows * c->n_heads * (Dq + Dv) * 4);
+}
+
+template <int DQ, int DV, int ROWS>
 static void mla_piece_tc_launch(Backend *be, float *out, float *st, const float *q, const float *kv, const float *kpe,
                                 int ldk, int j0, int n, int t0, int nt, const uint32_t *mask, int mw, int first, int last,
                                 const Batch *b, const ModelConfig *c)
 {
-    const size_t smem = MlaTcSmem<DQ, DV>::bytes;
+    const size_t smem = MlaTcSmem<DQ, DV, ROWS>::bytes;
     static int ready;
     if (!ready) {
-        CUDA_CHECK(cudaFuncSetAttribute(attention_mla_piece_tc_kernel<DQ, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CUDA_CHECK(cudaFuncSetAttribute(attention_mla_piece_tc_kernel<DQ, DV, ROWS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)smem));
         ready = 1;
     }
-    dim3 grid(cdiv(nt, MLA_TC_ROWS), c->n_heads);
-    attention_mla_piece_tc_kernel<DQ, DV><<<grid, 128, smem, cuda_stream(be)>>>(out, st, q, kv, kpe, ldk, j0, n, t0, nt, mask, mw,
-                                                                              first, last, b->pos, c->n_heads,
-                                                                              c->qk_nope_dim, c->attn_scale);
+    dim3 grid(cdiv(nt, ROWS), c->n_heads);
+    attention_mla_piece_tc_kernel<DQ, DV, ROWS><<<grid, ROWS * 2, smem, cuda_stream(be)>>>(
+        out, st, q, kv, kpe, ldk, j0, n, t0, nt, mask, mw, first, last, b->pos, c->n_heads, c->qk_nope_dim, c->attn_scale);
     LAUNCH_CHECK("attention_mla_piece_tc_kernel");
+}
+
+template <int DQ, int DV>
+static void mla_piece_t3_launch(Backend *be, float *out, float *st, const float *q, const float *kv, const float *kpe,
+                                int ldk, int j0, int n, int t0, int nt, const uint32_t *mask, int mw, int first, int last,
+                                const Batch *b, const ModelConfig *c)
+{
+    const size_t smem = MlaT3Smem<DQ, DV>::bytes;
+    const int H = c->n_heads;
+    static int ready;
+    if (!ready) {
+        CUDA_CHECK(cudaFuncSetAttribute(attention_mla_piece_t3_kernel<DQ, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        ready = 1;
+    }
+    __nv_bfloat16 *kh2 = (__nv_bfloat16 *)cuda_scratch(be, SCR_MLA_HALVES, (size_t)n * H * (DQ + DV) * 4);
+    __nv_bfloat16 *vh2 = kh2 + (size_t)n * H * 2 * DQ;
+    const int64_t rows = (int64_t)n * H;
+    mla_piece_halves_kernel<DQ, DV><<<cdiv(rows, 8), 256, 0, cuda_stream(be)>>>(kh2, vh2, kv, kpe, ldk, n, H, c->qk_nope_dim);
+    LAUNCH_CHECK("mla_piece_halves_kernel");
+    dim3 grid(cdiv(nt, MLA_T3_ROWS), H);
+    attention_mla_piece_t3_kernel<DQ, DV><<<grid, 256, smem, cuda_stream(be)>>>(out, st, q, kh2, vh2, j0, n, t0, nt, mask, mw,
+                                                                              first, last, b->pos, H, c->attn_scale);
+    LAUNCH_CHECK("attention_mla_piece_t3_kernel");
 }
 
 void attention_mla_piece_cuda(Backend *be, float *out, float *st, const float *q, const float *kv, const float *kpe,
@@ -1225,7 +1536,13 @@ void attention_mla_piece_cuda(Backend *be, float *out, float *st, const float *q
 {
     if (nt <= 0) return;
     const int Dq = c->qk_nope_dim + c->qk_rope_dim, Dv = c->v_head_dim;
-    if (mla_piece_v1(be, Dq, Dv)) {
+    /* v1 stages float4s: the rows' starts 16 bytes apart (Dn, the cached row and the expanded row
+     * multiples of 4 floats) and the buffers 16-byte aligned */
+    const int v4 = c->qk_nope_dim % 4 == 0 && ldk % 4 == 0 && (c->qk_nope_dim + Dv) % 4 == 0 &&
+                   (((uintptr_t)q | (uintptr_t)kv | (uintptr_t)kpe) & 15) == 0;
+    /* v3 lists the block's tiles in 64 words of 32 (n <= 32768; be_mla_piece: at most 4096) */
+    const int kind = v4 ? mla_piece_kind(be, Dq, Dv) : 0, t3 = kind == 3 && n <= 64 * 32 * MLA_TC_KT;
+    if (kind) {
         uint32_t *mask = NULL;
         const int mw = cdiv(n, 32);
         if (topk) {
@@ -1234,9 +1551,15 @@ void attention_mla_piece_cuda(Backend *be, float *out, float *st, const float *q
             mla_piece_mask_kernel<<<nt, ATT_THREADS, 0, cuda_stream(be)>>>(mask, mw, topk, ktop, t0, j0, n);
             LAUNCH_CHECK("mla_piece_mask_kernel");
         }
-        if (Dq == 256) mla_piece_tc_launch<256, 256>(be, out, st, q, kv, kpe, ldk, j0, n, t0, nt, mask, mw, first, last, b, c);
-        else if (Dq == 192) mla_piece_tc_launch<192, 128>(be, out, st, q, kv, kpe, ldk, j0, n, t0, nt, mask, mw, first, last, b, c);
-        else mla_piece_tc_launch<48, 32>(be, out, st, q, kv, kpe, ldk, j0, n, t0, nt, mask, mw, first, last, b, c);
+        if (t3 && Dq == 256) mla_piece_t3_launch<256, 256>(be, out, st, q, kv, kpe, ldk, j0, n, t0, nt, mask, mw, first, last, b, c);
+        else if (t3 && Dq == 192) mla_piece_t3_launch<192, 128>(be, out, st, q, kv, kpe, ldk, j0, n, t0, nt, mask, mw, first, last, b, c);
+        else if (t3) mla_piece_t3_launch<48, 32>(be, out, st, q, kv, kpe, ldk, j0, n, t0, nt, mask, mw, first, last, b, c);
+        else if (kind != 2 && Dq == 256) mla_piece_tc_launch<256, 256, 64>(be, out, st, q, kv, kpe, ldk, j0, n, t0, nt, mask, mw, first, last, b, c);
+        else if (kind != 2 && Dq == 192) mla_piece_tc_launch<192, 128, 64>(be, out, st, q, kv, kpe, ldk, j0, n, t0, nt, mask, mw, first, last, b, c);
+        else if (kind != 2) mla_piece_tc_launch<48, 32, 64>(be, out, st, q, kv, kpe, ldk, j0, n, t0, nt, mask, mw, first, last, b, c);
+        else if (Dq == 256) mla_piece_tc_launch<256, 256, 48>(be, out, st, q, kv, kpe, ldk, j0, n, t0, nt, mask, mw, first, last, b, c);
+        else if (Dq == 192) mla_piece_tc_launch<192, 128, 48>(be, out, st, q, kv, kpe, ldk, j0, n, t0, nt, mask, mw, first, last, b, c);
+        else mla_piece_tc_launch<48, 32, 48>(be, out, st, q, kv, kpe, ldk, j0, n, t0, nt, mask, mw, first, last, b, c);
         return;
     }
     if (Dq > MLA_MAX_DQ || Dv > MLA_MAX_DV)

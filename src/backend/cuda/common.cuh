@@ -48,7 +48,7 @@ static inline cudaStream_t cuda_stream(Backend *be) { return cuda_state(be)->str
 void *cuda_scratch(Backend *be, int slot, size_t bytes);
 enum { SCR_MM_X = 0, SCR_MM_Y, SCR_MOE_COUNT, SCR_MOE_ROWS, SCR_MOE_H, SCR_MOE_U, SCR_MOE_Y, SCR_MOE_TILES,
        SCR_IDX_SCORES, SCR_MOE_TABLE, SCR_W4_X, SCR_W4_PART, SCR_W4_WB, SCR_MLA_QA, SCR_MLA_OL, SCR_MLA_PART,
-       SCR_W4_XP, SCR_MLA_MASK };
+       SCR_W4_XP, SCR_MLA_MASK, SCR_MLA_HALVES };
 
 static inline int cdiv(long a, long b) { return (int)((a + b - 1) / b); }
 
@@ -253,6 +253,7 @@ void attention_gqa_cuda(Backend *be, float *out, const float *q, const KVLayer *
 void attention_mla_cuda(Backend *be, float *out, const float *q, const KVLayer *kv, const QTensor *wkv_b,
                         const int *topk, int ktop, const Batch *b, const ModelConfig *c);
 void mla_v1_reserve(Backend *be, const ModelConfig *c, int T);
+void mla_piece_reserve(Backend *be, const ModelConfig *c, int rows);
 void kv_gather_cuda(Backend *be, float *out, const void *cache, KVDtype dt, float scale, int width, int n,
                     const int *bt, int block_size, int j0, int rows);
 void attention_mla_piece_cuda(Backend *be, float *out, float *st, const float *q, const float *kv, const float *kpe,

@@ -303,6 +303,8 @@ static void cuda_reserve(Backend *be, const ModelConfig *c, int T, int max_out, 
     mla_v1_reserve(be, c, T); /* the absorbed MLA kernels' q, latent output and split partials */
     /* the expanded form's top-k mask of a piece: a bit a (query, cached position) */
     if (piece > 0 && c->index_n_heads > 0) cuda_scratch(be, SCR_MLA_MASK, (size_t)T * cdiv(piece, 32) * 4);
+    /* and its keys and values as BF16 halves (the piece kernel v3: as large as the expanded piece) */
+    if (piece > 0) mla_piece_reserve(be, c, piece < max_ctx ? piece : max_ctx);
     /* prefill's BF16 copy of the largest dense weight (w4_matmul_lt), when a step can be that long */
     if (w4_lt_rows(0, cuda_state(be)->device) > 0 && gm >= w4_lt_rows(0, cuda_state(be)->device)) {
         int64_t D = c->hidden, Fs = (int64_t)c->moe_intermediate * c->n_shared_experts, H = c->n_heads;

@@ -20,6 +20,9 @@ void cuda_device_name(int device, char *buf, size_t n);
 void *cuda_stream_of(Backend *be);
 /* "8 GPUs, P2P between 56 of 56 ordered pairs (all)" */
 void cuda_p2p_summary(char *buf, size_t n);
+/* The kernel the MLA expanded form's next piece runs on for c's heads (tests): 0 v0, 1 v1 (64
+ * queries a block), 2 v1 (48 queries, for 99-101 KB of shared memory), 3 v3. */
+int cuda_mla_piece_kernel(Backend *be, const ModelConfig *c);
 /* Keep the stream busy for about us microseconds (--inject-comm-delay-us). */
 void cuda_delay_us(Backend *be, int us);
 
