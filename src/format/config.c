@@ -748,6 +748,129 @@ static int segment_substring(const char *module, const char *pat)
     return 0;
 }
 
+/* One exclude pattern against one module name, as vLLM's is_layer_excluded: exact name;
+   substring (here only at '.' boundaries); fnmatch wildcard, where "path*" (no '.' before the
+   '*') stands for "path" and "path.*", i.e. the module tree rooted at path. */
+static int pattern_matches(const char *p, const char *module)
+{
+    size_t n = strlen(p);
+    if (!strcmp(p, module)) return 1;
+    if (!strpbrk(p, "*?[")) return segment_substring(module, p);
+    if (n >= 2 && p[n - 1] == '*' && p[n - 2] != '.') {
+        char tree[1024];
+        if (n >= sizeof tree - 2) return 0;
+        memcpy(tree, p, n - 1);
+        tree[n - 1] = 0;
+        if (!fnmatch(tree, module, 0)) return 1;
+        memcpy(tree + n - 1, ".*", 3);
+        return !fnmatch(tree, module, 0);
+    }
+    return !fnmatch(p, module, 0);
+}
+
+/* ---- the exclude patterns compiled ---- */
+
+/* A module is checked against every pattern: GLM-5 has 61k linears and a ModelOpt list can name
+   thousands of modules, a strstr or an fnmatch each. Compiled once, the literal patterns (the
+   bulk) become sorted sets that a module looks up by its own pieces: its whole name, every run
+   of whole '.'-separated segments, every '.'-ended head for the "path*" trees. Only the other
+   wildcards are still tried one by one, and only when the module starts with their literal head.
+   pattern_matches stays the reference: quant_config_excluded without an index (tests compare). */
+typedef struct { const char *s; size_t n; } Span; /* borrowed: n bytes at s */
+
+struct QuantIndex {
+    int n_patterns;        /* q->n_exclude when built: a list grown since is scanned instead */
+    Span *exact;           /* [n_patterns] every pattern, sorted: an exact name */
+    Span *seg; int n_seg;  /* literal patterns without a '.' at either end, sorted: they match a
+                              run of whole segments (segment_substring) */
+    size_t seg_max;        /* the longest of them */
+    Span *tree; int n_tree;/* "path*" with a literal path shorter than pattern_matches takes:
+                              path, sorted; module is path or starts with "path." */
+    int *rest; int n_rest; /* the other patterns, indices into q->exclude: pattern_matches */
+    size_t *rest_head;     /* [n_rest] bytes a module must start with (the literal head of a
+                              wildcard, 0 for a literal) */
+};
+
+static int span_cmp(const void *a, const void *b)
+{
+    const Span *x = a, *y = b;
+    int r = memcmp(x->s, y->s, x->n < y->n ? x->n : y->n);
+    return r ? r : (x->n > y->n) - (x->n < y->n);
+}
+
+static int span_in(const Span *set, int n, const char *s, size_t len)
+{
+    Span key = {s, len};
+    return n > 0 && bsearch(&key, set, (size_t)n, sizeof *set, span_cmp) != NULL;
+}
+
+static QuantIndex *quant_index_build(const QuantConfig *q)
+{
+    size_t n = (size_t)q->n_exclude + 1;
+    QuantIndex *x = xcalloc(1, sizeof *x);
+    x->n_patterns = q->n_exclude;
+    x->exact = xmalloc(n * sizeof *x->exact);
+    x->seg = xmalloc(n * sizeof *x->seg);
+    x->tree = xmalloc(n * sizeof *x->tree);
+    x->rest = xmalloc(n * sizeof *x->rest);
+    x->rest_head = xmalloc(n * sizeof *x->rest_head);
+    for (int i = 0; i < q->n_exclude; i++) {
+        const char *p = q->exclude[i];
+        size_t len = strlen(p);
+        x->exact[i] = (Span){p, len};
+        if (!strpbrk(p, "*?[")) {
+            if (len && p[0] != '.' && p[len - 1] != '.') {
+                x->seg[x->n_seg++] = (Span){p, len};
+                if (len > x->seg_max) x->seg_max = len;
+                continue;
+            }
+            x->rest_head[x->n_rest] = 0;
+        } else if (len >= 2 && len < 1022 && p[len - 1] == '*' && p[len - 2] != '.' && strcspn(p, "*?[\\") == len - 1) {
+            x->tree[x->n_tree++] = (Span){p, len - 1};
+            continue;
+        } else {
+            x->rest_head[x->n_rest] = strcspn(p, "*?[\\");
+        }
+        x->rest[x->n_rest++] = i;
+    }
+    qsort(x->exact, (size_t)q->n_exclude, sizeof *x->exact, span_cmp);
+    qsort(x->seg, (size_t)x->n_seg, sizeof *x->seg, span_cmp);
+    qsort(x->tree, (size_t)x->n_tree, sizeof *x->tree, span_cmp);
+    return x;
+}
+
+static void quant_index_free(QuantIndex *x)
+{
+    if (!x) return;
+    free(x->exact);
+    free(x->seg);
+    free(x->tree);
+    free(x->rest);
+    free(x->rest_head);
+    free(x);
+}
+
+/* quant_config_excluded through the index: the same answer as every pattern_matches. */
+static int quant_index_excluded(const QuantIndex *x, const QuantConfig *q, const char *m)
+{
+    size_t len = strlen(m);
+    if (span_in(x->exact, x->n_patterns, m, len)) return 1;
+    for (size_t j = 0; j <= len && x->n_tree; j++)  /* trees: m[0, j) with j at a '.' or the end */
+        if ((j == len || m[j] == '.') && span_in(x->tree, x->n_tree, m, j)) return 1;
+    for (size_t i = 0; x->n_seg;) {                 /* runs m[i, j) of whole segments */
+        for (size_t j = i + 1; j <= len && j - i <= x->seg_max; j++)
+            if ((j == len || m[j] == '.') && span_in(x->seg, x->n_seg, m + i, j - i)) return 1;
+        const char *dot = memchr(m + i, '.', len - i);
+        if (!dot) break;
+        i = (size_t)(dot - m) + 1;
+    }
+    for (int r = 0; r < x->n_rest; r++) {
+        const char *p = q->exclude[x->rest[r]];
+        if (!strncmp(m, p, x->rest_head[r]) && pattern_matches(p, m)) return 1;
+    }
+    return 0;
+}
+
 /* ---- public API ---- */
 
 int config_parse(ModelConfig *c, const char *json_text, const char *path, char *err, size_t errlen)
@@ -811,39 +934,23 @@ int quant_config_load(QuantConfig *q, const char *dir, char *err, size_t errlen)
     }
     json_decref(root);
     if (rc) quant_config_free(q);
+    else q->index = quant_index_build(q);
     return rc;
 }
 
-/* vLLM is_layer_excluded + apply_vllm_mapper (§3.1): exact name; substring (here only at '.'
-   boundaries); fnmatch wildcard, where "path*" (no '.' before the '*') stands for "path" and
-   "path.*", i.e. the module tree rooted at path. */
+/* vLLM is_layer_excluded + apply_vllm_mapper (§3.1), pattern_matches for each pattern; through
+   the index when quant_config_load built one and the list has not grown since. */
 int quant_config_excluded(const QuantConfig *q, const char *module)
 {
-    for (int i = 0; i < q->n_exclude; i++) {
-        const char *p = q->exclude[i];
-        size_t n = strlen(p);
-        if (!strcmp(p, module)) return 1;
-        if (!strpbrk(p, "*?[")) {
-            if (segment_substring(module, p)) return 1;
-            continue;
-        }
-        if (n >= 2 && p[n - 1] == '*' && p[n - 2] != '.') {
-            char tree[1024];
-            if (n >= sizeof tree - 2) continue;
-            memcpy(tree, p, n - 1);
-            tree[n - 1] = 0;
-            if (!fnmatch(tree, module, 0)) return 1;
-            memcpy(tree + n - 1, ".*", 3);
-            if (!fnmatch(tree, module, 0)) return 1;
-        } else if (!fnmatch(p, module, 0)) {
-            return 1;
-        }
-    }
+    if (q->index && q->index->n_patterns == q->n_exclude) return quant_index_excluded(q->index, q, module);
+    for (int i = 0; i < q->n_exclude; i++)
+        if (pattern_matches(q->exclude[i], module)) return 1;
     return 0;
 }
 
 void quant_config_free(QuantConfig *q)
 {
+    quant_index_free(q->index);
     for (int i = 0; i < q->n_exclude; i++) free(q->exclude[i]);
     for (int i = 0; i < q->n_mixed; i++) free(q->mixed_names[i]);
     free(q->exclude);

@@ -19,11 +19,15 @@ int config_load(ModelConfig *c, const char *dir, char *err, size_t errlen);
 typedef enum { QALGO_NONE, QALGO_NVFP4, QALGO_W4A16_NVFP4, QALGO_FP8, QALGO_FP8_BLOCK,
                QALGO_MIXED, QALGO_OTHER } QuantAlgo;
 
+typedef struct QuantIndex QuantIndex; /* the exclude patterns compiled (config.c) */
+
 typedef struct {
     QuantAlgo algo;
     char algo_name[32];        /* as written, upper-cased */
     int group_size;            /* 16 for NVFP4 */
     char **exclude;  int n_exclude;   /* exclude_modules / ignore patterns */
+    QuantIndex *index;         /* owned, or NULL: exclude compiled by quant_config_load; unused once
+                                  n_exclude has changed (then each pattern is tried in turn) */
     char **mixed_names; QuantAlgo *mixed_algo; int n_mixed; /* MIXED_PRECISION quantized_layers */
     char kv_cache_algo[16];    /* "" or "FP8" */
     char source[32];           /* "hf_quant_config.json", "config.json", or "" */

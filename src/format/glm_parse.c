@@ -360,12 +360,14 @@ static void emit(GlmParser *p, const char *s, size_t n)
 
 /* s[0..k) is text that ends where a tag or the held part starts: emit it without its leading
  * whitespace (when a tag just closed) and without its trailing whitespace; returns where that
- * trailing whitespace starts (everything before it is consumed). */
-static size_t emit_run(GlmParser *p, const char *s, size_t k)
+ * trailing whitespace starts (everything before it is consumed). s[0..ws) is known whitespace. */
+static size_t emit_run(GlmParser *p, const char *s, size_t k, size_t ws)
 {
+    if (ws > k) ws = k;
     size_t a = 0, t = k;
-    if (p->eat_ws) while (a < k && is_ws(s[a])) a++;
-    while (t > a && is_ws(s[t - 1])) t--;
+    if (p->eat_ws) for (a = ws; a < k && is_ws(s[a]);) a++;
+    while (t > a && t > ws && is_ws(s[t - 1])) t--;
+    if (t == ws && a < ws) t = a;      /* all of s[a..k) is whitespace */
     emit(p, s + a, t - a);
     return t;
 }
@@ -398,14 +400,16 @@ static int scan_text(GlmParser *p, size_t *off, int final)
 {
     const char *s = p->pend.p + *off;
     size_t n = p->pend.n - *off;
+    size_t ws = p->held_ws < n ? p->held_ws : n;   /* whitespace the last feed held: no tag in it */
+    p->held_ws = 0;
     int nonws = 0;
-    for (size_t k = 0; k < n; k++) {
+    for (size_t k = ws; k < n; k++) {
         if (s[k] == '<') {
             int tag = TAG_NONE;
             size_t tag_len = 0;
             int m = tag_at(p, p->think_allowed && !nonws, s + k, n - k, &tag, &tag_len);
             if (m > 0) {
-                size_t t = emit_run(p, s, k);
+                size_t t = emit_run(p, s, k, ws);
                 if (tag == TAG_CALL_OPEN) {
                     buf_clear(&p->call_ws);
                     buf_put(&p->call_ws, s + t, k - t);
@@ -422,20 +426,23 @@ static int scan_text(GlmParser *p, size_t *off, int final)
                 return 1;
             }
             if (m < 0 && !final) {
-                *off += emit_run(p, s, k);
+                size_t t = emit_run(p, s, k, ws);
+                p->held_ws = k - t;
+                *off += t;
                 return 0;
             }
         }
         if (!is_ws(s[k])) nonws = 1;
     }
     if (!final) {
-        size_t t = emit_run(p, s, n);
+        size_t t = emit_run(p, s, n, ws);
         /* no tag can follow (content, no tools, past the place of a <think>): the whitespace
          * is content for sure, and is sent now as a parser-less server would */
         if (p->state == GLM_ST_CONTENT && !p->opt.parse_tools && !p->think_allowed && !p->after_call) {
             emit(p, s + t, n - t);
             t = n;
         }
+        p->held_ws = n - t;
         *off += t;
         return 0;
     }
@@ -470,12 +477,21 @@ static int scan_call(GlmParser *p, size_t *off, int final)
 {
     const char *s = p->pend.p + *off;
     size_t n = p->pend.n - *off;
-    const char *e = n > p->close_from ? memmem(s + p->close_from, n - p->close_from, CALL_CLOSE, S_LEN(CALL_CLOSE)) : NULL;
+    const char *e;
+    /* The first </tool_call> from an earlier block's start is the first from this one's too when
+     * it lies past this tag (each <tool_call> nested in junk would search the rest again). */
+    if (p->close_at == SIZE_MAX) e = NULL;
+    else if (p->close_at && p->close_at - 1 >= *off + S_LEN(CALL_OPEN)) e = p->pend.p + p->close_at - 1;
+    else {
+        e = n > p->close_from ? memmem(s + p->close_from, n - p->close_from, CALL_CLOSE, S_LEN(CALL_CLOSE)) : NULL;
+        if (e) p->close_at = (size_t)(e - p->pend.p) + 1;
+    }
     if (!e) {
         if (!final) {
             if (n >= S_LEN(CALL_CLOSE) && n - S_LEN(CALL_CLOSE) + 1 > p->close_from) p->close_from = n - S_LEN(CALL_CLOSE) + 1;
             return 0;
         }
+        p->close_at = SIZE_MAX;
         degrade(p, off, "no </tool_call>");
         return 1;
     }
@@ -509,6 +525,7 @@ static void run(GlmParser *p, int final, GlmParseDelta *d)
     size_t off = 0;
     while (p->state == GLM_ST_CALL ? scan_call(p, &off, final) : scan_text(p, &off, final)) {}
     if (off) {
+        if (p->close_at != SIZE_MAX) p->close_at = p->close_at > off ? p->close_at - off : 0;
         memmove(p->pend.p, p->pend.p + off, p->pend.n - off);
         p->pend.n -= off;
         p->pend.p[p->pend.n] = 0;

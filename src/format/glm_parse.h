@@ -78,6 +78,11 @@ typedef struct {
     GlmParseBuf pend;       /* text not decided yet: held whitespace, a possible tag prefix, or an
                                open <tool_call> block up to its </tool_call> */
     size_t close_from;      /* in an open block: where to resume looking for </tool_call> */
+    size_t close_at;        /* 1 + where in pend the </tool_call> of the last block searched is, 0
+                               none known, SIZE_MAX none to the end (final): a block nested in a
+                               malformed one ends there too, found without searching again */
+    size_t held_ws;         /* pend starts with this much whitespace, already scanned (held while
+                               a tag may follow): not scanned again, so a long run stays linear */
     GlmParseBuf call_ws;    /* the whitespace before the open <tool_call> (restored if malformed) */
     GlmParseBuf out_reasoning, out_content; /* this feed's delta text */
     json_t *out_calls;      /* this feed's closed calls (streaming shape), or NULL */

@@ -50,11 +50,21 @@ static int64_t e4m3_first_nan(const uint8_t *p, int64_t n)
     return -1;
 }
 
-/* a per-tensor scale (NVFP4 weight_scale_2, FP8 weight_scale): finite and not negative, else err */
-static int scale_ok(const SafeTensors *st, const StTensor *t, const char *what, char *err, size_t errlen)
+/* A per-tensor scale (NVFP4 weight_scale_2, FP8 weight_scale, input_scale): one float, F32 as
+ * ModelOpt writes it (BF16 and F16 hold a scale exactly too; any other dtype would be read as
+ * a different number), and with check_value finite and not negative; else err. */
+static int scale_ok(const SafeTensors *st, const StTensor *t, const char *what, int check_value, char *err,
+                    size_t errlen)
 {
+    if (t->numel != 1 || (t->dtype != DT_F32 && t->dtype != DT_BF16 && t->dtype != DT_F16)) {
+        char s[128];
+        shape_str(t, s, sizeof s);
+        errbuf_set(err, errlen, "%s: tensor '%s': %s must hold one F32, BF16 or F16 value, got %s %s",
+                   tfile(st, t), t->name, what, dtype_name(t->dtype), s);
+        return 0;
+    }
     float v = scalar_of(t);
-    if (isfinite(v) && v >= 0) return 1;
+    if (!check_value || (isfinite(v) && v >= 0)) return 1;
     errbuf_set(err, errlen, "%s: tensor '%s': %s must be a finite scale >= 0, got %g", tfile(st, t), t->name, what, v);
     return 0;
 }
@@ -73,13 +83,18 @@ int load_qtensor(const SafeTensors *st, const char *prefix, QTensor *w, char *er
         return -1;
     }
     int64_t N = wt->shape[0], Kst = wt->shape[1];
-    char sname[512], s2name[512], siname[512];
+    char sname[512], s2name[512], siname[512], iname[512];
     snprintf(sname, sizeof sname, "%s.weight_scale", prefix);
     snprintf(s2name, sizeof s2name, "%s.weight_scale_2", prefix);
     snprintf(siname, sizeof siname, "%s.weight_scale_inv", prefix);
+    snprintf(iname, sizeof iname, "%s.input_scale", prefix);
     const StTensor *sc = safetensors_find(st, sname), *sc2 = safetensors_find(st, s2name),
-                   *sci = safetensors_find(st, siname);
+                   *sci = safetensors_find(st, siname), *isc = safetensors_find(st, iname);
     w->rows = N;
+    /* the activation scale of a quantized linear: unused (weight-only), but it says what the
+       checkpoint is, so it must be one too */
+    if ((wt->dtype == DT_U8 || wt->dtype == DT_F8_E4M3) && isc && !scale_ok(st, isc, "input_scale", 0, err, errlen))
+        return -1;
     switch (wt->dtype) {
     case DT_F32: w->fmt = QF_F32; w->cols = Kst; return 1;
     case DT_BF16: w->fmt = QF_BF16; w->cols = Kst; return 1;
@@ -100,12 +115,7 @@ int load_qtensor(const SafeTensors *st, const char *prefix, QTensor *w, char *er
                        dtype_name(sc->dtype), s);
             return -1;
         }
-        if (sc2->numel != 1 || (sc2->dtype != DT_F32 && sc2->dtype != DT_BF16 && sc2->dtype != DT_F16)) {
-            errbuf_set(err, errlen, "%s: tensor '%s': weight_scale_2 must be one float, got %s with %lld elements",
-                       tfile(st, sc2), s2name, dtype_name(sc2->dtype), (long long)sc2->numel);
-            return -1;
-        }
-        if (!scale_ok(st, sc2, "weight_scale_2", err, errlen)) return -1;
+        if (!scale_ok(st, sc2, "weight_scale_2", 1, err, errlen)) return -1;
         int64_t nan = e4m3_first_nan(sc->data, N * (K / 16));
         if (nan >= 0) {
             errbuf_set(err, errlen, "%s: tensor '%s': block scale of row %lld, columns %lld..%lld is an E4M3 NaN (0x%02x): the "
@@ -136,13 +146,13 @@ int load_qtensor(const SafeTensors *st, const char *prefix, QTensor *w, char *er
             w->scale_dtype = sci->dtype;
             return 1;
         }
-        if (sc && sc->numel == 1) { /* ModelOpt FP8 per tensor: W = q * weight_scale */
-            if (!scale_ok(st, sc, "weight_scale", err, errlen)) return -1;
+        if (sc) { /* ModelOpt FP8 per tensor: W = q * weight_scale */
+            if (!scale_ok(st, sc, "FP8 weight_scale", 1, err, errlen)) return -1;
             w->fmt = QF_FP8;
             w->gscale = scalar_of(sc);
             return 1;
         }
-        errbuf_set(err, errlen, "%s: tensor '%s': F8_E4M3 weight without a scalar weight_scale or a weight_scale_inv",
+        errbuf_set(err, errlen, "%s: tensor '%s': F8_E4M3 weight without a weight_scale or a weight_scale_inv",
                    tfile(st, wt), name);
         return -1;
     default:

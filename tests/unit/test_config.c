@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
+#include "base/util.h"
 #include "format/config.h"
 #include "format/safetensors.h"
 #include "model/model.h"
@@ -741,6 +742,135 @@ TEST(config_quant_load)
     write_text(path, "{\"quantization\": ");
     EXPECT(quant_config_load(&q, d, err, sizeof err) == -1, "bad JSON accepted");
     EXPECT(strstr(err, "hf_quant_config.json: invalid JSON") != NULL, "%s", err);
+}
+
+/* Which routed-expert linears of GLM-5's MoE layers (3..77) the list of config_quant_excluded_many
+   excludes, from what each pattern means (proj 0 gate, 1 up, 2 down). */
+static int many_oracle(int l, int e, int proj)
+{
+    return (e % 16 == 0 && proj == 2)                          /* exact names */
+        || e == 7                                             /* "experts.7": whole segments */
+        || (e == 250 && proj == 1)                            /* "experts.250.up_proj" */
+        || (l == 5 && e == 3) || l == 6 || (l == 7 && e == 2) /* trees "...experts.3*", "...experts*" */
+        || (l == 9 && e == 100 && proj == 0)                  /* tree of one module */
+        || (l == 8 && (e == 4 || e == 5))                     /* tree "...experts.[45]*" */
+        || ((l == 10 || l == 20) && e >= 10 && e <= 19 && proj == 0) /* "model.layers.[12]0...1?..." */
+        || (l >= 40 && l <= 49 && e == 200 && proj == 0)      /* "model.layers.4?..." */
+        || (e == 9 && proj == 1)                              /* ".experts.9.up_proj" */
+        || e == 11                                            /* "experts.11." */
+        || (e == 255 && proj == 2)                            /* "*.experts.255.down_proj" */
+        || (l == 3 && e == 1);                                /* "layers.3.mlp.experts.1" */
+}
+
+/* Thousands of exclude patterns of every kind (exact names, runs of segments, "path*" trees,
+ * wildcards, a '.' at either end, names that match nothing) against GLM-5's 61k linears: the
+ * compiled patterns quant_config_load builds answer as each pattern tried in turn does (the
+ * reference: the same config without its index) for every module and some odd names, and
+ * `moeserve info` counts the excluded experts the patterns' meaning gives. */
+TEST(config_quant_excluded_many)
+{
+    static const char *const projs[] = {"gate_proj", "up_proj", "down_proj"};
+    json_t *pats = json_array();
+    char name[256];
+    for (int l = 0; l < 79; l++) {
+        for (int e = 0; e < 256; e += 16) {
+            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.down_proj", l, e);
+            json_array_append_new(pats, json_string(name));
+            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.down_proj.x", l, e); /* matches nothing */
+            json_array_append_new(pats, json_string(name));
+        }
+        snprintf(name, sizeof name, "model.layers.%d.self_attn.kv_b_proj", l);
+        json_array_append_new(pats, json_string(name));
+    }
+    static const char *const more[] = {
+        "lm_head", "*mlp.gate", "model.layers.78*", "experts.7", "experts.250.up_proj",
+        "model.layers.5.mlp.experts.3*", "model.layers.6.mlp.experts*", "model.layers.7.mlp.experts.2*",
+        "model.layers.9.mlp.experts.100.gate_proj*", "model.layers.8.mlp.experts.[45]*",
+        "model.layers.[12]0.mlp.experts.1?.gate_proj", "model.layers.4?.mlp.experts.200.gate_proj",
+        ".experts.9.up_proj", "experts.11.", "*.experts.255.down_proj", "experts\\.12", "", "a*b.*",
+        "model.layers.1", "layers.3.mlp.experts.1", "x.y*", "model.layers.2.",
+    };
+    for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) json_array_append_new(pats, json_string(more[i]));
+    int n_pats = (int)json_array_size(pats);
+    const char *d = tmp_model_dir("many-excludes");
+    char path[600];
+    snprintf(path, sizeof path, "%s/config.json", d);
+    char *cfg = file_read_all(test_data("configs/glm5-nvfp4/config.json"), NULL);
+    ASSERT(cfg, "no glm5-nvfp4 fixture");
+    write_text(path, cfg);
+    free(cfg);
+    json_t *hq = json_pack("{s:{s:s}, s:{s:s, s:i, s:s, s:o}}", "producer", "name", "modelopt", "quantization",
+                           "quant_algo", "NVFP4", "group_size", 16, "kv_cache_quant_algo", "FP8", "exclude_modules", pats);
+    snprintf(path, sizeof path, "%s/hf_quant_config.json", d);
+    ASSERT(json_dump_file(hq, path, 0) == 0, "cannot write %s", path);
+    json_decref(hq);
+
+    QuantConfig q;
+    char err[1024] = "";
+    ASSERT(quant_config_load(&q, d, err, sizeof err) == 0, "%s", err);
+    EXPECT_EQ_INT(q.n_exclude, n_pats);
+    EXPECT(q.index != NULL, "quant_config_load built no index");
+    QuantConfig ref = q;
+    ref.index = NULL;
+    long long n_names = 0, n_excluded = 0, n_experts_excluded = 0, n_mismatch = 0;
+    static const char *const layer_mods[] = {"self_attn.q_a_proj", "self_attn.q_b_proj", "self_attn.kv_a_proj_with_mqa",
+        "self_attn.kv_b_proj", "self_attn.o_proj", "self_attn.indexer.wq_b", "self_attn.indexer.wk",
+        "self_attn.indexer.weights_proj", "mlp.gate", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+        "mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj", "mlp.shared_experts.down_proj", "eh_proj", ""};
+    static const char *const odd[] = {"", ".", "..", "lm_head", "model.lm_head", "model.embed_tokens", "a*b.", "a*b.c",
+        "model.layers.1", "model.layers.12", "model.layers.2.", "model.layers.78", "model.layers.780",
+        "x.y", "x.yz", "x.y*", "q.x.y.r", "experts.7", ".experts.7.", "mlp.experts.11", "experts\\.12"};
+    for (int l = 0; l < 80; l++) {
+        for (size_t k = 0; k < sizeof layer_mods / sizeof layer_mods[0] + 3 * 257; k++) {
+            size_t nl = sizeof layer_mods / sizeof layer_mods[0];
+            if (k < nl) snprintf(name, sizeof name, "model.layers.%d.%s", l, layer_mods[k]);
+            else snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%zu.%s", l, (k - nl) / 3, projs[(k - nl) % 3]);
+            int a = quant_config_excluded(&q, name), b = quant_config_excluded(&ref, name);
+            if (a != b && n_mismatch++ < 10) fprintf(stderr, "    %s: indexed %d, each pattern %d\n", name, a, b);
+            n_names++;
+            n_excluded += a;
+            if (k >= nl && l >= 3 && l < 78 && (k - nl) / 3 < 256) {
+                n_experts_excluded += a;
+                int want = many_oracle(l, (int)(k - nl) / 3, (int)(k - nl) % 3);
+                if (a != want && n_mismatch++ < 10) fprintf(stderr, "    %s: excluded %d, want %d\n", name, a, want);
+            }
+        }
+    }
+    for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++) {
+        int a = quant_config_excluded(&q, odd[i]), b = quant_config_excluded(&ref, odd[i]);
+        if (a != b && n_mismatch++ < 10) fprintf(stderr, "    '%s': indexed %d, each pattern %d\n", odd[i], a, b);
+    }
+    EXPECT_EQ_INT(n_mismatch, 0);
+    long long want_experts = 0;
+    for (int l = 3; l < 78; l++)
+        for (int e = 0; e < 256; e++)
+            for (int k = 0; k < 3; k++) want_experts += many_oracle(l, e, k);
+    EXPECT_EQ_INT(n_experts_excluded, want_experts);
+    fprintf(stderr, "    %lld names, %lld excluded (%lld routed-expert linears), %d patterns\n", n_names, n_excluded,
+            n_experts_excluded, n_pats);
+    /* a pattern added after the load: the index is stale, every pattern is tried */
+    char **grown = xmalloc((size_t)(q.n_exclude + 1) * sizeof *grown);
+    memcpy(grown, q.exclude, (size_t)q.n_exclude * sizeof *grown);
+    grown[q.n_exclude] = "model.layers.3.mlp.experts.1.up_proj";
+    QuantConfig g = q;
+    g.exclude = grown;
+    g.n_exclude++;
+    EXPECT(quant_config_excluded(&g, "model.layers.3.mlp.experts.1.up_proj"), "pattern added after the index");
+    free(grown);
+    quant_config_free(&q);
+
+    json_t *j = info_json(d);
+    if (!j) return;
+    EXPECT_EQ_INT(jint(j, "precision.exclude_patterns"), n_pats);
+    EXPECT_EQ_INT(jint(j, "precision.kinds.experts.bf16.modules"), want_experts);
+    EXPECT_EQ_INT(jint(j, "precision.kinds.experts.bf16.params"), want_experts * 2048 * 6144);
+    EXPECT_EQ_INT(jint(j, "precision.kinds.experts.nvfp4.modules"), 75LL * 256 * 3 - want_experts);
+    EXPECT_EQ_INT(jint(j, "precision.kinds.mtp.bf16.modules"), 8 + 1 + 3 * 256 + 3 + 1); /* "model.layers.78*" */
+    EXPECT_EQ_INT(jint(j, "precision.kinds.router.bf16.modules"), 75);
+    /* kv_b_proj, and the rest of layers 1 and 2 ("model.layers.1", "model.layers.2.") */
+    EXPECT_EQ_INT(jint(j, "precision.kinds.attention.bf16.modules"), 78 + 2 * 4);
+    EXPECT_EQ_INT(jint(j, "precision.kinds.attention.nvfp4.modules"), 78 * 5 - 78 - 2 * 4);
+    json_decref(j);
 }
 
 /* ---- moeserve info ---- */

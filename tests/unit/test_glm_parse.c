@@ -193,6 +193,26 @@ static int streams_agree(const char *label, const char *text, const GlmParseOpti
     return 1;
 }
 
+/* For long texts: byte by byte and `n_random` seeded random chunkings (1 to 4096 bytes). */
+static int streams_agree_long(const char *label, const char *text, size_t len, const GlmParseOptions *o,
+                              const GlmParseResult *w, uint64_t seed, int n_random)
+{
+    size_t one = 1;
+    if (!same_as_whole(label, text, len, o, w, &one, 1)) return 0;
+    Rng r;
+    rng_seed(&r, seed);
+    size_t chunks[64];
+    for (int t = 0; t < n_random; t++) {
+        size_t maxc = (size_t)1 << (rng_u64(&r) % 13);
+        for (int i = 0; i < 64; i++) chunks[i] = 1 + rng_u64(&r) % maxc;
+        if (!same_as_whole(label, text, len, o, w, chunks, 64)) {
+            fprintf(stderr, "    %s: random chunking %d of seed %llu\n", label, t, (unsigned long long)seed);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* ---- scripted outputs ---- */
 
 typedef struct {
@@ -549,6 +569,120 @@ TEST(glm_parse_no_tools_sends_whitespace)
         glm_parse_finish(&p, &d);
         glm_parse_free(&p);
     }
+}
+
+/* A run of whitespace (WS_CHARS cycled, n bytes) for glm_parse_long_runs. */
+static void put_ws(Sb *b, size_t n)
+{
+    static const char WS_CHARS[] = " \n\t \r\n";
+    for (size_t i = 0; i < n; i++) sb_put(b, &WS_CHARS[i % (sizeof WS_CHARS - 1)], 1);
+}
+
+/* Long outputs that once made streaming quadratic keep their result: long whitespace runs next
+ * to <think>, </think> and <tool_call> tags, next to partial tags and between words (held while
+ * a tag may follow, and once scanned again on every feed), well-formed and malformed calls, and
+ * many <tool_call>s nested in junk before one </tool_call> or none (each once searched the rest
+ * of the output for its close). The whole-text parse must equal an answer built beside the
+ * text, and streaming byte by byte and in seeded random chunkings must equal the whole. */
+TEST(glm_parse_long_runs)
+{
+    int quiet = log_level;
+    log_level = LOG_ERROR;
+    const uint64_t seed = 20260611;
+    fprintf(stderr, "    seed %llu\n", (unsigned long long)seed);
+    Sb text = { 0 }, reasoning = { 0 }, content = { 0 };
+    char num[32];
+    /* leading and closing whitespace of the reasoning goes with its tags; inner runs stay */
+    put_ws(&text, 5000);
+    sb_put(&text, "<think>", 7);
+    put_ws(&text, 3000);
+    sb_put(&text, "r a", 3), sb_put(&reasoning, "r a", 3);
+    put_ws(&text, 65536), put_ws(&reasoning, 65536);
+    sb_put(&text, "b </thi ng <", 12), sb_put(&reasoning, "b </thi ng <", 12);
+    put_ws(&text, 4000);
+    sb_put(&text, "</think>", 8);
+    put_ws(&text, 7000);
+    json_t *want_calls = json_array();
+    const int n_seg = 48;
+    int n_warn = 0;
+    for (int i = 0; i < n_seg; i++) {
+        size_t w = 1 + (size_t)i * 977 % 4096, w2 = 1 + (size_t)i * 331 % 2048;
+        int m = snprintf(num, sizeof num, "c%d", i);
+        sb_put(&text, num, (size_t)m), sb_put(&content, num, (size_t)m);
+        put_ws(&text, w), put_ws(&content, w);
+        sb_put(&text, "d", 1), sb_put(&content, "d", 1);
+        put_ws(&text, w); /* before a tag: dropped (A), restored with a malformed call (B), text (C) */
+        if (i % 3 == 0) { /* A: a call; the whitespace after it separates content and stays */
+            m = snprintf(num, sizeof num, "%d", i);
+            sb_put(&text, "<tool_call>f", 12);
+            put_ws(&text, w2);
+            sb_put(&text, "<arg_key>k</arg_key>", 20);
+            put_ws(&text, w2);
+            sb_put(&text, "<arg_value>", 11), sb_put(&text, num, (size_t)m), sb_put(&text, "</arg_value>", 12);
+            put_ws(&text, w2);
+            sb_put(&text, "</tool_call>", 12);
+            json_array_append_new(want_calls, json_pack("[s, {s:i}]", "f", "k", i));
+        } else if (i % 3 == 1) { /* B: junk, then a call nested in it */
+            put_ws(&content, w);
+            sb_put(&text, "<tool_call>bad name", 19), sb_put(&content, "<tool_call>bad name", 19);
+            put_ws(&text, w2);
+            sb_put(&text, "<tool_call>g</tool_call>", 24);
+            json_array_append_new(want_calls, json_pack("[s, {}]", "g"));
+            n_warn++;
+        } else { /* C: partial tags that turn out to be text */
+            put_ws(&content, w);
+            sb_put(&text, "x <tool_ca", 10), sb_put(&content, "x <tool_ca", 10);
+            put_ws(&text, w2), put_ws(&content, w2);
+            sb_put(&text, "</tool y", 8), sb_put(&content, "</tool y", 8);
+        }
+        put_ws(&text, w2), put_ws(&content, w2);
+    }
+    sb_put(&text, "end", 3), sb_put(&content, "end", 3);
+    put_ws(&text, 9000), put_ws(&content, 9000); /* the end: trailing whitespace stays */
+
+    GlmParseOptions o = { .start = GLM_PARSE_START_CONTENT, .parse_tools = 1, .id_seed = 1 };
+    GlmParseResult r;
+    glm_parse_text(text.p, text.n, &o, &r);
+    EXPECT(strcmp(r.reasoning, sb_str(&reasoning)) == 0, "reasoning (%zu bytes, want %zu): \"%s\"", strlen(r.reasoning),
+           reasoning.n, show(r.reasoning));
+    EXPECT(strcmp(r.content, sb_str(&content)) == 0, "content (%zu bytes, want %zu): \"%s\"", strlen(r.content),
+           content.n, show(r.content));
+    EXPECT_EQ_INT(r.n_warnings, n_warn);
+    EXPECT_EQ_INT(json_array_size(r.tool_calls), json_array_size(want_calls));
+    size_t k;
+    json_t *tc;
+    json_array_foreach(r.tool_calls, k, tc) {
+        json_t *f = json_object_get(tc, "function"), *want = json_array_get(want_calls, k);
+        json_error_t je;
+        json_t *args = json_loads(json_string_value(json_object_get(f, "arguments")), 0, &je);
+        EXPECT(json_equal(json_object_get(f, "name"), json_array_get(want, 0)) && json_equal(args, json_array_get(want, 1)),
+               "call %zu: %s %s", k, json_string_value(json_object_get(f, "name")),
+               json_string_value(json_object_get(f, "arguments")));
+        json_decref(args);
+    }
+    EXPECT(streams_agree_long("long_runs", text.p, text.n, &o, &r, seed, 4), "long whitespace runs");
+    glm_parse_result_free(&r);
+    json_decref(want_calls);
+
+    /* <tool_call> nested in junk, with one </tool_call> at the end or none: all of it is content */
+    for (int t = 0; t < 2; t++) {
+        Sb junk = { 0 };
+        for (int i = 0; i < 20000; i++) sb_put(&junk, "<tool_call>f x", 14);
+        if (t == 0) sb_put(&junk, "</tool_call>", 12);
+        o.start = GLM_PARSE_START_AFTER_THINK;
+        glm_parse_text(junk.p, junk.n, &o, &r);
+        EXPECT(strcmp(r.content, junk.p) == 0, "nested junk %d: content of %zu bytes, want %zu", t, strlen(r.content),
+               junk.n);
+        EXPECT_EQ_INT(r.n_warnings, 20000);
+        EXPECT_EQ_INT(json_array_size(r.tool_calls), 0);
+        EXPECT(streams_agree_long("nested_junk", junk.p, junk.n, &o, &r, seed + 1 + (uint64_t)t, 2), "nested junk %d", t);
+        glm_parse_result_free(&r);
+        free(junk.p);
+    }
+    free(text.p);
+    free(reasoning.p);
+    free(content.p);
+    log_level = quiet;
 }
 
 TEST(glm_parse_start_of_prompt)

@@ -13,11 +13,16 @@
 #include "format/safetensors.h"
 #include "test.h"
 
-typedef enum { MUT_NONE, MUT_DROP, MUT_HALVE_1D, MUT_AS_I32, MUT_POKE } Mutation;
+typedef enum { MUT_NONE, MUT_DROP, MUT_HALVE_1D, MUT_AS_I32, MUT_POKE, MUT_REPLACE } Mutation;
 
-/* MUT_POKE: poke_n bytes of poke written at byte poke_off of the target tensor's data */
+/* MUT_POKE: poke_n bytes of poke written at byte poke_off of the target tensor's data;
+ * MUT_REPLACE: the target becomes a rep_dtype tensor of shape rep_shape[0, rep_ndim) whose
+ * poke_n bytes are poke */
 static size_t poke_off, poke_n;
 static const void *poke;
+static DType rep_dtype;
+static int rep_ndim;
+static int64_t rep_shape[2];
 
 /* Copy src checkpoint (single model.safetensors) to dst with one tensor mutated. */
 static int copy_mutated(const char *src, const char *dst, const char *target, Mutation mut)
@@ -41,6 +46,11 @@ static int copy_mutated(const char *src, const char *dst, const char *target, Mu
             if (mut == MUT_DROP) continue;
             if (mut == MUT_HALVE_1D) { s.shape[0] /= 2; nb /= 2; }
             if (mut == MUT_AS_I32) { s.dtype = DT_I32; s.shape[s.ndim - 1] /= 2; }
+            if (mut == MUT_REPLACE) {
+                s.dtype = rep_dtype, s.ndim = rep_ndim;
+                memcpy(s.shape, rep_shape, sizeof rep_shape);
+                nb = poke_n;
+            }
             if (mut == MUT_POKE && poke_off + poke_n <= nb) {
                 poked = malloc(nb);
                 memcpy(poked, t->data, nb);
@@ -51,6 +61,7 @@ static int copy_mutated(const char *src, const char *dst, const char *target, Mu
         }
         specs[n] = s;
         data[n] = poked && !strcmp(t->name, target) ? poked : t->data;
+        if (mut == MUT_REPLACE && !strcmp(t->name, target)) data[n] = poke;
         nbytes[n++] = nb;
     }
     if (!hit && mut != MUT_NONE) test_fail(__FILE__, __LINE__, "fixture has no tensor %s", target);
@@ -416,10 +427,10 @@ TEST(loader_fused_experts)
     expect_same_logits(src, dst);
 }
 
-/* A linear weight of the golden fixture re-stored as FP8 (ModelOpt per tensor on even layers,
- * 128x128 blocks on odd ones), next to an F32 twin holding exactly the decoded values: the two
- * checkpoints must give bit-identical logits, which checks FP8 detection and decoding. */
-TEST(loader_fp8_formats)
+/* The golden fixture with its layers' linears re-stored as FP8 in d8 (ModelOpt per tensor, with
+ * an F32 weight_scale and input_scale, on even layers; 128x128 blocks with an F32
+ * weight_scale_inv on odd ones), and in d32 an F32 twin holding exactly the decoded values. */
+static void write_fp8_pair(const char *d8, const char *d32)
 {
     const char *src = test_data("golden/glm5-bf16");
     char err[1024];
@@ -451,6 +462,10 @@ TEST(loader_fp8_formats)
             qt.gscale = *sc;
             snprintf(nm, sizeof nm, "%.*s.weight_scale", (int)(len - 7), t->name);
             out_add(&o8, nm, DT_F32, 0, NULL, sc, 4, sc);
+            float *in = malloc(sizeof(float));
+            *in = 0.25f; /* a static activation scale: read by no one (weight-only) */
+            snprintf(nm, sizeof nm, "%.*s.input_scale", (int)(len - 7), t->name);
+            out_add(&o8, nm, DT_F32, 0, NULL, in, 4, in);
         } else {
             int64_t gb[2] = {(N + 127) / 128, (K + 127) / 128};
             float *si = malloc(gb[0] * gb[1] * sizeof(float));
@@ -468,11 +483,73 @@ TEST(loader_fp8_formats)
         n8++;
     }
     EXPECT(n8 > 10, "only %d linears converted", n8);
-    const char *d8 = case_dir("fp8"), *d32 = case_dir("fp8-twin");
     EXPECT(out_write(&o8, d8) == 0);
     EXPECT(out_write(&o32, d32) == 0);
     safetensors_free(&st);
     copy_config(src, d8);
     copy_config(src, d32);
+}
+
+/* FP8 next to its F32 twin (write_fp8_pair): the two checkpoints must give bit-identical
+ * logits, which checks FP8 detection and decoding. */
+TEST(loader_fp8_formats)
+{
+    const char *d8 = case_dir("fp8"), *d32 = case_dir("fp8-twin");
+    write_fp8_pair(d8, d32);
     expect_same_logits(d8, d32);
+}
+
+/* An FP8 checkpoint whose scales have the wrong dtype or shape is refused, naming the tensor and
+ * what it must be; it was read as whatever number its bytes made (an I8 1 as a scale of 1.0).
+ * The dtypes that hold a scale exactly still load. */
+TEST(loader_fp8_bad_scales)
+{
+    char d8[512]; /* case_dir's buffers rotate */
+    snprintf(d8, sizeof d8, "%s", case_dir("fp8-src"));
+    write_fp8_pair(d8, case_dir("fp8-src-twin"));
+    const char *ws = "model.layers.0.self_attn.o_proj.weight_scale", *is = "model.layers.0.self_attn.o_proj.input_scale",
+               *si = "model.layers.1.self_attn.o_proj.weight_scale_inv"; /* o_proj: [128, 128], one block */
+    const int32_t one_i32 = 1;
+    const float two_f32[2] = {1, 1}, four_f32[4] = {0};
+    const struct { const char *t; DType dt; int ndim; int64_t shape[2]; const void *p; size_t n; const char *want; } bad[] = {
+        {ws, DT_I8, 0, {0}, "\x01", 1, "FP8 weight_scale must hold one F32, BF16 or F16 value, got I8 []"},
+        {ws, DT_I32, 0, {0}, &one_i32, 4, "got I32 []"},
+        {ws, DT_F8_E4M3, 0, {0}, "\x38", 1, "got F8_E4M3 []"},
+        {ws, DT_U8, 1, {1}, "\x01", 1, "got U8 [1]"},
+        {ws, DT_F32, 1, {2}, two_f32, 8, "FP8 weight_scale must hold one F32, BF16 or F16 value, got F32 [2]"},
+        {is, DT_I8, 0, {0}, "\x01", 1, "input_scale must hold one F32, BF16 or F16 value, got I8 []"},
+        {is, DT_F32, 2, {2, 2}, four_f32, 16, "got F32 [2, 2]"},
+        {si, DT_I32, 2, {1, 1}, &one_i32, 4, "block scales must be F32/BF16 [1, 1], got I32 [1, 1]"},
+        {si, DT_F32, 2, {2, 1}, two_f32, 8, "got F32 [2, 1]"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *dir = case_dir("fp8-bad-scale");
+        rep_dtype = bad[i].dt, rep_ndim = bad[i].ndim, poke = bad[i].p, poke_n = bad[i].n;
+        memcpy(rep_shape, bad[i].shape, sizeof rep_shape);
+        ASSERT(copy_mutated(d8, dir, bad[i].t, MUT_REPLACE) == 0);
+        expect_one_line_error(dir, (const char *[]){bad[i].t, "model.safetensors", bad[i].want, NULL});
+    }
+    /* the same scale as BF16 (its value rounded) or F32 [1]; the block scales as BF16 */
+    char err[1024];
+    SafeTensors st = {0};
+    ASSERT(safetensors_open_dir(&st, d8, err, sizeof err) == 0, "%s", err);
+    float v = dtype_load(DT_F32, safetensors_find(&st, ws)->data, 0), vi = dtype_load(DT_F32, safetensors_find(&st, si)->data, 0);
+    safetensors_free(&st);
+    uint32_t u, ui;
+    memcpy(&u, &v, 4);
+    memcpy(&ui, &vi, 4);
+    const uint16_t b = (uint16_t)((u + 0x8000) >> 16), bi = (uint16_t)((ui + 0x8000) >> 16);
+    const struct { const char *t; DType dt; int ndim; int64_t shape[2]; const void *p; size_t n; } good[] = {
+        {ws, DT_BF16, 0, {0}, &b, 2}, {ws, DT_F32, 1, {1}, &v, 4}, {si, DT_BF16, 2, {1, 1}, &bi, 2},
+    };
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        const char *dir = case_dir("fp8-scale-ok");
+        rep_dtype = good[i].dt, rep_ndim = good[i].ndim, poke = good[i].p, poke_n = good[i].n;
+        memcpy(rep_shape, good[i].shape, sizeof rep_shape);
+        ASSERT(copy_mutated(d8, dir, good[i].t, MUT_REPLACE) == 0);
+        char cmd[8192], *out = NULL;
+        snprintf(cmd, sizeof cmd, "%s logits --model %s --tokens 1,2,3 --out %s/x.f32", test_bin(), dir, test_tmpdir());
+        EXPECT(test_run(cmd, &out) == 0, "%s %s: %s: %s", good[i].t, good[i].dt == DT_BF16 ? "BF16" : "F32 [1]", cmd, out);
+        free(out);
+    }
 }
