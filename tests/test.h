@@ -43,5 +43,12 @@ const char *test_assets(void);            /* $MOESERVE_ASSETS, else ../shared/as
 float *test_read_f32(const char *path, size_t *n);
 /* Run a shell command; returns its exit status; *out (if given) receives stdout+stderr. */
 int test_run(const char *cmd, char **out);
+/* SIGALRM in secs seconds (0: cancel, and the default action back), caught without SA_RESTART:
+ * a call that would block forever (the open or read of a FIFO no one writes) fails with EINTR
+ * instead of hanging the run. */
+void test_alarm(unsigned secs);
+/* A FIFO at dir/name (dir made if absent, the name replaced) that no one writes: its path
+ * (static buffer, rotates 4), or NULL. */
+const char *test_fifo(const char *dir, const char *name);
 
 #endif

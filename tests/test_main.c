@@ -5,6 +5,7 @@
 #include "test.h"
 
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -111,6 +112,30 @@ const char *test_assets(void)
         else snprintf(dir, sizeof dir, "%s/../shared/assets", test_root());
     }
     return dir;
+}
+
+static void on_alarm(int sig) { (void)sig; }
+
+void test_alarm(unsigned secs)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = secs ? on_alarm : SIG_DFL;
+    sigemptyset(&sa.sa_mask);
+    alarm(0);
+    sigaction(SIGALRM, &sa, NULL);
+    alarm(secs);
+}
+
+const char *test_fifo(const char *dir, const char *name)
+{
+    static char bufs[4][4400];
+    static int k;
+    char *p = bufs[k++ % 4];
+    mkdir(dir, 0755);
+    snprintf(p, sizeof bufs[0], "%s/%s", dir, name);
+    unlink(p);
+    return mkfifo(p, 0644) == 0 ? p : NULL;
 }
 
 int test_run(const char *cmd, char **out)

@@ -5,6 +5,7 @@
 #include "util.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -12,6 +13,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 int log_level = LOG_INFO;
 int log_rank = -1;
@@ -122,14 +124,35 @@ void errbuf_set(char *err, size_t errlen, const char *fmt, ...)
     va_end(ap);
 }
 
+int file_open_regular(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) != 0) return -1;
+    if (!S_ISREG(st.st_mode)) { errno = FILE_NOT_REGULAR; return -1; } /* not even opened */
+    /* O_NONBLOCK: the path may turn into a FIFO between the stat and the open; fstat then
+     * refuses what was opened. The flag changes nothing for a regular file's reads. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return -1;
+    int e = fstat(fd, &st) != 0 ? errno : !S_ISREG(st.st_mode) ? FILE_NOT_REGULAR : 0;
+    if (!e && fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) e = errno;
+    if (e) {
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
+}
+
 char *file_read_all(const char *path, size_t *len)
 {
     if (len) *len = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
+    int fd = file_open_regular(path);
+    if (fd < 0) return NULL;
+    FILE *f = fdopen(fd, "rb");
+    if (!f) { int e = errno; close(fd); errno = e; return NULL; }
     struct stat st;
     int e = 0;
-    if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size > FILE_READ_MAX) {
+    if (fstat(fd, &st) == 0 && (uint64_t)st.st_size > FILE_READ_MAX) {
         fclose(f);                               /* too long, known without reading it */
         errno = EFBIG;
         return NULL;
@@ -156,7 +179,23 @@ char *file_read_all(const char *path, size_t *len)
 const char *file_read_error(int errnum)
 {
     _Static_assert(FILE_READ_MAX == (size_t)64 << 20, "the message below names the limit");
+    if (errnum == FILE_NOT_REGULAR) return "not a regular file";
     return errnum == EFBIG ? "more than 64 MiB, the limit for reading a whole file" : strerror(errnum);
+}
+
+json_t *file_read_json(const char *path, size_t flags, char *err, size_t errlen)
+{
+    size_t n;
+    char *text = file_read_all(path, &n);
+    if (!text) {
+        errbuf_set(err, errlen, "cannot read: %s", file_read_error(errno));
+        return NULL;
+    }
+    json_error_t je;
+    json_t *j = json_loadb(text, n, flags, &je);
+    free(text);
+    if (!j) errbuf_set(err, errlen, "not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
+    return j;
 }
 
 int file_exists(const char *path)

@@ -4,6 +4,8 @@
 #ifndef MOESERVE_UTIL_H
 #define MOESERVE_UTIL_H
 
+#include <errno.h>
+#include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -39,14 +41,28 @@ double clock_now(void); /* monotonic seconds */
 /* Formatting into a caller's buffer for error messages: snprintf that never overflows. */
 void errbuf_set(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
-/* Reading a whole small file (config.json, a template, a text to tokenize) into a NUL-terminated
- * buffer. Returns NULL (and sets *len = 0) when it cannot be read, errno saying why; the caller
- * frees. At most FILE_READ_MAX bytes: a longer file, or one that never ends (/dev/zero, a FIFO
- * written to forever), is refused with errno EFBIG after reading FILE_READ_MAX + 1 bytes. */
+/* Files a model directory or an option names are regular files: anything else (a FIFO, whose
+ * open waits for a writer that may never come; a device such as /dev/zero, which never ends; a
+ * directory) is refused at once with errno FILE_NOT_REGULAR, which no read of a regular file
+ * gives (STREAMS' "not a stream"). file_open_regular returns a blocking read-only descriptor, or
+ * -1 with errno set; it never waits. */
+#define FILE_NOT_REGULAR ENOSTR
+int file_open_regular(const char *path);
+
+/* Reading a whole small regular file (config.json, a template, a text to tokenize) into a
+ * NUL-terminated buffer. Returns NULL (and sets *len = 0) when it cannot be read, errno saying
+ * why; the caller frees. At most FILE_READ_MAX bytes: a longer file (or one that grows while it
+ * is read, or whose size the file system does not know) is refused with errno EFBIG after
+ * reading FILE_READ_MAX + 1 bytes. */
 #define FILE_READ_MAX ((size_t)64 << 20)
 char *file_read_all(const char *path, size_t *len);
-/* Why file_read_all failed, from its errno: strerror's words, or the limit for EFBIG. */
+/* Why file_read_all failed, from its errno: strerror's words, "not a regular file", or the limit
+ * for EFBIG. */
 const char *file_read_error(int errnum);
+/* A whole JSON file (json_loadb flags) read by file_read_all, so within its bounds (jansson's
+ * json_load_file reads /dev/zero or a FIFO forever); NULL with err "cannot read: why" or "not
+ * valid JSON: why (line L, column C)" (the caller names the file). */
+json_t *file_read_json(const char *path, size_t flags, char *err, size_t errlen);
 int file_exists(const char *path);
 /* dir + "/" + name into out; returns out. */
 char *path_join(char *out, size_t outlen, const char *dir, const char *name);

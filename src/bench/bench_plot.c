@@ -60,8 +60,9 @@ static Series *series_for(Series *s, int *ns, const char *name)
 
 static void read_file(const char *path, Series *s, int *ns)
 {
-    FILE *f = fopen(path, "r");
-    if (!f) fatal("bench plot: cannot open %s", path);
+    int fd = file_open_regular(path); /* a FIFO would wait for a writer, a device never end */
+    FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
+    if (!f) fatal("bench plot: cannot open %s: %s", path, file_read_error(errno));
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
     char *line = NULL;

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../base/util.h"
 #include "../format/tokenizer.h"
@@ -234,10 +235,21 @@ static void shuffle(Pair *p, int n, Rng *r)
     }
 }
 
+/* A dataset file: a regular file (a FIFO would wait for a writer, a device never end) of any
+ * size (ShareGPT's is 642 MB, over file_read_all's limit). */
+static int open_dataset(const char *path)
+{
+    int fd = file_open_regular(path);
+    if (fd < 0) fatal("bench serve: cannot open %s: %s", path, file_read_error(errno));
+    return fd;
+}
+
 static json_t *load_json(const char *path)
 {
     json_error_t e;
-    json_t *root = json_load_file(path, 0, &e);
+    int fd = open_dataset(path);
+    json_t *root = json_loadfd(fd, 0, &e);
+    close(fd);
     if (!root) fatal("bench serve: %s: line %d: %s", path, e.line, e.text);
     return root;
 }
@@ -325,8 +337,8 @@ static const char *jsonl_prompt(json_t *e)
 
 static void build_jsonl(Dataset *d, const DatasetOptions *o, Rng *r)
 {
-    FILE *f = fopen(o->path, "r");
-    if (!f) fatal("bench serve: cannot open %s", o->path);
+    FILE *f = fdopen(open_dataset(o->path), "r");
+    if (!f) fatal("bench serve: cannot open %s: %s", o->path, strerror(errno));
     char *line = NULL;
     size_t lcap = 0;
     ssize_t got;

@@ -210,8 +210,8 @@ void calibrate_get(Ceilings *c, Backend *be, Dist *d, int quick, int force)
     cache_path(c, path, sizeof path);
     int cached = 0;
     if (!force) { /* every rank decides alike: rank 0 reads, then tells */
-        json_error_t je;
-        json_t *o = (!d || d->rank == 0) ? json_load_file(path, 0, &je) : NULL;
+        char why[400]; /* a cache that cannot be read is measured again */
+        json_t *o = (!d || d->rank == 0) ? file_read_json(path, 0, why, sizeof why) : NULL;
         cached = o && ceilings_from_json(c, o) == 0;
         if (o) json_decref(o);
         if (d && d->world > 1) {

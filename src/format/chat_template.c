@@ -4799,11 +4799,11 @@ ChatTemplate *chat_template_load(const char *model_dir, char *err, size_t errlen
         return t;
     }
     path_join(path, sizeof path, model_dir, "tokenizer_config.json");
-    json_error_t je;
-    json_t *cfg = json_load_file(path, 0, &je);
+    char e1[400];
+    json_t *cfg = file_read_json(path, 0, e1, sizeof e1);
     if (!cfg) {
         if (!file_exists(path)) errbuf_set(err, errlen, "%s: no chat_template.jinja or tokenizer_config.json", model_dir);
-        else errbuf_set(err, errlen, "%s: %s (line %d)", path, je.text, je.line);
+        else errbuf_set(err, errlen, "%s: %s", path, e1);
         return NULL;
     }
     json_t *ct = json_object_get(cfg, "chat_template");

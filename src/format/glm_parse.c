@@ -250,6 +250,155 @@ static int param_is_string(json_t *props, const char *key, size_t key_len)
     return schema_is_string(json_object_get(props, k));
 }
 
+/* ---- the arguments of a block ----
+ * The <tool_call>s nested in a malformed block all end at its </tool_call> and walk the same
+ * bytes: the tag indexes find each closing tag once per block end, and the arguments after an
+ * </arg_value> (whose reason to fail depends on nothing before it) are walked once. */
+
+static void tag_index_reset(GlmTagIndex *x)
+{
+    x->lo = x->hi = SIZE_MAX;
+    x->n = 0;
+}
+
+static void tag_index_free(GlmTagIndex *x)
+{
+    free(x->at);
+    free(x->why);
+    memset(x, 0, sizeof *x);
+}
+
+static void tag_index_add(GlmTagIndex *x, size_t at)
+{
+    if (x->n == x->cap) {
+        x->cap = x->cap ? 2 * x->cap : 64;
+        x->at = xrealloc(x->at, x->cap * sizeof *x->at);
+        x->why = xrealloc(x->why, x->cap * sizeof *x->why);
+    }
+    x->at[x->n] = at;
+    x->why[x->n++] = NULL;
+}
+
+/* The first tag (len bytes) at or after pend offset q that ends by offset end, as memmem would
+ * find it, with its index in x in *idx; SIZE_MAX when none. */
+static size_t tag_index_find(GlmTagIndex *x, const char *pend, size_t end, const char *tag, size_t len, size_t q,
+                             size_t *idx)
+{
+    if (q < x->lo) x->lo = x->hi = q, x->n = 0; /* not covered: start over from q */
+    size_t a = 0, b = x->n;
+    while (a < b) {
+        size_t m = a + (b - a) / 2;
+        if (x->at[m] < q) a = m + 1;
+        else b = m;
+    }
+    if (a < x->n) return *idx = a, x->at[a];
+    while (x->hi < end) {
+        const char *f = end - x->hi >= len ? memmem(pend + x->hi, end - x->hi, tag, len) : NULL;
+        if (!f) { x->hi = end; break; }
+        tag_index_add(x, (size_t)(f - pend));
+        x->hi = (size_t)(f - pend) + 1;
+        if (x->at[x->n - 1] >= q) return *idx = x->n - 1, x->at[x->n - 1];
+    }
+    return SIZE_MAX;
+}
+
+/* One <arg_key>K</arg_key> sep <arg_value>V</arg_value> at b (its <arg_key> checked): *a gets
+ * its key (trimmed) and raw value, *vi the index of its </arg_value>; or the reason it is
+ * malformed. */
+static const char *parse_arg(GlmParser *p, const char *b, const char *end, GlmArg *a, size_t *vi)
+{
+    const char *pend = p->pend.p;
+    size_t e = (size_t)(end - pend), i;
+    b += S_LEN(KEY_OPEN);
+    size_t k = tag_index_find(&p->key_close, pend, e, KEY_CLOSE, S_LEN(KEY_CLOSE), (size_t)(b - pend), &i);
+    if (k == SIZE_MAX) return "unterminated <arg_key>";
+    const char *ke = pend + k;
+    /* '<' looked for before trimming: keys nested in one another share their </arg_key> (and
+     * the whitespace before it), and all but the last hold a '<' */
+    if (memchr(b, '<', (size_t)(ke - b))) return "bad argument name";
+    *a = (GlmArg){ .key = b, .key_len = (size_t)(ke - b) };
+    trim(&a->key, &a->key_len);
+    if (a->key_len == 0) return "bad argument name";
+    b = skip_sep(ke + S_LEN(KEY_CLOSE), end);
+    if (!starts_with(b, end, VALUE_OPEN, S_LEN(VALUE_OPEN))) return "<arg_key> without <arg_value>";
+    b += S_LEN(VALUE_OPEN);
+    size_t v = tag_index_find(&p->value_close, pend, e, VALUE_CLOSE, S_LEN(VALUE_CLOSE), (size_t)(b - pend), vi);
+    if (v == SIZE_MAX) return "unterminated <arg_value>";
+    a->val = b;
+    a->val_len = (size_t)(pend + v - b);
+    return NULL;
+}
+
+/* Walk the arguments from b to end into *args (every occurrence, in order), or return the
+ * reason they are malformed. */
+static const char *parse_args(GlmParser *p, const char *b, const char *end, GlmArg **args, size_t *n_args)
+{
+    size_t e = (size_t)(end - p->pend.p), cap = 0, n = 0;
+    if (e != p->memo_end) {
+        tag_index_reset(&p->key_close);
+        tag_index_reset(&p->value_close);
+        p->memo_end = e;
+    }
+    size_t *closes = NULL; /* [n] each argument's </arg_value> in value_close */
+    const char *why = NULL;
+    while (b < end) {
+        if (!starts_with(b, end, KEY_OPEN, S_LEN(KEY_OPEN))) {
+            why = n ? "text between arguments" : "text after the function name";
+            break;
+        }
+        GlmArg a;
+        size_t vi;
+        if ((why = parse_arg(p, b, end, &a, &vi))) break;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 8;
+            *args = xrealloc(*args, cap * sizeof **args);
+            closes = xrealloc(closes, cap * sizeof *closes);
+        }
+        (*args)[n] = a;
+        closes[n++] = vi;
+        if ((why = p->value_close.why[vi])) break; /* walked before, from an outer <tool_call> */
+        b = skip_sep(a.val + a.val_len + S_LEN(VALUE_CLOSE), end);
+    }
+    for (size_t i = 0; why && i < n; i++) p->value_close.why[closes[i]] = why;
+    free(closes);
+    *n_args = n;
+    return why;
+}
+
+static int key_eq(const GlmArg *a, const GlmArg *b)
+{
+    return a->key_len == b->key_len && memcmp(a->key, b->key, a->key_len) == 0;
+}
+
+/* By key, then by place. */
+static int arg_cmp(const void *x, const void *y)
+{
+    const GlmArg *a = *(GlmArg *const *)x, *b = *(GlmArg *const *)y;
+    int c = memcmp(a->key, b->key, a->key_len < b->key_len ? a->key_len : b->key_len);
+    if (c) return c;
+    if (a->key_len != b->key_len) return a->key_len < b->key_len ? -1 : 1;
+    return a < b ? -1 : a > b;
+}
+
+/* A repeated key keeps its first place and takes its last value (as a dict does); sorted by key
+ * so that many arguments stay n log n. Returns how many are left in args. */
+static size_t args_dedup(GlmArg *args, size_t n)
+{
+    GlmArg **by_key = xmalloc((n ? n : 1) * sizeof *by_key);
+    for (size_t i = 0; i < n; i++) by_key[i] = &args[i];
+    qsort(by_key, n, sizeof *by_key, arg_cmp);
+    for (size_t i = 0, j; i < n; i = j) {
+        for (j = i + 1; j < n && key_eq(by_key[i], by_key[j]); j++) by_key[j]->key = NULL; /* dropped */
+        by_key[i]->val = by_key[j - 1]->val;
+        by_key[i]->val_len = by_key[j - 1]->val_len;
+    }
+    free(by_key);
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (args[i].key) args[m++] = args[i];
+    return m;
+}
+
 /* ---- core ---- */
 
 /* Parse one whole <tool_call>...</tool_call> block into *call_out (non-streaming shape), or
@@ -265,54 +414,29 @@ static const char *parse_block(GlmParser *p, const char *s, size_t n, json_t **c
     if (p->opt.known_only && !tool_function(p->opt.tools, name, name_len)) return "a function that is not among the tools";
     json_t *jname = json_stringn(name, name_len);
     if (!jname) return "function name is not UTF-8";
-    json_t *props = tool_properties(p->opt.tools, name, name_len);
 
     GlmArg *args = NULL;
-    size_t n_args = 0, cap = 0;
-    const char *why = NULL;
-    b = skip_sep(b, end);
-    while (b < end) {
-        if (!starts_with(b, end, KEY_OPEN, S_LEN(KEY_OPEN))) {
-            why = n_args ? "text between arguments" : "text after the function name";
-            break;
-        }
-        b += S_LEN(KEY_OPEN);
-        const char *ke = memmem(b, (size_t)(end - b), KEY_CLOSE, S_LEN(KEY_CLOSE));
-        if (!ke) { why = "unterminated <arg_key>"; break; }
-        GlmArg a = { .key = b, .key_len = (size_t)(ke - b) };
-        trim(&a.key, &a.key_len);
-        if (a.key_len == 0 || memchr(a.key, '<', a.key_len)) { why = "bad argument name"; break; }
-        b = skip_sep(ke + S_LEN(KEY_CLOSE), end);
-        if (!starts_with(b, end, VALUE_OPEN, S_LEN(VALUE_OPEN))) { why = "<arg_key> without <arg_value>"; break; }
-        b += S_LEN(VALUE_OPEN);
-        const char *ve = memmem(b, (size_t)(end - b), VALUE_CLOSE, S_LEN(VALUE_CLOSE));
-        if (!ve) { why = "unterminated <arg_value>"; break; }
-        a.val = b;
-        a.val_len = (size_t)(ve - b);
-        b = skip_sep(ve + S_LEN(VALUE_CLOSE), end);
-        /* The template writes strings raw and every other value as JSON. A parameter the
-         * tool's schema types as a string keeps its text exactly; any other value that parses
-         * as JSON other than a string is that value (its text kept as the model wrote it), and
-         * what is left is a string with its surrounding whitespace trimmed (as vLLM does). */
-        if (!param_is_string(props, a.key, a.key_len)) {
-            trim(&a.val, &a.val_len);
-            json_error_t je;
-            json_t *j = a.val_len ? json_loadb(a.val, a.val_len, JSON_DECODE_ANY | JSON_DECODE_INT_AS_REAL, &je) : NULL;
-            a.is_json = j && !json_is_string(j);
-            json_decref(j);
-        }
-        size_t i = 0; /* a repeated key replaces the earlier value in its place (as a dict does) */
-        while (i < n_args && !(args[i].key_len == a.key_len && memcmp(args[i].key, a.key, a.key_len) == 0)) i++;
-        if (i == n_args) {
-            if (n_args == cap) cap = cap ? 2 * cap : 8, args = xrealloc(args, cap * sizeof *args);
-            n_args++;
-        }
-        args[i] = a;
-    }
+    size_t n_args = 0;
+    const char *why = parse_args(p, skip_sep(b, end), end, &args, &n_args);
     if (why) {
         free(args);
         json_decref(jname);
         return why;
+    }
+    n_args = args_dedup(args, n_args);
+    /* The template writes strings raw and every other value as JSON. A parameter the tool's
+     * schema types as a string keeps its text exactly; any other value that parses as JSON
+     * other than a string is that value (its text kept as the model wrote it), and what is left
+     * is a string with its surrounding whitespace trimmed (as vLLM does). */
+    json_t *props = tool_properties(p->opt.tools, name, name_len);
+    for (size_t i = 0; i < n_args; i++) {
+        GlmArg *a = &args[i];
+        if (param_is_string(props, a->key, a->key_len)) continue;
+        trim(&a->val, &a->val_len);
+        json_error_t je;
+        json_t *j = a->val_len ? json_loadb(a->val, a->val_len, JSON_DECODE_ANY | JSON_DECODE_INT_AS_REAL, &je) : NULL;
+        a->is_json = j && !json_is_string(j);
+        json_decref(j);
     }
 
     GlmParseBuf t = { 0 };
@@ -530,6 +654,7 @@ static void run(GlmParser *p, int final, GlmParseDelta *d)
         p->pend.n -= off;
         p->pend.p[p->pend.n] = 0;
     }
+    p->memo_end = SIZE_MAX; /* pend moved; every block sharing an end closed in this feed */
     d->reasoning = p->out_reasoning.n ? p->out_reasoning.p : "";
     d->reasoning_len = p->out_reasoning.n;
     d->content = p->out_content.n ? p->out_content.p : "";
@@ -558,12 +683,15 @@ void glm_parse_init(GlmParser *p, const GlmParseOptions *opt)
     p->eat_ws = opt->start != GLM_PARSE_START_CONTENT;
     p->think_allowed = opt->start == GLM_PARSE_START_CONTENT;
     p->calls = json_array();
+    p->memo_end = SIZE_MAX;
 }
 
 void glm_parse_free(GlmParser *p)
 {
     buf_free(&p->pend);
     buf_free(&p->call_ws);
+    tag_index_free(&p->key_close);
+    tag_index_free(&p->value_close);
     buf_free(&p->out_reasoning);
     buf_free(&p->out_content);
     json_decref(p->out_calls);

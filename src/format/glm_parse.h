@@ -67,6 +67,16 @@ typedef struct {
 
 typedef struct { char *p; size_t n, cap; } GlmParseBuf; /* p NUL-terminated when cap > 0 */
 
+/* Where one closing tag occurs in pend, for the <tool_call> blocks that share one </tool_call>
+ * (those nested in a malformed block): each searches the same bytes, so what one found is kept. */
+typedef struct {
+    size_t lo, hi;          /* every occurrence starting in pend[lo..hi) is in at[]; lo SIZE_MAX: none */
+    size_t *at;             /* [n] offsets in pend, ascending */
+    const char **why;       /* [n] </arg_value> only: why the arguments after it are malformed, NULL
+                               while not known */
+    size_t n, cap;
+} GlmTagIndex;
+
 /* The streaming parser. */
 typedef struct {
     GlmParseOptions opt;
@@ -81,6 +91,8 @@ typedef struct {
     size_t close_at;        /* 1 + where in pend the </tool_call> of the last block searched is, 0
                                none known, SIZE_MAX none to the end (final): a block nested in a
                                malformed one ends there too, found without searching again */
+    size_t memo_end;        /* the </tool_call> offset in pend the two indexes belong to, or SIZE_MAX */
+    GlmTagIndex key_close, value_close; /* </arg_key>s and </arg_value>s before memo_end */
     size_t held_ws;         /* pend starts with this much whitespace, already scanned (held while
                                a tag may follow): not scanned again, so a long run stays linear */
     GlmParseBuf call_ws;    /* the whitespace before the open <tool_call> (restored if malformed) */

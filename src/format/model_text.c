@@ -36,10 +36,10 @@ static void read_generation_config(ModelText *t, const char *dir)
 {
     char path[4200];
     path_join(path, sizeof path, dir, "generation_config.json");
-    json_error_t jerr;
-    json_t *g = json_load_file(path, 0, &jerr);
+    char err[400];
+    json_t *g = file_read_json(path, 0, err, sizeof err);
     if (!g) {
-        if (access(path, F_OK) == 0) log_warn("%s: not read (%s, line %d); the sampling defaults are moeserve's", path, jerr.text, jerr.line);
+        if (access(path, F_OK) == 0) log_warn("%s: not read (%s); the sampling defaults are moeserve's", path, err);
         return;
     }
     SamplingParams *p = &t->defaults;

@@ -388,18 +388,18 @@ int safetensors_open_file(SafeTensors *st, const char *path, char *err, size_t e
 static int st_open_index(SafeTensors *st, const char *dir, const char *ipath, char *err, size_t errlen)
 {
     struct stat sb;
-    if (stat(ipath, &sb) != 0) { errbuf_set(err, errlen, "%s: %s", ipath, strerror(errno)); return -1; }
-    if (!S_ISREG(sb.st_mode)) { /* a FIFO would block the read below, a device never end */
-        errbuf_set(err, errlen, "%s: not a regular file", ipath);
-        return -1;
-    }
+    int fd = file_open_regular(ipath); /* a FIFO would block the read below, a device never end */
+    if (fd < 0) { errbuf_set(err, errlen, "%s: %s", ipath, file_read_error(errno)); return -1; }
+    if (fstat(fd, &sb) != 0) sb.st_size = 0;   /* cannot fail: file_open_regular just did it */
     if ((uint64_t)sb.st_size > ST_MAX_INDEX) {
         errbuf_set(err, errlen, "%s: %llu bytes, over the limit of %u", ipath,
                    (unsigned long long)sb.st_size, ST_MAX_INDEX);
+        close(fd);
         return -1;
     }
     json_error_t je;
-    json_t *root = json_load_file(ipath, JSON_REJECT_DUPLICATES, &je);
+    json_t *root = json_loadfd(fd, JSON_REJECT_DUPLICATES, &je); /* a regular file: ends */
+    close(fd);
     if (!root) {
         errbuf_set(err, errlen, "%s: not valid JSON: %s (line %d, column %d)", ipath, je.text, je.line, je.column);
         return -1;

@@ -1862,10 +1862,10 @@ Tokenizer *tokenizer_load(const char *path, char *err, size_t errlen)
         errbuf_set(err, errlen, "%s: no tokenizer.json in this directory", file);
         return NULL;
     }
-    json_error_t je;
-    json_t *root = json_load_file(file, JSON_ALLOW_NUL, &je), *cfg = NULL;
+    char e1[400];
+    json_t *root = file_read_json(file, JSON_ALLOW_NUL, e1, sizeof e1), *cfg = NULL;
     if (!root) {
-        errbuf_set(err, errlen, "%s: cannot read tokenizer: %s%s", file, je.text,
+        errbuf_set(err, errlen, "%s: %s%s", file, e1,
                    file_exists(file) ? "" : " (give a tokenizer.json or a directory holding one)");
         return NULL;
     }
@@ -1913,9 +1913,9 @@ Tokenizer *tokenizer_load(const char *path, char *err, size_t errlen)
     if (at && !json_is_array(at)) { errbuf_set(err, errlen, "added_tokens is not a list"); return load_fail(t, root, cfg, err, errlen, file); }
     if (at && add_tokens(t, at, &next_id, err, errlen)) return load_fail(t, root, cfg, err, errlen, file);
     if (file_exists(cfgpath)) {
-        cfg = json_load_file(cfgpath, 0, &je);
+        cfg = file_read_json(cfgpath, 0, e1, sizeof e1);
         if (!cfg) {
-            errbuf_set(err, errlen, "%s", je.text);
+            errbuf_set(err, errlen, "%s", e1);
             return load_fail(t, root, cfg, err, errlen, cfgpath);
         }
         const char *key;

@@ -811,6 +811,32 @@ TEST(bench_serve_plot)
     free(out);
 }
 
+/* A FIFO no one writes as --dataset-path (JSONL or ShareGPT) or a file to plot is refused at once
+ * as not a regular file: its open used to wait forever for a writer (`timeout` turns that into
+ * exit 124). No server is needed: the dataset is read before any request. */
+TEST(bench_serve_fifo_refused)
+{
+    char dir[4400], cmd[9000], *out = NULL;
+    snprintf(dir, sizeof dir, "%s/bench_fifo", test_tmpdir());
+    const char *fifo = test_fifo(dir, "prompts.jsonl");
+    ASSERT(fifo, "mkfifo in %s", dir);
+    static const char *const names[] = {"jsonl", "sharegpt"};
+    for (int d = 0; d < 2; d++) {
+        snprintf(cmd, sizeof cmd, "timeout 20 '%s' bench serve --base-url http://127.0.0.1:1 --model m --dataset-name %s "
+                 "--dataset-path '%s' --tokenizer '%s/models/builtin' --num-prompts 1 --quiet", test_bin(), names[d], fifo,
+                 test_root());
+        EXPECT_EQ_INT(test_run(cmd, &out), 1);
+        EXPECT(out && strstr(out, "error: bench serve: cannot open ") && strstr(out, "prompts.jsonl: not a regular file"),
+               "%s: %s", names[d], out ? out : "");
+        free(out);
+    }
+    snprintf(cmd, sizeof cmd, "timeout 20 '%s' bench plot '%s'", test_bin(), fifo);
+    EXPECT_EQ_INT(test_run(cmd, &out), 1);
+    EXPECT(out && strstr(out, "error: bench plot: cannot open ") && strstr(out, "prompts.jsonl: not a regular file"), "%s",
+           out ? out : "");
+    free(out);
+}
+
 /* ---- a sweep against `moeserve serve` on the CPU ---- */
 
 static int free_port(void)

@@ -13,6 +13,7 @@
 #include <jansson.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/util.h"
 #include "format/chat_template.h"
@@ -497,6 +498,33 @@ TEST(chat_load_dir)
     write_file(d, "chat_template.jinja", "{{ x | wordwrap }}");
     EXPECT(!render_dir(d, 0, err, sizeof err));
     EXPECT(strstr(err, "chat_template.jinja") && strstr(err, "wordwrap"), "%s", err);
+}
+
+/* A FIFO no one writes in place of chat_template.jinja or tokenizer_config.json is refused at once
+ * as not a regular file: its open used to wait forever for a writer (the alarm turns such a wait
+ * into a wrong error). A tokenizer_config.json over file_read_all's bound is refused by its size
+ * (jansson's json_load_file read any length). */
+TEST(chat_load_refused_files)
+{
+    static const char *const names[] = {"chat_template.jinja", "tokenizer_config.json", "tokenizer_config.json"};
+    for (int i = 0; i < 3; i++) {
+        char d[4400], p[4500], err[512] = "";
+        snprintf(d, sizeof d, "%s/chat_refused%d", test_tmpdir(), i);
+        if (i < 2) {
+            ASSERT(test_fifo(d, names[i]), "mkfifo %s/%s", d, names[i]);
+        } else {
+            mkdir(d, 0755);
+            snprintf(p, sizeof p, "%s/%s", d, names[i]);
+            FILE *f = fopen(p, "w");
+            ASSERT(f && fclose(f) == 0 && truncate(p, (off_t)FILE_READ_MAX + 1) == 0, "%s", p); /* sparse */
+        }
+        const char *why = i < 2 ? ": cannot read: not a regular file" : ": cannot read: more than 64 MiB";
+        test_alarm(2);
+        ChatTemplate *t = chat_template_load(d, err, sizeof err);
+        test_alarm(0);
+        EXPECT(!t && strstr(err, names[i]) && strstr(err, why), "%s: %s", names[i], err);
+        if (t) chat_template_free(t);
+    }
 }
 
 /* ---- speed: GLM-4.6's template on 20 messages ---- */

@@ -11,7 +11,10 @@
 #include "../test.h"
 
 #include <jansson.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "base/util.h"
 #include "format/chat_template.h"
@@ -351,6 +354,30 @@ static const Case CASES[] = {
       "<tool_call>a</tool_call>\n<tool_call>b<arg_key>", "", "<tool_call>b<arg_key>", "[[\"a\", {}]]", NULL, 1 },
     { "malformed_partial_tag_at_end", C46, 0, NULL, "Hello <tool_ca", "", "Hello <tool_ca", "[]", NULL, 0 },
     { "malformed_only_open_tag", COFF, 0, NULL, "\n<tool_call>", "", "<tool_call>", "[]", NULL, 1 },
+
+    /* blocks nested in arguments, whose walks share their closing tags (glm_parse_nested_arguments) */
+    { "nested_in_value_both_malformed", COFF, 0, NULL,
+      "<tool_call>f<arg_key>a</arg_key><arg_value><tool_call>g<arg_key>b</arg_key><arg_value>2</arg_value>x</tool_call>",
+      "", "<tool_call>f<arg_key>a</arg_key><arg_value><tool_call>g<arg_key>b</arg_key><arg_value>2</arg_value>x</tool_call>",
+      "[]", NULL, 2 },
+    { "nested_in_value_outer_call", COFF, 0, NULL,
+      "<tool_call>f<arg_key>a</arg_key><arg_value><tool_call>g<arg_key>b</arg_key><arg_value>2</arg_value></tool_call>",
+      "", "", "[[\"f\", {\"a\": \"<tool_call>g<arg_key>b</arg_key><arg_value>2\"}]]", NULL, 0 },
+    { "nested_in_key_inner_call", COFF, 0, NULL,
+      "<tool_call>f<arg_key>x <tool_call>g<arg_key> k </arg_key><arg_value>1</arg_value></tool_call>",
+      "", "<tool_call>f<arg_key>x", "[[\"g\", {\"k\": 1}]]", NULL, 1 },
+    { "nested_keys_unterminated", COFF, 0, NULL, "<tool_call>f<arg_key>a<tool_call>g<arg_key>b</tool_call>", "",
+      "<tool_call>f<arg_key>a<tool_call>g<arg_key>b</tool_call>", "[]", NULL, 2 },
+    { "nested_keys_blank", COFF, 0, NULL, "<tool_call>f<arg_key><tool_call>g<arg_key>  </arg_key></tool_call>", "",
+      "<tool_call>f<arg_key><tool_call>g<arg_key>  </arg_key></tool_call>", "[]", NULL, 2 },
+    { "nested_after_value_call", COFF, 0, NULL,
+      "<tool_call>f<arg_key>a</arg_key><arg_value>1</arg_value>x<tool_call>g<arg_key>a</arg_key><arg_value>2</arg_value>"
+      "</tool_call>", "", "<tool_call>f<arg_key>a</arg_key><arg_value>1</arg_value>x", "[[\"g\", {\"a\": 2}]]", NULL, 1 },
+    { "duplicate_keys_interleaved", COFF, 0, NULL,
+      "<tool_call>f<arg_key>b</arg_key><arg_value>1</arg_value><arg_key>ab</arg_key><arg_value>2</arg_value>"
+      "<arg_key>a</arg_key><arg_value>3</arg_value><arg_key>b</arg_key><arg_value>\"s\"</arg_value>"
+      "<arg_key>a</arg_key><arg_value>[4]</arg_value><arg_key>b</arg_key><arg_value> x </arg_value></tool_call>",
+      "", "", NULL, "{\"b\":\"x\",\"ab\":2,\"a\":[4]}", 0 },
 };
 
 static int check_calls(const Case *c, json_t *got)
@@ -682,6 +709,107 @@ TEST(glm_parse_long_runs)
     free(text.p);
     free(reasoning.p);
     free(content.p);
+    log_level = quiet;
+}
+
+/* Run fn in a child process killed by SIGALRM after secs seconds (a guard against a parse
+ * that takes hours, not a timing): 1 when it ran to the end and its checks passed. */
+static int run_guarded(void (*fn)(void), unsigned secs)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) return 0;
+    if (pid == 0) {
+        alarm(secs);
+        fn();
+        _exit(test_failed_now() ? 1 : 0);
+    }
+    int st;
+    if (waitpid(pid, &st, 0) != pid) return 0;
+    if (WIFSIGNALED(st))
+        fprintf(stderr, "    killed by signal %d%s\n", WTERMSIG(st), WTERMSIG(st) == SIGALRM ? " (the guard)" : "");
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+/* text = unit repeated n times between head and tail */
+static void put_repeated(Sb *b, const char *head, const char *unit, size_t n, const char *tail)
+{
+    sb_put(b, head, strlen(head));
+    for (size_t i = 0; i < n; i++) sb_put(b, unit, strlen(unit));
+    sb_put(b, tail, strlen(tail));
+}
+
+/* Blocks nested in malformed ones all end at one </tool_call>: the whole output is content, one
+ * warning for each <tool_call>. */
+static void nested_malformed(void)
+{
+    struct { const char *head, *unit; size_t n; size_t ws; const char *tail; } cases[] = {
+        { "", "<tool_call>f<arg_key>", 100000, 0, "</tool_call>" },                 /* keys never closed */
+        { "", "<tool_call>f<arg_key>", 20000, 1 << 20, "</arg_key></tool_call>" }, /* one blank key */
+        { "", "<tool_call>f<arg_key>a</arg_key><arg_value>", 100000, 0, "</arg_value>x</tool_call>" },
+        { "", "<tool_call>f<arg_key>a</arg_key>", 100000, 0, "<arg_value>1</tool_call>" }, /* keys without values */
+        { "<tool_call>f", "<arg_key>", 1 << 20, 0, "</tool_call>" },
+    };
+    GlmParseOptions o = { .start = GLM_PARSE_START_AFTER_THINK, .parse_tools = 1, .id_seed = 1 };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        Sb text = { 0 };
+        put_repeated(&text, cases[c].head, cases[c].unit, cases[c].n, "");
+        put_ws(&text, cases[c].ws);
+        sb_put(&text, cases[c].tail, strlen(cases[c].tail));
+        GlmParseResult r;
+        glm_parse_text(text.p, text.n, &o, &r);
+        EXPECT(strcmp(r.content, text.p) == 0, "case %zu: content of %zu bytes, want %zu", c, strlen(r.content), text.n);
+        EXPECT_EQ_INT(r.n_warnings, cases[c].head[0] ? 1 : (long long)cases[c].n);
+        EXPECT_EQ_INT(json_array_size(r.tool_calls), 0);
+        if (c == 0) EXPECT(streams_agree_long("nested_keys", text.p, text.n, &o, &r, 20260612, 2), "case 0 streamed");
+        glm_parse_result_free(&r);
+        free(text.p);
+    }
+}
+
+/* One call with many arguments, each key given twice: first places, last values. */
+static void many_arguments(void)
+{
+    const int n = 200000;
+    Sb text = { 0 };
+    char arg[96];
+    sb_put(&text, "<tool_call>f", 12);
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < n; i++) sb_put(&text, arg, (size_t)snprintf(arg, sizeof arg,
+                                           "<arg_key>k%d</arg_key><arg_value>%d</arg_value>", i, pass * n + i));
+    sb_put(&text, "</tool_call>", 12);
+    GlmParseOptions o = { .start = GLM_PARSE_START_AFTER_THINK, .parse_tools = 1, .id_seed = 1 };
+    GlmParseResult r;
+    glm_parse_text(text.p, text.n, &o, &r);
+    EXPECT_EQ_INT(r.n_warnings, 0);
+    ASSERT(json_array_size(r.tool_calls) == 1, "%zu calls", json_array_size(r.tool_calls));
+    json_error_t je;
+    const char *a = json_string_value(json_object_get(json_object_get(json_array_get(r.tool_calls, 0), "function"), "arguments"));
+    json_t *args = json_loads(a ? a : "", JSON_PRESERVE_ORDER, &je);
+    ASSERT(json_object_size(args) == (size_t)n, "%zu arguments", json_object_size(args));
+    int i = 0, ok = 1;
+    const char *key;
+    json_t *v;
+    json_object_foreach(args, key, v) {
+        snprintf(arg, sizeof arg, "k%d", i);
+        if (strcmp(key, arg) || json_integer_value(v) != n + i) { ok = 0; break; }
+        i++;
+    }
+    EXPECT(ok, "argument %d: %s = %lld", i, key, (long long)json_integer_value(v));
+    json_decref(args);
+    glm_parse_result_free(&r);
+    free(text.p);
+}
+
+/* Hostile tool-call blocks that were quadratic (a second or more for each 100 KB; these take
+ * minutes without the fix): <tool_call>s nested in keys or values of a malformed block, each
+ * walking the rest of it again, and a call with many (repeated) arguments. */
+TEST(glm_parse_nested_arguments)
+{
+    int quiet = log_level;
+    log_level = LOG_ERROR;
+    EXPECT(run_guarded(nested_malformed, 60), "nested malformed blocks");
+    EXPECT(run_guarded(many_arguments, 60), "many arguments");
     log_level = quiet;
 }
 

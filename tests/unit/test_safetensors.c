@@ -60,19 +60,6 @@ static int write_raw(const char *path, uint64_t hlen, const char *header, size_t
     return rc;
 }
 
-/* SIGALRM in secs seconds, with a handler installed without SA_RESTART: a call that would block
- * forever (an open or read of a FIFO no one writes) fails with EINTR instead of hanging the run. */
-static void st_on_alarm(int sig) { (void)sig; }
-static void st_alarm(unsigned secs)
-{
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = st_on_alarm;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGALRM, &sa, NULL);
-    alarm(secs);
-}
-
 static int st_is_zero(const SafeTensors *st)
 {
     return !st->files && !st->n_files && !st->tensors && !st->n_tensors;
@@ -622,9 +609,9 @@ TEST(safetensors_fifo_refused)
     const char *fifo = st_path("fifo.safetensors");
     unlink(fifo);
     ASSERT(mkfifo(fifo, 0644) == 0, "mkfifo %s", fifo);
-    st_alarm(2);
+    test_alarm(2);
     EXPECT_FAIL(fifo, "not a regular file", NULL);
-    alarm(0);
+    test_alarm(0);
 
     const char *dir = index_dir("idx_fifo", NULL);
     ASSERT(dir, "setup");
@@ -632,10 +619,9 @@ TEST(safetensors_fifo_refused)
     snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", dir);
     unlink(idx);
     ASSERT(mkfifo(idx, 0644) == 0, "mkfifo %s", idx);
-    st_alarm(2);
+    test_alarm(2);
     EXPECT_FAIL_DIR(dir, idx, "not a regular file");
-    alarm(0);
-    signal(SIGALRM, SIG_DFL);
+    test_alarm(0);
 }
 
 TEST(safetensors_dir_layouts)

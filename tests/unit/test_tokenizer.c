@@ -892,10 +892,9 @@ TEST(tokenizer_cli)
     tokenizer_free(t);
 }
 
-/* --text-file reads at most FILE_READ_MAX bytes: a longer file, a pipe or /dev/zero is refused
- * with one line naming the limit once that much is read (it used to be read to its end: /dev/zero
- * until memory ran out). The bounded cases come first, so that without the limit the test fails
- * rather than reading /dev/zero forever. */
+/* --text-file reads a regular file of at most FILE_READ_MAX bytes: a longer one is refused with
+ * one line naming the limit, known from its size without reading it; a pipe or /dev/zero is
+ * refused before any read as not a regular file (/dev/zero was read until memory ran out). */
 TEST(tokenizer_cli_text_file_limit)
 {
     char file[4400], args[9000], *out;
@@ -914,6 +913,10 @@ TEST(tokenizer_cli_text_file_limit)
     errno = 0;
     buf = file_read_all(file, &n);
     ASSERT(!buf && errno == EFBIG && n == 0, "a file one byte over the limit: %zu bytes read", n);
+    snprintf(args, sizeof args, "tokenize --tokenizer '%s' --text-file '%s'", test_data("tokenizer/synth-llama3"), file);
+    EXPECT_EQ_INT(run_cmd(args, &out), 1);
+    EXPECT(strstr(out, "over.txt: more than 64 MiB, the limit for reading a whole file\n"), "got '%s'", out);
+    free(out);
     /* a pipe (its size unknown until read) one byte over, then one without end */
     char head[64];
     snprintf(head, sizeof head, "head -c %zu /dev/zero", FILE_READ_MAX + 1);
@@ -926,13 +929,85 @@ TEST(tokenizer_cli_text_file_limit)
         buf = file_read_all(file, &n);
         int e = errno;
         pclose(p);
-        ASSERT(!buf && e == EFBIG, "%s: %zu bytes read", writers[k], n);
+        ASSERT(!buf && e == FILE_NOT_REGULAR && n == 0, "%s: %zu bytes read, %s", writers[k], n, file_read_error(e));
     }
     snprintf(args, sizeof args, "tokenize --tokenizer '%s' --text-file /dev/zero", test_data("tokenizer/synth-llama3"));
     EXPECT_EQ_INT(run_cmd(args, &out), 1);
-    EXPECT(!strcmp(out, "error: tokenize: cannot read /dev/zero: more than 64 MiB, the limit for reading a whole file\n"),
-           "got '%s'", out);
+    EXPECT(!strcmp(out, "error: tokenize: cannot read /dev/zero: not a regular file\n"), "got '%s'", out);
     free(out);
+}
+
+/* A FIFO no one writes where tokenizer.json, tokenizer_config.json or the --text-file should be
+ * is refused at once as not a regular file: its open used to wait forever for a writer (the
+ * alarm turns such a wait into a wrong error, `timeout` into exit 124). */
+TEST(tokenizer_fifo_refused)
+{
+    char dir[4400], err[1024], args[9000], *out = NULL;
+    snprintf(dir, sizeof dir, "%s/fifo_tokenizer", test_tmpdir());
+    const char *fifo = test_fifo(dir, "tokenizer.json");
+    ASSERT(fifo, "mkfifo in %s", dir);
+    test_alarm(2);
+    Tokenizer *t = tokenizer_load(dir, err, sizeof err);
+    test_alarm(0);
+    EXPECT(!t && strstr(err, "fifo_tokenizer/tokenizer.json: cannot read: not a regular file"), "%s", err);
+    tokenizer_free(t);
+    errno = 0;
+    size_t n = 1;
+    test_alarm(2);
+    char *buf = file_read_all(fifo, &n);
+    test_alarm(0);
+    EXPECT(!buf && errno == FILE_NOT_REGULAR && n == 0, "file_read_all: %s", file_read_error(errno));
+    free(buf);
+
+    snprintf(dir, sizeof dir, "%s/fifo_tokenizer_config", test_tmpdir());
+    ASSERT(test_fifo(dir, "tokenizer_config.json"), "mkfifo in %s", dir);
+    snprintf(args, sizeof args, "cp '%s/tokenizer.json' '%s'/", test_data("tokenizer/synth-llama3"), dir);
+    ASSERT(test_run(args, NULL) == 0, "%s", args);
+    test_alarm(2);
+    t = tokenizer_load(dir, err, sizeof err);
+    test_alarm(0);
+    EXPECT(!t && strstr(err, "tokenizer_config.json: cannot read: not a regular file"), "%s", err);
+    tokenizer_free(t);
+
+    snprintf(args, sizeof args, "timeout 20 '%s' tokenize --tokenizer '%s' --text-file '%s'", test_bin(),
+             test_data("tokenizer/synth-llama3"), fifo);
+    EXPECT_EQ_INT(test_run(args, &out), 1);
+    EXPECT(out && strstr(out, "error: tokenize: cannot read ") && strstr(out, "tokenizer.json: not a regular file\n"),
+           "got '%s'", out ? out : "");
+    free(out);
+}
+
+/* dir/name: a sparse file of size bytes (no disk used), dir made if absent; 0 on success. */
+static int sparse_file(const char *dir, const char *name, size_t size)
+{
+    char p[4500];
+    mkdir(dir, 0755);
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int rc = fd >= 0 && ftruncate(fd, (off_t)size) == 0 ? 0 : -1;
+    if (fd >= 0) close(fd);
+    return rc;
+}
+
+/* tokenizer.json and tokenizer_config.json are read within file_read_all's bound: one over it is
+ * refused by its size, named with the limit, before any byte is read (jansson's json_load_file
+ * read any length, and a file that never ends, into memory). */
+TEST(tokenizer_json_limit)
+{
+    char dir[4400], err[1024], cmd[9000];
+    snprintf(dir, sizeof dir, "%s/big_tokenizer", test_tmpdir());
+    ASSERT(sparse_file(dir, "tokenizer.json", FILE_READ_MAX + 1) == 0, "%s", dir);
+    Tokenizer *t = tokenizer_load(dir, err, sizeof err);
+    EXPECT(!t && strstr(err, "big_tokenizer/tokenizer.json: cannot read: more than 64 MiB, the limit"), "%s", err);
+    tokenizer_free(t);
+
+    snprintf(dir, sizeof dir, "%s/big_tokenizer_config", test_tmpdir());
+    ASSERT(sparse_file(dir, "tokenizer_config.json", FILE_READ_MAX + 1) == 0, "%s", dir);
+    snprintf(cmd, sizeof cmd, "cp '%s/tokenizer.json' '%s'/", test_data("tokenizer/synth-llama3"), dir);
+    ASSERT(test_run(cmd, NULL) == 0, "%s", cmd);
+    t = tokenizer_load(dir, err, sizeof err);
+    EXPECT(!t && strstr(err, "big_tokenizer_config/tokenizer_config.json: cannot read: more than 64 MiB"), "%s", err);
+    tokenizer_free(t);
 }
 
 /* Encoding speed on the ShareGPT prompts joined by newlines (the figure in docs/PERFORMANCE.md):
