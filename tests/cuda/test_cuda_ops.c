@@ -26,12 +26,22 @@
 static Backend cpu, gpu;
 static int ready;
 
+/* the backends given back at exit (before the CUDA runtime's own exit handler, registered when
+ * backend_cuda_init first touched the GPU): memcheck's leak check (scripts/memcheck.sh) then sees
+ * only what a test itself left allocated, not the backend's scratch and cuBLASLt workspace */
+static void teardown(void)
+{
+    if (gpu.ops && gpu.ops->destroy) gpu.ops->destroy(&gpu);
+    if (cpu.ops && cpu.ops->destroy) cpu.ops->destroy(&cpu);
+}
+
 static int setup(void)
 {
     if (!ready) {
         if (cuda_device_count() == 0) return 0;
         backend_cpu_init(&cpu, 2);
         backend_cuda_init(&gpu, 0);
+        atexit(teardown);
         ready = 1;
     }
     return 1;
@@ -1089,10 +1099,13 @@ TEST(cuda_attention_mla_expanded)
                         if (pk == 3) unsetenv("MOESERVE_MLA_PIECE_KERNEL");
                         else setenv("MOESERVE_MLA_PIECE_KERNEL", pk ? "v1" : "v0", 1);
                         const int kind = cuda_mla_piece_kernel(&gpu, &c);
-                        /* every GPU of sm_80 on has 99 KB; v1 of 64 queries needs 101.4 KB at GLM-5's
-                         * heads, v3 198 KB (the H100, H200 and B200 have 227 KB) */
-                        if (pk < 3 || budget >= 227 * 1024) EXPECT(kind == (pk == 3 ? 3 : pk == 1 && budget < 102 * 1024 ? 2 : pk),
-                                                                 "piece kernel choice %d for %s, case %zu", kind, pkn[pk], cs);
+                        /* every GPU of sm_80 on has 99 KB (101376 B); v1 of 64 queries needs 101392 B
+                         * at GLM-5's heads (over it: 48 queries then), 72.7 KB at (192, 128) and 20.5 KB
+                         * at the fixtures' (32 + 16, 32); v3 198 KB (the H100, H200 and B200 have 227) */
+                        const int glm5 = Dn + Dr == 256 && Dv == 256;
+                        const int want = pk == 0 ? 0 : pk == 3 ? 3 : (pk == 2 || budget < 99 * 1024 + 16) && glm5 ? 2 : 1;
+                        if (pk < 3 || budget >= 227 * 1024) EXPECT(kind == want, "piece kernel choice %d for %s, case %zu (expected %d)",
+                                                                 kind, pkn[pk], cs, want);
                         mla_attention_expanded(&gpu, &dx, dout, dq, &dk, &wkvb.dev, use_topk ? dtopk : NULL, Ki, &b.h, &b.d, &c);
                         float *got = down(dout, n);
                         EXPECT_CLOSE(got, ref, n, tk, "mla expanded cuda (piece %s) vs cpu: case %zu piece %d kv_b %s topk %d, %s cache",

@@ -190,18 +190,15 @@ static int mla_kernel_env(void)
     return e && !strcmp(e, "v0") ? 0 : e && !strcmp(e, "v1") ? 1 : 2;
 }
 
-static int mla_smem_fits(Backend *be, size_t smem)
+/* a kernel's dynamic shared memory smem beside its static __shared__ arrays within the GPU's
+ * opt-in limit (the launch fails past it) */
+static int mla_smem_fits(Backend *be, size_t smem, const void *fn)
 {
     int optin = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, cuda_state(be)->device));
-    return smem <= (size_t)optin;
-}
-
-static int mla_v1_ok(Backend *be, const ModelConfig *c)
-{
-    if (c->kv_lora_rank > MLA_V1_MAX_C || c->qk_nope_dim > MLA_V1_MAX_DN || (c->kv_lora_rank + c->qk_rope_dim) % 4)
-        return 0;
-    return mla_smem_fits(be, mla_v1_smem(c->kv_lora_rank, c->qk_rope_dim));
+    cudaFuncAttributes a;
+    CUDA_CHECK(cudaFuncGetAttributes(&a, fn));
+    return smem + a.sharedSizeBytes <= (size_t)optin;
 }
 
 /* splits of the keys for a pass of T tokens. v1 (two blocks an SM fit): about two blocks per SM
@@ -809,6 +806,13 @@ static __global__ void __launch_bounds__(MLA_MMA_THREADS, 1) mla_mma_decode_kern
 
 /* v2 covers the shape (C % 64, C + Dr % 16, row stride % 8: 16-byte rows) and a BF16 or FP8 cache
  * (kv NULL: any cache, for the reservation) */
+static int mla_v1_ok(Backend *be, const ModelConfig *c)
+{
+    if (c->kv_lora_rank > MLA_V1_MAX_C || c->qk_nope_dim > MLA_V1_MAX_DN || (c->kv_lora_rank + c->qk_rope_dim) % 4)
+        return 0;
+    return mla_smem_fits(be, mla_v1_smem(c->kv_lora_rank, c->qk_rope_dim), (const void *)mla_decode_kernel);
+}
+
 static int mla_v2_ok(Backend *be, const ModelConfig *c, const KVLayer *kv)
 {
     int C = c->kv_lora_rank, QW = C + c->qk_rope_dim;
@@ -816,7 +820,7 @@ static int mla_v2_ok(Backend *be, const ModelConfig *c, const KVLayer *kv)
         return 0;
     if (kv && (kv->dtype == KV_DTYPE_F32 || kv->kv_width % 8 || kv->kv_width < QW || (uintptr_t)kv->kv % 16))
         return 0;
-    return mla_smem_fits(be, mla_mma_smem(C, c->qk_rope_dim));
+    return mla_smem_fits(be, mla_mma_smem(C, c->qk_rope_dim), (const void *)mla_mma_decode_kernel);
 }
 
 /* scratch of the v1 and v2 paths for a step of T tokens (cuda_reserve): the largest of either */
@@ -998,11 +1002,9 @@ static __global__ void attention_mla_piece_kernel(float *out, float *st, const f
  * accumulation) as two BF16 halves each, hi = bf16(x) and lo = bf16(x - hi), and each product as
  * hi x hi + hi x lo + lo x hi: each operand carries ~2^-16 of its value's error (lo's rounding),
  * as the W4A16 GEMMs' split activations do (test_cuda_ops: TOL_SPLIT; v0 keeps float32).
- * S = Q K^T on the C fragments, masked (causal: key position <= the query's; top-k: the key's
- * bit in the query's row of the piece's mask, built by mla_piece_mask_kernel), folded into the
- * rows' online softmax (max and sum per row; the sum kept per thread, added over the quad at the
- * end); P (C fragments, which are the A fragments of P V) times V, row-major in shared memory,
- * its B fragments by ldmatrix.trans; the rows staged as float4s, several in flight a thread.
+ * A tile's maths is MlaTcRows's (below, shared with v3): S = Q K^T, masked (causal, or top-k by
+ * the piece's mask from mla_piece_mask_kernel), the rows' online softmax, P V with V's fragments
+ * by ldmatrix.trans. v1 stages the rows as float4s, several in flight a thread.
  * The rows' state and unnormalised outputs carry across pieces in st and out as in
  * attention_mla_piece_kernel. */
 #define MLA_TC_ROWS 64
@@ -1012,7 +1014,9 @@ template <int DQ, int DV, int ROWS = MLA_TC_ROWS>
 struct MlaTcSmem {
     static constexpr int QS = DQ + 8;        /* BF16 a query or key row: 16 bytes apart mod 128 */
     static constexpr int VS = DV + 8; /* a key's values (ldmatrix.trans: 8 rows in 8 bank groups) */
-    static constexpr size_t bytes = 2 * sizeof(__nv_bfloat16) * ((size_t)ROWS * QS + (size_t)MLA_TC_KT * QS + (size_t)MLA_TC_KT * VS);
+    /* the block's whole shared memory, its last 16 bytes the rows' end (s_rend): a static
+     * __shared__ beside it would be over a 99 KB GPU's limit at GLM-5's heads (101376 + 4 bytes) */
+    static constexpr size_t bytes = 2 * sizeof(__nv_bfloat16) * ((size_t)ROWS * QS + (size_t)MLA_TC_KT * QS + (size_t)MLA_TC_KT * VS) + 16;
 };
 
 __device__ __forceinline__ uint32_t pack_bf16(float a, float b, uint32_t &lo)
@@ -1056,44 +1060,39 @@ __device__ __forceinline__ void stage_halves(__nv_bfloat16 *hi, __nv_bfloat16 *l
 
 __device__ __forceinline__ float4 ldg4(const float *p) { return __ldg((const float4 *)p); }
 
-template <int DQ, int DV, int ROWS>
-static __global__ void __launch_bounds__(ROWS * 2, 1) attention_mla_piece_tc_kernel(
-    float *out, float *st, const float *q, const float *kv, const float *kpe, int ldk, int j0, int n, int t0, int nt,
-    const uint32_t *mask, int mw, int first, int last, const int *pos, int H, int Dn, float scale)
-{
-    using L = MlaTcSmem<DQ, DV, ROWS>;
-    constexpr int QS = L::QS, VS = L::VS, KT = MLA_TC_KT, NV = DV / 8;
-    static_assert(ROWS % 16 == 0, "16 queries a warp");
-    static_assert(DQ % 16 == 0 && DV % 8 == 0, "MMA shapes");
-    extern __shared__ __align__(16) uint8_t mla_tc_raw[];
-    __nv_bfloat16 *qh = (__nv_bfloat16 *)mla_tc_raw, *ql = qh + ROWS * QS, *kh = ql + ROWS * QS,
-                  *kl = kh + KT * QS, *vh = kl + KT * QS, *vl = vh + KT * VS;
-    __shared__ int s_rend;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    const int i0 = blockIdx.x * ROWS, h = blockIdx.y, Dkv = Dn + DV;
-    const int64_t N = (int64_t)H * Dkv;
-    /* the block's queries, as halves (rows past the chunk repeat its last); the keys and values
-     * below with 4 loads in flight, not 8, beside the 128 registers of the accumulators */
-    stage_halves<ROWS, DQ, 8>(qh, ql, QS, [&](int r, int k) { return ldg4(q + ((int64_t)(t0 + min(i0 + r, nt - 1)) * H + h) * DQ + k); });
-    if (tid == 0) s_rend = 0;
-    __syncthreads();
-    /* the piece's rows any query of the block may take: causal, up to the latest position */
-    if (tid < ROWS && i0 + tid < nt) atomicMax(&s_rend, mask ? n : max(0, min(n, pos[t0 + i0 + tid] + 1 - j0)));
-    /* this thread's rows: ra (C fragment elements 0, 1) and ra + 8 (2, 3) of the block */
-    const int ra = warp * 16 + g, rb = ra + 8;
-    const bool va = i0 + ra < nt, vb = i0 + rb < nt;
-    const int pa = va ? pos[t0 + i0 + ra] : -1, pb = vb ? pos[t0 + i0 + rb] : -1;
-    const int64_t ha = ((int64_t)(t0 + i0 + (va ? ra : 0)) * H + h), hb = ((int64_t)(t0 + i0 + (vb ? rb : 0)) * H + h);
+/* One thread's share of a block's queries in the tensor-core piece kernels (v1, v3), and the maths
+ * of a tile of 16 keys on it. The thread holds rows ra (C fragment elements 0, 1) and rb = ra + 8
+ * (2, 3) of its warp's 16: their maxima m, sums l (a row's on one lane of its quad until finish
+ * adds them up) and unnormalised outputs acc (DV / 8 n8 tiles). q, k, v in shared memory as BF16
+ * halves, rows QS = DQ + 8 and VS = DV + 8 apart. */
+template <int DQ, int DV>
+struct MlaTcRows {
+    static constexpr int QS = DQ + 8, VS = DV + 8, NV = DV / 8;
+    static_assert(DQ % 16 == 0 && DV % 16 == 0, "MMA shapes, pairs of n8 tiles");
+    int ra, rb, pa, pb;
+    bool va, vb;
+    int64_t ha, hb; /* the rows' (token, head) in q, out, st */
     float m[2], l[2], acc[NV][4];
-    if (first) {
-        m[0] = m[1] = -INFINITY;
-        l[0] = l[1] = 0.f;
+
+    /* the rows of block i0 (queries i0.. of a chunk of nt from token t0), head h of H; the state
+     * from st and out, or a fresh one when first */
+    __device__ __forceinline__ void start(int warp, int g, int t4, int i0, int nt, int t0, int h, int H, const int *pos,
+                                          int first, const float *st, const float *out)
+    {
+        ra = warp * 16 + g, rb = ra + 8;
+        va = i0 + ra < nt, vb = i0 + rb < nt;
+        pa = va ? pos[t0 + i0 + ra] : -1, pb = vb ? pos[t0 + i0 + rb] : -1;
+        ha = (int64_t)(t0 + i0 + (va ? ra : 0)) * H + h, hb = (int64_t)(t0 + i0 + (vb ? rb : 0)) * H + h;
+        if (first) {
+            m[0] = m[1] = -INFINITY;
+            l[0] = l[1] = 0.f;
 #pragma unroll
-        for (int j = 0; j < NV; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    } else {
+            for (int j = 0; j < NV; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+            return;
+        }
         m[0] = va ? st[ha * 2] : -INFINITY;
         m[1] = vb ? st[hb * 2] : -INFINITY;
-        l[0] = va && t4 == 0 ? st[ha * 2 + 1] : 0.f; /* the row's sum on one lane of its quad */
+        l[0] = va && t4 == 0 ? st[ha * 2 + 1] : 0.f;
         l[1] = vb && t4 == 0 ? st[hb * 2 + 1] : 0.f;
         const float *oa = out + ha * DV, *ob = out + hb * DV;
 #pragma unroll
@@ -1103,25 +1102,18 @@ static __global__ void __launch_bounds__(ROWS * 2, 1) attention_mla_piece_tc_ker
             acc[j][0] = x.x, acc[j][1] = x.y, acc[j][2] = y.x, acc[j][3] = y.y;
         }
     }
-    __syncthreads();
-    const int rend = s_rend;
-    for (int k0 = 0; k0 < rend; k0 += KT) {
-        if (mask) { /* a tile none of the block's queries selected: skipped */
-            int any = 0;
-            if (tid < ROWS && i0 + tid < nt) any = (mask[(int64_t)(i0 + tid) * mw + (k0 >> 5)] >> (k0 & 31)) & 0xffffu;
-            if (!__syncthreads_or(any)) continue;
-        }
-        __syncthreads(); /* the last tile's keys and values are read */
-        stage_halves<KT, DQ, 4>(kh, kl, QS, [&](int r, int k) { /* keys [k_nope | k_pe] (Dn % 4 == 0) */
-            const int j = k0 + r;
-            return j >= n ? make_float4(0.f, 0.f, 0.f, 0.f)
-                   : k < Dn ? ldg4(kv + j * N + (int64_t)h * Dkv + k) : ldg4(kpe + (int64_t)j * ldk + (k - Dn));
-        });
-        stage_halves<KT, DV, 4>(vh, vl, VS, [&](int r, int d) { /* values */
-            const int j = k0 + r;
-            return j >= n ? make_float4(0.f, 0.f, 0.f, 0.f) : ldg4(kv + j * N + (int64_t)h * Dkv + Dn + d);
-        });
-        __syncthreads();
+
+    /* keys k0..k0+15 of the piece (n keys from position j0): S = Q K^T on the C fragments (three
+     * MMAs a product of halves), masked (top-k: the key's bit in the query's row of mask; causal:
+     * position <= the query's), folded into the online softmax; P (C fragments, the A fragments of
+     * P V) times V, its B fragments by ldmatrix.trans: lanes 0-15 give the 16 keys' rows at n8 tile
+     * j's columns, lanes 16-31 at tile j + 1's */
+    __device__ __forceinline__ void tile(const __nv_bfloat16 *qh, const __nv_bfloat16 *ql, const __nv_bfloat16 *kh,
+                                         const __nv_bfloat16 *kl, const __nv_bfloat16 *vh, const __nv_bfloat16 *vl,
+                                         int warp, int lane, int k0, int n, int j0, const uint32_t *mask, int mw, int i0,
+                                         float scale)
+    {
+        const int g = lane >> 2, t4 = lane & 3;
         float s[2][4] = {};
 #pragma unroll 4
         for (int kk = 0; kk < DQ; kk += 16) {
@@ -1147,8 +1139,7 @@ static __global__ void __launch_bounds__(ROWS * 2, 1) attention_mla_piece_tc_ker
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int key = k0 + j * 8 + 2 * t4 + (e & 1), row = e < 2 ? ra : rb;
-                const bool valid = e < 2 ? va : vb;
-                bool ok = valid && key < n;
+                bool ok = (e < 2 ? va : vb) && key < n;
                 if (ok) ok = mask ? (mask[(int64_t)(i0 + row) * mw + (key >> 5)] >> (key & 31)) & 1u : j0 + key <= (e < 2 ? pa : pb);
                 s[j][e] = ok ? s[j][e] * scale : -INFINITY;
                 mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
@@ -1173,14 +1164,10 @@ static __global__ void __launch_bounds__(ROWS * 2, 1) attention_mla_piece_tc_ker
             }
 #pragma unroll
         for (int j = 0; j < NV; j++) acc[j][0] *= corr[0], acc[j][1] *= corr[0], acc[j][2] *= corr[1], acc[j][3] *= corr[1];
-        /* P (rows ra, rb x the 16 keys) as the A fragments of P V */
         uint32_t pl[4], ph[4] = {pack_bf16(s[0][0], s[0][1], pl[0]), pack_bf16(s[0][2], s[0][3], pl[1]),
                                  pack_bf16(s[1][0], s[1][1], pl[2]), pack_bf16(s[1][2], s[1][3], pl[3])};
-        /* V's B fragments of two n8 tiles by one ldmatrix.x4.trans: lanes 0-15 give the 16 keys'
-         * rows at tile j's columns, lanes 16-31 at tile j + 1's */
         const uint32_t vah = (uint32_t)__cvta_generic_to_shared(vh + (lane & 15) * VS + (lane >> 4) * 8);
         const uint32_t val = (uint32_t)__cvta_generic_to_shared(vl + (lane & 15) * VS + (lane >> 4) * 8);
-        static_assert(NV % 2 == 0, "pairs of n8 tiles");
 #pragma unroll
         for (int j = 0; j < NV; j += 2) {
             uint32_t bh[4], bl[4];
@@ -1196,22 +1183,76 @@ static __global__ void __launch_bounds__(ROWS * 2, 1) attention_mla_piece_tc_ker
             }
         }
     }
+
+    /* the rows' sums over the quad; out (normalised when last) and st */
+    __device__ __forceinline__ void finish(int t4, int last, float *out, float *st)
+    {
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    }
-    const float ia = last ? (l[0] > 0.f ? 1.f / l[0] : 0.f) : 1.f, ib = last ? (l[1] > 0.f ? 1.f / l[1] : 0.f) : 1.f;
-    float *oa = out + ha * DV, *ob = out + hb * DV;
+        for (int r = 0; r < 2; r++) {
+            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        }
+        const float ia = last ? (l[0] > 0.f ? 1.f / l[0] : 0.f) : 1.f, ib = last ? (l[1] > 0.f ? 1.f / l[1] : 0.f) : 1.f;
+        float *oa = out + ha * DV, *ob = out + hb * DV;
 #pragma unroll
-    for (int j = 0; j < NV; j++) {
-        if (va) *(float2 *)(oa + j * 8 + 2 * t4) = make_float2(acc[j][0] * ia, acc[j][1] * ia);
-        if (vb) *(float2 *)(ob + j * 8 + 2 * t4) = make_float2(acc[j][2] * ib, acc[j][3] * ib);
+        for (int j = 0; j < NV; j++) {
+            if (va) *(float2 *)(oa + j * 8 + 2 * t4) = make_float2(acc[j][0] * ia, acc[j][1] * ia);
+            if (vb) *(float2 *)(ob + j * 8 + 2 * t4) = make_float2(acc[j][2] * ib, acc[j][3] * ib);
+        }
+        if (t4 == 0) {
+            if (va) st[ha * 2] = m[0], st[ha * 2 + 1] = l[0];
+            if (vb) st[hb * 2] = m[1], st[hb * 2 + 1] = l[1];
+        }
     }
-    if (t4 == 0) {
-        if (va) st[ha * 2] = m[0], st[ha * 2 + 1] = l[0];
-        if (vb) st[hb * 2] = m[1], st[hb * 2 + 1] = l[1];
+};
+
+template <int DQ, int DV, int ROWS>
+static __global__ void __launch_bounds__(ROWS * 2, 1) attention_mla_piece_tc_kernel(
+    float *out, float *st, const float *q, const float *kv, const float *kpe, int ldk, int j0, int n, int t0, int nt,
+    const uint32_t *mask, int mw, int first, int last, const int *pos, int H, int Dn, float scale)
+{
+    using L = MlaTcSmem<DQ, DV, ROWS>;
+    constexpr int QS = L::QS, VS = L::VS, KT = MLA_TC_KT;
+    static_assert(ROWS % 16 == 0, "16 queries a warp");
+    static_assert(QS == MlaTcRows<DQ, DV>::QS && VS == MlaTcRows<DQ, DV>::VS, "one layout");
+    extern __shared__ __align__(16) uint8_t mla_tc_raw[];
+    __nv_bfloat16 *qh = (__nv_bfloat16 *)mla_tc_raw, *ql = qh + ROWS * QS, *kh = ql + ROWS * QS,
+                  *kl = kh + KT * QS, *vh = kl + KT * QS, *vl = vh + KT * VS;
+    int &s_rend = *(int *)(mla_tc_raw + L::bytes - 16);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int i0 = blockIdx.x * ROWS, h = blockIdx.y, Dkv = Dn + DV;
+    const int64_t N = (int64_t)H * Dkv;
+    /* the block's queries, as halves (rows past the chunk repeat its last); the keys and values
+     * below with 4 loads in flight, not 8, beside the 128 registers of the accumulators */
+    stage_halves<ROWS, DQ, 8>(qh, ql, QS, [&](int r, int k) { return ldg4(q + ((int64_t)(t0 + min(i0 + r, nt - 1)) * H + h) * DQ + k); });
+    if (tid == 0) s_rend = 0;
+    __syncthreads();
+    /* the piece's rows any query of the block may take: causal, up to the latest position */
+    if (tid < ROWS && i0 + tid < nt) atomicMax(&s_rend, mask ? n : max(0, min(n, pos[t0 + i0 + tid] + 1 - j0)));
+    MlaTcRows<DQ, DV> rw;
+    rw.start(warp, g, t4, i0, nt, t0, h, H, pos, first, st, out);
+    __syncthreads();
+    const int rend = s_rend;
+    for (int k0 = 0; k0 < rend; k0 += KT) {
+        if (mask) { /* a tile none of the block's queries selected: skipped */
+            int any = 0;
+            if (tid < ROWS && i0 + tid < nt) any = (mask[(int64_t)(i0 + tid) * mw + (k0 >> 5)] >> (k0 & 31)) & 0xffffu;
+            if (!__syncthreads_or(any)) continue;
+        }
+        __syncthreads(); /* the last tile's keys and values are read */
+        stage_halves<KT, DQ, 4>(kh, kl, QS, [&](int r, int k) { /* keys [k_nope | k_pe] (Dn % 4 == 0) */
+            const int j = k0 + r;
+            return j >= n ? make_float4(0.f, 0.f, 0.f, 0.f)
+                   : k < Dn ? ldg4(kv + j * N + (int64_t)h * Dkv + k) : ldg4(kpe + (int64_t)j * ldk + (k - Dn));
+        });
+        stage_halves<KT, DV, 4>(vh, vl, VS, [&](int r, int d) { /* values */
+            const int j = k0 + r;
+            return j >= n ? make_float4(0.f, 0.f, 0.f, 0.f) : ldg4(kv + j * N + (int64_t)h * Dkv + Dn + d);
+        });
+        __syncthreads();
+        rw.tile(qh, ql, kh, kl, vh, vl, warp, lane, k0, n, j0, mask, mw, i0, scale);
     }
+    rw.finish(t4, last, out, st);
 }
 
 /* ---- v3: the keys and values as BF16 halves in global memory, staged by cp.async ----
@@ -1229,7 +1270,9 @@ template <int DQ, int DV>
 struct MlaT3Smem {
     static constexpr int QS = DQ + 8, VS = DV + 8; /* rows 16 bytes apart mod 128 */
     static constexpr size_t stage = 2 * sizeof(__nv_bfloat16) * (size_t)MLA_TC_KT * (QS + VS);
-    static constexpr size_t bytes = 2 * sizeof(__nv_bfloat16) * (size_t)MLA_T3_ROWS * QS + 2 * stage + 64 * 4;
+    /* the queries, two stages, the tile bitmap (64 words) and the rows' end (16 bytes): the whole
+     * block's shared memory, nothing static beside it */
+    static constexpr size_t bytes = 2 * sizeof(__nv_bfloat16) * (size_t)MLA_T3_ROWS * QS + 2 * stage + 64 * 4 + 16;
 };
 
 /* kh2[(j H + h) 2 DQ ..] = the hi then lo halves of key j of head h ([k_nope | k_pe]), vh2 its
@@ -1264,13 +1307,13 @@ static __global__ void __launch_bounds__(256, 1) attention_mla_piece_t3_kernel(
     int nt, const uint32_t *mask, int mw, int first, int last, const int *pos, int H, float scale)
 {
     using L = MlaT3Smem<DQ, DV>;
-    constexpr int QS = L::QS, VS = L::VS, KT = MLA_TC_KT, NV = DV / 8, ROWS = MLA_T3_ROWS;
-    static_assert(DQ % 16 == 0 && DV % 16 == 0, "MMA shapes");
+    constexpr int QS = L::QS, VS = L::VS, KT = MLA_TC_KT, ROWS = MLA_T3_ROWS;
+    static_assert(QS == MlaTcRows<DQ, DV>::QS && VS == MlaTcRows<DQ, DV>::VS, "one layout");
     extern __shared__ __align__(16) uint8_t mla_t3_raw[];
     __nv_bfloat16 *qh = (__nv_bfloat16 *)mla_t3_raw, *ql = qh + ROWS * QS, *stg = ql + ROWS * QS;
     /* the tiles the block runs: a bit a tile of 16 keys (n <= 4096: 256 tiles, 8 words) */
-    uint32_t *tiles = (uint32_t *)(mla_t3_raw + L::bytes - 64 * 4);
-    __shared__ int s_rend;
+    uint32_t *tiles = (uint32_t *)(mla_t3_raw + L::bytes - 16 - 64 * 4);
+    int &s_rend = *(int *)(mla_t3_raw + L::bytes - 16);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int i0 = blockIdx.x * ROWS, h = blockIdx.y;
     const int ntile = (n + KT - 1) / KT;
@@ -1318,30 +1361,8 @@ static __global__ void __launch_bounds__(256, 1) attention_mla_piece_t3_kernel(
             }
         }
     };
-    /* this thread's rows: ra (C fragment elements 0, 1) and ra + 8 (2, 3) of the block */
-    const int ra = warp * 16 + g, rb = ra + 8;
-    const bool va = i0 + ra < nt, vb = i0 + rb < nt;
-    const int pa = va ? pos[t0 + i0 + ra] : -1, pb = vb ? pos[t0 + i0 + rb] : -1;
-    const int64_t ha = ((int64_t)(t0 + i0 + (va ? ra : 0)) * H + h), hb = ((int64_t)(t0 + i0 + (vb ? rb : 0)) * H + h);
-    float m[2], l[2], acc[NV][4];
-    if (first) {
-        m[0] = m[1] = -INFINITY;
-        l[0] = l[1] = 0.f;
-#pragma unroll
-        for (int j = 0; j < NV; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    } else {
-        m[0] = va ? st[ha * 2] : -INFINITY;
-        m[1] = vb ? st[hb * 2] : -INFINITY;
-        l[0] = va && t4 == 0 ? st[ha * 2 + 1] : 0.f; /* the row's sum on one lane of its quad */
-        l[1] = vb && t4 == 0 ? st[hb * 2 + 1] : 0.f;
-        const float *oa = out + ha * DV, *ob = out + hb * DV;
-#pragma unroll
-        for (int j = 0; j < NV; j++) {
-            float2 x = va ? *(const float2 *)(oa + j * 8 + 2 * t4) : make_float2(0.f, 0.f);
-            float2 y = vb ? *(const float2 *)(ob + j * 8 + 2 * t4) : make_float2(0.f, 0.f);
-            acc[j][0] = x.x, acc[j][1] = x.y, acc[j][2] = y.x, acc[j][3] = y.y;
-        }
-    }
+    MlaTcRows<DQ, DV> rw;
+    rw.start(warp, g, t4, i0, nt, t0, h, H, pos, first, st, out);
     int kt = next(0), s = 0;
     if (kt < tend) issue(kt, 0);
     cp_async_commit();
@@ -1352,94 +1373,12 @@ static __global__ void __launch_bounds__(256, 1) attention_mla_piece_t3_kernel(
         if (kn < tend) issue(kn, s ^ 1);
         cp_async_commit();
         const __nv_bfloat16 *kh = stg + (size_t)s * (L::stage / 2), *kl = kh + KT * QS, *vh = kl + KT * QS, *vl = vh + KT * VS;
-        const int k0 = kt * KT;
-        float sc[2][4] = {};
-#pragma unroll 4
-        for (int kk = 0; kk < DQ; kk += 16) {
-            const __nv_bfloat16 *qa = qh + (warp * 16 + g) * QS + kk + 2 * t4, *qb = ql + (warp * 16 + g) * QS + kk + 2 * t4;
-            uint32_t ah[4] = {*(const uint32_t *)qa, *(const uint32_t *)(qa + 8 * QS), *(const uint32_t *)(qa + 8),
-                              *(const uint32_t *)(qa + 8 * QS + 8)};
-            uint32_t al[4] = {*(const uint32_t *)qb, *(const uint32_t *)(qb + 8 * QS), *(const uint32_t *)(qb + 8),
-                              *(const uint32_t *)(qb + 8 * QS + 8)};
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                const __nv_bfloat16 *ka = kh + (j * 8 + g) * QS + kk + 2 * t4, *kb = kl + (j * 8 + g) * QS + kk + 2 * t4;
-                uint32_t bh0 = *(const uint32_t *)ka, bh1 = *(const uint32_t *)(ka + 8);
-                uint32_t bl0 = *(const uint32_t *)kb, bl1 = *(const uint32_t *)(kb + 8);
-                mma_bf16(sc[j], ah[0], ah[1], ah[2], ah[3], bh0, bh1);
-                mma_bf16(sc[j], ah[0], ah[1], ah[2], ah[3], bl0, bl1);
-                mma_bf16(sc[j], al[0], al[1], al[2], al[3], bh0, bh1);
-            }
-        }
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int key = k0 + j * 8 + 2 * t4 + (e & 1), row = e < 2 ? ra : rb;
-                bool ok = (e < 2 ? va : vb) && key < n;
-                if (ok) ok = mask ? (mask[(int64_t)(i0 + row) * mw + (key >> 5)] >> (key & 31)) & 1u : j0 + key <= (e < 2 ? pa : pb);
-                sc[j][e] = ok ? sc[j][e] * scale : -INFINITY;
-                mx[e >> 1] = fmaxf(mx[e >> 1], sc[j][e]);
-            }
-        float corr[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            float mn = fmaxf(m[r], mx[r]);
-            corr[r] = m[r] == -INFINITY ? 0.f : expf(m[r] - mn);
-            m[r] = mn;
-            l[r] *= corr[r];
-        }
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float p = sc[j][e] == -INFINITY ? 0.f : expf(sc[j][e] - m[e >> 1]);
-                sc[j][e] = p;
-                l[e >> 1] += p;
-            }
-#pragma unroll
-        for (int j = 0; j < NV; j++) acc[j][0] *= corr[0], acc[j][1] *= corr[0], acc[j][2] *= corr[1], acc[j][3] *= corr[1];
-        uint32_t pl[4], ph[4] = {pack_bf16(sc[0][0], sc[0][1], pl[0]), pack_bf16(sc[0][2], sc[0][3], pl[1]),
-                                 pack_bf16(sc[1][0], sc[1][1], pl[2]), pack_bf16(sc[1][2], sc[1][3], pl[3])};
-        const uint32_t vah = (uint32_t)__cvta_generic_to_shared(vh + (lane & 15) * VS + (lane >> 4) * 8);
-        const uint32_t val = (uint32_t)__cvta_generic_to_shared(vl + (lane & 15) * VS + (lane >> 4) * 8);
-#pragma unroll
-        for (int j = 0; j < NV; j += 2) {
-            uint32_t bh[4], bl[4];
-            asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                         : "=r"(bh[0]), "=r"(bh[1]), "=r"(bh[2]), "=r"(bh[3]) : "r"(vah + j * 16));
-            asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                         : "=r"(bl[0]), "=r"(bl[1]), "=r"(bl[2]), "=r"(bl[3]) : "r"(val + j * 16));
-#pragma unroll
-            for (int u = 0; u < 2; u++) {
-                mma_bf16(acc[j + u], ph[0], ph[1], ph[2], ph[3], bh[2 * u], bh[2 * u + 1]);
-                mma_bf16(acc[j + u], ph[0], ph[1], ph[2], ph[3], bl[2 * u], bl[2 * u + 1]);
-                mma_bf16(acc[j + u], pl[0], pl[1], pl[2], pl[3], bh[2 * u], bh[2 * u + 1]);
-            }
-        }
+        rw.tile(qh, ql, kh, kl, vh, vl, warp, lane, kt * KT, n, j0, mask, mw, i0, scale);
         kt = kn;
         s ^= 1;
     }
     cp_async_wait<0>();
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    }
-    const float ia = last ? (l[0] > 0.f ? 1.f / l[0] : 0.f) : 1.f, ib = last ? (l[1] > 0.f ? 1.f / l[1] : 0.f) : 1.f;
-    float *oa = out + ha * DV, *ob = out + hb * DV;
-#pragma unroll
-    for (int j = 0; j < NV; j++) {
-        if (va) *(float2 *)(oa + j * 8 + 2 * t4) = make_float2(acc[j][0] * ia, acc[j][1] * ia);
-        if (vb) *(float2 *)(ob + j * 8 + 2 * t4) = make_float2(acc[j][2] * ib, acc[j][3] * ib);
-    }
-    if (t4 == 0) {
-        if (va) st[ha * 2] = m[0], st[ha * 2 + 1] = l[0];
-        if (vb) st[hb * 2] = m[1], st[hb * 2 + 1] = l[1];
-    }
+    rw.finish(t4, last, out, st);
 }
 
 /* the piece's top-k mask: bit j - j0 of row i (words of 32 keys) for each selected j of query
