@@ -264,6 +264,15 @@ TEST(w4_table_cache_file)
     fputs("{\"moe\": {}", f);
     fclose(f);
     EXPECT(w4_table_load(&u, path, err, sizeof err) < 0, "malformed JSON accepted");
+    /* a FIFO in the cache's place (no writer): refused at once, not waited on at every start */
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/tune/fifo", test_tmpdir());
+    const char *fifo = test_fifo(dir, "w4.json");
+    ASSERT(fifo, "mkfifo");
+    test_alarm(20);
+    err[0] = 0;
+    EXPECT(w4_table_load(&u, fifo, err, sizeof err) < 0 && strstr(err, "not a regular file"), "FIFO cache: %s", err);
+    test_alarm(0);
 }
 
 /* the fingerprint names the tile count and moves with any tile's field */

@@ -277,10 +277,10 @@ int w4_table_save(const W4Table *t, const char *path, char *err, size_t n)
 int w4_table_load(W4Table *t, const char *path, char *err, size_t n)
 {
     w4_table_clear(t);
-    json_error_t je;
-    json_t *root = json_load_file(path, 0, &je);
+    char why[400];
+    json_t *root = file_read_json(path, 0, why, sizeof why); /* bounded; a FIFO refused, not waited on */
     if (!root) {
-        errbuf_set(err, n, "%s: %s", path, je.text);
+        errbuf_set(err, n, "%s: %s", path, why);
         return -1;
     }
     const char *dev = json_string_value(json_object_get(root, "device"));
