@@ -35,6 +35,13 @@
 #     only, wrong results: 1 no staging, 2 no MMA, 4 no shared-memory B loads, 8 no decode), two rounds.
 #     With three binaries in carry/ the tree passes the device's 64 MiB: move
 #     models/builtin/model.safetensors aside for the call (no CUDA test reads it) and back after.
+#   9 (session 26, ~4 min): every CUDA test, then issue #5's acceptance sweep (as 8, without the
+#     stream-K probe) in two rounds, so that each figure is the median of two calls of 20 replays
+#     and the between-round spread is in the log (carry/mn and carry/tc only: under the 64 MiB)
+#   10 (session 26, ~7 min): every CUDA test (with cuda_shared_side_equals_in_order), then `bench
+#     model` on the 6-layer GLM-5 dummy at batch 1, 4, 16 and 64, the shared expert in order (S0:
+#     MOESERVE_SHARED_SIDE=0), beside up to 16 rows (S16, the default) and up to 64 (S64), two rounds
+#   11 (session 26, ~1 min): 10's bench model alone, S0 and S16 alternated in six rounds, 64 tokens out
 set -u
 cd "$(dirname "$0")/../.."
 for f in mn tc lab; do [ -f carry/$f.xz ] && { xz -dkf carry/$f.xz; chmod +x carry/$f; }; done
@@ -172,5 +179,42 @@ case "${1:-}" in
     echo "dense $a rc=$? t=$((SECONDS-S))"
   done
   ;;
-*) echo "usage: bash dev/cuda/pending.sh 1|2|3|4|5|6|7|8 (on the device, carry/ carried)"; exit 2 ;;
+9)
+  MOESERVE_BIN=$PWD/carry/mn timeout 200 ./carry/tc > $OUT/test.txt 2>&1
+  echo "test_cuda rc=$? t=$((SECONDS-S))"; grep -E "FAIL|passed" $OUT/test.txt | head -10
+  for r in 1 2; do
+    for a in bf16 split; do
+      MOESERVE_W4_ACT=$a timeout 150 ./carry/mn bench kernels --no-dense --tokens 1,8,64,256,512,2048,8192 \
+        --routing random,skewed --iters 20 --torch docs/data/2026-12-02-h200-torch-grouped-mm.jsonl > $OUT/moe_${a}_$r.txt 2>&1
+      echo "moe $a round $r rc=$? t=$((SECONDS-S))"
+    done
+    for a in bf16 split; do
+      MOESERVE_W4_ACT=$a timeout 100 ./carry/mn bench kernels --no-moe --rows 1,4,8,16,4096 --iters 20 > $OUT/dense_${a}_$r.txt 2>&1
+      echo "dense $a round $r rc=$? t=$((SECONDS-S))"
+    done
+  done
+  ;;
+10)
+  MOESERVE_BIN=$PWD/carry/mn timeout 200 ./carry/tc > $OUT/test.txt 2>&1
+  echo "test_cuda rc=$? t=$((SECONDS-S))"; grep -E "FAIL|passed" $OUT/test.txt | head -10
+  for r in 1 2; do
+    for v in 0 16 64; do
+      echo "=== round $r S$v"
+      MOESERVE_SHARED_SIDE=$v timeout 150 ./carry/mn bench model --model tests/data/configs/glm5 --dummy-weights --num-layers 6 \
+        --device cuda --batch 1,4,16,64 --input-len 128 --output-len 32 2>&1 | grep -v "^upload\|^engine" | tail -6
+      echo "t=$((SECONDS-S))"
+    done
+  done | tee $OUT/model.txt
+  ;;
+11)
+  for r in 1 2 3 4 5 6; do
+    for v in 0 16; do
+      echo "=== round $r S$v"
+      MOESERVE_SHARED_SIDE=$v timeout 150 ./carry/mn bench model --model tests/data/configs/glm5 --dummy-weights --num-layers 6 \
+        --device cuda --batch 1,4,16 --input-len 128 --output-len 64 2>&1 | grep -v "^upload\|^engine" | tail -5
+    done
+  done | tee $OUT/model.txt
+  echo "t=$((SECONDS-S))"
+  ;;
+*) echo "usage: bash dev/cuda/pending.sh 1|2|3|4|5|6|7|8|9|10|11 (on the device, carry/ carried)"; exit 2 ;;
 esac

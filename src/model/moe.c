@@ -42,6 +42,13 @@ void moe_ffn(Forward *f, int layer)
         be_add(be, f->h, f->h, f->ffn, n);
         return;
     }
+    /* the shared expert beside the routed ones where the backend takes it (be_side_begin: on a
+     * GPU at decode sizes, a chain of small launches the routed kernels hide); the same sums */
+    const int shared = c->n_shared_experts > 0, side = shared && be_side_begin(be, T);
+    if (side) {
+        swiglu_mlp(f, f->ffn2, f->a, T, &w->sh_gate_up, &w->sh_gate, &w->sh_up, &w->sh_down);
+        be_side_end(be);
+    }
     be_matmul(be, OP_GEMM_ROUTER, f->rlogits, c->n_experts, f->a, D, T, &w->router, NULL);
     be_router(be, f->ridx, f->rwts, f->rlogits, w->router_bias, T, c);
     if (c->ep > 1) { /* this rank's experts only */
@@ -51,8 +58,9 @@ void moe_ffn(Forward *f, int layer)
     } else {
         be_moe(be, f->ffn, f->a, f->ridx, f->rwts, T, w, c);
     }
-    if (c->n_shared_experts > 0) { /* (routed + shared), then the residual, as transformers adds */
-        swiglu_mlp(f, f->ffn2, f->a, T, &w->sh_gate_up, &w->sh_gate, &w->sh_up, &w->sh_down);
+    if (shared) { /* (routed + shared), then the residual, as transformers adds */
+        if (side) be_side_join(be);
+        else swiglu_mlp(f, f->ffn2, f->a, T, &w->sh_gate_up, &w->sh_gate, &w->sh_up, &w->sh_down);
         be_add(be, f->ffn, f->ffn, f->ffn2, n);
     }
     dist_all_reduce(f->dist, be, f->ffn, n);

@@ -702,8 +702,8 @@ static double fp8_peak(Backend *be, int iters)
         if (cublasLtMatmulAlgoGetHeuristic(s->lt, op, la, lb, lc, lc, pref, 1, &heur, &found) == CUBLAS_STATUS_SUCCESS && found) {
             float alpha = 1.f, beta = 0.f;
             double t = time_graph(be, iters, [&] {
-                CUBLAS_CHECK(cublasLtMatmul(s->lt, op, &alpha, A, la, B, lb, &beta, C, lc, C, lc, &heur.algo, s->lt_ws,
-                                            s->lt_ws_size, s->stream));
+                CUBLAS_CHECK(cublasLtMatmul(s->lt, op, &alpha, A, la, B, lb, &beta, C, lc, C, lc, &heur.algo, cuda_lt_ws(be),
+                                            s->lt_ws_size, cuda_stream(be)));
             });
             rate = 2.0 * n * n * (double)n / t;
         }

@@ -33,19 +33,31 @@ typedef struct {
     cudaStream_t stream;
     cudaStream_t side, side2;             /* work that runs beside the stream's (w4.cu: the MoE's small and hot classes) */
     cudaEvent_t fork, join, join2;        /* the sides wait for stream at fork; stream for them at join, join2 */
+    /* the model's side (be_side_begin): while on_side the ops go to stream3, with set 1 of the
+     * scratch and of the cuBLASLt workspace, so that nothing they write is the stream's */
+    cudaStream_t stream3;
+    cudaEvent_t fork3, join3;
+    int on_side;
+    long side_calls;                      /* be_side_begin calls that went beside (tests) */
     cublasLtHandle_t lt;
-    void *lt_ws;                          /* cuBLASLt workspace */
+    void *lt_ws[2];                       /* cuBLASLt workspace: the stream's, the side's */
     size_t lt_ws_size;
-    void *scratch[CUDA_SCRATCH_SLOTS];    /* grow-only scratch buffers */
-    size_t scratch_cap[CUDA_SCRATCH_SLOTS];
+    void *scratch[2][CUDA_SCRATCH_SLOTS]; /* grow-only scratch buffers: the stream's, the side's */
+    size_t scratch_cap[2][CUDA_SCRATCH_SLOTS];
     int sync;                             /* MOESERVE_SYNC=1 */
     unsigned scratch_epoch;               /* +1 whenever a scratch buffer is replaced */
 } CudaState;
 
 static inline CudaState *cuda_state(Backend *be) { return (CudaState *)be->impl; }
-static inline cudaStream_t cuda_stream(Backend *be) { return cuda_state(be)->stream; }
-/* A grow-only device buffer for one op's temporaries (slots are per op file, see cuda.cu). */
+/* where the ops go now: the stream, or stream3 between side_begin and side_end */
+static inline cudaStream_t cuda_stream(Backend *be) { return cuda_state(be)->on_side ? cuda_state(be)->stream3 : cuda_state(be)->stream; }
+/* the cuBLASLt workspace of the ops' stream */
+static inline void *cuda_lt_ws(Backend *be) { return cuda_state(be)->lt_ws[cuda_state(be)->on_side]; }
+/* A grow-only device buffer for one op's temporaries (slots are per op file, see cuda.cu), of
+ * the ops' stream (the side has its own set). */
 void *cuda_scratch(Backend *be, int slot, size_t bytes);
+/* the bytes a scratch slot of the ops' stream holds now */
+static inline size_t cuda_scratch_cap(Backend *be, int slot) { return cuda_state(be)->scratch_cap[cuda_state(be)->on_side][slot]; }
 enum { SCR_MM_X = 0, SCR_MM_Y, SCR_MOE_COUNT, SCR_MOE_ROWS, SCR_MOE_H, SCR_MOE_U, SCR_MOE_Y, SCR_MOE_TILES,
        SCR_IDX_SCORES, SCR_MOE_TABLE, SCR_W4_X, SCR_W4_PART, SCR_W4_WB, SCR_MLA_QA, SCR_MLA_OL, SCR_MLA_PART,
        SCR_W4_XP, SCR_MLA_MASK, SCR_MLA_HALVES };

@@ -47,15 +47,17 @@ void cuda_launch_check(const char *kernel, const char *file, int line)
 void *cuda_scratch(Backend *be, int slot, size_t bytes)
 {
     CudaState *s = cuda_state(be);
-    if (bytes > s->scratch_cap[slot]) {
+    const int set = s->on_side;
+    if (bytes > s->scratch_cap[set][slot]) {
         CUDA_CHECK(cudaStreamSynchronize(s->stream));
-        if (s->scratch[slot]) CUDA_CHECK(cudaFree(s->scratch[slot]));
+        CUDA_CHECK(cudaStreamSynchronize(s->stream3));
+        if (s->scratch[set][slot]) CUDA_CHECK(cudaFree(s->scratch[set][slot]));
         size_t cap = bytes + bytes / 4 + 256;
-        CUDA_CHECK(cudaMalloc(&s->scratch[slot], cap));
-        s->scratch_cap[slot] = cap;
+        CUDA_CHECK(cudaMalloc(&s->scratch[set][slot], cap));
+        s->scratch_cap[set][slot] = cap;
         s->scratch_epoch++; /* graphs captured on the old buffer must not run */
     }
-    return s->scratch[slot];
+    return s->scratch[set][slot];
 }
 
 static void *cuda_alloc(Backend *be, size_t bytes)
@@ -96,11 +98,17 @@ static void cuda_destroy(Backend *be)
     CudaState *s = cuda_state(be);
     if (!s) return;
     cudaStreamSynchronize(s->stream);
-    for (int i = 0; i < CUDA_SCRATCH_SLOTS; i++)
-        if (s->scratch[i]) cudaFree(s->scratch[i]);
-    if (s->lt_ws) cudaFree(s->lt_ws);
+    cudaStreamSynchronize(s->stream3);
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < CUDA_SCRATCH_SLOTS; i++)
+            if (s->scratch[k][i]) cudaFree(s->scratch[k][i]);
+        if (s->lt_ws[k]) cudaFree(s->lt_ws[k]);
+    }
     if (s->lt) cublasLtDestroy(s->lt);
     cudaStreamDestroy(s->stream);
+    cudaStreamDestroy(s->stream3);
+    cudaEventDestroy(s->fork3);
+    cudaEventDestroy(s->join3);
     cudaStreamDestroy(s->side);
     cudaStreamDestroy(s->side2);
     cudaEventDestroy(s->fork);
@@ -186,6 +194,59 @@ static void cuda_event_destroy(Backend *be, void *e)
     cudaEventDestroy((cudaEvent_t)e);
 }
 
+/* ---- the model's side (be_side_begin): the shared expert beside the routed experts ----
+ * At decode sizes the shared expert's two GEMMs are a chain of launches and first loads (7 + 3.5
+ * MB on GLM-5: ~13 us on the H200 where its bytes take ~3), which the routed experts' kernels can
+ * hide, as SGLang runs it on an alternate stream. Up to MOESERVE_SHARED_SIDE rows a step (0: never;
+ * at most 1024: its scratch stays small); above it the ops run in order. */
+static int cuda_side_rows_set = -1;
+extern "C" void cuda_set_side_rows(int rows) { cuda_side_rows_set = rows < 0 ? -1 : rows > 1024 ? 1024 : rows; }
+
+static int cuda_side_rows(void)
+{
+    static int v = -2;
+    if (cuda_side_rows_set >= 0) return cuda_side_rows_set;
+    if (v == -2) {
+        const char *e = getenv("MOESERVE_SHARED_SIDE");
+        v = 16;
+        if (e && *e) {
+            char *end;
+            long r = strtol(e, &end, 10);
+            if (*end || r < 0 || r > 1024) log_warn("MOESERVE_SHARED_SIDE=%s: expected rows from 0 to 1024; using %d", e, v);
+            else v = (int)r;
+        }
+    }
+    return v;
+}
+
+extern "C" long cuda_side_calls(Backend *be) { return cuda_state(be)->side_calls; }
+
+static int cuda_side_begin(Backend *be, int T)
+{
+    CudaState *s = cuda_state(be);
+    if (s->on_side || T < 1 || T > cuda_side_rows()) return 0;
+    CUDA_CHECK(cudaEventRecord(s->fork3, s->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(s->stream3, s->fork3, 0));
+    s->on_side = 1;
+    s->side_calls++;
+    return 1;
+}
+
+static void cuda_side_end(Backend *be)
+{
+    CudaState *s = cuda_state(be);
+    CHECK(s->on_side, "cuda: side_end without side_begin");
+    CUDA_CHECK(cudaEventRecord(s->join3, s->stream3));
+    s->on_side = 0;
+}
+
+static void cuda_side_join(Backend *be)
+{
+    CudaState *s = cuda_state(be);
+    CHECK(!s->on_side, "cuda: side_join before side_end");
+    CUDA_CHECK(cudaStreamWaitEvent(s->stream, s->join3, 0));
+}
+
 static const BackendOps cuda_ops = {
     cuda_alloc, cuda_free, cuda_destroy, fill_cuda, embed_cuda, rmsnorm_cuda, layernorm_cuda, rope_cuda, add_cuda,
     get_rows_cuda, cuda_to_host, cuda_to_device, swiglu_cuda, kv_write_cuda, matmul_cuda, router_cuda,
@@ -193,6 +254,7 @@ static const BackendOps cuda_ops = {
     argmax_cuda, sample_cuda, cuda_reserve, cuda_graph_begin, cuda_graph_end, cuda_graph_launch, cuda_graph_free,
     cuda_mem_free, w4_pack_cuda, cuda_bind_thread,
     cuda_event_create, cuda_event_record, cuda_event_elapsed, cuda_event_destroy,
+    cuda_side_begin, cuda_side_end, cuda_side_join,
 };
 
 extern "C" void backend_cuda_init(Backend *be, int device)
@@ -209,9 +271,12 @@ extern "C" void backend_cuda_init(Backend *be, int device)
     CUDA_CHECK(cudaEventCreateWithFlags(&s->fork, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&s->join, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&s->join2, cudaEventDisableTiming));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s->stream3, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&s->fork3, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&s->join3, cudaEventDisableTiming));
     CUBLAS_CHECK(cublasLtCreate(&s->lt));
     s->lt_ws_size = 32u << 20;
-    CUDA_CHECK(cudaMalloc(&s->lt_ws, s->lt_ws_size));
+    for (int k = 0; k < 2; k++) CUDA_CHECK(cudaMalloc(&s->lt_ws[k], s->lt_ws_size));
     *be = (Backend){};
     be->name = "cuda";
     be->host_memory = 0;
@@ -305,6 +370,19 @@ static void cuda_reserve(Backend *be, const ModelConfig *c, int T, int max_out, 
     if (piece > 0 && c->index_n_heads > 0) cuda_scratch(be, SCR_MLA_MASK, (size_t)T * cdiv(piece, 32) * 4);
     /* and its keys and values as BF16 halves (the piece kernel v3: as large as the expanded piece) */
     if (piece > 0) mla_piece_reserve(be, c, piece < max_ctx ? piece : max_ctx);
+    /* the side's set (cuda_side_begin): the shared expert's GEMMs at up to the side's rows */
+    int sr = T < cuda_side_rows() ? T : cuda_side_rows();
+    if (c->n_shared_experts > 0 && sr > 0) {
+        int64_t D = c->hidden, Fs = (int64_t)c->moe_intermediate * c->n_shared_experts, kn = D > 2 * Fs ? D : 2 * Fs;
+        cuda_state(be)->on_side = 1;
+        cuda_scratch(be, SCR_MM_X, (size_t)2 * sr * kn * 2);
+        cuda_scratch(be, SCR_MM_Y, (size_t)2 * sr * kn * 4);
+        cuda_scratch(be, SCR_W4_X, (size_t)2 * sr * kn * 2);
+        cuda_scratch(be, SCR_W4_PART, (size_t)2 * 16 * sms * 512 * 4);
+        if (w4_lt_rows(0, cuda_state(be)->device) > 0 && sr >= w4_lt_rows(0, cuda_state(be)->device))
+            cuda_scratch(be, SCR_W4_WB, (size_t)2 * Fs * D * 2);
+        cuda_state(be)->on_side = 0;
+    }
     /* prefill's BF16 copy of the largest dense weight (w4_matmul_lt), when a step can be that long */
     if (w4_lt_rows(0, cuda_state(be)->device) > 0 && gm >= w4_lt_rows(0, cuda_state(be)->device)) {
         int64_t D = c->hidden, Fs = (int64_t)c->moe_intermediate * c->n_shared_experts, H = c->n_heads;

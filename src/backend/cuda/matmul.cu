@@ -88,8 +88,8 @@ void lt_matmul_scaled(Backend *be, float *out, int ldo, const void *x, cudaDataT
     CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(s->lt, op, la, lb, lc, lc, pref, 1, &heur, &found));
     if (!found) die("cuBLASLt: no algorithm for %d x %d x %d", T, N, K);
     float beta = 0.f;
-    CUBLAS_CHECK(cublasLtMatmul(s->lt, op, &alpha, w, la, x, lb, &beta, out, lc, out, lc, &heur.algo, s->lt_ws,
-                                s->lt_ws_size, s->stream));
+    CUBLAS_CHECK(cublasLtMatmul(s->lt, op, &alpha, w, la, x, lb, &beta, out, lc, out, lc, &heur.algo, cuda_lt_ws(be),
+                                s->lt_ws_size, cuda_stream(be)));
     cublasLtMatmulPreferenceDestroy(pref);
     cublasLtMatrixLayoutDestroy(la);
     cublasLtMatrixLayoutDestroy(lb);

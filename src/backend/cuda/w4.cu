@@ -1843,7 +1843,7 @@ int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const f
         size_t need = (size_t)2 * T * D * sizeof(__nv_bfloat16);
         cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
         CUDA_CHECK(cudaStreamIsCapturing(st, &cs));
-        if (cs == cudaStreamCaptureStatusNone || need <= cuda_state(be)->scratch_cap[SCR_W4_XP])
+        if (cs == cudaStreamCaptureStatusNone || need <= cuda_scratch_cap(be, SCR_W4_XP))
             xb2 = (__nv_bfloat16 *)cuda_scratch(be, SCR_W4_XP, need);
         else if (!wg)
             hot = 0;
