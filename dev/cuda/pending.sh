@@ -38,10 +38,14 @@
 #   9 (session 26, ~4 min): every CUDA test, then issue #5's acceptance sweep (as 8, without the
 #     stream-K probe) in two rounds, so that each figure is the median of two calls of 20 replays
 #     and the between-round spread is in the log (carry/mn and carry/tc only: under the 64 MiB)
-#   10 (session 26, ~7 min): every CUDA test (with cuda_shared_side_equals_in_order), then `bench
+#   10 (session 26, ~3 min): every CUDA test (then with cuda_shared_side_equals_in_order), then `bench
 #     model` on the 6-layer GLM-5 dummy at batch 1, 4, 16 and 64, the shared expert in order (S0:
 #     MOESERVE_SHARED_SIDE=0), beside up to 16 rows (S16, the default) and up to 64 (S64), two rounds
 #   11 (session 26, ~1 min): 10's bench model alone, S0 and S16 alternated in six rounds, 64 tokens out
+#   12 (session 26, ~4 min): every CUDA test (cuda_side_equals_in_order: the shared expert and the
+#     indexer beside), scripts/memcheck.sh, then `bench model` as 11 with four variants alternated in
+#     six rounds: both in order (N: MOESERVE_SHARED_SIDE=0 MOESERVE_INDEXER_SIDE=0), the shared expert
+#     beside (S), the indexer beside (I), both (SI: the defaults)
 set -u
 cd "$(dirname "$0")/../.."
 for f in mn tc lab; do [ -f carry/$f.xz ] && { xz -dkf carry/$f.xz; chmod +x carry/$f; }; done
@@ -216,5 +220,21 @@ case "${1:-}" in
   done | tee $OUT/model.txt
   echo "t=$((SECONDS-S))"
   ;;
-*) echo "usage: bash dev/cuda/pending.sh 1|2|3|4|5|6|7|8|9|10|11 (on the device, carry/ carried)"; exit 2 ;;
+12)
+  MOESERVE_BIN=$PWD/carry/mn timeout 200 ./carry/tc > $OUT/test.txt 2>&1
+  echo "test_cuda rc=$? t=$((SECONDS-S))"; grep -E "FAIL|passed" $OUT/test.txt | head -10
+  MOESERVE_BIN=$PWD/carry/mn timeout 200 sh scripts/memcheck.sh ./carry/mn ./carry/tc > $OUT/memcheck.txt 2>&1
+  echo "memcheck rc=$? t=$((SECONDS-S))"; tail -1 $OUT/memcheck.txt
+  for r in 1 2 3 4 5 6; do
+    for v in N:0:0 S:16:0 I:0:16 SI:16:16; do
+      IFS=: read -r name se ix <<< "$v"
+      echo "=== round $r $name"
+      MOESERVE_SHARED_SIDE=$se MOESERVE_INDEXER_SIDE=$ix timeout 150 ./carry/mn bench model --model tests/data/configs/glm5 \
+        --dummy-weights --num-layers 6 --device cuda --batch 1,4,16 --input-len 128 --output-len 64 2>&1 |
+        grep -v "^upload\|^engine" | tail -5
+    done
+  done > $OUT/model.txt
+  echo "t=$((SECONDS-S))"
+  ;;
+*) echo "usage: bash dev/cuda/pending.sh 1|2|3|4|5|6|7|8|9|10|11|12 (on the device, carry/ carried)"; exit 2 ;;
 esac

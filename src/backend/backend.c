@@ -68,7 +68,7 @@ void be_op_begin(Backend *be)
 void be_count(Backend *be, OpId op, double flops, double bytes) { count(be, op, flops, bytes); }
 
 /* not while profiling: the profiler times the ops one after another on one stream */
-int be_side_begin(Backend *be, int T) { return be->prof || !be->ops->side_begin ? 0 : be->ops->side_begin(be, T); }
+int be_side_begin(Backend *be, int T, SideKind kind) { return be->prof || !be->ops->side_begin ? 0 : be->ops->side_begin(be, T, (int)kind); }
 void be_side_end(Backend *be) { be->ops->side_end(be); }
 void be_side_join(Backend *be) { be->ops->side_join(be); }
 

@@ -157,11 +157,11 @@ typedef struct {
     void (*event_record)(Backend *be, void *e);
     double (*event_elapsed)(Backend *be, void *from, void *to);
     void (*event_destroy)(Backend *be, void *e);
-    /* optional (GPU backends): work beside the stream. side_begin(T): 1 if the ops that follow
-     * (a T-row piece of the step) run on a side stream that starts where the stream is now, each
-     * with its own scratch, else 0 (nothing changes); side_end: the ops that follow go back to
-     * the stream, the side's work still running; side_join: the stream waits for it */
-    int (*side_begin)(Backend *be, int T);
+    /* optional (GPU backends): work beside the stream. side_begin(T, kind): 1 if the ops that
+     * follow (a T-row piece of the step, of that SideKind) run on a side stream that starts where
+     * the stream is now, with their own scratch, else 0 (nothing changes); side_end: the ops that
+     * follow go back to the stream, the side's work still running; side_join: the stream waits */
+    int (*side_begin)(Backend *be, int T, int kind);
     void (*side_end)(Backend *be);
     void (*side_join)(Backend *be);
 } BackendOps;
@@ -189,9 +189,11 @@ void backend_reset_stats(Backend *be);
 
 /* Work beside the stream (BackendOps side_begin): 1 if the ops up to be_side_end run beside the
  * ones after it until be_side_join, 0 if they run in order as usual (a backend without a side,
- * while a step is profiled op by op, or where the backend declines T rows); the results are the
- * same either way. be_side_end and be_side_join only after a be_side_begin that returned 1. */
-int be_side_begin(Backend *be, int T);
+ * while a step is profiled op by op, or where the backend declines T rows of this kind: the MoE
+ * layers' shared expert, GLM-5's indexer); the results are the same either way. be_side_end and
+ * be_side_join only after a be_side_begin that returned 1. */
+typedef enum { SIDE_SHARED_EXPERT, SIDE_INDEXER, SIDE_KINDS } SideKind;
+int be_side_begin(Backend *be, int T, SideKind kind);
 void be_side_end(Backend *be);
 void be_side_join(Backend *be);
 

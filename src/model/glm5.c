@@ -41,15 +41,14 @@ void glm5_attention(Forward *f, int layer, KVCache *kv)
         qin = f->qa;
         qin_dim = R;
     }
-    be_matmul(be, OP_GEMM_ATTN, f->q, qd, qin, qin_dim, T, &w->wq_b, NULL);
-    be_rope(be, f->q, qd, T, H, Dq, c->qk_nope_dim, Dr, db->pos, f->inv_freq, f->rope_scale, c->rope_interleave);
-    be_rmsnorm(be, kvl, kld, kvl, kld, w->kv_a_norm, T, C, MLA_NORM_EPS);
-    be_rope(be, kvl, kld, T, 1, kvd, C, Dr, db->pos, f->inv_freq, f->rope_scale, c->rope_interleave);
     KVLayer *L = &kv->layers[layer];
-    be_kv_write(be, L->kv, L->dtype, L->k_scale, L->kv_width, 0, kvl, kld, kvd, db->slot, T);
-
     const int *topk = NULL;
+    /* the indexer reads qa and a only, and writes its own cache and buffers: beside the query and
+     * latent path below where the backend takes it (be_side_begin: on a GPU at decode sizes, a
+     * chain of small launches that path hides), joined before the attention; the same sums */
+    int side = 0;
     if (c->layer_indexer[layer] == INDEXER_FULL) {
+        side = be_side_begin(be, T, SIDE_INDEXER);
         int Hi = c->index_n_heads, Di = c->index_head_dim;
         be_matmul(be, OP_GEMM_INDEXER, f->iq, Hi * Di, f->qa, R, T, &w->idx_wq_b, NULL);
         be_rope(be, f->iq, Hi * Di, T, Hi, Di, 0, Dr, db->pos, f->inv_freq, f->rope_scale, c->indexer_rope_interleave);
@@ -59,10 +58,17 @@ void glm5_attention(Forward *f, int layer, KVCache *kv)
         be_kv_write(be, L->idx, L->dtype, 1.0f, L->idx_width, 0, f->ik, Di, Di, db->slot, T);
         be_matmul(be, OP_GEMM_INDEXER, f->iw, Hi, f->a, D, T, &w->idx_wproj, NULL);
         be_indexer(be, f->topk, f->iq, f->iw, L, b, db, c);
+        if (side) be_side_end(be);
         topk = f->topk;
     } else if (c->layer_indexer[layer] == INDEXER_SHARED) {
         topk = f->topk; /* the previous full layer's selection */
     }
+    be_matmul(be, OP_GEMM_ATTN, f->q, qd, qin, qin_dim, T, &w->wq_b, NULL);
+    be_rope(be, f->q, qd, T, H, Dq, c->qk_nope_dim, Dr, db->pos, f->inv_freq, f->rope_scale, c->rope_interleave);
+    be_rmsnorm(be, kvl, kld, kvl, kld, w->kv_a_norm, T, C, MLA_NORM_EPS);
+    be_rope(be, kvl, kld, T, 1, kvd, C, Dr, db->pos, f->inv_freq, f->rope_scale, c->rope_interleave);
+    be_kv_write(be, L->kv, L->dtype, L->k_scale, L->kv_width, 0, kvl, kld, kvd, db->slot, T);
+    if (side) be_side_join(be);
     if (mla_expand_use(b, mla_expand_min())) /* prefill chunks: the expanded form (mla.c) */
         mla_attention_expanded(be, &f->mla, f->attn, f->q, L, &w->wkv_b, topk, c->index_topk, b, db, c);
     else

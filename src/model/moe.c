@@ -44,7 +44,7 @@ void moe_ffn(Forward *f, int layer)
     }
     /* the shared expert beside the routed ones where the backend takes it (be_side_begin: on a
      * GPU at decode sizes, a chain of small launches the routed kernels hide); the same sums */
-    const int shared = c->n_shared_experts > 0, side = shared && be_side_begin(be, T);
+    const int shared = c->n_shared_experts > 0, side = shared && be_side_begin(be, T, SIDE_SHARED_EXPERT);
     if (side) {
         swiglu_mlp(f, f->ffn2, f->a, T, &w->sh_gate_up, &w->sh_gate, &w->sh_up, &w->sh_down);
         be_side_end(be);

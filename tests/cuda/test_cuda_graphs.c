@@ -54,39 +54,45 @@ TEST(cuda_graph_decode_equals_eager)
     }
 }
 
-/* The shared expert beside the routed experts (be_side_begin, on stream3 with its own scratch and
- * cuBLASLt workspace) gives the same logits, bit for bit, as in order, eager and from graphs: the
- * same kernels on the same inputs, added in the same order. glm4moe-bf16's shared expert goes
- * through the cuBLASLt route while the router's GEMM does on the stream: one scratch set between
- * them would race. The prompt's 12-token step and every decode step go beside at 64 rows. */
-TEST(cuda_shared_side_equals_in_order)
+/* The pieces that run beside (be_side_begin, on stream3 with its own scratch and cuBLASLt
+ * workspace: the MoE layers' shared expert, GLM-5's indexer) give the same logits, bit for bit,
+ * as in order, eager and from graphs: the same kernels on the same inputs, added in the same
+ * order. glm4moe-bf16's shared expert goes through the cuBLASLt route while the router's GEMM
+ * does on the stream: one scratch set between them would race. At 64 rows the prompt's 12-token
+ * step and every decode step go beside. */
+TEST(cuda_side_equals_in_order)
 {
     const char *names[] = {"golden/glm5-nvfp4", "golden/glm4moe-bf16"};
     for (int i = 0; i < 2; i++) {
         const char *dir = test_data(names[i]);
-        cuda_set_side_rows(0);
+        cuda_set_side_rows(SIDE_SHARED_EXPERT, 0);
+        cuda_set_side_rows(SIDE_INDEXER, 0);
         float *a = decode_logits(dir, 1, 8);
         EXPECT(g_side_calls == 0, "%s: %ld calls beside with the side off", names[i], g_side_calls);
-        cuda_set_side_rows(64);
+        cuda_set_side_rows(SIDE_SHARED_EXPERT, 64);
+        cuda_set_side_rows(SIDE_INDEXER, 64);
         float *b = decode_logits(dir, 1, 8);
         long calls_b = g_side_calls;
         float *e = decode_logits(dir, 0, 8);
         long calls_e = g_side_calls;
-        cuda_set_side_rows(-1);
+        cuda_set_side_rows(SIDE_SHARED_EXPERT, -1);
+        cuda_set_side_rows(SIDE_INDEXER, -1);
         Model m;
         model_load(&m, dir);
-        int moe_layers = 0;
-        for (int l = 0; l < m.cfg.n_layers; l++) moe_layers += m.cfg.layer_moe[l];
-        /* eager: every MoE layer of the 9 steps; graphs: at least the prompt's step (the decode
+        int per_step = 0; /* a MoE layer with shared experts, a layer with its own indexer: one each */
+        for (int l = 0; l < m.cfg.n_layers; l++)
+            per_step += (m.cfg.layer_moe[l] && m.cfg.n_shared_experts > 0) +
+                        (m.cfg.index_n_heads > 0 && m.cfg.layer_indexer[l] == INDEXER_FULL);
+        /* eager: every such piece of the 9 steps; graphs: at least the prompt's step (the decode
          * steps' graphs call it when captured, not when replayed) */
-        EXPECT(moe_layers > 0 && calls_e == 9L * moe_layers, "%s: %ld calls beside in 9 eager steps of %d MoE layers", names[i],
-               calls_e, moe_layers);
-        EXPECT(calls_b >= moe_layers, "%s: %ld calls beside with graphs", names[i], calls_b);
+        EXPECT(per_step > 0 && calls_e == 9L * per_step, "%s: %ld calls beside in 9 eager steps of %d pieces", names[i], calls_e,
+               per_step);
+        EXPECT(calls_b >= per_step, "%s: %ld calls beside with graphs", names[i], calls_b);
         size_t n = (size_t)9 * m.cfg.vocab, db = 0, de = 0;
         model_free(&m);
         for (size_t k = 0; k < n; k++) db += a[k] != b[k], de += a[k] != e[k];
-        EXPECT(db == 0, "%s: %zu of %zu logits differ between the shared expert beside (graphs) and in order", names[i], db, n);
-        EXPECT(de == 0, "%s: %zu of %zu logits differ between the shared expert beside (eager) and in order", names[i], de, n);
+        EXPECT(db == 0, "%s: %zu of %zu logits differ between the pieces beside (graphs) and in order", names[i], db, n);
+        EXPECT(de == 0, "%s: %zu of %zu logits differ between the pieces beside (eager) and in order", names[i], de, n);
         free(a);
         free(b);
         free(e);

@@ -194,37 +194,44 @@ static void cuda_event_destroy(Backend *be, void *e)
     cudaEventDestroy((cudaEvent_t)e);
 }
 
-/* ---- the model's side (be_side_begin): the shared expert beside the routed experts ----
- * At decode sizes the shared expert's two GEMMs are a chain of launches and first loads (7 + 3.5
- * MB on GLM-5: ~13 us on the H200 where its bytes take ~3), which the routed experts' kernels can
- * hide, as SGLang runs it on an alternate stream. Up to MOESERVE_SHARED_SIDE rows a step (0: never;
- * at most 1024: its scratch stays small); above it the ops run in order. */
-static int cuda_side_rows_set = -1;
-extern "C" void cuda_set_side_rows(int rows) { cuda_side_rows_set = rows < 0 ? -1 : rows > 1024 ? 1024 : rows; }
-
-static int cuda_side_rows(void)
+/* ---- the model's side (be_side_begin) ----
+ * At decode sizes some pieces of a layer are a chain of small launches and first loads that the
+ * layer's other work can hide, as SGLang runs the shared experts on an alternate stream: the MoE
+ * layers' shared expert beside the router and the routed experts (on GLM-5 7 + 3.5 MB that a
+ * chain reads in ~13 us on the H200 where its bytes take ~3), and GLM-5's indexer (three small
+ * GEMMs, two ropes, a norm, its cache write and its scores) beside the query and latent path.
+ * Each up to its rows a step (MOESERVE_SHARED_SIDE, MOESERVE_INDEXER_SIDE; 0: never; at most
+ * 1024, so that the side's scratch stays small); above them the ops run in order. */
+static int cuda_side_rows_set[SIDE_KINDS] = {-1, -1};
+extern "C" void cuda_set_side_rows(int kind, int rows)
 {
-    static int v = -2;
-    if (cuda_side_rows_set >= 0) return cuda_side_rows_set;
-    if (v == -2) {
-        const char *e = getenv("MOESERVE_SHARED_SIDE");
-        v = 16;
+    if (kind >= 0 && kind < SIDE_KINDS) cuda_side_rows_set[kind] = rows < 0 ? -1 : rows > 1024 ? 1024 : rows;
+}
+
+static int cuda_side_rows(int kind)
+{
+    static int v[SIDE_KINDS] = {-2, -2};
+    static const char *const var[SIDE_KINDS] = {"MOESERVE_SHARED_SIDE", "MOESERVE_INDEXER_SIDE"};
+    if (cuda_side_rows_set[kind] >= 0) return cuda_side_rows_set[kind];
+    if (v[kind] == -2) {
+        const char *e = getenv(var[kind]);
+        v[kind] = 16;
         if (e && *e) {
             char *end;
             long r = strtol(e, &end, 10);
-            if (*end || r < 0 || r > 1024) log_warn("MOESERVE_SHARED_SIDE=%s: expected rows from 0 to 1024; using %d", e, v);
-            else v = (int)r;
+            if (*end || r < 0 || r > 1024) log_warn("%s=%s: expected rows from 0 to 1024; using %d", var[kind], e, v[kind]);
+            else v[kind] = (int)r;
         }
     }
-    return v;
+    return v[kind];
 }
 
 extern "C" long cuda_side_calls(Backend *be) { return cuda_state(be)->side_calls; }
 
-static int cuda_side_begin(Backend *be, int T)
+static int cuda_side_begin(Backend *be, int T, int kind)
 {
     CudaState *s = cuda_state(be);
-    if (s->on_side || T < 1 || T > cuda_side_rows()) return 0;
+    if (s->on_side || kind < 0 || kind >= SIDE_KINDS || T < 1 || T > cuda_side_rows(kind)) return 0;
     CUDA_CHECK(cudaEventRecord(s->fork3, s->stream));
     CUDA_CHECK(cudaStreamWaitEvent(s->stream3, s->fork3, 0));
     s->on_side = 1;
@@ -330,6 +337,32 @@ static void cuda_graph_free(Backend *be, void *graph)
 }
 
 static int imax(int a, int b) { return a > b ? a : b; }
+static int imin(int a, int b) { return a < b ? a : b; }
+static int64_t lmax(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* The side's scratch set (cuda_side_begin), at up to each kind's rows: the shared expert's
+ * GEMMs (K and N up to D and 2 Fs), the indexer's (up to D, the q LoRA rank and its heads x head
+ * dimension) and its scores. */
+static void cuda_reserve_side(Backend *be, const ModelConfig *c, int T, int max_ctx, int sms)
+{
+    int64_t D = c->hidden, Fs = (int64_t)c->moe_intermediate * c->n_shared_experts, kn = 0, wb = 0;
+    int se = c->n_shared_experts > 0 ? imin(T, cuda_side_rows(SIDE_SHARED_EXPERT)) : 0;
+    int ix = c->index_n_heads > 0 ? imin(T, cuda_side_rows(SIDE_INDEXER)) : 0, sr = imax(se, ix);
+    if (sr <= 0) return;
+    if (se > 0) kn = lmax(D, 2 * Fs);
+    if (ix > 0) kn = lmax(kn, lmax(lmax(D, c->q_lora_rank), (int64_t)c->index_n_heads * c->index_head_dim));
+    const int lt = w4_lt_rows(0, cuda_state(be)->device); /* the cuBLASLt route's BF16 weight, from lt rows */
+    if (lt > 0 && se >= lt) wb = 2 * Fs * D;
+    if (lt > 0 && ix >= lt) wb = lmax(wb, lmax((int64_t)c->index_n_heads * c->index_head_dim * c->q_lora_rank, (int64_t)c->index_head_dim * D));
+    cuda_state(be)->on_side = 1;
+    cuda_scratch(be, SCR_MM_X, (size_t)2 * sr * kn * 2);
+    cuda_scratch(be, SCR_MM_Y, (size_t)2 * sr * kn * 4);
+    cuda_scratch(be, SCR_W4_X, (size_t)2 * sr * kn * 2);
+    cuda_scratch(be, SCR_W4_PART, (size_t)2 * 16 * sms * 512 * 4);
+    if (wb > 0) cuda_scratch(be, SCR_W4_WB, (size_t)wb * 2);
+    if (ix > 0) cuda_scratch(be, SCR_IDX_SCORES, (size_t)ix * max_ctx * 4);
+    cuda_state(be)->on_side = 0;
+}
 
 /* The scratch each op needs at these limits (see the cuda_scratch calls of the op files). */
 static void cuda_reserve(Backend *be, const ModelConfig *c, int T, int max_out, int max_ctx)
@@ -370,19 +403,7 @@ static void cuda_reserve(Backend *be, const ModelConfig *c, int T, int max_out, 
     if (piece > 0 && c->index_n_heads > 0) cuda_scratch(be, SCR_MLA_MASK, (size_t)T * cdiv(piece, 32) * 4);
     /* and its keys and values as BF16 halves (the piece kernel v3: as large as the expanded piece) */
     if (piece > 0) mla_piece_reserve(be, c, piece < max_ctx ? piece : max_ctx);
-    /* the side's set (cuda_side_begin): the shared expert's GEMMs at up to the side's rows */
-    int sr = T < cuda_side_rows() ? T : cuda_side_rows();
-    if (c->n_shared_experts > 0 && sr > 0) {
-        int64_t D = c->hidden, Fs = (int64_t)c->moe_intermediate * c->n_shared_experts, kn = D > 2 * Fs ? D : 2 * Fs;
-        cuda_state(be)->on_side = 1;
-        cuda_scratch(be, SCR_MM_X, (size_t)2 * sr * kn * 2);
-        cuda_scratch(be, SCR_MM_Y, (size_t)2 * sr * kn * 4);
-        cuda_scratch(be, SCR_W4_X, (size_t)2 * sr * kn * 2);
-        cuda_scratch(be, SCR_W4_PART, (size_t)2 * 16 * sms * 512 * 4);
-        if (w4_lt_rows(0, cuda_state(be)->device) > 0 && sr >= w4_lt_rows(0, cuda_state(be)->device))
-            cuda_scratch(be, SCR_W4_WB, (size_t)2 * Fs * D * 2);
-        cuda_state(be)->on_side = 0;
-    }
+    cuda_reserve_side(be, c, T, max_ctx, sms);
     /* prefill's BF16 copy of the largest dense weight (w4_matmul_lt), when a step can be that long */
     if (w4_lt_rows(0, cuda_state(be)->device) > 0 && gm >= w4_lt_rows(0, cuda_state(be)->device)) {
         int64_t D = c->hidden, Fs = (int64_t)c->moe_intermediate * c->n_shared_experts, H = c->n_heads;

@@ -23,9 +23,10 @@ void cuda_p2p_summary(char *buf, size_t n);
 /* The kernel the MLA expanded form's next piece runs on for c's heads (tests): 0 v0, 1 v1 (64
  * queries a block), 2 v1 (48 queries, for 99-101 KB of shared memory), 3 v3. */
 int cuda_mla_piece_kernel(Backend *be, const ModelConfig *c);
-/* The rows up to which the shared expert runs beside the routed ones (tests; -1: the default,
- * MOESERVE_SHARED_SIDE or 16; 0: never), and how many times it has on this backend. */
-void cuda_set_side_rows(int rows);
+/* The rows up to which a SideKind runs beside (be_side_begin; tests: -1 the default, its
+ * MOESERVE_SHARED_SIDE / MOESERVE_INDEXER_SIDE or 16; 0 never), and how many times anything
+ * has run beside on this backend. */
+void cuda_set_side_rows(int kind, int rows);
 long cuda_side_calls(Backend *be);
 /* Keep the stream busy for about us microseconds (--inject-comm-delay-us). */
 void cuda_delay_us(Backend *be, int us);
