@@ -44,10 +44,9 @@ void cuda_launch_check(const char *kernel, const char *file, int line)
     }
 }
 
-void *cuda_scratch(Backend *be, int slot, size_t bytes)
+/* slot of scratch set `set` (0 the stream's, 1 the side's), grown to at least bytes */
+static void *scratch_of_set(CudaState *s, int set, int slot, size_t bytes)
 {
-    CudaState *s = cuda_state(be);
-    const int set = s->on_side;
     if (bytes > s->scratch_cap[set][slot]) {
         CUDA_CHECK(cudaStreamSynchronize(s->stream));
         CUDA_CHECK(cudaStreamSynchronize(s->stream3));
@@ -59,6 +58,8 @@ void *cuda_scratch(Backend *be, int slot, size_t bytes)
     }
     return s->scratch[set][slot];
 }
+
+void *cuda_scratch(Backend *be, int slot, size_t bytes) { return scratch_of_set(cuda_state(be), cuda_state(be)->on_side, slot, bytes); }
 
 static void *cuda_alloc(Backend *be, size_t bytes)
 {
@@ -339,6 +340,8 @@ static void cuda_graph_free(Backend *be, void *graph)
 static int imax(int a, int b) { return a > b ? a : b; }
 static int imin(int a, int b) { return a < b ? a : b; }
 static int64_t lmax(int64_t a, int64_t b) { return a > b ? a : b; }
+/* the W4A16 split-K partials: w4_dense_choice keeps splits x T x N under 2 x 16 x SMs x 512 floats */
+static size_t w4_part_bytes(int sms) { return (size_t)2 * 16 * sms * 512 * sizeof(float); }
 
 /* The side's scratch set (cuda_side_begin), at up to each kind's rows: the shared expert's
  * GEMMs (K and N up to D and 2 Fs), the indexer's (up to D, the q LoRA rank and its heads x head
@@ -354,14 +357,13 @@ static void cuda_reserve_side(Backend *be, const ModelConfig *c, int T, int max_
     const int lt = w4_lt_rows(0, cuda_state(be)->device); /* the cuBLASLt route's BF16 weight, from lt rows */
     if (lt > 0 && se >= lt) wb = 2 * Fs * D;
     if (lt > 0 && ix >= lt) wb = lmax(wb, lmax((int64_t)c->index_n_heads * c->index_head_dim * c->q_lora_rank, (int64_t)c->index_head_dim * D));
-    cuda_state(be)->on_side = 1;
-    cuda_scratch(be, SCR_MM_X, (size_t)2 * sr * kn * 2);
-    cuda_scratch(be, SCR_MM_Y, (size_t)2 * sr * kn * 4);
-    cuda_scratch(be, SCR_W4_X, (size_t)2 * sr * kn * 2);
-    cuda_scratch(be, SCR_W4_PART, (size_t)2 * 16 * sms * 512 * 4);
-    if (wb > 0) cuda_scratch(be, SCR_W4_WB, (size_t)wb * 2);
-    if (ix > 0) cuda_scratch(be, SCR_IDX_SCORES, (size_t)ix * max_ctx * 4);
-    cuda_state(be)->on_side = 0;
+    CudaState *s = cuda_state(be);
+    scratch_of_set(s, 1, SCR_MM_X, (size_t)2 * sr * kn * 2);
+    scratch_of_set(s, 1, SCR_MM_Y, (size_t)2 * sr * kn * 4);
+    scratch_of_set(s, 1, SCR_W4_X, (size_t)2 * sr * kn * 2);
+    scratch_of_set(s, 1, SCR_W4_PART, w4_part_bytes(sms));
+    if (wb > 0) scratch_of_set(s, 1, SCR_W4_WB, (size_t)wb * 2);
+    if (ix > 0) scratch_of_set(s, 1, SCR_IDX_SCORES, (size_t)ix * max_ctx * 4);
 }
 
 /* The scratch each op needs at these limits (see the cuda_scratch calls of the op files). */
@@ -393,7 +395,7 @@ static void cuda_reserve(Backend *be, const ModelConfig *c, int T, int max_out, 
     int sms = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, cuda_state(be)->device));
     cuda_scratch(be, SCR_W4_X, (size_t)2 * rows * imax(kmax, c->hidden) * 2); /* hi and lo halves */
-    cuda_scratch(be, SCR_W4_PART, (size_t)2 * 16 * sms * 512 * 4);
+    cuda_scratch(be, SCR_W4_PART, w4_part_bytes(sms));
     /* the MoE's hot class beside an mma.sync tile and its small class beside a wg tile (w4.cu): the
      * activations again, in the other order, for calls of up to 2048 tokens */
     if (c->n_experts > 0) cuda_scratch(be, SCR_W4_XP, (size_t)2 * (T < 2048 ? T : 2048) * c->hidden * 2);
