@@ -52,6 +52,7 @@ typedef struct {
     char *line;                /* SSE bytes not yet ending in '\n' (or a non-200 body) */
     size_t len, cap;
     int error_event;           /* the stream carried {"error": ...} */
+    int retries;               /* sends of this request again on a fresh connection (slot_retry) */
     char curl_err[CURL_ERROR_SIZE];
 } Slot;
 
@@ -481,10 +482,12 @@ static void slot_start(Slot *sl, const RunConfig *rc, const char *body, size_t b
     curl_easy_setopt(e, CURLOPT_POSTFIELDS, body);
     curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)body_len);
     curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, rc->timeout_ms);
+    curl_easy_setopt(e, CURLOPT_FRESH_CONNECT, 0L);
     sl->res = r;
     sl->status = 0;
     sl->len = 0;
     sl->error_event = 0;
+    sl->retries = 0;
     sl->curl_err[0] = 0;
     r->usage_prompt = r->usage_completion = -1;
     r->t_start = clock_now();
@@ -512,6 +515,27 @@ static void http_reason(Slot *sl)
     }
     snprintf(r->error, sizeof r->error, "HTTP %ld%s%s", sl->status, *msg ? ": " : "", msg);
     json_decref(j);
+}
+
+/* A kept-alive connection the server had already closed (llama-server closes idle ones after a
+ * few seconds; libcurl's own retries can pick another dead one from its pool, "Connection died,
+ * tried 5 times before giving up"): when nothing of a response came back, the server never saw
+ * the request, so it is sent again on a new connection instead of being counted failed. Its
+ * start time stays: the client waited that long. Returns 1 when the request was sent again. */
+#define MAX_RETRIES 3
+static int slot_retry(Slot *sl, CURLcode rc)
+{
+    int dead = rc == CURLE_SEND_ERROR || rc == CURLE_RECV_ERROR || rc == CURLE_GOT_NOTHING;
+    if (!dead || sl->status != 0 || sl->res->n_chunks || sl->len || sl->retries >= MAX_RETRIES) return 0;
+    CURLM *m = sl->loop->multi;
+    curl_multi_remove_handle(m, sl->easy);
+    curl_easy_setopt(sl->easy, CURLOPT_FRESH_CONNECT, 1L);
+    sl->retries++;
+    sl->res->retries++;
+    sl->curl_err[0] = 0;
+    CURLMcode mc = curl_multi_add_handle(m, sl->easy);
+    if (mc != CURLM_OK) die("curl_multi_add_handle: %s", curl_multi_strerror(mc));
+    return 1;
 }
 
 static void slot_finish(Slot *sl, CURLcode rc)
@@ -593,6 +617,7 @@ static double run_requests(Loop *L, Slot *slots, int conc, const RunConfig *rc, 
             if (msg->msg != CURLMSG_DONE) continue;
             Slot *sl = NULL;
             curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&sl);
+            if (slot_retry(sl, msg->data.result)) continue;
             RequestResult *r = sl->res;
             slot_finish(sl, msg->data.result);
             failed += !r->ok;

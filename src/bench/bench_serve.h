@@ -69,6 +69,7 @@ typedef struct {
     float *itl;                /* [n_itl] s: gaps between consecutive token chunks */
     int n_itl, cap_itl;
     int n_chunks;              /* chunks that carried a token */
+    int retries;               /* sent again on a fresh connection: the server had closed the kept-alive one */
     int usage_prompt;          /* usage.prompt_tokens (-1: not sent) */
     int usage_completion;      /* usage.completion_tokens (-1: not sent) */
     char *text;                /* generated text, kept only with a tokenizer (retokenized counts) */
@@ -94,6 +95,7 @@ typedef struct {
 
 typedef struct {
     int completed, failed;
+    int retried;               /* requests sent again on a fresh connection (the server had closed a kept-alive one) */
     long total_input, total_output, total_output_retok; /* retok: -1 without a tokenizer */
     double duration;           /* s */
     double request_throughput, input_throughput, output_throughput, total_throughput; /* per s */

@@ -96,6 +96,7 @@ void report_compute(Metrics *m, const RunInfo *run, const Dataset *ds, const Req
     m->reason_count = xcalloc(MAX_REASONS, sizeof *m->reason_count);
     for (int i = 0; i < n; i++) {
         const RequestResult *r = &res[i];
+        m->retried += r->retries > 0;
         if (!r->ok) {
             m->failed++;
             const char *why = r->error[0] ? r->error : "unknown";
@@ -324,6 +325,8 @@ void report_print(const Metrics *m, const RunInfo *run)
     }
     for (int i = 0; i < 50; i++) putchar('=');
     putchar('\n');
+    if (m->retried)
+        printf("Requests sent again on a new connection (the server had closed a kept-alive one): %d\n", m->retried);
     if (m->failed) {
         printf("Failed requests by reason:\n");
         for (int i = 0; i < m->n_reasons; i++) printf("  %6d  %s\n", m->reason_count[i], m->reasons[i]);
@@ -377,6 +380,7 @@ int report_append_json(const char *path, const Metrics *m, const RunInfo *run)
         set_real(o, "duration", m->duration);
         json_object_set_new(o, "completed", json_integer(m->completed));
         json_object_set_new(o, "failed", json_integer(m->failed));
+        json_object_set_new(o, "retried_requests", json_integer(m->retried));
         json_object_set_new(o, "total_input_tokens", json_integer(m->total_input));
         json_object_set_new(o, "total_input_text_tokens", json_integer(m->total_input));
         json_object_set_new(o, "total_output_tokens", json_integer(m->total_output));
@@ -413,6 +417,7 @@ int report_append_json(const char *path, const Metrics *m, const RunInfo *run)
         set_real(o, "duration", m->duration);
         json_object_set_new(o, "completed", json_integer(m->completed));
         json_object_set_new(o, "failed", json_integer(m->failed));
+        json_object_set_new(o, "retried_requests", json_integer(m->retried));
         json_object_set_new(o, "total_input_tokens", json_integer(m->total_input));
         json_object_set_new(o, "total_output_tokens", json_integer(m->total_output));
         set_real(o, "request_throughput", m->request_throughput);

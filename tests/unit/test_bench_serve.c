@@ -41,6 +41,8 @@ typedef struct {
     double ttft, gap;          /* s */
     int fail_every;            /* every k-th completion request answers 500 (0: none) */
     int split;                 /* write each event in two pieces, and an SSE comment between tokens */
+    int one_per_conn;          /* answer one request a connection; close on the next without answering */
+    atomic_int unanswered;     /* requests dropped so (a server closing an idle kept-alive connection) */
     int port, fd;
     pthread_t acceptor;
     atomic_int posts, active, peak_active, failed;
@@ -200,7 +202,7 @@ static void *conn_main(void *arg)
     Fake *f = c->f;
     size_t cap = 1 << 16, len = 0;
     char *buf = malloc(cap);
-    for (;;) {
+    for (int served = 0;; served++) {
         /* headers; t_recv is when the request's first bytes were in */
         char *end;
         double t_recv = now_s();
@@ -221,6 +223,10 @@ static void *conn_main(void *arg)
             ssize_t r = recv(c->fd, buf + len, cap - len - 1, 0);
             if (r <= 0) goto out;
             len += (size_t)r;
+        }
+        if (f->one_per_conn && served > 0) { /* as if the keep-alive timeout had closed it just before */
+            atomic_fetch_add(&f->unanswered, 1);
+            goto out;
         }
         int rc = 0;
         if (!strncmp(buf, "GET /v1/models ", 15)) {
@@ -295,12 +301,20 @@ static int fake_start(Fake *f, double ttft, double gap)
     return pthread_create(&f->acceptor, NULL, accept_main, f);
 }
 
+/* A stream's last byte reaches the client before its thread records it: wait until no stream is
+ * left (bounded: a stuck one is a test bug that the checks then show). */
+static void fake_settle(Fake *f)
+{
+    for (int i = 0; i < 10000 && atomic_load(&f->active) > 0; i++) usleep(1000);
+}
+
 static void fake_stop(Fake *f)
 {
+    fake_settle(f);
     shutdown(f->fd, SHUT_RDWR);
     close(f->fd);
     pthread_join(f->acceptor, NULL);
-    free(f->recs);   /* connection threads still streaming would be a test bug: every run waits for its streams */
+    free(f->recs);
     f->recs = NULL;
 }
 
@@ -326,6 +340,7 @@ static int cmp_rec(const void *a, const void *b) { return cmp_dbl(&((const FakeR
  * copy (*out, malloc'ed) and its length; the record is cleared for the next run. */
 static int fake_take(Fake *f, int skip, FakeRec **out)
 {
+    fake_settle(f);
     pthread_mutex_lock(&f->mu);
     qsort(f->recs, (size_t)f->n_recs, sizeof *f->recs, cmp_rec);
     int n = f->n_recs > skip ? f->n_recs - skip : 0;
@@ -530,6 +545,46 @@ TEST(bench_serve_failures)
     snprintf(cmd, sizeof cmd, "%s bench serve --base-url http://127.0.0.1:1 --model m --num-prompts 2 --quiet", test_bin());
     rc = test_run(cmd, &out);
     EXPECT(rc != 0 && strstr(out, "warm-up failed"), "%s", out);
+    free(out);
+    fake_stop(&f);
+}
+
+/* A server that closes kept-alive connections (llama-server after a stream) must not turn
+ * requests it never saw into failures: a sweep at 8 leaves 8 idle connections that are all dead
+ * on their next use, more than libcurl's own 5 retries can get past at concurrency 1. */
+TEST(bench_serve_closed_connections)
+{
+    Fake f;
+    ASSERT(fake_start(&f, 0.01, 0.005) == 0);
+    f.one_per_conn = 1;
+    char file[512], cmd[2048];
+    snprintf(file, sizeof file, "%s/closed.jsonl", test_tmpdir());
+    snprintf(cmd, sizeof cmd, "%s bench serve --base-url http://127.0.0.1:%d --model fake-model --dataset-name random-ids "
+             "--random-input-len 8 --random-output-len 4 --random-range-ratio 1 --num-prompts 16 --max-concurrency 8,1 "
+             "--warmup-requests 0 --output-file %s", test_bin(), f.port, file);
+    char *out = NULL;
+    int rc = test_run(cmd, &out);
+    EXPECT_EQ_INT(rc, 0);
+    EXPECT(atomic_load(&f.unanswered) > 0, "the fake server dropped requests on reused connections");
+    EXPECT_EQ_INT(atomic_load(&f.posts), 32);   /* every request reached the server once, answered */
+    FILE *fp = fopen(file, "r");
+    ASSERT(fp);
+    char line[1 << 15];
+    int runs = 0, retried = 0;
+    while (fgets(line, sizeof line, fp)) {
+        json_t *j = json_loads(line, 0, NULL);
+        if (!j) continue;
+        EXPECT_EQ_INT(jnum(j, "completed"), 16);
+        EXPECT_EQ_INT(jnum(j, "failed"), 0);
+        retried += (int)jnum(j, "retried_requests");
+        runs++;
+        json_decref(j);
+    }
+    fclose(fp);
+    EXPECT_EQ_INT(runs, 2);
+    EXPECT(retried > 0, "requests sent again are counted");
+    EXPECT(strstr(out, "sent again on a new connection"), "the report says so");
+    if (test_failed_now()) fprintf(stderr, "%s\n", out);
     free(out);
     fake_stop(&f);
 }
