@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #endif
 #include "test.h"
+#include "base/knobs.h"
 
 #include <math.h>
 #include <signal.h>
@@ -181,6 +182,7 @@ static int cmp_tests(const void *a, const void *b)
 
 int main(int argc, char **argv)
 {
+    knobs_init();
     const char *filter = argc > 1 ? argv[1] : NULL;
     int passed = 0, failed = 0, skipped = 0;
     const char *failed_names[64];

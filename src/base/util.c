@@ -58,12 +58,6 @@ void util_die(const char *file, int line, const char *fmt, ...)
 void log_msg(int level, const char *fmt, ...)
 {
     static const char *names[] = {"error: ", "warning: ", "", "debug: "};
-    static int init;
-    if (!init) {
-        const char *e = getenv("MOESERVE_LOG");
-        if (e && *e) log_level = atoi(e);
-        init = 1;
-    }
     if (level > log_level) return;
     va_list ap;
     va_start(ap, fmt);

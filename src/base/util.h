@@ -24,7 +24,7 @@ char *xstrdup(const char *s);
 /* Allocation aligned to 64 bytes (cache line / AVX-512), freed with free(). */
 void *xmalloc_aligned(size_t n);
 
-/* Logging to stderr. Level: 0 error, 1 warn, 2 info, 3 debug; MOESERVE_LOG sets it. */
+/* Logging to stderr. Level: 0 error, 1 warn, 2 info, 3 debug; MOESERVE_LOG sets it (knobs.h). */
 enum { LOG_ERROR, LOG_WARN, LOG_INFO, LOG_DEBUG };
 extern int log_level;
 extern int log_rank; /* >= 0 under several ranks: lines are prefixed "[rank r]" */

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "../base/knobs.h"
 #include "cli.h"
 
 typedef struct {
@@ -32,11 +33,31 @@ static void usage(FILE *f)
     fprintf(f, "usage: moeserve <command> [options]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].help);
-    fprintf(f, "\n`moeserve <command> --help` shows a command's options.\n");
+    fprintf(f, "\n`moeserve <command> --help` shows a command's options; `moeserve help env` the MOESERVE_*\n"
+               "environment variables.\n");
+}
+
+/* `moeserve help env [--values]`: the knob table (knobs.h) as docs/USAGE.md lists it, or each
+ * knob's value in this process and where it came from. */
+static int help_env(int argc, char **argv)
+{
+    if (argc > 1 && !strcmp(argv[1], "--values")) {
+        for (int k = 0; k < KNOB_COUNT; k++)
+            printf("%s=%s (%s)\n", knob_info(k)->var, knob_str(k), knob_is_set(k) ? "set" : "default");
+        return 0;
+    }
+    if (argc > 1) {
+        fprintf(stderr, "error: help env: unknown option '%s'\nusage: moeserve help env [--values]\n", argv[1]);
+        return 2;
+    }
+    knobs_print(stdout);
+    return 0;
 }
 
 int main(int argc, char **argv)
 {
+    knobs_init();
+    if (argc >= 3 && !strcmp(argv[1], "help") && !strcmp(argv[2], "env")) return help_env(argc - 2, argv + 2);
     if (argc < 2 || !strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../base/test_hooks.h"
 #include "../base/util.h"
 
 static Dist g_dist;
@@ -262,17 +263,11 @@ void dist_shutdown(void)
 
 void dist_fault_point(Dist *d)
 {
-    static int checked, kind, rank = -1;
-    if (!checked) {
-        const char *f = getenv("MOESERVE_FAULT");
-        if (f && !strncmp(f, "exit:", 5)) kind = 1, rank = atoi(f + 5);
-        if (f && !strncmp(f, "hang:", 5)) kind = 2, rank = atoi(f + 5);
-        checked = 1;
-    }
-    if (!d || d->rank != rank) return;
-    if (kind == 1) fatal("MOESERVE_FAULT: rank %d fails here (a test hook)", d->rank);
-    if (kind == 2) {
-        log_warn("MOESERVE_FAULT: rank %d stops answering (a test hook)", d->rank);
+    if (!d) return;
+    TestFault f = test_hook_fault(d->rank);
+    if (f == TEST_FAULT_EXIT) fatal("MOESERVE_TEST_FAULT: rank %d fails here (a test hook)", d->rank);
+    if (f == TEST_FAULT_HANG) {
+        log_warn("MOESERVE_TEST_FAULT: rank %d stops answering (a test hook)", d->rank);
         for (;;) pause();
     }
 }

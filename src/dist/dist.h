@@ -78,7 +78,7 @@ void dist_recv(Dist *d, Backend *be, void *buf, size_t bytes, int peer);
 void dist_flush(Dist *d, Backend *be);
 void dist_bcast_host(Dist *d, void *buf, size_t bytes);
 
-/* A test hook at the start of every step: MOESERVE_FAULT=exit:R makes rank R fail there,
+/* A test hook at the start of every step: MOESERVE_TEST_FAULT=exit:R makes rank R fail there,
  * hang:R makes it stop answering (the others must then stop, not hang). */
 void dist_fault_point(Dist *d);
 

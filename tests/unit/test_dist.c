@@ -280,10 +280,10 @@ TEST(dist_rank_failure_stops_all)
     char dir[600], cmd[2048];
     snprintf(dir, sizeof dir, "%s/glm4moe-bf16", test_data("golden"));
     struct { const char *env, *args, *want; } cases[] = {
-        {"MOESERVE_FAULT=exit:1", "--tp 2", "rank 1"},
-        {"MOESERVE_FAULT=exit:1", "--pp 2", "rank 1"},
-        {"MOESERVE_FAULT=hang:1", "--tp 2", "did not complete in 3 s"},
-        {"MOESERVE_FAULT=hang:0", "--pp 2", "did not complete in 3 s"},
+        {"MOESERVE_TEST_FAULT=exit:1", "--tp 2", "rank 1"},
+        {"MOESERVE_TEST_FAULT=exit:1", "--pp 2", "rank 1"},
+        {"MOESERVE_TEST_FAULT=hang:1", "--tp 2", "did not complete in 3 s"},
+        {"MOESERVE_TEST_FAULT=hang:0", "--pp 2", "did not complete in 3 s"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         snprintf(cmd, sizeof cmd,
