@@ -696,32 +696,65 @@ static size_t collect(char *p, size_t size, size_t nmemb, void *ud)
     return n;
 }
 
-/* The first model id of GET /v1/models (both peers do this when --model is not given). */
-static char *first_model(const char *base, struct curl_slist *headers)
+/* GET base+path as JSON (NULL: no 200 JSON object within 30 s). */
+static json_t *get_json(const char *base, const char *path, struct curl_slist *headers, char *err, size_t errlen, long *status)
 {
     char url[2048];
-    snprintf(url, sizeof url, "%s/v1/models", base);
+    snprintf(url, sizeof url, "%s%s", base, path);
     CURL *e = curl_easy_init();
-    char *body = NULL, err[CURL_ERROR_SIZE] = "";
+    char *body = NULL, cerr[CURL_ERROR_SIZE] = "";
     curl_easy_setopt(e, CURLOPT_URL, url);
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, headers);
     curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, collect);
     curl_easy_setopt(e, CURLOPT_WRITEDATA, &body);
-    curl_easy_setopt(e, CURLOPT_ERRORBUFFER, err);
+    curl_easy_setopt(e, CURLOPT_ERRORBUFFER, cerr);
     curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, 30000L);
     CURLcode rc = curl_easy_perform(e);
-    long status = 0;
-    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
+    *status = 0;
+    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, status);
     curl_easy_cleanup(e);
-    if (rc != CURLE_OK) fatal("bench serve: GET %s: %s%s%s\nhint: is the server up? or give --model", url, curl_easy_strerror(rc), *err ? ": " : "", err);
-    json_t *j = body ? json_loads(body, 0, NULL) : NULL;
+    if (rc != CURLE_OK) {
+        snprintf(err, errlen, "GET %s: %s%s%s", url, curl_easy_strerror(rc), *cerr ? ": " : "", cerr);
+        free(body);
+        return NULL;
+    }
+    json_t *j = body && *status == 200 ? json_loads(body, 0, NULL) : NULL;
+    free(body);
+    if (j && !json_is_object(j)) { json_decref(j); j = NULL; }
+    return j;
+}
+
+/* The first model id of GET /v1/models (both peers do this when --model is not given). */
+static char *first_model(const char *base, struct curl_slist *headers)
+{
+    char err[2400] = "";
+    long status;
+    json_t *j = get_json(base, "/v1/models", headers, err, sizeof err, &status);
+    if (!j && *err) fatal("bench serve: %s\nhint: is the server up? or give --model", err);
     const char *id = json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "id"));
-    if (status != 200 || !id) fatal("bench serve: GET %s gave HTTP %ld without a model id; give --model", url, status);
+    if (!id) fatal("bench serve: GET %s/v1/models gave HTTP %ld without a model id; give --model", base, status);
     char *m = xstrdup(id);
     json_decref(j);
-    free(body);
     return m;
+}
+
+/* What the server says of itself, kept in the JSON line as "server_info" (as SGLang's
+ * bench_serving keeps /get_server_info): moeserve's and SGLang's /get_server_info, else
+ * llama-server's /props, else vLLM's /version; NULL when none answers. */
+static json_t *server_info(const char *base, struct curl_slist *headers)
+{
+    static const char *const paths[] = {"/get_server_info", "/props", "/version"};
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+        char err[2400];
+        long status;
+        json_t *j = get_json(base, paths[i], headers, err, sizeof err, &status);
+        if (j) {
+            json_object_del(j, "chat_template");   /* llama-server's /props: kilobytes of template */
+            return j;
+        }
+    }
+    return NULL;
 }
 
 static int parse_levels(const char *s, int *out)
@@ -1055,6 +1088,7 @@ int bench_serve_main(int argc, char **argv)
             co->lag_max_us = L.lag[L.n_lag - 1] * 1e6;
         }
         any_ok |= m->completed > 0;
+        ri->server_info = server_info(baseu, headers);   /* after the run: the server's counters include it */
         report_print(m, ri);
         if (out_file && report_append_json(out_file, m, ri)) fatal("bench serve: cannot write %s", out_file);
         results_free(res, n);
@@ -1064,6 +1098,7 @@ int bench_serve_main(int argc, char **argv)
 
     for (int l = 0; l < n_levels; l++) report_free(&ms[l]);
     free(ms);
+    for (int l = 0; l < n_levels; l++) json_decref(runs[l].server_info);
     free(runs);
     free(L.lag);
     slots_free(slots, max_conc);

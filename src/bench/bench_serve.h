@@ -130,6 +130,7 @@ typedef struct {
     const char *percentile_metrics; /* vLLM layout: --percentile-metrics, e.g. "ttft,tpot,itl,e2el" */
     const char *label;
     int gpus;                  /* --gpus, written to the JSON line for the plot */
+    struct json_t *server_info; /* what the server said of itself after the run (owned), or NULL */
 } RunInfo;
 
 void report_compute(Metrics *m, const RunInfo *run, const Dataset *ds, const RequestResult *res, int n,

@@ -443,6 +443,7 @@ int report_append_json(const char *path, const Metrics *m, const RunInfo *run)
     set_real(o, "client_lag_max_us", m->client.lag_max_us);
     set_real(o, "client_cpu_us_per_chunk", m->client.cpu_us_per_chunk);
     set_real(o, "client_cpu_util", m->client.cpu_util);
+    if (run->server_info) json_object_set(o, "server_info", run->server_info);
     char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(12));
     json_decref(o);
     FILE *f = fopen(path, "a");

@@ -25,6 +25,8 @@ int cmd_diagnose(int argc, char **argv);
 #include "../dist/plan.h"
 const char *device_default(void);
 void device_open(Backend *be, const char *device, int threads);
+/* The device in words for logs and GET /get_server_info: the GPU's name, or "cpu (N threads)". */
+void device_describe(const Backend *be, const char *device, char *buf, size_t n);
 void device_model(Model *dev, const Model *host, Backend *be);
 void device_model_free(Model *dev, Backend *be);
 

@@ -6,6 +6,7 @@
  * --script-output FILE is a test hook, not for serving: every request's output is forced to be
  * the tokenization of FILE's text (read at each request) then eos, whatever the model samples
  * (tests/unit/test_server_tools.c scripts GLM tool calls with it). */
+#include <jansson.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -40,6 +41,32 @@ static void raise_fd_limit(int want)
         rl.rlim_cur = rl.rlim_max < (rlim_t)want + 64 ? rl.rlim_max : (rlim_t)want + 64;
         setrlimit(RLIMIT_NOFILE, &rl);
     }
+}
+
+/* GET /get_server_info (SGLang's path; bench serve records it with each run): what runs where,
+ * as the run was configured. */
+static char *server_info(const ModelOpts *mo, const Model *m, const Model *dm, const Backend *be, const char *device,
+                         const EngineOptions *eo, Engine *e, int max_len)
+{
+    char dev[256];
+    device_describe(be, device, dev, sizeof dev);
+    EngineStats st;
+    engine_stats(e, &st);
+    json_t *o = json_pack("{s:s, s:s, s:s, s:b, s:i, s:s, s:{s:i, s:i, s:i}, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:i, s:b, s:b}",
+                          "device", dev, "model_path", mo->dir, "architecture", m->cfg.architecture,
+                          "dummy_weights", mo->dummy, "num_layers", m->cfg.n_layers,
+                          "kv_cache_dtype", model_kv_dtype_name(dm->cfg.kv_dtype),
+                          "layout", "tp", mo->par.tp > 0 ? mo->par.tp : 1, "pp", mo->par.pp > 0 ? mo->par.pp : 1,
+                          "ep", mo->par.ep > 0 ? mo->par.ep : 1,
+                          "max_running_requests", eo->max_running, "max_batch_tokens", eo->max_batch_tokens,
+                          "chunked_prefill_size", eo->chunked_prefill, "max_model_len", max_len,
+                          "num_continuous_decode_steps", eo->decode_steps, "kv_block_size", eo->block_size,
+                          "kv_tokens", (json_int_t)st.kv_blocks_total * eo->block_size, "profile_every", eo->profile_every,
+                          "cuda_graph", !eo->no_graphs && strcmp(be->name, "cpu") != 0, "prefix_caching", eo->prefix_caching);
+    if (mo->dummy) json_object_set_new(o, "dummy_quant", json_string(mo->dummy_quant ? mo->dummy_quant : "nvfp4"));
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    return s;
 }
 
 int cmd_serve(int argc, char **argv)
@@ -133,9 +160,10 @@ int cmd_serve(int argc, char **argv)
     Metrics metrics;
     metrics_init(&metrics);
     int max_len = eo.max_model_len <= 0 || eo.max_model_len > m.cfg.max_position ? m.cfg.max_position : eo.max_model_len;
+    char *info = server_info(&mo, &m, &dm, &be, device, &eo, e, max_len);
     Api api = {.engine = e, .text = &mt, .model_name = name, .model_alias = alias[0] ? alias : NULL, .api_key = api_key, .max_model_len = max_len,
                .vocab = m.cfg.vocab, .created = (int64_t)time(NULL), .metrics = &metrics, .script_path = script,
-               .ceilings = eo.profile_every > 0 ? &ceil : NULL,
+               .ceilings = eo.profile_every > 0 ? &ceil : NULL, .server_info = info,
                .layout = {.tp = mo.par.tp, .pp = mo.par.pp, .ep = mo.par.ep, .microbatches = mo.par.microbatches}};
     if (script) log_warn("serve: --script-output %s: every output is scripted (a test hook), not the model's", script);
     char err[512];
@@ -156,6 +184,7 @@ int cmd_serve(int argc, char **argv)
     if (left) log_warn("serve: %d connections still open after %d s (slow readers): closing them", left, drain_s);
     http_stop(h);
     engine_free(e);
+    free(info);
     metrics_free(&metrics);
     device_model_free(&dm, &be);
     backend_free(&be);

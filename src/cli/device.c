@@ -53,6 +53,21 @@ void device_open(Backend *be, const char *device, int threads)
     fatal("--device '%s': expected cpu, cuda or cuda:N", device);
 }
 
+void device_describe(const Backend *be, const char *device, char *buf, size_t n)
+{
+    if (!strcmp(be->name, "cpu")) {
+        snprintf(buf, n, "cpu (%d threads)", be->n_threads);
+        return;
+    }
+#ifdef MOESERVE_CUDA
+    int index = device && device[4] == ':' ? atoi(device + 5) : 0;
+    cuda_device_name(index, buf, n);
+#else
+    (void)device;
+    snprintf(buf, n, "%s", be->name);
+#endif
+}
+
 void device_model(Model *dev, const Model *host, Backend *be)
 {
     if (be->host_memory && !host->dummy) {

@@ -554,6 +554,7 @@ static void schedule_admin(Engine *e)
         s->running = 1;
         e->running[e->n_running++] = s;
     }
+    if (e->n_running > e->stats.peak_running) e->stats.peak_running = e->n_running;
 }
 
 /* Build one step's batch; returns its token count (0: nothing to do). */

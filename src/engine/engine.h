@@ -98,6 +98,7 @@ void engine_finish(Engine *e, uint64_t id);
 
 typedef struct {
     int running, waiting;      /* sequences */
+    int peak_running;          /* the most sequences running at once since the start */
     int kv_blocks_total, kv_blocks_used;
     uint64_t prefix_queries, prefix_hits; /* prompt tokens looked up / found in the cache */
     uint64_t preemptions;

@@ -185,6 +185,7 @@ int openai_route(const char *method, const char *url, ApiRoute *route, const cha
         {"/v1/completions", ROUTE_COMPLETIONS, 1}, {"/v1/chat/completions", ROUTE_CHAT, 1},
         {"/v1/models", ROUTE_MODELS, 0},           {"/health", ROUTE_HEALTH, 0},
         {"/metrics", ROUTE_METRICS, 0},            {"/v1/diagnosis", ROUTE_DIAGNOSIS, 0},
+        {"/get_server_info", ROUTE_SERVER_INFO, 0},
     };
     *route = ROUTE_NONE;
     int post = -1;
@@ -278,6 +279,23 @@ int openai_get(Api *a, ApiReq *r, const char *url, const char **content_type, Ap
             free(gauges);
         }
         *content_type = "text/plain; version=0.0.4; charset=utf-8";
+        return 200;
+    }
+    case ROUTE_SERVER_INFO: { /* the configuration, and the engine's counters now */
+        EngineStats st;
+        engine_stats(a->engine, &st);
+        size_t n = a->server_info ? strlen(a->server_info) : 0;
+        if (n > 2 && a->server_info[n - 1] == '}') {
+            openai_buf_add(&r->out, a->server_info, n - 1);
+            buf_puts(&r->out, ",");
+        } else {
+            buf_puts(&r->out, "{");
+        }
+        buf_printf(&r->out, "\"engine\":{\"running\":%d,\"waiting\":%d,\"peak_running\":%d,\"kv_blocks_total\":%d,"
+                   "\"kv_blocks_used\":%d,\"preemptions\":%llu,\"steps\":%llu,\"prompt_tokens\":%llu,"
+                   "\"generation_tokens\":%llu}}", st.running, st.waiting, st.peak_running, st.kv_blocks_total,
+                   st.kv_blocks_used, (unsigned long long)st.preemptions, (unsigned long long)st.steps,
+                   (unsigned long long)st.prompt_tokens, (unsigned long long)st.generation_tokens);
         return 200;
     }
     case ROUTE_DIAGNOSIS: {

@@ -55,7 +55,8 @@ void openai_buf_add(ApiBuf *b, const void *p, size_t n); /* grows as needed; kee
 void openai_buf_free(ApiBuf *b);
 
 typedef enum {
-    ROUTE_NONE, ROUTE_COMPLETIONS, ROUTE_CHAT, ROUTE_MODELS, ROUTE_MODEL, ROUTE_HEALTH, ROUTE_METRICS, ROUTE_DIAGNOSIS
+    ROUTE_NONE, ROUTE_COMPLETIONS, ROUTE_CHAT, ROUTE_MODELS, ROUTE_MODEL, ROUTE_HEALTH, ROUTE_METRICS, ROUTE_DIAGNOSIS,
+    ROUTE_SERVER_INFO
 } ApiRoute;
 
 typedef struct {
@@ -73,6 +74,7 @@ typedef struct {
     Metrics *metrics;          /* borrowed */
     const Ceilings *ceilings;  /* borrowed: the roofs GET /v1/diagnosis compares against (NULL: none) */
     Deployment layout;         /* tp, pp, ep, micro-batches */
+    const char *server_info;   /* GET /get_server_info's JSON object (device, layout, engine options), or NULL */
     volatile int draining;     /* shutting down: /health says 503, new generations are refused */
 } Api;
 

@@ -958,6 +958,16 @@ TEST(bench_serve_moeserve)
         EXPECT_EQ_INT(jnum(j, "total_output_tokens"), 8 * 8);
         EXPECT_EQ_INT(jnum(j, "total_input_tokens"), 8 * 32);
         EXPECT(jnum(j, "mean_ttft_ms") > 0 && jnum(j, "mean_itl_ms") > 0);
+        /* the server's own account, fetched after the run: where it ran and what it did */
+        json_t *si = json_object_get(j, "server_info");
+        EXPECT(json_is_object(si), "server_info in the JSON line");
+        EXPECT(json_string_value(json_object_get(si, "device")) &&
+               !strncmp(json_string_value(json_object_get(si, "device")), "cpu (", 5), "the device is named");
+        EXPECT_EQ_INT(json_integer_value(json_object_get(si, "max_running_requests")), 64);
+        json_t *eng = json_object_get(si, "engine");
+        EXPECT(json_integer_value(json_object_get(eng, "peak_running")) >= 1 &&
+               json_integer_value(json_object_get(eng, "peak_running")) <= 4, "peak running within the concurrency");
+        EXPECT(json_integer_value(json_object_get(eng, "generation_tokens")) >= 8 * 8 * 2, "both levels' tokens counted");
         if (test_failed_now()) fprintf(stderr, "%s\n", out);
         json_decref(j);
         free(out);
