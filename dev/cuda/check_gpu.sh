@@ -3,7 +3,8 @@
 # of an H200). Here (no GPU): make -j2 build/moeserve build/test_cuda; strip both into carry/
 # (gitignored; carry/lib holds libmicrohttpd.so.12 and libutf8proc.so.2, which the GPU machine
 # lacks); then on the device: bash dev/cuda/check_gpu.sh with carry/ carried (logs into $OUT).
-# The numbers go into docs/PERFORMANCE.md with the card and the command.
+# The numbers go into docs/log/ (the dated experiment) and, where they are the current figures,
+# docs/PERFORMANCE.md, with the card and the command.
 export LD_LIBRARY_PATH=$PWD/carry/lib:$LD_LIBRARY_PATH PATH=$PATH:/usr/local/cuda/bin
 export MOESERVE_BIN=$PWD/carry/moeserve
 B=./carry/moeserve

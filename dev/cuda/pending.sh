@@ -7,7 +7,8 @@
 #     built-in dense choice below MOESERVE_W4_LT_ROWS, now 1536); then where tile 36 and the BF16 +
 #     cuBLASLt route meet, at 512-4096 rows (LT: the route from 1 row; T36: never the route); then
 #     bench model with the route from 256 rows (the choice before session 22) against the default,
-#     at prompts of 512 and 2048 tokens (measured: docs/PERFORMANCE.md, session 22)
+#     at prompts of 512 and 2048 tokens (measured: docs/log/2026-12-02-w4a16-kernels-sessions-1-26.md,
+#     session 22)
 #   2 (session 22, ~4 min): every CUDA test, then the route's rows by weight (1536 where tile 36
 #     runs the call, 256 where it does not: kv_a, q_a+kv_a) against 256 for all (OLD) at 256-1024
 #     rows, and bench model at prompts of 512 both ways, two rounds
