@@ -497,6 +497,30 @@ TEST(server_06_errors)
         {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_completion_tokens\": 0}", 400, "at least 1", "max_completion_tokens"},
         {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"response_format\": {\"type\": \"json_object\"}}", 400, "not supported", "response_format"},
         {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"model\": \"nope\"}", 404, "does not exist", "model"},
+        /* a malformed body is a 400 whatever model it names (it was a 404 before the body was read) */
+        {"/v1/completions", "{\"model\": \"nope\"}", 400, "'prompt' is required", "prompt"},
+        {"/v1/completions", "{\"model\": \"nope\", \"prompt\": []}", 400, "empty", "prompt"},
+        {"/v1/completions", "{\"model\": \"nope\", \"prompt\": \"x\", \"max_tokens\": 5000}", 400, "maximum context length", "prompt"},
+        {"/v1/chat/completions", "{\"model\": \"nope\"}", 400, "'messages' is required", "messages"},
+        {"/v1/chat/completions", "{\"model\": \"nope\", \"messages\": [{\"role\": \"wizard\", \"content\": \"hi\"}]}", 400, "role", "messages"},
+        /* strings compare over their whole length: a NUL does not end them */
+        {"/v1/completions", "{\"prompt\": \"x\", \"model\": \"server-tiny\\u0000anything\"}", 404, "server-tiny\\u0000anything", "model"},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\\u0000x\", \"content\": \"hi\"}]}", 400, "role 'user\\u0000x'", "messages"},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\\u0000\", \"text\": \"hi\"}]}]}", 400,
+         "not supported", "messages"},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"response_format\": {\"type\": \"text\\u0000json\"}}",
+         400, "not supported", "response_format"},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": [{\"type\": \"function\\u0000\", "
+         "\"function\": {\"name\": \"f\"}}]}", 400, "function", "tools"},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": [{\"type\": \"function\", "
+         "\"function\": {\"name\": \"f\"}}], \"tool_choice\": \"auto\\u0000x\"}", 400, "auto\\u0000x", "tool_choice"},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": [{\"type\": \"function\", "
+         "\"function\": {\"name\": \"f\"}}], \"tool_choice\": {\"type\": \"function\\u0000\", \"function\": {\"name\": \"f\"}}}", 400,
+         "tool_choice", "tool_choice"},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": [{\"type\": \"function\", "
+         "\"function\": {\"name\": \"f\"}}], \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"f\\u0000g\"}}}", 400,
+         "f\\u0000g", "tool_choice"},
+        {"/v1/completions", "{\"prompt\": [8192]}", 400, "token id 8192 is outside the vocabulary", "prompt"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         Resp r;
@@ -512,6 +536,26 @@ TEST(server_06_errors)
     post(s->port, "/v1/completions", "{\"prompt\": \"a\\u0000b\", \"max_tokens\": 2}", &r);
     EXPECT_EQ_INT(r.status, 200);
     resp_free(&r);
+    /* in a chat message too: the rendered prompt keeps it and what follows (strlen cut the prompt
+       there, the rest of the message and the generation prompt with it) */
+    json_t *msgs = json_pack("[{s:s, s:s}]", "role", "user", "content", "a\001b c d e f g"); /* \001 for the NUL */
+    char *text = NULL, terr[256];
+    size_t tlen = 0;
+    int *tids = NULL, want = -1;
+    if (model_text_render(model_text(), msgs, NULL, NULL, 1, &text, terr, sizeof terr) == 0) {
+        tlen = strlen(text);
+        *strchr(text, '\001') = 0;
+        want = tokenizer_encode(model_text()->tok, text, tlen, 0, &tids, terr, sizeof terr);
+    }
+    EXPECT(want > chat_tokens("a"), "the rendered prompt: %zu bytes, %d tokens", tlen, want);
+    json_decref(msgs);
+    free(text);
+    free(tids);
+    Full nf;
+    post(s->port, "/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"a\\u0000b c d e f g\"}], \"max_tokens\": 2}", &r);
+    full_check(__FILE__, __LINE__, &r, 1, &nf);
+    resp_free(&r);
+    EXPECT_EQ_INT(nf.prompt_tokens, want);
 
     /* invalid UTF-8 inside a JSON string */
     post(s->port, "/v1/completions", "{\"prompt\": \"ab\xff\xfe\"}", &r);
@@ -996,6 +1040,55 @@ TEST(server_14_kv_pressure)
     fprintf(stderr, "    2 requests over a full KV cache in %.1f s, %g preemptions\n", clock_now() - t0, pre);
     EXPECT(pre >= 0 && pre <= 4, "%g preemptions for two requests", pre);
     EXPECT_EQ_INT(srv_stop(&k, 60), 0);
+}
+
+/* A tokenizer with one added token more than the model has rows (tokenizer.json's ids past the
+ * vocabulary): a prompt holding it used to reach the engine, whose refusal was answered 503 with
+ * Retry-After, so clients retried for ever. It is the request's prompt: 400, naming the token.
+ * serve says so at start too. */
+TEST(server_15_tokenizer_past_vocab)
+{
+    char dir[4200], cmd[9000], path[4400], *out = NULL;
+    snprintf(dir, sizeof dir, "%s/vocab-plus-one", test_tmpdir());
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s' '%s'", dir, model_dir(), dir);
+    ASSERT(test_run(cmd, &out) == 0, "%s: %s", cmd, out);
+    free(out);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    json_error_t je;
+    json_t *tj = json_load_file(path, 0, &je);
+    ASSERT(tj, "%s: %s", path, je.text);
+    int vocab = tokenizer_vocab_size(model_text()->tok); /* the tiny model's vocabulary is the tokenizer's */
+    json_array_append_new(json_object_get(tj, "added_tokens"),
+                          json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id", vocab, "content", "<|extra|>", "single_word", 0,
+                                    "lstrip", 0, "rstrip", 0, "normalized", 0, "special", 1));
+    ASSERT(json_dump_file(tj, path, 0) == 0);
+    json_decref(tj);
+
+    Srv v;
+    ASSERT(srv_start_model(&v, "vocab-plus-one", dir, "") == 0);
+    char want[64], body[512];
+    snprintf(want, sizeof want, "'<|extra|>' (id %d)", vocab);
+    Resp r;
+    post(v.port, "/v1/completions", "{\"prompt\":\"Hello <|extra|> there\",\"max_tokens\":2}", &r);
+    expect_error(__FILE__, __LINE__, "a prompt with the extra token", &r, 400, "invalid_request_error", want, "prompt");
+    EXPECT(r.head && !header_value(r.head, "Retry-After"), "a 400 has no Retry-After");
+    resp_free(&r);
+    post(v.port, "/v1/chat/completions", CHAT_BODY("Hello <|extra|>", ",\"max_tokens\":2,\"stream\":true"), &r);
+    expect_error(__FILE__, __LINE__, "a chat message with the extra token", &r, 400, "invalid_request_error", want, "messages");
+    resp_free(&r);
+    snprintf(body, sizeof body, "{\"prompt\":[5, %d],\"max_tokens\":2}", vocab);
+    post(v.port, "/v1/completions", body, &r);
+    snprintf(want, sizeof want, "token id %d is outside the vocabulary", vocab);
+    expect_error(__FILE__, __LINE__, "the extra token's id", &r, 400, "invalid_request_error", want, "prompt");
+    resp_free(&r);
+    post(v.port, "/v1/completions", "{\"prompt\":\"Hello there\",\"max_tokens\":2}", &r);
+    EXPECT_EQ_INT(r.status, 200);
+    resp_free(&r);
+    EXPECT_EQ_INT(srv_stop(&v, 60), 0);
+    snprintf(cmd, sizeof cmd, "grep -c 'the tokenizer has %d token ids, the model.s vocabulary %d' '%s'", vocab + 1, vocab, v.log);
+    test_run(cmd, &out);
+    EXPECT(out && atoi(out) == 1, "no warning at start: %s", out ? out : "");
+    free(out);
 }
 
 typedef struct {
