@@ -821,6 +821,7 @@ static int parse_request(Api *a, ApiReq *r, json_t *root, int **ids, int **force
     }
     if (!r->chat && (rc = field_bool(root, "echo", &r->echo, err)) < 0) return rc;
     if ((rc = field_bool(root, "skip_special_tokens", &r->skip_special, err)) < 0) return rc;
+    if ((rc = field_bool(root, "include_stop_str_in_output", &r->include_stop, err)) < 0) return rc;
     json_t *suffix = json_object_get(root, "suffix");
     if (suffix && !json_is_null(suffix) && !(json_is_string(suffix) && json_string_length(suffix) == 0))
         return bad_field(err, "suffix", "'suffix' is not supported");
@@ -1034,8 +1035,9 @@ void openai_cancel(Api *a, ApiReq *r)
 /* ---- events to text, stop strings and chunks ---- */
 
 /* The earliest stop string in the generated text that ends after byte old_len (earlier text
- * was searched before); its start, or -1. */
-static long stop_find(const ApiReq *r, size_t old_len)
+ * was searched before); its start, or -1, and its end in *end (of two that start there, the
+ * shorter: it was complete first). */
+static long stop_find(const ApiReq *r, size_t old_len, size_t *end)
 {
     long best = -1;
     for (int i = 0; i < r->n_stops; i++) {
@@ -1043,7 +1045,11 @@ static long stop_find(const ApiReq *r, size_t old_len)
         if (from < r->gen_start) from = r->gen_start;
         if (from >= r->text.len) continue;
         const char *p = memmem(r->text.p + from, r->text.len - from, stop_str(r, i), L);
-        if (p && (best < 0 || p - r->text.p < best)) best = p - r->text.p;
+        long at = p ? p - r->text.p : -1;
+        if (at >= 0 && (best < 0 || at < best || (at == best && (size_t)at + L < *end))) {
+            best = at;
+            *end = (size_t)at + L;
+        }
     }
     return best;
 }
@@ -1053,6 +1059,7 @@ static long stop_find(const ApiReq *r, size_t old_len)
 static size_t stop_holdback(const ApiReq *r)
 {
     size_t hold = 0, gen = r->text.len - r->gen_start;
+    if (r->include_stop) return 0; /* a stop string is returned too: nothing to hold back */
     for (int i = 0; i < r->n_stops; i++) {
         const char *s = stop_str(r, i);
         size_t L = (size_t)r->stop_len[i], kmax = L - 1 < gen ? L - 1 : gen;
@@ -1275,10 +1282,13 @@ static void text_append(ApiReq *r, const char *s, size_t n)
     size_t old = r->text.len;
     openai_buf_add(&r->text, s, n);
     if (r->n_stops == 0 || r->stopped) return;
-    long at = stop_find(r, old);
+    size_t end = 0;
+    long at = stop_find(r, old, &end);
     if (at >= 0) {
-        r->text.len = (size_t)at; /* the stop string and what follows are not returned */
-        r->text.p[at] = 0;
+        /* what follows the stop string is not returned, nor the stop string itself unless
+         * include_stop_str_in_output */
+        r->text.len = r->include_stop ? end : (size_t)at;
+        r->text.p[r->text.len] = 0;
         r->stopped = 1;
     }
 }
