@@ -177,6 +177,73 @@ const char *file_read_error(int errnum)
     return errnum == EFBIG ? "more than 64 MiB, the limit for reading a whole file" : strerror(errnum);
 }
 
+/* Append to a growing buffer (*p of *cap bytes, *len used). */
+static void text_add(char **p, size_t *len, size_t *cap, const char *s, size_t n)
+{
+    if (*len + n + 1 > *cap) {
+        while (*len + n + 1 > *cap) *cap = *cap ? 2 * *cap : 256;
+        *p = xrealloc(*p, *cap);
+    }
+    memcpy(*p + *len, s, n);
+    *len += n;
+}
+
+/* Whether the integer literal s[0..n) (an optional '-', then digits) lies outside int64. */
+static int int_literal_overflows(const char *s, size_t n)
+{
+    int neg = n && s[0] == '-';
+    const char *d = s + neg, *lim = neg ? "9223372036854775808" : "9223372036854775807";
+    size_t nd = n - (size_t)neg;
+    while (nd > 1 && d[0] == '0') d++, nd--;  /* not valid JSON, but let jansson say so */
+    return nd > 19 || (nd == 19 && memcmp(d, lim, 19) > 0);
+}
+
+json_t *json_loadb_clamped(const char *text, size_t n, size_t flags, json_error_t *je)
+{
+    json_t *j = json_loadb(text, n, flags, je);
+    if (j || json_error_code(je) != json_error_numeric_overflow) return j;
+    char *out = NULL, num[64];
+    size_t len = 0, cap = 0;
+    for (size_t i = 0; i < n;) {
+        if (text[i] == '"') {                   /* a string: copied as it is */
+            size_t k = i + 1;
+            while (k < n && text[k] != '"') k += text[k] == '\\' ? 2 : 1;
+            k = k < n ? k + 1 : n;
+            text_add(&out, &len, &cap, text + i, k - i);
+            i = k;
+            continue;
+        }
+        if (text[i] != '-' && (text[i] < '0' || text[i] > '9')) {
+            text_add(&out, &len, &cap, text + i, 1);
+            i++;
+            continue;
+        }
+        size_t k = i;                           /* a number: its characters, checked by jansson later */
+        int is_int = 1;
+        while (k < n && strchr("+-0123456789.eE", text[k]) && text[k]) {
+            if (text[k] == '.' || text[k] == 'e' || text[k] == 'E') is_int = 0;
+            k++;
+        }
+        const char *rep = NULL;
+        if (is_int && int_literal_overflows(text + i, k - i)) {
+            rep = text[i] == '-' ? "-9223372036854775808" : "9223372036854775807";
+        } else if (!is_int) {
+            char *s = k - i < sizeof num ? num : xmalloc(k - i + 1);
+            memcpy(s, text + i, k - i);
+            s[k - i] = 0;
+            double v = strtod(s, NULL);
+            if (isinf(v)) rep = v < 0 ? "-1.7976931348623157e308" : "1.7976931348623157e308";
+            if (s != num) free(s);
+        }
+        if (rep) text_add(&out, &len, &cap, rep, strlen(rep));
+        else text_add(&out, &len, &cap, text + i, k - i);
+        i = k;
+    }
+    j = json_loadb(out ? out : "", len, flags, je);
+    free(out);
+    return j;
+}
+
 json_t *file_read_json(const char *path, size_t flags, char *err, size_t errlen)
 {
     size_t n;
@@ -186,7 +253,7 @@ json_t *file_read_json(const char *path, size_t flags, char *err, size_t errlen)
         return NULL;
     }
     json_error_t je;
-    json_t *j = json_loadb(text, n, flags, &je);
+    json_t *j = json_loadb_clamped(text, n, flags, &je);
     free(text);
     if (!j) errbuf_set(err, errlen, "not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
     return j;

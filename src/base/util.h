@@ -63,6 +63,16 @@ const char *file_read_error(int errnum);
  * json_load_file reads /dev/zero or a FIFO forever); NULL with err "cannot read: why" or "not
  * valid JSON: why (line L, column C)" (the caller names the file). */
 json_t *file_read_json(const char *path, size_t flags, char *err, size_t errlen);
+/* json_loadb for the JSON files of a model directory (config.json, generation_config.json,
+ * tokenizer.json, tokenizer_config.json, hf_quant_config.json, the safetensors index; also what
+ * file_read_json reads). Python writes integers of any size and jansson refuses those outside
+ * int64 ("too big integer"): many tokenizer_config.json files hold "model_max_length":
+ * 1000000000000000019884624838656 (transformers' VERY_LARGE_INTEGER), which refused the whole
+ * tokenizer. Here such an integer reads as INT64_MAX (INT64_MIN when negative), still an
+ * integer, so a field read as an integer keeps its type and its own range check names it; a real
+ * past the range of a double (1e999, which Python reads as inf) reads as +-DBL_MAX. Only text that
+ * jansson refused for that reason is scanned again; anything else is refused as by json_loadb. */
+json_t *json_loadb_clamped(const char *text, size_t n, size_t flags, json_error_t *je);
 int file_exists(const char *path);
 /* dir + "/" + name into out; returns out. */
 char *path_join(char *out, size_t outlen, const char *dir, const char *name);

@@ -139,6 +139,11 @@ int cmd_serve(int argc, char **argv)
     ModelText mt;
     model_text_open(&mt, mo.dir, m.cfg.eos_ids, m.cfg.n_eos);
     if (!mt.chat) log_warn("serve: %s; /v1/chat/completions will answer 400", mt.chat_err);
+    if (tokenizer_vocab_size(mt.tok) > m.cfg.vocab) { /* an added token too many: the model has no row for it */
+        const char *first = tokenizer_token(mt.tok, m.cfg.vocab);
+        log_warn("serve: the tokenizer has %d token ids, the model's vocabulary %d: a prompt holding one from id %d ('%s') on "
+                 "will be refused (400)", tokenizer_vocab_size(mt.tok), m.cfg.vocab, m.cfg.vocab, first ? first : "?");
+    }
     Backend be;
     device_open(&be, device, threads);
     Model dm;

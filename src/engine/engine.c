@@ -301,28 +301,35 @@ Engine *engine_create(const Model *m, Backend *be, const EngineOptions *o, const
     return e;
 }
 
-uint64_t engine_submit(Engine *e, const RequestParams *p, EngineNotify notify, void *user, char *err, size_t errlen)
+int engine_check(const Engine *e, const RequestParams *p, char *err, size_t errlen)
 {
     const ModelConfig *c = &e->m->cfg;
-    if (p->n_prompt <= 0) { errbuf_set(err, errlen, "the prompt is empty"); return 0; }
+    if (p->n_prompt <= 0) { errbuf_set(err, errlen, "the prompt is empty"); return -1; }
     if (p->n_prompt >= e->o.max_model_len) {
         errbuf_set(err, errlen, "the prompt has %d tokens; this model's context is %d tokens (at least one is needed to generate)",
                    p->n_prompt, e->o.max_model_len);
-        return 0;
+        return -1;
     }
     for (int i = 0; i < p->n_prompt; i++)
         if (p->prompt[i] < 0 || p->prompt[i] >= c->vocab) {
             errbuf_set(err, errlen, "token id %d is outside the vocabulary [0, %d)", p->prompt[i], c->vocab);
-            return 0;
+            return -1;
         }
     for (int i = 0; i < p->n_forced; i++)
         if (p->forced[i] < 0 || p->forced[i] >= c->vocab) {
             errbuf_set(err, errlen, "forced token id %d is outside the vocabulary [0, %d)", p->forced[i], c->vocab);
-            return 0;
+            return -1;
         }
     const char *bad = sampling_params_check(&p->sampling);
-    if (bad) { errbuf_set(err, errlen, "%s", bad); return 0; }
-    if (p->max_tokens < 1) { errbuf_set(err, errlen, "max_tokens must be at least 1"); return 0; }
+    if (bad) { errbuf_set(err, errlen, "%s", bad); return -1; }
+    if (p->max_tokens < 1) { errbuf_set(err, errlen, "max_tokens must be at least 1"); return -1; }
+    return 0;
+}
+
+uint64_t engine_submit(Engine *e, const RequestParams *p, EngineNotify notify, void *user, char *err, size_t errlen)
+{
+    const ModelConfig *c = &e->m->cfg;
+    if (engine_check(e, p, err, errlen)) return 0;
     Seq *s = xcalloc(1, sizeof *s);
     s->cap = p->n_prompt + 16;
     s->tokens = xmalloc(s->cap * sizeof(int));

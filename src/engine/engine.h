@@ -88,6 +88,9 @@ void engine_free(Engine *e);
  * a token outside the vocabulary, sampling out of range, the queue full. Never blocks on the
  * model. */
 uint64_t engine_submit(Engine *e, const RequestParams *p, EngineNotify notify, void *user, char *err, size_t errlen);
+/* What engine_submit checks of p before it queues it: 0, or -1 with err saying what is wrong
+ * with the request (engine_submit's other refusals, a full queue or a stop, are the server's). */
+int engine_check(const Engine *e, const RequestParams *p, char *err, size_t errlen);
 /* Move up to max pending events of id into ev (non-blocking); returns how many. After the event
  * with finish != FINISH_NONE the request is gone and its id unknown. */
 int engine_poll(Engine *e, uint64_t id, EngineEvent *ev, int max);

@@ -4848,7 +4848,17 @@ int chat_template_render(const ChatTemplate *t, json_t *messages, json_t *tools,
                          json_t *kwargs, const char *bos_token, const char *eos_token, char **out,
                          char *err, size_t errlen)
 {
+    size_t len;
+    return chat_template_render_n(t, messages, tools, add_generation_prompt, kwargs, bos_token, eos_token, out, &len,
+                                  err, errlen);
+}
+
+int chat_template_render_n(const ChatTemplate *t, json_t *messages, json_t *tools, int add_generation_prompt,
+                           json_t *kwargs, const char *bos_token, const char *eos_token, char **out,
+                           size_t *out_len, char *err, size_t errlen)
+{
     *out = NULL;
+    *out_len = 0;
     /* transformers' get_chat_template: "tool_use" when tools are given, else "default" */
     int have_tools = tools && !json_is_null(tools);
     const Tmpl *T = (have_tools && t->tool_use) ? t->tool_use : t->def;
@@ -4896,6 +4906,7 @@ int chat_template_render(const ChatTemplate *t, json_t *messages, json_t *tools,
     if (b.n) memcpy(res, b.p, b.n);
     res[b.n] = 0;
     *out = res;
+    *out_len = b.n;
     arena_free(&C->A);
     free(C);
     return 0;

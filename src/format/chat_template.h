@@ -25,5 +25,10 @@ void chat_template_free(ChatTemplate *t);
 int chat_template_render(const ChatTemplate *t, json_t *messages, json_t *tools, int add_generation_prompt,
                          json_t *kwargs, const char *bos_token, const char *eos_token, char **out,
                          char *err, size_t errlen);
+/* The same with the text's length in *out_len: a message may hold a NUL, which the text keeps
+ * (strlen would cut the prompt there, generation prompt and all). */
+int chat_template_render_n(const ChatTemplate *t, json_t *messages, json_t *tools, int add_generation_prompt,
+                           json_t *kwargs, const char *bos_token, const char *eos_token, char **out,
+                           size_t *out_len, char *err, size_t errlen);
 
 #endif

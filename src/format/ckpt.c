@@ -663,7 +663,7 @@ int ckpt_write_nvfp4_configs(const char *dir, const char *config_text, const Qua
                              size_t errlen)
 {
     json_error_t je;
-    json_t *cfg = json_loads(config_text, 0, &je);
+    json_t *cfg = json_loadb_clamped(config_text, strlen(config_text), 0, &je);
     if (!json_is_object(cfg)) {
         errbuf_set(err, errlen, "%s/config.json: invalid JSON at line %d: %s", dir, je.line, je.text);
         json_decref(cfg);

@@ -877,7 +877,7 @@ int config_parse(ModelConfig *c, const char *json_text, const char *path, char *
 {
     Ctx x = {path ? path : "config.json", err, errlen};
     json_error_t je;
-    json_t *root = json_loads(json_text, 0, &je);
+    json_t *root = json_loadb_clamped(json_text, strlen(json_text), 0, &je);
     if (!root) return bad(&x, "invalid JSON at line %d: %s", je.line, je.text);
     int rc = json_is_object(root) ? parse_root(&x, root, c) : bad(&x, "the top level must be an object");
     json_decref(root);
@@ -916,7 +916,7 @@ int quant_config_load(QuantConfig *q, const char *dir, char *err, size_t errlen)
     char *text = file_read_all(path, NULL);
     if (!text) return bad(&x, "cannot read: %s", file_read_error(errno));
     json_error_t je;
-    json_t *root = json_loads(text, 0, &je);
+    json_t *root = json_loadb_clamped(text, strlen(text), 0, &je);
     free(text);
     if (!root) return bad(&x, "invalid JSON at line %d: %s", je.line, je.text);
     int rc = 0;

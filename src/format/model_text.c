@@ -87,11 +87,21 @@ void model_text_free(ModelText *t)
 int model_text_render(const ModelText *t, json_t *messages, json_t *tools, json_t *kwargs, int add_generation_prompt,
                       char **out, char *err, size_t errlen)
 {
+    size_t len;
+    return model_text_render_n(t, messages, tools, kwargs, add_generation_prompt, out, &len, err, errlen);
+}
+
+int model_text_render_n(const ModelText *t, json_t *messages, json_t *tools, json_t *kwargs, int add_generation_prompt,
+                        char **out, size_t *len, char *err, size_t errlen)
+{
+    *out = NULL;
+    *len = 0;
     if (!t->chat) {
         errbuf_set(err, errlen, "this model has no chat template (%s)", t->chat_err);
         return -1;
     }
-    return chat_template_render(t->chat, messages, tools, add_generation_prompt, kwargs, t->bos, t->eos, out, err, errlen);
+    return chat_template_render_n(t->chat, messages, tools, add_generation_prompt, kwargs, t->bos, t->eos, out, len, err,
+                                  errlen);
 }
 
 int model_text_is_eos(const ModelText *t, int id)

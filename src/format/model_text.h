@@ -33,6 +33,9 @@ void model_text_free(ModelText *t);
  * template's own error). */
 int model_text_render(const ModelText *t, json_t *messages, json_t *tools, json_t *kwargs, int add_generation_prompt,
                       char **out, char *err, size_t errlen);
+/* The same with the text's length (a message may hold a NUL, which the text keeps). */
+int model_text_render_n(const ModelText *t, json_t *messages, json_t *tools, json_t *kwargs, int add_generation_prompt,
+                        char **out, size_t *len, char *err, size_t errlen);
 int model_text_is_eos(const ModelText *t, int id);
 
 #endif

@@ -397,9 +397,14 @@ static int st_open_index(SafeTensors *st, const char *dir, const char *ipath, ch
         close(fd);
         return -1;
     }
-    json_error_t je;
-    json_t *root = json_loadfd(fd, JSON_REJECT_DUPLICATES, &je); /* a regular file: ends */
+    /* a regular file: the read ends; json_loadb_clamped as for every JSON file of a checkpoint */
+    size_t cap = (size_t)sb.st_size, len = 0;
+    char *text = xmalloc(cap + 1);
+    for (ssize_t got; len < cap && (got = read(fd, text + len, cap - len)) > 0;) len += (size_t)got;
     close(fd);
+    json_error_t je;
+    json_t *root = json_loadb_clamped(text, len, JSON_REJECT_DUPLICATES, &je);
+    free(text);
     if (!root) {
         errbuf_set(err, errlen, "%s: not valid JSON: %s (line %d, column %d)", ipath, je.text, je.line, je.column);
         return -1;

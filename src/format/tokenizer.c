@@ -637,16 +637,72 @@ static const char *jstr(json_t *o, const char *key)
     return json_is_string(v) ? json_string_value(v) : NULL;
 }
 
-static int jbool(json_t *o, const char *key, int dflt)
+/* What a JSON value is, for errors. */
+static const char *jkind(json_t *v)
 {
-    json_t *v = json_object_get(o, key);
-    return json_is_boolean(v) ? json_is_true(v) : dflt;
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER:
+    case JSON_REAL: return "a number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    default: return "null";
+    }
 }
 
-static const char *jtype(json_t *o)
+/* Optional fields of one JSON type: absent or null leave *out as it is; a value of another type is
+ * an error naming where.key (a wrong type used to read as absent: "byte_fallback": "yes" as
+ * false, "decoders": 5 as an empty chain). */
+static int opt_bool(json_t *o, const char *key, const char *where, int *out, char *err, size_t errlen)
 {
-    const char *t = jstr(o, "type");
-    return t ? t : "(no type)";
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_boolean(v)) {
+        errbuf_set(err, errlen, "%s.%s must be a boolean, not %s", where, key, jkind(v));
+        return -1;
+    }
+    *out = json_is_true(v);
+    return 0;
+}
+
+static int opt_str(json_t *o, const char *key, const char *where, const char **out, char *err, size_t errlen)
+{
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_string(v)) {
+        errbuf_set(err, errlen, "%s.%s must be a string, not %s", where, key, jkind(v));
+        return -1;
+    }
+    *out = json_string_value(v);
+    return 0;
+}
+
+/* A list field (absent or null: NULL, which callers refuse or take as empty, each as HF does). */
+static int opt_list(json_t *o, const char *key, const char *where, json_t **out, char *err, size_t errlen)
+{
+    json_t *v = json_object_get(o, key);
+    *out = NULL;
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_array(v)) {
+        errbuf_set(err, errlen, "%s.%s must be a list, not %s", where, key, jkind(v));
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* The "type" of a normalizer, pre-tokenizer, post-processor or decoder (what): j an object, its
+ * type a string; NULL with err set otherwise. */
+static const char *comp_type(json_t *j, const char *what, char *err, size_t errlen)
+{
+    json_t *t = json_object_get(j, "type");
+    if (!json_is_object(j)) errbuf_set(err, errlen, "%s must be an object, not %s", what, jkind(j));
+    else if (!t) errbuf_set(err, errlen, "%s has no type", what);
+    else if (!json_is_string(t)) errbuf_set(err, errlen, "%s.type must be a string, not %s", what, jkind(t));
+    else return json_string_value(t);
+    return NULL;
 }
 
 /* Add a string to the arena; returns its offset. */
@@ -662,10 +718,12 @@ static uint32_t arena_add(Tokenizer *t, const char *s, size_t n)
 
 static int norm_parse(Norm *n, json_t *j, char *err, size_t errlen);
 
-static int norm_parse_seq(Norm *n, json_t *arr, char *err, size_t errlen)
+static int norm_parse_seq(Norm *n, json_t *j, char *err, size_t errlen)
 {
     n->kind = NORM_SEQ;
-    if (!json_is_array(arr)) { errbuf_set(err, errlen, "normalizer Sequence: no normalizers list"); return -1; }
+    json_t *arr;
+    if (opt_list(j, "normalizers", "normalizer Sequence", &arr, err, errlen)) return -1;
+    if (!arr) { errbuf_set(err, errlen, "normalizer Sequence: no normalizers list"); return -1; }
     n->n_kids = (int)json_array_size(arr);
     n->kids = xcalloc((size_t)n->n_kids + 1, sizeof *n->kids);
     for (int i = 0; i < n->n_kids; i++)
@@ -675,9 +733,10 @@ static int norm_parse_seq(Norm *n, json_t *arr, char *err, size_t errlen)
 
 static int norm_parse(Norm *n, json_t *j, char *err, size_t errlen)
 {
-    const char *type = jtype(j);
     memset(n, 0, sizeof *n);
-    if (!strcmp(type, "Sequence")) return norm_parse_seq(n, json_object_get(j, "normalizers"), err, errlen);
+    const char *type = comp_type(j, "normalizer", err, errlen);
+    if (!type) return -1;
+    if (!strcmp(type, "Sequence")) return norm_parse_seq(n, j, err, errlen);
     if (!strcmp(type, "NFC")) { n->kind = NORM_NFC; return 0; }
     if (!strcmp(type, "NFD")) { n->kind = NORM_NFD; return 0; }
     if (!strcmp(type, "NFKC")) { n->kind = NORM_NFKC; return 0; }
@@ -686,9 +745,8 @@ static int norm_parse(Norm *n, json_t *j, char *err, size_t errlen)
     if (!strcmp(type, "ByteLevel")) { n->kind = NORM_BYTELEVEL; return 0; }
     if (!strcmp(type, "Strip")) {
         n->kind = NORM_STRIP;
-        n->left = jbool(j, "strip_left", 0);
-        n->right = jbool(j, "strip_right", 0);
-        return 0;
+        return opt_bool(j, "strip_left", "normalizer Strip", &n->left, err, errlen) ||
+               opt_bool(j, "strip_right", "normalizer Strip", &n->right, err, errlen) ? -1 : 0;
     }
     if (!strcmp(type, "Prepend")) {
         json_t *p = json_object_get(j, "prepend");
@@ -875,12 +933,14 @@ static const char *const GPT2_RE =
 
 static int pre_parse(Tokenizer *t, Pre *p, json_t *j, int depth, char *err, size_t errlen)
 {
-    const char *type = jtype(j);
     memset(p, 0, sizeof *p);
     if (depth >= MAX_DEPTH) { errbuf_set(err, errlen, "pre_tokenizer: Sequences nested too deep"); return -1; }
+    const char *type = comp_type(j, "pre_tokenizer", err, errlen);
+    if (!type) return -1;
     if (!strcmp(type, "Sequence")) {
-        json_t *arr = json_object_get(j, "pretokenizers");
-        if (!json_is_array(arr)) { errbuf_set(err, errlen, "pre_tokenizer Sequence: no pretokenizers list"); return -1; }
+        json_t *arr;
+        if (opt_list(j, "pretokenizers", "pre_tokenizer Sequence", &arr, err, errlen)) return -1;
+        if (!arr) { errbuf_set(err, errlen, "pre_tokenizer Sequence: no pretokenizers list"); return -1; }
         p->kind = PRE_SEQ;
         p->n_kids = (int)json_array_size(arr);
         p->kids = xcalloc((size_t)p->n_kids + 1, sizeof *p->kids);
@@ -890,8 +950,11 @@ static int pre_parse(Tokenizer *t, Pre *p, json_t *j, int depth, char *err, size
     }
     if (!strcmp(type, "ByteLevel")) {
         p->kind = PRE_BYTELEVEL;
-        p->add_prefix_space = jbool(j, "add_prefix_space", 1);
-        p->use_regex = jbool(j, "use_regex", 1);
+        p->add_prefix_space = p->use_regex = 1;
+        int trim = 0;
+        if (opt_bool(j, "add_prefix_space", "pre_tokenizer ByteLevel", &p->add_prefix_space, err, errlen) ||
+            opt_bool(j, "use_regex", "pre_tokenizer ByteLevel", &p->use_regex, err, errlen) ||
+            opt_bool(j, "trim_offsets", "pre_tokenizer ByteLevel", &trim, err, errlen)) return -1;
         if (p->use_regex && !t->gpt2.code &&
             regex_compile(&t->gpt2, GPT2_RE, strlen(GPT2_RE), 0, "ByteLevel", err, errlen)) return -1;
         return 0;
@@ -900,7 +963,8 @@ static int pre_parse(Tokenizer *t, Pre *p, json_t *j, int depth, char *err, size
     if (!strcmp(type, "Split")) {
         json_t *pat = json_object_get(j, "pattern");
         json_t *ps = json_object_get(pat, "String"), *pr = json_object_get(pat, "Regex");
-        const char *beh = jstr(j, "behavior");
+        const char *beh = NULL;
+        if (opt_str(j, "behavior", "pre_tokenizer Split", &beh, err, errlen)) return -1;
         if ((!json_is_string(ps) && !json_is_string(pr)) || !beh) {
             errbuf_set(err, errlen, "pre_tokenizer Split: needs pattern.String or pattern.Regex and behavior");
             return -1;
@@ -911,7 +975,7 @@ static int pre_parse(Tokenizer *t, Pre *p, json_t *j, int depth, char *err, size
             if (!strcmp(beh, names[i])) b = i;
         if (b < 0) { errbuf_set(err, errlen, "pre_tokenizer Split: unknown behavior '%s'", beh); return -1; }
         p->behavior = (SplitBehavior)b;
-        p->invert = jbool(j, "invert", 0);
+        if (opt_bool(j, "invert", "pre_tokenizer Split", &p->invert, err, errlen)) return -1;
         json_t *pj = ps ? ps : pr;
         return regex_compile(&p->re, json_string_value(pj), json_string_length(pj), ps != NULL,
                              "pre_tokenizer Split", err, errlen);
@@ -920,14 +984,19 @@ static int pre_parse(Tokenizer *t, Pre *p, json_t *j, int depth, char *err, size
     const char *re = NULL;
     if (!strcmp(type, "Digits")) {
         re = "\\p{N}";
-        p->behavior = jbool(j, "individual_digits", 0) ? SPLIT_ISOLATED : SPLIT_CONTIGUOUS;
+        int single = 0;
+        if (opt_bool(j, "individual_digits", "pre_tokenizer Digits", &single, err, errlen)) return -1;
+        p->behavior = single ? SPLIT_ISOLATED : SPLIT_CONTIGUOUS;
     } else if (!strcmp(type, "Punctuation")) {
         re = "[\\p{P}!-/:-@\\[-`{-~]";
-        const char *beh = jstr(j, "behavior");
-        p->behavior = beh && !strcmp(beh, "Removed") ? SPLIT_REMOVED
-                      : beh && !strcmp(beh, "MergedWithPrevious") ? SPLIT_MERGED_PREV
-                      : beh && !strcmp(beh, "MergedWithNext") ? SPLIT_MERGED_NEXT
-                      : beh && !strcmp(beh, "Contiguous") ? SPLIT_CONTIGUOUS : SPLIT_ISOLATED;
+        const char *beh = "Isolated";   /* HF's default */
+        if (opt_str(j, "behavior", "pre_tokenizer Punctuation", &beh, err, errlen)) return -1;
+        static const char *const names[] = {"Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous"};
+        int b = -1;
+        for (int i = 0; i < 5; i++)
+            if (!strcmp(beh, names[i])) b = i;
+        if (b < 0) { errbuf_set(err, errlen, "pre_tokenizer Punctuation: unknown behavior '%s'", beh); return -1; }
+        p->behavior = (SplitBehavior)b;
     } else if (!strcmp(type, "WhitespaceSplit")) {
         re = "[\\t-\\r\\x{20}\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}]";
         p->behavior = SPLIT_REMOVED;
@@ -1471,30 +1540,42 @@ int detok_flush(Detokenizer *d, char *out, size_t cap)
 
 static int load_model(Tokenizer *t, json_t *m, int *maxid_out, char *err, size_t errlen)
 {
-    if (!json_is_object(m)) { errbuf_set(err, errlen, "no model"); return -1; }
-    const char *type = jstr(m, "type");
+    if (!m || json_is_null(m)) { errbuf_set(err, errlen, "no model"); return -1; }
+    if (!json_is_object(m)) { errbuf_set(err, errlen, "model must be an object, not %s", jkind(m)); return -1; }
+    const char *type = NULL, *s = NULL;
+    if (opt_str(m, "type", "model", &type, err, errlen)) return -1;
     json_t *vocab = json_object_get(m, "vocab"), *merges = json_object_get(m, "merges");
     if (type && strcmp(type, "BPE")) {
         errbuf_set(err, errlen, "unsupported model type '%s' (supported: BPE)", type);
         return -1;
     }
-    if (!json_is_object(vocab) || !json_is_array(merges)) {
+    if (vocab && !json_is_object(vocab)) { errbuf_set(err, errlen, "model.vocab must be an object, not %s", jkind(vocab)); return -1; }
+    if (merges && !json_is_array(merges)) { errbuf_set(err, errlen, "model.merges must be a list, not %s", jkind(merges)); return -1; }
+    if (!vocab || !merges) {
         errbuf_set(err, errlen, "model: %s", !type ? "no type (only BPE is supported)" : "BPE needs vocab and merges");
         return -1;
     }
     json_t *drop = json_object_get(m, "dropout");
+    if (drop && !json_is_null(drop) && !json_is_number(drop)) {
+        errbuf_set(err, errlen, "model.dropout must be a number, not %s", jkind(drop));
+        return -1;
+    }
     if (json_is_number(drop) && json_number_value(drop) > 0) {
         errbuf_set(err, errlen, "unsupported: BPE dropout %g (random segmentation)", json_number_value(drop));
         return -1;
     }
-    t->ignore_merges = jbool(m, "ignore_merges", 0);
-    t->byte_fallback = jbool(m, "byte_fallback", 0);
-    t->fuse_unk = jbool(m, "fuse_unk", 0);
-    const char *s;
+    if (opt_bool(m, "ignore_merges", "model", &t->ignore_merges, err, errlen) ||
+        opt_bool(m, "byte_fallback", "model", &t->byte_fallback, err, errlen) ||
+        opt_bool(m, "fuse_unk", "model", &t->fuse_unk, err, errlen)) return -1;
     /* an empty prefix or suffix is no prefix or suffix */
-    if ((s = jstr(m, "continuing_subword_prefix")) && *s) t->prefix = xstrdup(s);
-    if ((s = jstr(m, "end_of_word_suffix")) && *s) t->suffix = xstrdup(s);
-    if ((s = jstr(m, "unk_token"))) t->unk = xstrdup(s);
+    if (opt_str(m, "continuing_subword_prefix", "model", &s, err, errlen)) return -1;
+    if (s && *s) t->prefix = xstrdup(s);
+    s = NULL;
+    if (opt_str(m, "end_of_word_suffix", "model", &s, err, errlen)) return -1;
+    if (s && *s) t->suffix = xstrdup(s);
+    s = NULL;
+    if (opt_str(m, "unk_token", "model", &s, err, errlen)) return -1;
+    if (s) t->unk = xstrdup(s);
 
     const char *key;
     json_t *v;
@@ -1579,19 +1660,25 @@ static void added_of_reserve(Tokenizer *t, size_t n)
 /* AddedVocabulary::add_tokens: an added token's id is its content's id if the content is
  * already known (added, then model vocabulary), else the next free id; the id in the file is not
  * used (HF only warns when it differs). */
-static int add_token(Tokenizer *t, json_t *j, int *next_id, char *err, size_t errlen)
+static int add_token(Tokenizer *t, json_t *j, const char *where, int *next_id, char *err, size_t errlen)
 {
     json_t *c = json_object_get(j, "content");
-    if (!json_is_string(c)) { errbuf_set(err, errlen, "added_tokens: an entry has no content"); return -1; }
+    if (!json_is_object(j)) { errbuf_set(err, errlen, "%s must be an object, not %s", where, jkind(j)); return -1; }
+    if (!c) { errbuf_set(err, errlen, "%s has no content", where); return -1; }
+    if (!json_is_string(c)) { errbuf_set(err, errlen, "%s.content must be a string, not %s", where, jkind(c)); return -1; }
     const char *s = json_string_value(c);
     size_t n = json_string_length(c);
     if (!n) return 0;
     AddedTok a = {0};
-    a.single_word = (uint8_t)jbool(j, "single_word", 0);
-    a.lstrip = (uint8_t)jbool(j, "lstrip", 0);
-    a.rstrip = (uint8_t)jbool(j, "rstrip", 0);
-    a.special = (uint8_t)jbool(j, "special", 0);
-    a.normalized = (uint8_t)jbool(j, "normalized", !a.special);
+    int single_word = 0, lstrip = 0, rstrip = 0, special = 0, normalized = -1;
+    if (opt_bool(j, "single_word", where, &single_word, err, errlen) || opt_bool(j, "lstrip", where, &lstrip, err, errlen) ||
+        opt_bool(j, "rstrip", where, &rstrip, err, errlen) || opt_bool(j, "special", where, &special, err, errlen) ||
+        opt_bool(j, "normalized", where, &normalized, err, errlen)) return -1;
+    a.single_word = (uint8_t)single_word;
+    a.lstrip = (uint8_t)lstrip;
+    a.rstrip = (uint8_t)rstrip;
+    a.special = (uint8_t)special;
+    a.normalized = (uint8_t)(normalized < 0 ? !special : normalized);
     int32_t id = map_get(&t->added_map, t->arena.p, s, n);
     if (id < 0) id = vocab_id(t, s, n);
     if (id < 0) id = (*next_id)++;
@@ -1616,8 +1703,11 @@ static int add_tokens(Tokenizer *t, json_t *list, int *next_id, char *err, size_
 {
     size_t i;
     json_t *j;
-    json_array_foreach(list, i, j)
-        if (add_token(t, j, next_id, err, errlen)) return -1;
+    json_array_foreach(list, i, j) {
+        char where[64];
+        snprintf(where, sizeof where, "added_tokens[%zu]", i);
+        if (add_token(t, j, where, next_id, err, errlen)) return -1;
+    }
     return 0;
 }
 
@@ -1673,16 +1763,22 @@ static int parse_template_item(Tokenizer *t, json_t *it, json_t *specials, TplIt
 
 static int post_parse(Tokenizer *t, json_t *j, char *err, size_t errlen)
 {
-    const char *type = jtype(j);
+    const char *type = comp_type(j, "post_processor", err, errlen);
+    if (!type) return -1;
     if (!strcmp(type, "Sequence")) {
-        json_t *arr = json_object_get(j, "processors");
+        json_t *arr;
+        if (opt_list(j, "processors", "post_processor Sequence", &arr, err, errlen)) return -1;
+        if (!arr) { errbuf_set(err, errlen, "post_processor Sequence: no processors list"); return -1; }
         size_t i;
         json_t *k;
         json_array_foreach(arr, i, k)
             if (post_parse(t, k, err, errlen)) return -1;
         return 0;
     }
-    if (!strcmp(type, "ByteLevel")) return 0;      /* offsets only */
+    int flag = 0;                                  /* offsets only: checked, not used */
+    if (opt_bool(j, "trim_offsets", "post_processor", &flag, err, errlen) ||
+        opt_bool(j, "add_prefix_space", "post_processor", &flag, err, errlen)) return -1;
+    if (!strcmp(type, "ByteLevel")) return 0;
     Template tp = {0};
     if (!strcmp(type, "TemplateProcessing")) {
         json_t *single = json_object_get(j, "single"), *specials = json_object_get(j, "special_tokens");
@@ -1737,11 +1833,15 @@ static int post_parse(Tokenizer *t, json_t *j, char *err, size_t errlen)
 /* The decoder chain, reduced to what it does to a list of tokens. */
 static int decoder_parse(json_t *j, int *bytelevel, int *fuse, char *err, size_t errlen)
 {
-    const char *type = jtype(j);
+    const char *type = comp_type(j, "decoder", err, errlen);
+    if (!type) return -1;
     if (!strcmp(type, "Sequence")) {
+        json_t *arr;
+        if (opt_list(j, "decoders", "decoder Sequence", &arr, err, errlen)) return -1;
+        if (!arr) { errbuf_set(err, errlen, "decoder Sequence: no decoders list"); return -1; }
         size_t i;
         json_t *k;
-        json_array_foreach(json_object_get(j, "decoders"), i, k)
+        json_array_foreach(arr, i, k)
             if (decoder_parse(k, bytelevel, fuse, err, errlen)) return -1;
         return 0;
     }
@@ -1877,6 +1977,10 @@ Tokenizer *tokenizer_load(const char *path, char *err, size_t errlen)
         errbuf_set(err, errlen, "unsupported: truncation is set");
         return load_fail(t, root, cfg, err, errlen, file);
     }
+    if (pad && !json_is_null(pad) && !json_is_object(pad)) {
+        errbuf_set(err, errlen, "padding must be an object or null, not %s", jkind(pad));
+        return load_fail(t, root, cfg, err, errlen, file);
+    }
     if (pad && !json_is_null(pad) && (!json_is_null(json_object_get(pad, "pad_to_multiple_of")) ||
                                       json_is_object(json_object_get(pad, "strategy")))) {
         errbuf_set(err, errlen, "unsupported: padding to a fixed length or a multiple is set");
@@ -1919,11 +2023,26 @@ Tokenizer *tokenizer_load(const char *path, char *err, size_t errlen)
             return load_fail(t, root, cfg, err, errlen, cfgpath);
         }
         const char *key;
-        json_t *v;
-        json_object_foreach(json_object_get(cfg, "added_tokens_decoder"), key, v) {
-            const char *c = jstr(v, "content");
-            if (c && map_get(&t->added_map, t->arena.p, c, strlen(c)) < 0 && add_token(t, v, &next_id, err, errlen))
+        json_t *v, *atd = json_object_get(cfg, "added_tokens_decoder");
+        if (atd && !json_is_null(atd) && !json_is_object(atd)) {
+            errbuf_set(err, errlen, "added_tokens_decoder must be an object, not %s", jkind(atd));
+            return load_fail(t, root, cfg, err, errlen, cfgpath);
+        }
+        json_object_foreach(atd, key, v) {
+            char where[96];
+            snprintf(where, sizeof where, "added_tokens_decoder[\"%.40s\"]", key);
+            json_t *c = json_object_get(v, "content");
+            if (json_is_string(c) && map_get(&t->added_map, t->arena.p, json_string_value(c), json_string_length(c)) >= 0)
+                continue;                            /* tokenizer.json has it */
+            if (add_token(t, v, where, &next_id, err, errlen)) return load_fail(t, root, cfg, err, errlen, cfgpath);
+        }
+        static const char *const named[] = {"bos_token", "eos_token"};
+        for (int k = 0; k < 2; k++) {
+            json_t *nv = json_object_get(cfg, named[k]), *nc = json_is_object(nv) ? json_object_get(nv, "content") : nv;
+            if (nv && !json_is_null(nv) && !json_is_string(nc)) {
+                errbuf_set(err, errlen, "%s must be a string or {\"content\": a string}, not %s", named[k], jkind(nv));
                 return load_fail(t, root, cfg, err, errlen, cfgpath);
+            }
         }
     }
     /* normalized added tokens match (and decode as) their normalized form */

@@ -167,6 +167,29 @@ static int field_num(json_t *o, const char *key, float *out, ApiErr *err)
     return 1;
 }
 
+/* Whether v is a string equal to s over its whole length: the request body may hold NULs, and
+ * "user\u0000x" is not "user" (a comparison of the C string stopped at the NUL). */
+static int jstr_is(json_t *v, const char *s)
+{
+    return json_is_string(v) && json_string_length(v) == strlen(s) && !memcmp(json_string_value(v), s, json_string_length(v));
+}
+
+/* A string of the request for an error message: at most 64 bytes, control characters (a NUL
+ * included) written as \uXXXX; the message stays one C string. */
+static const char *shown(json_t *v, char *buf, size_t cap)
+{
+    const char *s = json_string_value(v);
+    size_t n = json_string_length(v), w = 0;
+    for (size_t i = 0; i < n && i < 64 && w + 7 < cap; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c < 0x20) w += (size_t)snprintf(buf + w, cap - w, "\\u%04x", c);
+        else buf[w++] = (char)c;
+    }
+    if (n > 64 && w + 4 < cap) w += (size_t)snprintf(buf + w, cap - w, "...");
+    buf[w < cap ? w : cap - 1] = 0;
+    return buf;
+}
+
 /* ---- routing, authentication, GET routes ---- */
 
 const char *openai_finish_name(FinishReason f)
@@ -233,9 +256,10 @@ static void model_object(const Api *a, ApiBuf *o)
     buf_printf(o, ",\"parent\":null,\"max_model_len\":%d}", a->max_model_len);
 }
 
-static int model_known(const Api *a, const char *name)
+static int model_known(const Api *a, const char *name, size_t n)
 {
-    return !strcmp(name, a->model_name) || (a->model_alias && !strcmp(name, a->model_alias));
+    return (n == strlen(a->model_name) && !memcmp(name, a->model_name, n)) ||
+           (a->model_alias && n == strlen(a->model_alias) && !memcmp(name, a->model_alias, n));
 }
 
 static int no_model(const char *name, ApiErr *err)
@@ -261,7 +285,8 @@ int openai_get(Api *a, ApiReq *r, const char *url, const char **content_type, Ap
         buf_puts(&r->out, "]}");
         return 200;
     case ROUTE_MODEL:
-        if (!model_known(a, url + strlen("/v1/models/"))) return no_model(url + strlen("/v1/models/"), err);
+        if (!model_known(a, url + strlen("/v1/models/"), strlen(url + strlen("/v1/models/"))))
+            return no_model(url + strlen("/v1/models/"), err);
         model_object(a, &r->out);
         return 200;
     case ROUTE_METRICS: {
@@ -378,6 +403,20 @@ static int add_stop(ApiReq *r, json_t *v, ApiErr *err)
     return 0;
 }
 
+/* Every id of an encoded prompt is a row of the model's embedding: a tokenizer.json with more
+ * tokens than the model has (one added token too many) encodes ids past it, which the engine
+ * refuses; that is the request's prompt, named, not a full server (a 503 that clients retry). */
+static int check_prompt_ids(Api *a, const int *ids, int n, const char *what, ApiErr *err)
+{
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= a->vocab) {
+            const char *tok = tokenizer_token(a->text->tok, ids[i]);
+            return bad_field(err, what, "the %s holds the token '%.64s' (id %d), outside the model's vocabulary [0, %d): "
+                             "the tokenizer has more tokens than the model", what, tok ? tok : "?", ids[i], a->vocab);
+        }
+    return 0;
+}
+
 /* The prompt of /v1/completions: a string, token ids, or a list of one of those. */
 static int parse_prompt(Api *a, ApiReq *r, json_t *p, int **ids, int *n, ApiErr *err)
 {
@@ -473,9 +512,11 @@ static int parse_messages(json_t *m, json_t **out, ApiErr *err)
         const char *rs = json_string_value(role);
         static const char *roles[] = {"system", "user", "assistant", "tool", "developer", "function"};
         int known = 0;
-        for (size_t k = 0; k < sizeof roles / sizeof roles[0]; k++) known |= !strcmp(rs, roles[k]);
+        for (size_t k = 0; k < sizeof roles / sizeof roles[0]; k++) known |= jstr_is(role, roles[k]);
+        char sb[480];
         if (!known)
-            return bad_field(err, "messages", "messages[%zu].role '%.64s' is not one of system, user, assistant, tool, developer", i, rs);
+            return bad_field(err, "messages", "messages[%zu].role '%s' is not one of system, user, assistant, tool, developer", i,
+                             shown(role, sb, sizeof sb));
         json_t *copy = json_object();
         json_array_append_new(msgs, copy);
         json_object_update(copy, msg);
@@ -505,12 +546,12 @@ static int parse_messages(json_t *m, json_t **out, ApiErr *err)
                 openai_buf_free(&joined);
                 return bad_field(err, "messages", "messages[%zu].content[%zu] must be an object with a 'type'", i, k);
             }
-            int is_text = !strcmp(json_string_value(type), "text");
+            int is_text = jstr_is(type, "text");
             if (!is_text || !json_is_string(text)) {
                 openai_buf_free(&joined);
                 if (is_text) return bad_field(err, "messages", "messages[%zu].content[%zu].text must be a string", i, k);
-                return bad_field(err, "messages", "messages[%zu].content[%zu]: content of type '%.32s' is not supported (text only)",
-                                 i, k, json_string_value(type));
+                return bad_field(err, "messages", "messages[%zu].content[%zu]: content of type '%s' is not supported (text only)",
+                                 i, k, shown(type, sb, sizeof sb));
             }
             if (k) openai_buf_add(&joined, "\n", 1);
             openai_buf_add(&joined, json_string_value(text), json_string_length(text));
@@ -585,15 +626,15 @@ static int parse_tools(json_t *tools, ApiErr *err)
     for (size_t i = 0; i < n; i++) {
         json_t *t = json_array_get(tools, i), *type = json_object_get(t, "type"), *f = json_object_get(t, "function");
         if (!json_is_object(t)) return bad_field(err, "tools", "tools[%zu] must be an object", i);
-        if (!json_is_string(type) || strcmp(json_string_value(type), "function") != 0)
-            return bad_field(err, "tools", "tools[%zu].type must be \"function\"", i);
+        if (!jstr_is(type, "function")) return bad_field(err, "tools", "tools[%zu].type must be \"function\"", i);
         if (!json_is_object(f)) return bad_field(err, "tools", "tools[%zu].function must be an object", i);
         json_t *name = json_object_get(f, "name"), *desc = json_object_get(f, "description");
         json_t *params = json_object_get(f, "parameters"), *strict = json_object_get(f, "strict");
         if (!json_is_string(name)) return bad_field(err, "tools", "tools[%zu].function.name is required (a string)", i);
+        char sb[480];
         if (!tool_name_ok(json_string_value(name), json_string_length(name)))
-            return bad_field(err, "tools", "tools[%zu].function.name '%.80s' is not a valid function name: 1 to %d characters, "
-                             "without spaces, control characters, '<', '>' or '\\'", i, json_string_value(name), API_MAX_TOOL_NAME);
+            return bad_field(err, "tools", "tools[%zu].function.name '%s' is not a valid function name: 1 to %d characters, "
+                             "without spaces, control characters, '<', '>' or '\\'", i, shown(name, sb, sizeof sb), API_MAX_TOOL_NAME);
         if (desc && !json_is_null(desc) && !json_is_string(desc))
             return bad_field(err, "tools", "tools[%zu].function.description must be a string", i);
         if (params && !json_is_null(params) && !json_is_object(params))
@@ -617,17 +658,18 @@ static int parse_tool_choice(json_t *tc, json_t *tools, ToolChoice *out, char *n
     name[0] = 0;
     if (!tc || json_is_null(tc)) return 0;
     const char *what = "a named function";
+    char sb[480];
     json_t *nm = NULL;
     if (json_is_string(tc)) {
         what = json_string_value(tc);
-        if (!strcmp(what, "none")) { *out = TOOL_CHOICE_NONE; return 0; }
-        if (!strcmp(what, "auto")) *out = TOOL_CHOICE_AUTO;
-        else if (!strcmp(what, "required")) *out = TOOL_CHOICE_REQUIRED;
-        else return bad_field(err, "tool_choice", "%s; got \"%.64s\"", usage, what);
+        if (jstr_is(tc, "none")) { *out = TOOL_CHOICE_NONE; return 0; }
+        if (jstr_is(tc, "auto")) *out = TOOL_CHOICE_AUTO;
+        else if (jstr_is(tc, "required")) *out = TOOL_CHOICE_REQUIRED;
+        else return bad_field(err, "tool_choice", "%s; got \"%s\"", usage, shown(tc, sb, sizeof sb));
     } else {
         json_t *type = json_object_get(tc, "type"), *f = json_object_get(tc, "function");
         nm = json_object_get(f, "name");
-        if (!json_is_object(tc) || !json_is_string(type) || strcmp(json_string_value(type), "function") || !json_is_string(nm))
+        if (!json_is_object(tc) || !jstr_is(type, "function") || !json_is_string(nm))
             return bad_field(err, "tool_choice", "%s", usage);
         *out = TOOL_CHOICE_NAMED;
     }
@@ -639,7 +681,7 @@ static int parse_tool_choice(json_t *tc, json_t *tools, ToolChoice *out, char *n
         snprintf(name, API_MAX_TOOL_NAME + 1, "%s", json_string_value(nm));
         return 0;
     }
-    return bad_field(err, "tool_choice", "'tool_choice' names the function '%.80s', which is not among the tools", json_string_value(nm));
+    return bad_field(err, "tool_choice", "'tool_choice' names the function '%s', which is not among the tools", shown(nm, sb, sizeof sb));
 }
 
 /* The opening of a tool call (of function name, or of any function when name is NULL) to append
@@ -647,7 +689,7 @@ static int parse_tool_choice(json_t *tc, json_t *tools, ToolChoice *out, char *n
  * whitespace before <tool_call> (GLM-4.5/4.6: "\n", unless the prompt ends with it; GLM-4.7:
  * none) and between the name and the first argument (GLM-4.5/4.6: "\n"; GLM-4.7: none). Nothing
  * when the template writes no <tool_call>. */
-static void call_prefill(Api *a, json_t *tools, json_t *kwargs, const char *prompt, const char *name, ApiBuf *out)
+static void call_prefill(Api *a, json_t *tools, json_t *kwargs, const char *prompt, size_t np, const char *name, ApiBuf *out)
 {
     static const char probe[] = "<tool_call>moeserve_probe";
     json_t *msgs = json_pack("[{s:s, s:s}, {s:s, s:s, s:[{s:s, s:s, s:{s:s, s:{s:s}}}]}]", "role", "user", "content", "?",
@@ -660,7 +702,7 @@ static void call_prefill(Api *a, json_t *tools, json_t *kwargs, const char *prom
         const char *lead = at, *sep = at + strlen(probe), *sep_end = sep;
         while (lead > text && is_space(lead[-1])) lead--;
         while (is_space(*sep_end)) sep_end++;
-        size_t nl = (size_t)(at - lead), np = strlen(prompt);
+        size_t nl = (size_t)(at - lead);
         if (np < nl || memcmp(prompt + np - nl, lead, nl) != 0) openai_buf_add(out, lead, nl);
         buf_puts(out, "<tool_call>");
         if (name) {
@@ -703,8 +745,8 @@ static void parse_text(ApiReq *r, const char *s, size_t n, int final)
  * template with chat_template_kwargs; for tool_choice "required" or a named function the
  * opening of a call after it (thinking off, unless the request sets enable_thinking: a call
  * cannot be prefilled before the thinking ends). Sets up r's parser for the output, the
- * prefilled opening fed first. *text malloc'ed. */
-static int chat_prompt(Api *a, ApiReq *r, json_t *root, char **text, ApiErr *err)
+ * prefilled opening fed first. *text malloc'ed, *len its length (a message may hold a NUL). */
+static int chat_prompt(Api *a, ApiReq *r, json_t *root, char **text, size_t *len, ApiErr *err)
 {
     json_t *kwargs = json_object_get(root, "chat_template_kwargs"), *tools = json_object_get(root, "tools");
     int add_gen = 1, rc;
@@ -730,7 +772,7 @@ static int chat_prompt(Api *a, ApiReq *r, json_t *root, char **text, ApiErr *err
     }
     if (choice != TOOL_CHOICE_NONE) r->tools = json_incref(tools);
     char e[512];
-    rc = model_text_render(a->text, msgs, r->tools, kw, add_gen, text, e, sizeof e);
+    rc = model_text_render_n(a->text, msgs, r->tools, kw, add_gen, text, len, e, sizeof e);
     json_decref(msgs);
     if (rc < 0) {
         json_decref(kw);
@@ -741,11 +783,11 @@ static int chat_prompt(Api *a, ApiReq *r, json_t *root, char **text, ApiErr *err
     glm_parse_init(&r->parser, &po);
     if (force && po.start == GLM_PARSE_START_AFTER_THINK) {
         ApiBuf pre = {0};
-        call_prefill(a, r->tools, kw, *text, r->tool_name[0] ? r->tool_name : NULL, &pre);
+        call_prefill(a, r->tools, kw, *text, *len, r->tool_name[0] ? r->tool_name : NULL, &pre);
         if (pre.len) {
-            size_t n = strlen(*text);
-            *text = xrealloc(*text, n + pre.len + 1);
-            memcpy(*text + n, pre.p, pre.len + 1);
+            *text = xrealloc(*text, *len + pre.len + 1);
+            memcpy(*text + *len, pre.p, pre.len + 1);
+            *len += pre.len;
             parse_text(r, pre.p, pre.len, 0);
         }
         openai_buf_free(&pre);
@@ -797,6 +839,7 @@ static int parse_request(Api *a, ApiReq *r, json_t *root, int **ids, int **force
     }
     if (!r->chat && (rc = field_bool(root, "echo", &r->echo, err)) < 0) return rc;
     if ((rc = field_bool(root, "skip_special_tokens", &r->skip_special, err)) < 0) return rc;
+    if ((rc = field_bool(root, "include_stop_str_in_output", &r->include_stop, err)) < 0) return rc;
     json_t *suffix = json_object_get(root, "suffix");
     if (suffix && !json_is_null(suffix) && !(json_is_string(suffix) && json_string_length(suffix) == 0))
         return bad_field(err, "suffix", "'suffix' is not supported");
@@ -804,8 +847,9 @@ static int parse_request(Api *a, ApiReq *r, json_t *root, int **ids, int **force
     if (rf && !json_is_null(rf)) {
         json_t *t = json_object_get(rf, "type");
         if (!json_is_object(rf) || !json_is_string(t)) return bad_field(err, "response_format", "'response_format' must be an object with a 'type'");
-        if (strcmp(json_string_value(t), "text") != 0)
-            return bad_field(err, "response_format", "response_format '%.64s' is not supported (only 'text')", json_string_value(t));
+        char sb[480];
+        if (!jstr_is(t, "text"))
+            return bad_field(err, "response_format", "response_format '%s' is not supported (only 'text')", shown(t, sb, sizeof sb));
     }
     json_t *user = json_object_get(root, "user");
     if (user && !json_is_null(user) && !json_is_string(user)) return bad_field(err, "user", "'user' must be a string");
@@ -891,25 +935,23 @@ static int parse_request(Api *a, ApiReq *r, json_t *root, int **ids, int **force
     if ((rc = field_int(root, "max_tokens", 1, INT32_MAX, &max_tokens, err)) < 0) return rc;
     if (r->chat && (rc = field_int(root, "max_completion_tokens", 1, INT32_MAX, &max_tokens, err)) < 0) return rc;
 
-    /* the model, after the body's own checks (as vLLM: 400 before 404) */
     json_t *model = json_object_get(root, "model");
-    if (model && !json_is_null(model)) {
-        if (!json_is_string(model)) return bad_field(err, "model", "'model' must be a string");
-        if (!model_known(a, json_string_value(model))) return no_model(json_string_value(model), err);
-    }
+    if (model && !json_is_null(model) && !json_is_string(model)) return bad_field(err, "model", "'model' must be a string");
 
     /* the prompt's tokens */
     int n = 0;
     if (r->chat) {
         char *text = NULL, e[512];
-        if ((rc = chat_prompt(a, r, root, &text, err)) < 0) return rc;
-        n = tokenizer_encode(a->text->tok, text, strlen(text), 0, ids, e, sizeof e);
+        size_t len = 0;
+        if ((rc = chat_prompt(a, r, root, &text, &len, err)) < 0) return rc;
+        n = tokenizer_encode(a->text->tok, text, len, 0, ids, e, sizeof e);
         free(text);
         if (n < 0) return bad_field(err, "messages", "the messages could not be tokenized: %s", e);
     } else if ((rc = parse_prompt(a, r, json_object_get(root, "prompt"), ids, &n, err)) < 0) return rc;
     r->gen_start = r->text.len;
     const char *what = r->chat ? "messages" : "prompt";
     if (n == 0) return bad_field(err, what, "the prompt is empty (it encodes to no tokens)");
+    if (*ids && (rc = check_prompt_ids(a, *ids, n, what, err)) < 0) return rc;
     if (max_tokens < 0) max_tokens = r->chat ? (long long)a->max_model_len - n : 16;
     if (n >= a->max_model_len || n + max_tokens > a->max_model_len) {
         errbuf_set(err->msg, sizeof err->msg, "This model's maximum context length is %d tokens. However, you requested %lld tokens "
@@ -918,6 +960,13 @@ static int parse_request(Api *a, ApiReq *r, json_t *root, int **ids, int **force
         err->param = what;
         err->code = "context_length_exceeded";
         return API_EINVAL;
+    }
+
+    /* the model, once the body is known to be well-formed: a malformed request is a 400 whatever
+     * model it names (as vLLM) */
+    if (model && !json_is_null(model) && !model_known(a, json_string_value(model), json_string_length(model))) {
+        char sb[480];
+        return no_model(shown(model, sb, sizeof sb), err);
     }
     r->n_prompt = n;
     int n_forced = 0;
@@ -966,11 +1015,18 @@ int openai_start(Api *a, ApiReq *r, const char *body, size_t len, EngineNotify n
     detok_init(&r->dt, a->text->tok, r->chat ? 0 : r->skip_special);
     begin_response(a, r);
     char e[256];
+    /* what the engine would refuse in the request itself is the client's (400); what is left of
+     * engine_submit's refusals is a full queue or a stop (503, to retry) */
+    if (engine_check(a->engine, &rp, e, sizeof e) != 0) {
+        free(ids);
+        free(forced);
+        errbuf_set(err->msg, sizeof err->msg, "the request cannot be served: %s", e);
+        return API_EINVAL;
+    }
     r->id = engine_submit(a->engine, &rp, notify, user, e, sizeof e);
     free(ids);
     free(forced);
     if (!r->id) {
-        /* everything the engine checks was checked above: what is left is a full queue or a stop */
         errbuf_set(err->msg, sizeof err->msg, "the server is overloaded: %s; try again later", e);
         return API_EBUSY;
     }
@@ -997,8 +1053,9 @@ void openai_cancel(Api *a, ApiReq *r)
 /* ---- events to text, stop strings and chunks ---- */
 
 /* The earliest stop string in the generated text that ends after byte old_len (earlier text
- * was searched before); its start, or -1. */
-static long stop_find(const ApiReq *r, size_t old_len)
+ * was searched before); its start, or -1, and its end in *end (of two that start there, the
+ * shorter: it was complete first). */
+static long stop_find(const ApiReq *r, size_t old_len, size_t *end)
 {
     long best = -1;
     for (int i = 0; i < r->n_stops; i++) {
@@ -1006,7 +1063,11 @@ static long stop_find(const ApiReq *r, size_t old_len)
         if (from < r->gen_start) from = r->gen_start;
         if (from >= r->text.len) continue;
         const char *p = memmem(r->text.p + from, r->text.len - from, stop_str(r, i), L);
-        if (p && (best < 0 || p - r->text.p < best)) best = p - r->text.p;
+        long at = p ? p - r->text.p : -1;
+        if (at >= 0 && (best < 0 || at < best || (at == best && (size_t)at + L < *end))) {
+            best = at;
+            *end = (size_t)at + L;
+        }
     }
     return best;
 }
@@ -1016,6 +1077,7 @@ static long stop_find(const ApiReq *r, size_t old_len)
 static size_t stop_holdback(const ApiReq *r)
 {
     size_t hold = 0, gen = r->text.len - r->gen_start;
+    if (r->include_stop) return 0; /* a stop string is returned too: nothing to hold back */
     for (int i = 0; i < r->n_stops; i++) {
         const char *s = stop_str(r, i);
         size_t L = (size_t)r->stop_len[i], kmax = L - 1 < gen ? L - 1 : gen;
@@ -1238,10 +1300,13 @@ static void text_append(ApiReq *r, const char *s, size_t n)
     size_t old = r->text.len;
     openai_buf_add(&r->text, s, n);
     if (r->n_stops == 0 || r->stopped) return;
-    long at = stop_find(r, old);
+    size_t end = 0;
+    long at = stop_find(r, old, &end);
     if (at >= 0) {
-        r->text.len = (size_t)at; /* the stop string and what follows are not returned */
-        r->text.p[at] = 0;
+        /* what follows the stop string is not returned, nor the stop string itself unless
+         * include_stop_str_in_output */
+        r->text.len = r->include_stop ? end : (size_t)at;
+        r->text.p[r->text.len] = 0;
         r->stopped = 1;
     }
 }

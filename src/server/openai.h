@@ -89,6 +89,7 @@ typedef struct {
     ApiRoute route;
     /* options */
     int chat, stream, include_usage, echo, skip_special;
+    int include_stop;          /* include_stop_str_in_output: the text ends after the stop string */
     int logprobs;              /* top alternatives per token; -1: no logprobs */
     ApiBuf stop_buf;              /* the stop strings, back to back */
     int stop_off[API_MAX_STOPS], stop_len[API_MAX_STOPS], n_stops;

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "format/safetensors.h"
 #include "test.h"
 
 #define PPL_REL_TOL 1e-3
@@ -159,6 +160,60 @@ TEST(builtin_generation_config_bad_values)
     fclose(f);
     rc = test_run(cmd, &out);
     EXPECT(rc == 0 && out && strstr(out, "generation_config.json: not read"), "%s: exit %d: %s", cmd, rc, out);
+    free(out);
+    free(ref);
+}
+
+/* Hugging Face files hold integers past int64, which jansson refuses ("too big integer"): the
+ * Llama-3 family's tokenizer_config.json has "model_max_length": 1000000000000000019884624838656,
+ * and that refused the whole tokenizer. A copy of the built-in model with such a number in each
+ * of its JSON files (and a real past double's range, and a safetensors index whose total_size is
+ * one) must load and generate what the original does. */
+TEST(builtin_huge_numbers_in_json)
+{
+    char dir[4200], cmd[9000], *out = NULL, *ref = NULL;
+    snprintf(dir, sizeof dir, "%s/hugenum", test_tmpdir());
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r %s/models/builtin-nvfp4 '%s'", dir, test_root(), dir);
+    ASSERT(test_run(cmd, &out) == 0, "%s: %s", cmd, out);
+    free(out);
+    const char *gen = "generate --device cpu --max-tokens 8 --temperature 0 --prompt 'The Debian package'";
+    snprintf(cmd, sizeof cmd, "%s %s --model '%s' 2>/dev/null", test_bin(), gen, dir);
+    ASSERT(test_run(cmd, &ref) == 0, "%s: %s", cmd, ref);
+    ref[strcspn(ref, "\n")] = 0; /* the text; then the timing line */
+
+    const char *big = "1000000000000000019884624838656", *files[] = {"config.json", "generation_config.json", "tokenizer.json",
+                                                                     "hf_quant_config.json"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(cmd, sizeof cmd, "sed -i '0,/{/s//{\"moeserve_big\": %s, \"moeserve_small\": -%s, \"moeserve_inf\": 1e999, /' '%s/%s'",
+                 big, big, dir, files[i]);
+        ASSERT(test_run(cmd, &out) == 0, "%s: %s", cmd, out);
+        free(out);
+    }
+    snprintf(cmd, sizeof cmd, "sed -i 's/\"model_max_length\": 4096/\"model_max_length\": %s/' '%s/tokenizer_config.json' && "
+             "grep -c %s '%s/tokenizer_config.json'", big, dir, big, dir);
+    ASSERT(test_run(cmd, &out) == 0 && atoi(out) == 1, "%s: %s", cmd, out);
+    free(out);
+
+    /* an index of the one shard, total_size past int64 */
+    char path[4400], err[512];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    SafeTensors st = {0};
+    ASSERT(safetensors_open_file(&st, path, err, sizeof err) == 0, "%s", err);
+    json_t *wm = json_object();
+    for (int i = 0; i < st.n_tensors; i++) json_object_set_new(wm, st.tensors[i].name, json_string("model.safetensors"));
+    safetensors_free(&st);
+    char *wms = json_dumps(wm, JSON_COMPACT);
+    json_decref(wm);
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    FILE *f = fopen(path, "w");
+    ASSERT(f);
+    fprintf(f, "{\"metadata\": {\"total_size\": %s}, \"weight_map\": %s}\n", big, wms);
+    fclose(f);
+    free(wms);
+
+    snprintf(cmd, sizeof cmd, "%s %s --model '%s' 2>&1", test_bin(), gen, dir);
+    int rc = test_run(cmd, &out);
+    EXPECT(rc == 0 && out && ref[0] && strstr(out, ref), "%s: exit %d: %s (expected %s)", cmd, rc, out, ref);
     free(out);
     free(ref);
 }

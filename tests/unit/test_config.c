@@ -598,6 +598,43 @@ TEST(config_invalid_values)
     EXPECT_EQ_INT(strlen(tiny), 7);
 }
 
+/* Integers past int64 and reals past a double's range, which jansson refuses: in a field nobody
+ * reads they load; in a field read as an integer they read as INT64_MAX (still an integer), so
+ * the field's own check names it rather than the whole file being refused as not JSON. */
+TEST(config_huge_numbers)
+{
+    char rel[128], path[4400], err[512] = "";
+    snprintf(rel, sizeof rel, "configs/glm5/config.json");
+    snprintf(path, sizeof path, "%s", test_data(rel));
+    size_t n;
+    char *text = file_read_all(path, &n);
+    ASSERT(text, "%s", path);
+    const char *ins[] = {"\"x_big\": 1000000000000000019884624838656, \"x_neg\": -99999999999999999999, \"x_list\": [1e999, -1e999, "
+                         "9223372036854775807, -9223372036854775808, \"123456789012345678901234567890\"], ",
+                         NULL};
+    ModelConfig want, got;
+    ASSERT(config_parse(&want, text, "glm5/config.json", err, sizeof err) == 0, "%s", err);
+    size_t cap = n + 4096;
+    char *patched = malloc(cap);
+    ASSERT(patched);
+    const char *brace = strchr(text, '{');
+    ASSERT(brace);
+    snprintf(patched, cap, "%.*s{%s%s", (int)(brace - text), text, ins[0], brace + 1);
+    EXPECT(config_parse(&got, patched, "big/config.json", err, sizeof err) == 0, "%s", err);
+    EXPECT(got.vocab == want.vocab && got.n_layers == want.n_layers && got.hidden == want.hidden);
+    /* read as an integer: the field's own range check, naming it */
+    const char *end = strrchr(text, '}');
+    snprintf(patched, cap, "%.*s, \"vocab_size\": 1000000000000000019884624838656}", (int)(end - text), text);
+    EXPECT(config_parse(&got, patched, "big/config.json", err, sizeof err) == -1, "a vocabulary of 1e30 accepted");
+    EXPECT(strstr(err, "vocab_size") != NULL, "%s", err);
+    /* what is not JSON stays refused */
+    snprintf(patched, cap, "{\"x\": 1000000000000000019884624838656, \"y\": 01}");
+    EXPECT(config_parse(&got, patched, "bad/config.json", err, sizeof err) == -1, "01 accepted");
+    EXPECT(strstr(err, "invalid JSON") != NULL, "%s", err);
+    free(patched);
+    free(text);
+}
+
 /* ---- quantization config (§3.1) ---- */
 
 TEST(config_quant_excluded)

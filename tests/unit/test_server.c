@@ -497,6 +497,30 @@ TEST(server_06_errors)
         {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_completion_tokens\": 0}", 400, "at least 1", "max_completion_tokens"},
         {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"response_format\": {\"type\": \"json_object\"}}", 400, "not supported", "response_format"},
         {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"model\": \"nope\"}", 404, "does not exist", "model"},
+        /* a malformed body is a 400 whatever model it names (it was a 404 before the body was read) */
+        {"/v1/completions", "{\"model\": \"nope\"}", 400, "'prompt' is required", "prompt"},
+        {"/v1/completions", "{\"model\": \"nope\", \"prompt\": []}", 400, "empty", "prompt"},
+        {"/v1/completions", "{\"model\": \"nope\", \"prompt\": \"x\", \"max_tokens\": 5000}", 400, "maximum context length", "prompt"},
+        {"/v1/chat/completions", "{\"model\": \"nope\"}", 400, "'messages' is required", "messages"},
+        {"/v1/chat/completions", "{\"model\": \"nope\", \"messages\": [{\"role\": \"wizard\", \"content\": \"hi\"}]}", 400, "role", "messages"},
+        /* strings compare over their whole length: a NUL does not end them */
+        {"/v1/completions", "{\"prompt\": \"x\", \"model\": \"server-tiny\\u0000anything\"}", 404, "server-tiny\\u0000anything", "model"},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\\u0000x\", \"content\": \"hi\"}]}", 400, "role 'user\\u0000x'", "messages"},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\\u0000\", \"text\": \"hi\"}]}]}", 400,
+         "not supported", "messages"},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"response_format\": {\"type\": \"text\\u0000json\"}}",
+         400, "not supported", "response_format"},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": [{\"type\": \"function\\u0000\", "
+         "\"function\": {\"name\": \"f\"}}]}", 400, "function", "tools"},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": [{\"type\": \"function\", "
+         "\"function\": {\"name\": \"f\"}}], \"tool_choice\": \"auto\\u0000x\"}", 400, "auto\\u0000x", "tool_choice"},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": [{\"type\": \"function\", "
+         "\"function\": {\"name\": \"f\"}}], \"tool_choice\": {\"type\": \"function\\u0000\", \"function\": {\"name\": \"f\"}}}", 400,
+         "tool_choice", "tool_choice"},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": [{\"type\": \"function\", "
+         "\"function\": {\"name\": \"f\"}}], \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"f\\u0000g\"}}}", 400,
+         "f\\u0000g", "tool_choice"},
+        {"/v1/completions", "{\"prompt\": [8192]}", 400, "token id 8192 is outside the vocabulary", "prompt"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         Resp r;
@@ -512,6 +536,26 @@ TEST(server_06_errors)
     post(s->port, "/v1/completions", "{\"prompt\": \"a\\u0000b\", \"max_tokens\": 2}", &r);
     EXPECT_EQ_INT(r.status, 200);
     resp_free(&r);
+    /* in a chat message too: the rendered prompt keeps it and what follows (strlen cut the prompt
+       there, the rest of the message and the generation prompt with it) */
+    json_t *msgs = json_pack("[{s:s, s:s}]", "role", "user", "content", "a\001b c d e f g"); /* \001 for the NUL */
+    char *text = NULL, terr[256];
+    size_t tlen = 0;
+    int *tids = NULL, want = -1;
+    if (model_text_render(model_text(), msgs, NULL, NULL, 1, &text, terr, sizeof terr) == 0) {
+        tlen = strlen(text);
+        *strchr(text, '\001') = 0;
+        want = tokenizer_encode(model_text()->tok, text, tlen, 0, &tids, terr, sizeof terr);
+    }
+    EXPECT(want > chat_tokens("a"), "the rendered prompt: %zu bytes, %d tokens", tlen, want);
+    json_decref(msgs);
+    free(text);
+    free(tids);
+    Full nf;
+    post(s->port, "/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"a\\u0000b c d e f g\"}], \"max_tokens\": 2}", &r);
+    full_check(__FILE__, __LINE__, &r, 1, &nf);
+    resp_free(&r);
+    EXPECT_EQ_INT(nf.prompt_tokens, want);
 
     /* invalid UTF-8 inside a JSON string */
     post(s->port, "/v1/completions", "{\"prompt\": \"ab\xff\xfe\"}", &r);
@@ -996,6 +1040,180 @@ TEST(server_14_kv_pressure)
     fprintf(stderr, "    2 requests over a full KV cache in %.1f s, %g preemptions\n", clock_now() - t0, pre);
     EXPECT(pre >= 0 && pre <= 4, "%g preemptions for two requests", pre);
     EXPECT_EQ_INT(srv_stop(&k, 60), 0);
+}
+
+/* A tokenizer with one added token more than the model has rows (tokenizer.json's ids past the
+ * vocabulary): a prompt holding it used to reach the engine, whose refusal was answered 503 with
+ * Retry-After, so clients retried for ever. It is the request's prompt: 400, naming the token.
+ * serve says so at start too. */
+TEST(server_15_tokenizer_past_vocab)
+{
+    char dir[4200], cmd[9000], path[4400], *out = NULL;
+    snprintf(dir, sizeof dir, "%s/vocab-plus-one", test_tmpdir());
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s' '%s'", dir, model_dir(), dir);
+    ASSERT(test_run(cmd, &out) == 0, "%s: %s", cmd, out);
+    free(out);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    json_error_t je;
+    json_t *tj = json_load_file(path, 0, &je);
+    ASSERT(tj, "%s: %s", path, je.text);
+    int vocab = tokenizer_vocab_size(model_text()->tok); /* the tiny model's vocabulary is the tokenizer's */
+    json_array_append_new(json_object_get(tj, "added_tokens"),
+                          json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id", vocab, "content", "<|extra|>", "single_word", 0,
+                                    "lstrip", 0, "rstrip", 0, "normalized", 0, "special", 1));
+    ASSERT(json_dump_file(tj, path, 0) == 0);
+    json_decref(tj);
+
+    Srv v;
+    ASSERT(srv_start_model(&v, "vocab-plus-one", dir, "") == 0);
+    char want[64], body[512];
+    snprintf(want, sizeof want, "'<|extra|>' (id %d)", vocab);
+    Resp r;
+    post(v.port, "/v1/completions", "{\"prompt\":\"Hello <|extra|> there\",\"max_tokens\":2}", &r);
+    expect_error(__FILE__, __LINE__, "a prompt with the extra token", &r, 400, "invalid_request_error", want, "prompt");
+    EXPECT(r.head && !header_value(r.head, "Retry-After"), "a 400 has no Retry-After");
+    resp_free(&r);
+    post(v.port, "/v1/chat/completions", CHAT_BODY("Hello <|extra|>", ",\"max_tokens\":2,\"stream\":true"), &r);
+    expect_error(__FILE__, __LINE__, "a chat message with the extra token", &r, 400, "invalid_request_error", want, "messages");
+    resp_free(&r);
+    snprintf(body, sizeof body, "{\"prompt\":[5, %d],\"max_tokens\":2}", vocab);
+    post(v.port, "/v1/completions", body, &r);
+    snprintf(want, sizeof want, "token id %d is outside the vocabulary", vocab);
+    expect_error(__FILE__, __LINE__, "the extra token's id", &r, 400, "invalid_request_error", want, "prompt");
+    resp_free(&r);
+    post(v.port, "/v1/completions", "{\"prompt\":\"Hello there\",\"max_tokens\":2}", &r);
+    EXPECT_EQ_INT(r.status, 200);
+    resp_free(&r);
+    EXPECT_EQ_INT(srv_stop(&v, 60), 0);
+    snprintf(cmd, sizeof cmd, "grep -c 'the tokenizer has %d token ids, the model.s vocabulary %d' '%s'", vocab + 1, vocab, v.log);
+    test_run(cmd, &out);
+    EXPECT(out && atoi(out) == 1, "no warning at start: %s", out ? out : "");
+    free(out);
+}
+
+/* One response's text and its logprobs (tokens, their logprobs, completions' text_offset), from a
+ * body or the chunks of a stream put together. */
+typedef struct {
+    char text[4096], tokens[4096];
+    int n, completion_tokens, offsets[256];
+    double lp[256];
+    char tok[256][64];
+} LpOut;
+
+static void lp_take(json_t *choice, int chat, LpOut *o)
+{
+    json_t *t = chat ? (json_object_get(choice, "delta") ? jget(choice, "delta.content") : jget(choice, "message.content"))
+                     : json_object_get(choice, "text");
+    if (json_is_string(t)) strncat(o->text, json_string_value(t), sizeof o->text - strlen(o->text) - 1);
+    json_t *lp = json_object_get(choice, "logprobs");
+    size_t m = chat ? json_array_size(json_object_get(lp, "content")) : json_array_size(json_object_get(lp, "tokens"));
+    for (size_t i = 0; i < m && o->n < 256; i++, o->n++) {
+        json_t *e = chat ? json_array_get(json_object_get(lp, "content"), i) : NULL;
+        const char *tok = json_string_value(chat ? json_object_get(e, "token") : json_array_get(json_object_get(lp, "tokens"), i));
+        snprintf(o->tok[o->n], sizeof o->tok[o->n], "%s", tok ? tok : "");
+        strncat(o->tokens, tok ? tok : "", sizeof o->tokens - strlen(o->tokens) - 1);
+        o->lp[o->n] = json_number_value(chat ? json_object_get(e, "logprob") : json_array_get(json_object_get(lp, "token_logprobs"), i));
+        o->offsets[o->n] = chat ? -1 : (int)json_integer_value(json_array_get(json_object_get(lp, "text_offset"), i));
+    }
+}
+
+static int lp_request(int port, int chat, int stream, const char *extra, LpOut *o)
+{
+    char body[1024];
+    memset(o, 0, sizeof *o);
+    if (chat)
+        snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":40,\"logprobs\":true,"
+                 "\"stream\":%s,\"stream_options\":%s%s}", stream ? "true" : "false", stream ? "{\"include_usage\":true}" : "null", extra);
+    else
+        snprintf(body, sizeof body, "{\"prompt\":\"x\",\"max_tokens\":40,\"logprobs\":0,\"stream\":%s,\"stream_options\":%s%s}",
+                 stream ? "true" : "false", stream ? "{\"include_usage\":true}" : "null", extra);
+    Resp r;
+    post(port, chat ? "/v1/chat/completions" : "/v1/completions", body, &r);
+    int ok = r.status == 200;
+    if (!ok) fprintf(stderr, "    %s -> %d %s\n", body, r.status, r.body ? r.body : "");
+    if (stream) {
+        Sse ss;
+        sse_parse(r.body, &ss);
+        ok &= ss.done && !ss.bad;
+        size_t i;
+        json_t *c;
+        json_array_foreach(ss.chunks, i, c) {
+            if (json_array_size(json_object_get(c, "choices"))) lp_take(jget(c, "choices.0"), chat, o);
+            if (json_is_object(json_object_get(c, "usage"))) o->completion_tokens = (int)jint(c, "usage.completion_tokens");
+        }
+        json_decref(ss.chunks);
+    } else {
+        json_t *j = body_json(&r);
+        if (j) {
+            lp_take(jget(j, "choices.0"), chat, o);
+            o->completion_tokens = (int)jint(j, "usage.completion_tokens");
+        }
+        ok &= j != NULL;
+        json_decref(j);
+    }
+    resp_free(&r);
+    return ok ? 0 : -1;
+}
+
+/* Stop strings and logprobs, vLLM's rule (docs/USAGE.md): the text ends before the stop string
+ * (after it with include_stop_str_in_output); the logprobs are those of every generated token up
+ * to and including the one that completed the stop string, the tokens usage counts: their texts
+ * put together begin with the returned text and go on with the stop string; text_offset is each
+ * token's start in that uncut text. The same streamed and not, completions and chat. The output
+ * is scripted (--script-output) so that it holds the stop strings. */
+TEST(server_16_stop_logprobs)
+{
+    char script[4200];
+    snprintf(script, sizeof script, "%s/stop-script.txt", test_tmpdir());
+    FILE *f = fopen(script, "w");
+    ASSERT(f);
+    fputs("Hello world\n\nSecond part here", f);
+    fclose(f);
+    char extra[4400];
+    snprintf(extra, sizeof extra, "--script-output '%s'", script);
+    Srv sc;
+    ASSERT(srv_start(&sc, "script", extra) == 0);
+    static const struct { const char *json, *stop, *text; int include; } cases[] = {
+        {"\"\\n\\n\"", "\n\n", "Hello world", 0},              /* a whole token */
+        {"[\"zzz\", \"d\\n\"]", "d\n", "Hello worl", 0},         /* across two tokens */
+        {"\"\\n\\nSec\"", "\n\nSec", "Hello world", 0},        /* a token before the one that completes it */
+        {"\"\\n\\n\"", "\n\n", "Hello world\n\n", 1},          /* include_stop_str_in_output */
+        {"\"d\\n\"", "d\n", "Hello world\n", 1},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char x[256];
+        snprintf(x, sizeof x, ",\"stop\":%s%s", cases[k].json, cases[k].include ? ",\"include_stop_str_in_output\":true" : "");
+        for (int chat = 0; chat < 2; chat++) {
+            static LpOut full, st;
+            ASSERT(lp_request(sc.port, chat, 0, x, &full) == 0);
+            ASSERT(lp_request(sc.port, chat, 1, x, &st) == 0);
+            const char *what = chat ? "chat" : "completions";
+            EXPECT(!strcmp(full.text, cases[k].text), "%s stop %s: text '%s', expected '%s'", what, x, full.text, cases[k].text);
+            EXPECT(full.n > 0 && full.n == full.completion_tokens, "%s %s: %d logprobs, usage %d", what, x, full.n,
+                   full.completion_tokens);
+            /* the tokens' texts: the returned text, then the stop string (where it starts in the uncut
+               text), completed by the last token and by no earlier one */
+            size_t tl = strlen(full.text), L = strlen(cases[k].stop), at = cases[k].include ? tl - L : tl;
+            size_t all = strlen(full.tokens), before_last = all - strlen(full.tok[full.n ? full.n - 1 : 0]);
+            EXPECT(!strncmp(full.tokens, full.text, tl), "%s %s: the tokens '%s' do not begin with the text", what, x, full.tokens);
+            EXPECT(all >= at + L && !strncmp(full.tokens + at, cases[k].stop, L) && before_last < at + L,
+                   "%s %s: the tokens '%s' do not end with the one that completes the stop string", what, x, full.tokens);
+            int off = 0;
+            for (int i = 0; i < full.n && !chat; i++) {
+                EXPECT(full.offsets[i] == off, "%s %s: text_offset[%d] = %d, expected %d", what, x, i, full.offsets[i], off);
+                off += (int)strlen(full.tok[i]);
+            }
+            /* streamed: the same text, the same tokens with the same logprobs and offsets */
+            EXPECT(!strcmp(st.text, full.text), "%s %s streamed: '%s' vs '%s'", what, x, st.text, full.text);
+            EXPECT(st.n == full.n && st.completion_tokens == full.completion_tokens, "%s %s streamed: %d logprobs, usage %d; not "
+                   "streamed %d, %d", what, x, st.n, st.completion_tokens, full.n, full.completion_tokens);
+            for (int i = 0; i < st.n && i < full.n; i++)
+                EXPECT(!strcmp(st.tok[i], full.tok[i]) && st.lp[i] == full.lp[i] && st.offsets[i] == full.offsets[i],
+                       "%s %s: token %d streamed '%s' %g @%d, not '%s' %g @%d", what, x, i, st.tok[i], st.lp[i], st.offsets[i],
+                       full.tok[i], full.lp[i], full.offsets[i]);
+        }
+    }
+    EXPECT_EQ_INT(srv_stop(&sc, 60), 0);
 }
 
 typedef struct {

@@ -661,6 +661,80 @@ TEST(tokenizer_load_errors)
     EXPECT(strstr(err, "notjson.json") != NULL, "%s", err);
 }
 
+/* A field of the wrong JSON type is refused, naming it: "model": {"type": 5} used to load as BPE
+ * (a type that is not a string read as no type), "decoders": 5 as an empty decoder chain (the
+ * output left byte-level encoded), a boolean given as a string or number as false, an unknown
+ * Punctuation behavior as Isolated. */
+TEST(tokenizer_load_wrong_types)
+{
+    expect_load_error("model.type", "5", "model.type must be a string, not a number");
+    expect_load_error("model.byte_fallback", "\"yes\"", "model.byte_fallback must be a boolean, not a string");
+    expect_load_error("model.ignore_merges", "1", "model.ignore_merges must be a boolean");
+    expect_load_error("model.unk_token", "0", "model.unk_token must be a string");
+    expect_load_error("model.dropout", "\"0.1\"", "model.dropout must be a number");
+    expect_load_error("model.vocab", "[]", "model.vocab must be an object, not an array");
+    expect_load_error("model.merges", "{}", "model.merges must be a list, not an object");
+    expect_load_error("model", "\"BPE\"", "model must be an object, not a string");
+    expect_load_error("decoder", "{\"type\": \"Sequence\", \"decoders\": 5}", "decoder Sequence.decoders must be a list, not a number");
+    expect_load_error("decoder", "{\"type\": \"Sequence\"}", "decoder Sequence: no decoders list");
+    expect_load_error("decoder", "{\"type\": 7}", "decoder.type must be a string");
+    expect_load_error("decoder", "[{\"type\": \"ByteLevel\"}]", "decoder must be an object, not an array");
+    expect_load_error("post_processor", "{\"type\": \"Sequence\", \"processors\": {}}", "post_processor Sequence.processors must be a list");
+    expect_load_error("post_processor", "{\"type\": \"ByteLevel\", \"trim_offsets\": \"no\"}", "post_processor.trim_offsets must be a boolean");
+    expect_load_error("pre_tokenizer", "{\"type\": \"ByteLevel\", \"add_prefix_space\": \"false\"}",
+                      "pre_tokenizer ByteLevel.add_prefix_space must be a boolean, not a string");
+    expect_load_error("pre_tokenizer", "{\"type\": \"Sequence\", \"pretokenizers\": 5}", "pre_tokenizer Sequence.pretokenizers must be a list");
+    expect_load_error("pre_tokenizer", "{\"type\": \"Punctuation\", \"behavior\": \"Bogus\"}", "Punctuation: unknown behavior 'Bogus'");
+    expect_load_error("pre_tokenizer", "{\"type\": \"Digits\", \"individual_digits\": 1}", "pre_tokenizer Digits.individual_digits must be a boolean");
+    expect_load_error("pre_tokenizer", "{\"type\": \"Split\", \"pattern\": {\"String\": \" \"}, \"behavior\": \"Isolated\", \"invert\": 0}",
+                      "pre_tokenizer Split.invert must be a boolean");
+    expect_load_error("normalizer", "{\"type\": \"Strip\", \"strip_left\": 1, \"strip_right\": true}", "normalizer Strip.strip_left must be a boolean");
+    expect_load_error("normalizer", "{\"type\": \"Sequence\", \"normalizers\": \"NFC\"}", "normalizer Sequence.normalizers must be a list");
+    expect_load_error("normalizer", "5", "normalizer must be an object, not a number");
+    expect_load_error("added_tokens", "[{\"id\": 3000, \"content\": \"<x>\", \"special\": \"yes\"}]", "added_tokens[0].special must be a boolean");
+    expect_load_error("added_tokens", "[{\"id\": 3000, \"content\": \"<x>\"}, {\"id\": 3001, \"content\": 5}]",
+                      "added_tokens[1].content must be a string, not a number");
+    expect_load_error("added_tokens", "[\"<x>\"]", "added_tokens[0] must be an object, not a string");
+    expect_load_error("padding", "5", "padding must be an object or null");
+
+    /* tokenizer_config.json beside it: added_tokens_decoder and the named tokens */
+    const char *cfgs[][2] = {
+        {"{\"added_tokens_decoder\": [1]}", "added_tokens_decoder must be an object, not an array"},
+        {"{\"added_tokens_decoder\": {\"3000\": {\"content\": \"<y>\", \"lstrip\": \"no\"}}}",
+         "added_tokens_decoder[\"3000\"].lstrip must be a boolean"},
+        {"{\"added_tokens_decoder\": {\"3000\": 5}}", "added_tokens_decoder[\"3000\"] must be an object"},
+        {"{\"eos_token\": 5}", "eos_token must be a string or {\"content\": a string}, not a number"},
+        {"{\"bos_token\": {\"content\": 1}}", "bos_token must be a string"},
+    };
+    char dir[4200], path[4400], cmd[9000], *out = NULL;
+    snprintf(dir, sizeof dir, "%s/wrong-types-cfg", test_tmpdir());
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s' '%s/tokenizer.json'", dir, test_data("tokenizer/synth-llama3/tokenizer.json"), dir);
+    ASSERT(test_run(cmd, &out) == 0, "%s: %s", cmd, out);
+    free(out);
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    for (size_t k = 0; k < sizeof cfgs / sizeof cfgs[0]; k++) {
+        FILE *f = fopen(path, "w");
+        ASSERT(f);
+        fputs(cfgs[k][0], f);
+        fclose(f);
+        char err[512] = "";
+        Tokenizer *t = tokenizer_load(dir, err, sizeof err);
+        EXPECT(t == NULL, "tokenizer_config.json %s loaded", cfgs[k][0]);
+        EXPECT(strstr(err, cfgs[k][1]) && strstr(err, "tokenizer_config.json"), "%s: error '%s' does not name '%s'", cfgs[k][0], err,
+               cfgs[k][1]);
+        tokenizer_free(t);
+    }
+    /* null is absent, as in the files HF writes */
+    FILE *f = fopen(path, "w");
+    ASSERT(f);
+    fputs("{\"bos_token\": null, \"eos_token\": {\"content\": \"<|end_of_text|>\"}, \"added_tokens_decoder\": null}", f);
+    fclose(f);
+    char err[512] = "";
+    Tokenizer *t = tokenizer_load(dir, err, sizeof err);
+    EXPECT(t != NULL, "%s", err);
+    tokenizer_free(t);
+}
+
 /* Regex errors name the pattern as written and the offset in it (the offset used to count in the
  * translated pattern, where each \s is a 60-byte class). \C matches one byte: a Split on it cut
  * "é" in two and handed invalid UTF-8 pieces to BPE, so a regex holding it is refused wherever it
