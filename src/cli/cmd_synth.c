@@ -21,7 +21,7 @@
 #include "../format/config.h"
 #include "cli.h"
 
-#define SYNTH_USAGE "moeserve synth --arch glm5|glm4_moe --preset tiny|glm5|glm5-layer|glm4.5|glm4.5-air " \
+#define SYNTH_USAGE "moeserve synth --arch glm5|glm4_moe --preset tiny|tiny-air|glm5|glm5-layer|glm4.5|glm4.5-air " \
                     "[--quant bf16|nvfp4] --out DIR [--layers N] [--mtp N] [--seed N] [--shard-mb N] "      \
                     "[--threads N] [--dry-run]"
 #define SYNTH_TF_VERSION "5.17.0"  /* the transformers whose save_pretrained output is mirrored */
@@ -55,6 +55,12 @@ static const Preset presets[] = {
      .head_dim = 32, .intermediate = 96, .moe_intermediate = 32, .experts = 16, .top_k = 4, .shared = 1,
      .n_group = 4, .topk_group = 2, .first_k_dense = 1, .routed_scaling = 2.5, .rope_theta = 10000.0,
      .partial_rotary = 0.5, .attention_bias = 1, .qk_norm = 1, .max_position = 4096},
+    /* tiny-air: small, with GLM-4.5-Air's FFN widths that are no multiple of 256 (the packed
+       NVFP4 kernels' records; the GPU pads them) and 128-wide heads of 8 query heads a KV head */
+    {.name = "tiny-air", .arch = ARCH_GLM4_MOE, .vocab = 8192, .hidden = 256, .layers = 3, .heads = 16, .kv_heads = 2,
+     .head_dim = 128, .intermediate = 160, .moe_intermediate = 96, .experts = 8, .top_k = 2, .shared = 1,
+     .n_group = 1, .topk_group = 1, .first_k_dense = 1, .routed_scaling = 1.0, .rope_theta = 10000.0,
+     .partial_rotary = 0.5, .attention_bias = 1, .qk_norm = 0, .max_position = 4096},
     /* GLM-5 (§1.2) with its MTP layer; glm5-layer is one full-size MoE layer */
     {.name = "glm5", .arch = ARCH_GLM5, .vocab = 154880, .hidden = 6144, .layers = 78, .heads = 64,
      .kv_heads = 64, .q_lora = 2048, .kv_lora = 512, .qk_nope = 192, .qk_rope = 64, .v_head = 256,
@@ -435,7 +441,7 @@ static const Preset *find_preset(const char *name, const char *arch_s)
             hit = &presets[i];
         }
     }
-    if (!known) fatal("synth: unknown --preset '%s' (known: tiny, glm5, glm5-layer, glm4.5, glm4.5-air)", name);
+    if (!known) fatal("synth: unknown --preset '%s' (known: tiny, tiny-air, glm5, glm5-layer, glm4.5, glm4.5-air)", name);
     if (!hit)
         fatal("synth: --preset %s is not a %s model (glm5 and glm5-layer are glm5; glm4.5 and glm4.5-air are glm4_moe)",
               name, arch_s);

@@ -307,6 +307,23 @@ int qtensor_cols_copy(const QTensor *src, int64_t c0, int64_t n, QTensor *out, v
     return 0;
 }
 
+int qtensor_nvfp4_pad(const QTensor *w, int halves, int64_t rows_p, int64_t cols_p, uint8_t *codes, uint8_t *scales)
+{
+    if (w->fmt != QF_NVFP4 || !w->data || w->packed || halves < 1 || w->rows % halves || cols_p % 16 ||
+        w->rows / halves > rows_p || w->cols > cols_p)
+        return -1;
+    int64_t part = w->rows / halves, cb = w->cols / 2, sb = w->cols / 16, cbp = cols_p / 2, sbp = cols_p / 16;
+    memset(codes, 0, (size_t)(halves * rows_p * cbp));
+    memset(scales, 0, (size_t)(halves * rows_p * sbp));
+    for (int h = 0; h < halves; h++)
+        for (int64_t r = 0; r < part; r++) {
+            int64_t from = h * part + r, to = h * rows_p + r;
+            memcpy(codes + to * cbp, w->data + from * cb, (size_t)cb);
+            memcpy(scales + to * sbp, w->scale + from * sb, (size_t)sb);
+        }
+    return 0;
+}
+
 int qtensor_rows_concat(const QTensor *const *parts, int n, QTensor *out, void **owned)
 {
     *owned = NULL;

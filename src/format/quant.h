@@ -77,6 +77,13 @@ int qtensor_cols_copy(const QTensor *w, int64_t c0, int64_t n, QTensor *out, voi
  * packed, and with block FP8 each start on a scale block and all but the last end on one (the
  * grids stack); else returns -1 and allocates nothing. out->name is the first part's. */
 int qtensor_rows_concat(const QTensor *const *parts, int n, QTensor *out, void **owned);
+/* NVFP4 W [N, K] laid into [halves x rows_p, cols_p] with zeros (code 0, block scale 0) around
+ * it: its rows cut into `halves` equal parts (2: a fused [gate; up]), each part followed by zero
+ * rows up to rows_p, and each row by zero columns up to cols_p (a multiple of 16). codes holds
+ * halves x rows_p x cols_p / 2 bytes, scales halves x rows_p x cols_p / 16. A padded tensor
+ * multiplies like W where the extra inputs are finite, and gives 0 in the extra outputs.
+ * Returns -1 (nothing written) for another format, a skeleton, or sizes that do not hold W. */
+int qtensor_nvfp4_pad(const QTensor *w, int halves, int64_t rows_p, int64_t cols_p, uint8_t *codes, uint8_t *scales);
 
 /* NVFP4 (ModelOpt, SPEC §3.5). w is [N, K] float, K a multiple of 16.
  * gscale <= 0: computed as amax(|w|) / (6 * 448); > 0: used as given (gate and up of one

@@ -21,6 +21,8 @@ typedef struct {
     uint8_t *stage;  /* backend memory for one tensor's checkpoint layout before packing */
     size_t stage_need;  /* counting pass: the largest tensor packed */
     int n_packed;       /* tensors packed (copy pass) */
+    int64_t moe_f, moe_fp;   /* the experts' width F padded to moe_fp (up_widths; equal: none) */
+    int64_t dense_f, dense_fp; /* the dense MLP's */
 } Up;
 
 static void *up_bytes(Up *u, const void *src, size_t n)
@@ -68,10 +70,13 @@ static int up_packs(const Up *u, const QTensor *w)
 
 /* NVFP4 into the backend's layout: the checkpoint's codes and scales (copied, or for a dummy
  * tensor filled with the seeds up_fill would use, so the values are the same either way) go
- * to the stage, then pack_nvfp4 writes the same number of bytes at the final place. */
-static void up_nvfp4_packed(Up *u, QTensor *dst, const QTensor *src)
+ * to the stage, then pack_nvfp4 writes the same number of bytes at the final place. Padded
+ * (up_widths): its `halves` parts of rows each followed by zero rows up to rows_p, its rows by
+ * zero columns up to cols_p (a dummy tensor is random all over: only its speed matters). */
+static void up_nvfp4_packed(Up *u, QTensor *dst, const QTensor *src, int halves, int64_t rows_p, int64_t cols_p)
 {
-    size_t n = (size_t)src->rows * src->cols, bytes = n / 2 + n / 16;
+    int64_t R = (int64_t)halves * rows_p;
+    size_t n = (size_t)R * cols_p, bytes = n / 2 + n / 16;
     if (bytes > u->stage_need) u->stage_need = bytes;
     size_t at = u->off;
     u->off += (bytes + UP_ALIGN - 1) / UP_ALIGN * UP_ALIGN;
@@ -83,15 +88,25 @@ static void up_nvfp4_packed(Up *u, QTensor *dst, const QTensor *src)
         u->seed = u->seed * 6364136223846793005ull + 1442695040888963407ull;
         be_fill(u->be, scales, n / 16, FILL_U8_CONST, 0x38, 0, u->seed);
         dst->gscale = 1.0f / sqrtf((float)src->cols) / 2.9257f;
-    } else {
+    } else if (R == src->rows && cols_p == src->cols) {
         be_to_device(u->be, codes, src->data, n / 2);
         be_to_device(u->be, scales, src->scale, n / 16);
+    } else {
+        uint8_t *h = xmalloc(bytes);
+        if (qtensor_nvfp4_pad(src, halves, rows_p, cols_p, h, h + n / 2) < 0)
+            die("upload: %s: [%lld, %lld] does not pad to %d x [%lld, %lld]", src->name ? src->name : "a linear",
+                (long long)src->rows, (long long)src->cols, halves, (long long)rows_p, (long long)cols_p);
+        be_to_device(u->be, codes, h, n / 2);
+        be_to_device(u->be, scales, h + n / 2, n / 16);
+        free(h);
     }
-    u->be->ops->pack_nvfp4(u->be, u->base + at, codes, scales, src->rows, src->cols);
+    u->be->ops->pack_nvfp4(u->be, u->base + at, codes, scales, R, cols_p);
     u->n_packed++;
     dst->data = u->base + at;
     dst->scale = NULL;
     dst->packed = 1;
+    dst->rows = R;
+    dst->cols = cols_p;
 }
 
 /* Random weights with std about 1/sqrt(K) in the skeleton's format: NVFP4 codes uniform over
@@ -113,12 +128,14 @@ static void up_dummy(Up *u, QTensor *dst, const QTensor *src)
     }
 }
 
-static void up_qtensor(Up *u, QTensor *dst, const QTensor *src)
+/* src into backend memory; the packed NVFP4 ones with their padding: `halves` parts of rows each
+ * padded to rows_p, columns to cols_p (0: as they are) */
+static void up_qtensor_pad(Up *u, QTensor *dst, const QTensor *src, int halves, int64_t rows_p, int64_t cols_p)
 {
     *dst = *src;
     if (!src->rows) return; /* absent (e.g. no indexer on a shared layer) */
-    if (up_packs(u, src)) {
-        up_nvfp4_packed(u, dst, src);
+    if (up_packs(u, src) || (rows_p && u->pack && src->fmt == QF_NVFP4)) {
+        up_nvfp4_packed(u, dst, src, halves, rows_p ? rows_p : src->rows / halves, cols_p ? cols_p : src->cols);
         return;
     }
     if (!src->data) { /* a dummy skeleton */
@@ -137,6 +154,22 @@ static void up_qtensor(Up *u, QTensor *dst, const QTensor *src)
     }
 }
 
+static void up_qtensor(Up *u, QTensor *dst, const QTensor *src) { up_qtensor_pad(u, dst, src, 1, 0, 0); }
+
+/* a gate or up projection of width f ([f, D]; fused [2f, D]: halves 2) padded to fp rows, or
+ * a down projection ([D, f]) to fp columns; as it is where fp == f */
+static void up_ffn_in(Up *u, QTensor *dst, const QTensor *src, int halves, int64_t f, int64_t fp)
+{
+    if (fp == f || !src->rows) up_qtensor(u, dst, src);
+    else up_qtensor_pad(u, dst, src, halves, fp * (src->rows / halves) / f, 0);
+}
+
+static void up_ffn_out(Up *u, QTensor *dst, const QTensor *src, int64_t f, int64_t fp)
+{
+    if (fp == f || !src->rows) up_qtensor(u, dst, src);
+    else up_qtensor_pad(u, dst, src, 1, src->rows, fp * src->cols / f);
+}
+
 static void up_layer(Up *u, LayerWeights *d, const LayerWeights *s, const ModelConfig *c, int moe)
 {
     *d = *s;
@@ -145,7 +178,15 @@ static void up_layer(Up *u, LayerWeights *d, const LayerWeights *s, const ModelC
     const QTensor *qd[LAYER_LINEARS], *qs[LAYER_LINEARS];
     layer_linears(d, qd);
     layer_linears(s, qs);
-    for (int i = 0; i < LAYER_LINEARS; i++) up_qtensor(u, (QTensor *)qd[i], qs[i]); /* qd: d's, written here */
+    for (int i = 0; i < LAYER_LINEARS; i++) { /* qd: d's, written here */
+        const QTensor *t = qs[i];
+        int64_t f = moe ? u->moe_f : u->dense_f, fp = moe ? u->moe_fp : u->dense_fp;
+        int64_t fs = moe ? f * (c->n_shared_experts > 0 ? c->n_shared_experts : 1) : f, fsp = fs / f * fp;
+        if (t == &s->w_gate || t == &s->w_up || t == &s->sh_gate || t == &s->sh_up) up_ffn_in(u, (QTensor *)qd[i], t, 1, fs, fsp);
+        else if (t == &s->w_gate_up || t == &s->sh_gate_up) up_ffn_in(u, (QTensor *)qd[i], t, 2, fs, fsp);
+        else if (t == &s->w_down || t == &s->sh_down) up_ffn_out(u, (QTensor *)qd[i], t, fs, fsp);
+        else up_qtensor(u, (QTensor *)qd[i], t);
+    }
     int64_t qdim = (int64_t)c->n_heads * c->head_dim, kdim = (int64_t)c->n_kv_heads * c->head_dim;
     d->bq = up_vec(u, s->bq, qdim);
     d->bk = up_vec(u, s->bk, kdim);
@@ -165,15 +206,52 @@ static void up_layer(Up *u, LayerWeights *d, const LayerWeights *s, const ModelC
     d->exp_gate = u->base ? xcalloc(3 * E, sizeof(QTensor)) : NULL;
     QTensor tmp;
     for (int e = 0; e < E; e++) {
-        up_qtensor(u, d->exp_gate ? &d->exp_gate[e] : &tmp, &s->exp_gate[e]);
-        up_qtensor(u, d->exp_gate ? &d->exp_gate[E + e] : &tmp, &s->exp_up[e]);
-        up_qtensor(u, d->exp_gate ? &d->exp_gate[2 * E + e] : &tmp, &s->exp_down[e]);
+        up_ffn_in(u, d->exp_gate ? &d->exp_gate[e] : &tmp, &s->exp_gate[e], 1, u->moe_f, u->moe_fp);
+        up_ffn_in(u, d->exp_gate ? &d->exp_gate[E + e] : &tmp, &s->exp_up[e], 1, u->moe_f, u->moe_fp);
+        up_ffn_out(u, d->exp_gate ? &d->exp_gate[2 * E + e] : &tmp, &s->exp_down[e], u->moe_f, u->moe_fp);
     }
     if (d->exp_gate) {
         d->exp_up = d->exp_gate + E;
         d->exp_down = d->exp_gate + 2 * E;
     }
     d->exp_table = up_bytes(u, d->exp_gate, 3 * (size_t)E * sizeof(QTensor));
+}
+
+/* The FFN widths the packed kernels can take. Their records are 256 columns wide, so a down
+ * projection of F columns, F % 256 != 0 (GLM-4.5's experts: 1408; its dense layer: 10944),
+ * would leave the whole MoE (or MLP) on the simple dequantising kernels, 30-50x slower. Such a
+ * width is padded with zeros to the next multiple of 256 where every linear of it on this rank is
+ * NVFP4 the backend packs once padded: gate and up gain zero rows (their outputs there are 0, and
+ * silu(0) * 0 = 0), down gains zero columns, so the sums are the same; the bytes read grow by
+ * the padding (1408 -> 1536: 9%). The device model's config then says the padded width. */
+static int nvfp4_k_ok(const Up *u, const QTensor *w, int64_t k)
+{
+    return !w->rows || (u->pack && w->fmt == QF_NVFP4 && w->rows % 16 == 0 && k % 256 == 0);
+}
+
+static void up_widths(Up *u, const Model *m)
+{
+    const ModelConfig *c = &m->cfg;
+    int64_t D = c->hidden, F = c->moe_intermediate, Fp = (F + 255) / 256 * 256, I = c->intermediate, Ip = (I + 255) / 256 * 256;
+    int moe_ok = F > 0 && Fp != F, dense_ok = I > 0 && Ip != I, moes = 0, denses = 0;
+    for (int l = c->layer_begin; l < c->layer_end; l++) {
+        const LayerWeights *w = &m->layers[l];
+        if (c->layer_moe[l]) {
+            moes++;
+            int64_t ns = c->n_shared_experts > 0 ? c->n_shared_experts : 1;
+            for (int e = 0; moe_ok && e < c->n_local_experts; e++)
+                moe_ok = nvfp4_k_ok(u, &w->exp_gate[e], D) && nvfp4_k_ok(u, &w->exp_up[e], D) &&
+                         nvfp4_k_ok(u, &w->exp_down[e], Fp) && w->exp_down[e].cols == F;
+            moe_ok = moe_ok && nvfp4_k_ok(u, &w->sh_gate, D) && nvfp4_k_ok(u, &w->sh_up, D) &&
+                     nvfp4_k_ok(u, &w->sh_gate_up, D) && nvfp4_k_ok(u, &w->sh_down, ns * Fp);
+        } else {
+            denses++;
+            dense_ok = dense_ok && nvfp4_k_ok(u, &w->w_gate, D) && nvfp4_k_ok(u, &w->w_up, D) &&
+                       nvfp4_k_ok(u, &w->w_gate_up, D) && nvfp4_k_ok(u, &w->w_down, Ip) && w->w_down.cols == I;
+        }
+    }
+    u->moe_f = F, u->moe_fp = moe_ok && moes ? Fp : F;
+    u->dense_f = I, u->dense_fp = dense_ok && denses ? Ip : I;
 }
 
 static void up_model(Up *u, Model *dst, const Model *src)
@@ -196,6 +274,12 @@ void model_upload(Model *dst, const Model *src, Backend *be)
     const char *w4 = getenv("MOESERVE_W4");
     int pack = be->ops->pack_nvfp4 && !(w4 && !strcmp(w4, "0"));
     Up u = {.be = be, .pack = pack};
+    up_widths(&u, src);
+    if (u.moe_fp != u.moe_f || u.dense_fp != u.dense_f)
+        log_info("upload: FFN widths padded with zeros for the W4A16 kernels: experts %lld -> %lld, dense %lld -> %lld",
+                 (long long)u.moe_f, (long long)u.moe_fp, (long long)u.dense_f, (long long)u.dense_fp);
+    dst->cfg.moe_intermediate = (int)u.moe_fp;
+    dst->cfg.intermediate = (int)u.dense_fp;
     up_model(&u, dst, src);
     size_t stage = u.stage_need, total = u.off + stage, avail = be_mem_free(be);
     /* the weights must leave room for activations and the KV cache: say so before copying anything */
@@ -206,7 +290,8 @@ void model_upload(Model *dst, const Model *src, Backend *be)
     log_info("upload: %.2f GiB of weights to %s (%.2f GiB free)", total / 1073741824.0, be->name, avail / 1073741824.0);
     dst->dev_buffer = be_alloc(be, total - stage);
     dst->layers = xcalloc(src->cfg.n_layers, sizeof(LayerWeights));
-    u = (Up){.be = be, .base = dst->dev_buffer, .seed = 20261202, .pack = pack, .stage = stage ? be_alloc(be, stage) : NULL};
+    u = (Up){.be = be, .base = dst->dev_buffer, .seed = 20261202, .pack = pack, .stage = stage ? be_alloc(be, stage) : NULL,
+             .moe_f = u.moe_f, .moe_fp = u.moe_fp, .dense_f = u.dense_f, .dense_fp = u.dense_fp};
     up_model(&u, dst, src);
     if (u.stage) be_free(be, u.stage);
     if (u.n_packed) log_info("upload: %d NVFP4 tensors repacked for the W4A16 kernels", u.n_packed);

@@ -863,3 +863,44 @@ TEST(quant_fp8_block_roundtrip)
     }
     free(w); free(out); free(mem);
 }
+
+/* an NVFP4 width padded for the packed kernels (model/upload.c up_widths): W where it was, zeros
+ * in the new rows (per half of a fused [gate; up]) and columns */
+TEST(quant_nvfp4_pad)
+{
+    Rng r;
+    rng_seed(&r, 77);
+    const int64_t N = 2 * 24, K = 48, Np = 32, Kp = 256; /* two halves of 24 rows -> 32 each; 48 -> 256 columns */
+    float *w = malloc((size_t)N * K * sizeof(float));
+    for (int64_t i = 0; i < N * K; i++) w[i] = rng_normal(&r);
+    uint8_t *codes = malloc((size_t)N * K / 2), *scales = malloc((size_t)N * K / 16);
+    float g = nvfp4_quantize(w, N, K, nvfp4_global_scale(w, (size_t)N * K), codes, scales);
+    QTensor q = {.fmt = QF_NVFP4, .rows = N, .cols = K, .data = codes, .scale = scales, .gscale = g};
+    uint8_t *pc = malloc((size_t)2 * Np * Kp / 2), *ps = malloc((size_t)2 * Np * Kp / 16);
+    memset(pc, 0xAB, (size_t)2 * Np * Kp / 2);   /* every byte must be written */
+    memset(ps, 0xAB, (size_t)2 * Np * Kp / 16);
+    ASSERT(qtensor_nvfp4_pad(&q, 2, Np, Kp, pc, ps) == 0);
+    QTensor p = {.fmt = QF_NVFP4, .rows = 2 * Np, .cols = Kp, .data = pc, .scale = ps, .gscale = g};
+    float *a = malloc(K * sizeof(float)), *b = malloc(Kp * sizeof(float));
+    int bad = 0;
+    for (int64_t row = 0; row < 2 * Np; row++) {
+        int64_t half = row / Np, rr = row % Np;
+        qtensor_decode(&p, row, 0, Kp, b);
+        if (rr < N / 2) {
+            qtensor_decode(&q, half * (N / 2) + rr, 0, K, a);
+            for (int64_t k = 0; k < K; k++) bad += a[k] != b[k];
+            for (int64_t k = K; k < Kp; k++) bad += b[k] != 0.0f;
+        } else {
+            for (int64_t k = 0; k < Kp; k++) bad += b[k] != 0.0f;
+        }
+    }
+    EXPECT_EQ_INT(bad, 0);
+    /* what cannot hold W is refused, writing nothing */
+    EXPECT_EQ_INT(qtensor_nvfp4_pad(&q, 2, 16, Kp, pc, ps), -1);
+    EXPECT_EQ_INT(qtensor_nvfp4_pad(&q, 1, N, 40, pc, ps), -1);
+    EXPECT_EQ_INT(qtensor_nvfp4_pad(&q, 5, Np, Kp, pc, ps), -1);
+    QTensor bf = q;
+    bf.fmt = QF_BF16;
+    EXPECT_EQ_INT(qtensor_nvfp4_pad(&bf, 1, N, Kp, pc, ps), -1);
+    free(w); free(codes); free(scales); free(pc); free(ps); free(a); free(b);
+}
