@@ -169,3 +169,55 @@ TEST(cuda_kv_dtype_logits)
         free(l[1]);
     }
 }
+
+/* FFN widths that are no multiple of 256 (GLM-4.5-Air's 1408 and 10944): the GPU pads them with
+ * zeros so that the packed NVFP4 kernels take the whole MoE and MLP (model/upload.c up_widths),
+ * and its 128-wide heads go through the GQA kernel of gqa.cu; the logits stay the CPU's (whole
+ * prompt, one token at a time, and in chunks of 5), within the golden bound. */
+TEST(cuda_padded_ffn_logits)
+{
+    char dir[512], cmd[8192], *out = NULL, tokens[2048];
+    snprintf(dir, sizeof dir, "%s/tiny-air", test_tmpdir());
+    snprintf(cmd, sizeof cmd, "%s synth --arch glm4_moe --preset tiny-air --quant nvfp4 --out %s", test_bin(), dir);
+    int rc = test_run(cmd, &out);
+    ASSERT(rc == 0, "%s: %s", cmd, out);
+    free(out);
+    size_t o = 0;
+    for (int i = 0; i < 40; i++) o += snprintf(tokens + o, sizeof tokens - o, "%s%d", i ? "," : "", (i * 977 + 13) % 8192);
+    const char *devs[4] = {"cpu", "cuda", "cuda", "cuda"};
+    const int chunks[4] = {40, 40, 1, 5};
+    float *cpu = NULL;
+    size_t n = 0;
+    double sd = 0;
+    for (int c = 0; c < 4; c++) {
+        char outf[600];
+        snprintf(outf, sizeof outf, "%s/tiny-air-%d.f32", test_tmpdir(), c);
+        snprintf(cmd, sizeof cmd, "%s logits --model %s --tokens %s --chunk %d --device %s --kv-cache-dtype float32 --out %s 2>&1",
+                 test_bin(), dir, tokens, chunks[c], devs[c], outf);
+        rc = test_run(cmd, &out);
+        EXPECT(rc == 0, "%s: %s", cmd, out);
+        if (c > 0) EXPECT(strstr(out, "FFN widths padded with zeros for the W4A16 kernels: experts 96 -> 256, dense 160 -> 256"),
+                          "the GPU pads the widths: %s", out);
+        free(out);
+        size_t m;
+        float *got = rc ? NULL : test_read_f32(outf, &m);
+        if (!got) continue;
+        if (c == 0) {
+            cpu = got, n = m;
+            double mean = 0, var = 0;
+            for (size_t i = 0; i < n; i++) mean += cpu[i];
+            mean /= n;
+            for (size_t i = 0; i < n; i++) var += (cpu[i] - mean) * (cpu[i] - mean);
+            sd = sqrt(var / n);
+            continue;
+        }
+        EXPECT(m == n && cpu, "%zu floats, expected %zu", m, n);
+        if (m == n && cpu) {
+            double d = max_abs(got, cpu, n);
+            fprintf(stderr, "    tiny-air cuda chunk %d: max|d| vs cpu %.2g x std\n", chunks[c], d / sd);
+            EXPECT(d <= CUDA_GOLDEN_TOL * sd, "chunk %d: %g > %g", chunks[c], d, CUDA_GOLDEN_TOL * sd);
+        }
+        free(got);
+    }
+    free(cpu);
+}

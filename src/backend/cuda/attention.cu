@@ -62,7 +62,7 @@ static __global__ void attention_gqa_kernel(float *out, const float *q, const vo
 
 void attention_gqa_cuda(Backend *be, float *out, const float *q, const KVLayer *kv, const Batch *b, const ModelConfig *c)
 {
-    if (!b->n_tokens) return;
+    if (!b->n_tokens || gqa_attention_cuda(be, out, q, kv, b, c)) return;
     if (c->head_dim > ATT_THREADS) die("attention_gqa_cuda: head_dim %d > %d", c->head_dim, ATT_THREADS);
     dim3 grid(b->n_tokens, c->n_heads);
     attention_gqa_kernel<<<grid, ATT_THREADS, 0, cuda_stream(be)>>>(

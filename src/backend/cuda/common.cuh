@@ -60,7 +60,7 @@ void *cuda_scratch(Backend *be, int slot, size_t bytes);
 static inline size_t cuda_scratch_cap(Backend *be, int slot) { return cuda_state(be)->scratch_cap[cuda_state(be)->on_side][slot]; }
 enum { SCR_MM_X = 0, SCR_MM_Y, SCR_MOE_COUNT, SCR_MOE_ROWS, SCR_MOE_H, SCR_MOE_U, SCR_MOE_Y, SCR_MOE_TILES,
        SCR_IDX_SCORES, SCR_MOE_TABLE, SCR_W4_X, SCR_W4_PART, SCR_W4_WB, SCR_MLA_QA, SCR_MLA_OL, SCR_MLA_PART,
-       SCR_W4_XP, SCR_MLA_MASK, SCR_MLA_HALVES };
+       SCR_W4_XP, SCR_MLA_MASK, SCR_MLA_HALVES, SCR_GQA_PART };
 
 static inline int cdiv(long a, long b) { return (int)((a + b - 1) / b); }
 
@@ -258,6 +258,12 @@ void swiglu_cuda(Backend *be, float *out, const float *gate, const float *up, in
 void kv_write_cuda(Backend *be, void *cache, KVDtype dt, float scale, int width, int off, const float *src, int ld,
                    int n, const int *slot, int T);
 void matmul_cuda(Backend *be, float *out, int ldo, const float *x, int ldx, int T, const QTensor *w, const float *bias);
+/* gqa.cu: grouped-query attention for the head shapes it has instances of (gqa_supported; else
+ * attention_gqa_cuda's general kernel); returns 0 when it launched nothing */
+extern "C" int gqa_supported(const ModelConfig *c, const KVLayer *kv);
+extern "C" int gqa_attention_cuda(Backend *be, float *out, const float *q, const KVLayer *kv, const Batch *b,
+                                  const ModelConfig *c);
+extern "C" void gqa_reserve(Backend *be, const ModelConfig *c, int T);
 void router_cuda(Backend *be, int *idx, float *wts, const float *logits, const float *bias, int T, const ModelConfig *c);
 int moe_cuda(Backend *be, float *out, const float *x, const int *idx, const float *wts, int T,
              const LayerWeights *lw, const ModelConfig *c);

@@ -401,6 +401,7 @@ static void cuda_reserve(Backend *be, const ModelConfig *c, int T, int max_out, 
     if (c->n_experts > 0) cuda_scratch(be, SCR_W4_XP, (size_t)2 * (T < 2048 ? T : 2048) * c->hidden * 2);
     if (c->index_n_heads > 0) cuda_scratch(be, SCR_IDX_SCORES, (size_t)T * max_ctx * 4);
     mla_v1_reserve(be, c, T); /* the absorbed MLA kernels' q, latent output and split partials */
+    if (c->n_kv_heads > 0 && c->kv_lora_rank <= 0) gqa_reserve(be, c, T); /* GQA's split partials */
     /* the expanded form's top-k mask of a piece: a bit a (query, cached position) */
     if (piece > 0 && c->index_n_heads > 0) cuda_scratch(be, SCR_MLA_MASK, (size_t)T * cdiv(piece, 32) * 4);
     /* and its keys and values as BF16 halves (the piece kernel v3: as large as the expanded piece) */
