@@ -145,6 +145,18 @@ int srv_start_launched(Srv *s, const char *name, const char *dir, const char *la
     return 0;
 }
 
+long srv_rss_kb(const Srv *s)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)s->pid);
+    FILE *f = fopen(path, "r");
+    long kb = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmRSS:", 6)) kb = atol(line + 6);
+    if (f) fclose(f);
+    return kb;
+}
+
 /* SIGTERM and wait (at most timeout_s); the exit status, or -1 if it had to be killed. */
 int srv_stop(Srv *s, double timeout_s)
 {

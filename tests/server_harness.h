@@ -48,6 +48,8 @@ int srv_stop(Srv *s, double timeout_s);
 /* Wait without signalling (someone else asked it to stop); as srv_stop. */
 int srv_wait(Srv *s, double timeout_s);
 void srv_print_log(const Srv *s);
+/* The server process's resident memory (VmRSS), kB; -1 if unreadable. */
+long srv_rss_kb(const Srv *s);
 
 /* ---- an HTTP/1.1 client on plain sockets ---- */
 

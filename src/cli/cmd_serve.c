@@ -29,7 +29,8 @@
                     "[--api-key KEY] [--device cpu|cuda] [--threads N] [--max-running-requests N] [--max-batch-tokens N] " \
                     "[--chunked-prefill-size N] [--max-model-len N] [--kv-fraction F | --num-kv-blocks N] " \
                     "[--num-continuous-decode-steps N] [--no-prefix-caching] [--max-queue N] [--max-body MB] " \
-                    "[--max-connections N] [--http-threads N] [--drain-timeout S] [--disable-cuda-graph] [--script-output FILE] " \
+                    "[--max-connections N] [--max-connections-per-client N] [--header-timeout S] [--body-min-rate KB] " \
+                    "[--http-threads N] [--drain-timeout S] [--disable-cuda-graph] [--script-output FILE] " \
                     DIAG_OPTS_USAGE
 
 /* Open files: a connection is a descriptor; raise the soft limit to the hard one. */
@@ -87,6 +88,7 @@ int cmd_serve(int argc, char **argv)
     engine_options_default(&eo);
     const char *name = NULL, *api_key = NULL, *device = NULL, *script = NULL;
     int threads = 0, help = 0, no_prefix = 0, max_body_mb = (int)(ho.max_body >> 20), drain_s = 60;
+    int body_rate_kb = (int)(ho.body_min_rate >> 10);
     double kv_fraction = -1;
     for (int i = 1; i < argc; i++) {
         if (opt_model(argc, argv, &i, &mo) || opt_str(argc, argv, &i, "--host", &ho.host) ||
@@ -104,6 +106,9 @@ int cmd_serve(int argc, char **argv)
             opt_int(argc, argv, &i, "--max-queue", 0, 1 << 24, &eo.max_queue) ||
             opt_int(argc, argv, &i, "--max-body", 1, 1 << 12, &max_body_mb) ||
             opt_int(argc, argv, &i, "--max-connections", 1, 1 << 16, &ho.max_connections) ||
+            opt_int(argc, argv, &i, "--max-connections-per-client", 0, 1 << 16, &ho.max_per_client) ||
+            opt_int(argc, argv, &i, "--header-timeout", 0, 86400, &ho.header_timeout_s) ||
+            opt_int(argc, argv, &i, "--body-min-rate", 0, 1 << 20, &body_rate_kb) ||
             opt_int(argc, argv, &i, "--http-threads", 1, 256, &ho.threads) ||
             opt_int(argc, argv, &i, "--drain-timeout", 0, 86400, &drain_s) ||
             opt_str(argc, argv, &i, "--script-output", &script) ||
@@ -121,6 +126,7 @@ int cmd_serve(int argc, char **argv)
     if (kv_fraction > 0) eo.kv_fraction = kv_fraction;
     if (no_prefix) eo.prefix_caching = 0;
     ho.max_body = (size_t)max_body_mb << 20;
+    ho.body_min_rate = (size_t)body_rate_kb << 10;
     raise_fd_limit(ho.max_connections);
     /* the model's name: --served-model-name, else --model as given (as vLLM); then its last
      * path component is accepted too */

@@ -7,10 +7,19 @@
  *     lock order is always engine -> slot -> MHD's own.
  * A connection waits for tokens like this: clear the note, poll the engine, and if nothing
  * came, suspend under the slot's mutex unless a note arrived meanwhile; the engine's notify
- * resumes it. */
+ * resumes it.
+ * Deadlines: each open connection is a Conn (MHD's socket context) on a list that a keeper
+ * thread looks through every HTTP_KEEPER_TICK_MS; a connection whose headers or body are late
+ * is shut down (shutdown(2): MHD reads the end of input and closes it in its own thread). MHD
+ * reports a connection closed before it closes its socket, and the Conn leaves the list then,
+ * under conn_mu, so the keeper never touches a descriptor that was closed or reused. The
+ * keeper also gives freed memory back to the system after big requests (malloc_trim). */
 #include "http.h"
 
 #include <errno.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <microhttpd.h>
 #include <netdb.h>
 #include <pthread.h>
@@ -18,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -28,6 +38,24 @@
 #define HTTP_STREAM_BLOCK (16 * 1024)   /* bytes MHD asks the stream reader for at most */
 
 #define HTTP_MAX_DROP (64 << 20) /* the most of an oversized chunked body read to answer it */
+
+#define HTTP_BODY_SMALL (64 * 1024)   /* a body past this many bytes gets pages of its own (mmap) */
+#define HTTP_TRIM_BYTES (1u << 20)    /* a request that held this much: give freed memory back to the system */
+#define HTTP_KEEPER_TICK_MS 200       /* how often deadlines are checked */
+#define HTTP_KEEPER_LOG_S 10.0        /* at most one line this often about connections closed for being late */
+
+/* What a connection's deadline waits for: nothing, its first request's headers, a later request
+ * on a kept-alive connection (closing an idle one is routine), a body. */
+enum { CONN_IDLE, CONN_HEADERS, CONN_NEXT, CONN_BODY };
+
+/* An open connection, from its accept to its close (MHD's socket context). */
+typedef struct Conn {
+    struct Conn *prev, *next;  /* HttpServer.conns; all fields under conn_mu */
+    MHD_socket fd;
+    int waiting;               /* CONN_*: what must arrive by the deadline */
+    double deadline;           /* clock_now() time; 0: none (a request is being answered) */
+    int expired;               /* shut down by the keeper for missing its deadline */
+} Conn;
 
 typedef struct Slot {
     /* shared with the engine thread, under mu */
@@ -43,8 +71,13 @@ typedef struct Slot {
     int started;               /* the request was handed to openai_get / openai_start */
     int status;                /* HTTP status sent */
     MetricsRoute mroute;
-    ApiBuf body;                  /* the request body, at most max_body bytes */
+    ApiBuf body;                  /* the request body while it is small (reused from request to request) */
+    char *big;                    /* or, past HTTP_BODY_SMALL bytes, all of it in pages of its own */
+    size_t big_len, big_cap;
     size_t over;                  /* bytes of a chunked body past max_body, read and dropped (413) */
+    int chunked;                  /* no Content-Length: the body's deadline follows what has come */
+    int body_in;                  /* the whole body has come (its deadline is off) */
+    double t_head;                /* when the headers were in */
     ApiReq req;
 } Slot;
 
@@ -61,12 +94,20 @@ struct HttpServer {
     int in_use;                /* slots taken */
     int in_flight;             /* of which hold a whole request being answered (not one still uploading) */
     volatile int closing;      /* http_stop: no connection may suspend any more */
+    /* the open connections and their deadlines; the keeper thread */
+    pthread_mutex_t conn_mu;
+    pthread_cond_t keeper_cv;
+    Conn *conns;
+    pthread_t keeper;
+    int keeper_on, keeper_stop;
+    int trim;                  /* a big request ended: malloc_trim at the keeper's next tick */
+    int late_heads, late_bodies; /* connections closed for being late, not yet logged */
 };
 
 void http_options_default(HttpOptions *o)
 {
     *o = (HttpOptions){.host = "127.0.0.1", .port = 8000, .max_body = 4u << 20, .max_connections = 1024, .threads = 2,
-                       .timeout_s = 60};
+                       .timeout_s = 60, .header_timeout_s = 10, .body_min_rate = 64 * 1024, .max_per_client = 64};
 }
 
 /* ---- the slot pool ---- */
@@ -87,7 +128,8 @@ static Slot *slot_get(HttpServer *h)
     s->mroute = METRICS_ROUTE_OTHER;
     s->body.len = 0;
     s->over = 0;
-    if (s->body.cap > (1u << 20)) openai_buf_free(&s->body); /* do not pin a big upload's memory */
+    s->chunked = 0;
+    s->body_in = 0;
     openai_req_reset(&s->req);
     metrics_req_start(&s->req.mr);
     return s;
@@ -103,6 +145,175 @@ static void slot_put(HttpServer *h, Slot *s)
     if (s->started) h->in_flight--;
     pthread_cond_broadcast(&h->pool_cv);
     pthread_mutex_unlock(&h->pool_mu);
+}
+
+/* ---- the request body ---- */
+
+/* Small bodies go to the slot's buffer, kept from request to request. A bigger one moves to
+ * pages of its own, grown as bytes arrive (mremap moves pages, it copies nothing) and unmapped
+ * when its request ends: the memory of big uploads goes back to the system at once, whatever
+ * the allocator would keep, and a body announced but never sent costs nothing. -1: no memory. */
+static int body_add(Slot *s, const char *p, size_t n)
+{
+    if (!s->big && s->body.len + n <= HTTP_BODY_SMALL) {
+        openai_buf_add(&s->body, p, n);
+        return 0;
+    }
+    size_t len = s->big ? s->big_len : s->body.len;
+    if (len + n + 1 > s->big_cap) {
+        size_t cap = s->big_cap ? s->big_cap : 2 * HTTP_BODY_SMALL;
+        while (cap < len + n + 1) cap *= 2;
+        void *q = s->big ? mremap(s->big, s->big_cap, cap, MREMAP_MAYMOVE)
+                         : mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (q == MAP_FAILED) return -1;
+        if (!s->big) {
+            memcpy(q, s->body.p, s->body.len);
+            s->body.len = 0;
+        }
+        s->big = q;
+        s->big_cap = cap;
+    }
+    memcpy(s->big + len, p, n);
+    s->big_len = len + n;
+    s->big[s->big_len] = 0;
+    return 0;
+}
+
+static size_t body_len(const Slot *s) { return s->big ? s->big_len : s->body.len; }
+static const char *body_ptr(const Slot *s) { return s->big ? s->big : s->body.p; }
+
+static void body_release(Slot *s)
+{
+    if (s->big) munmap(s->big, s->big_cap);
+    s->big = NULL;
+    s->big_len = s->big_cap = 0;
+    s->body.len = 0;
+}
+
+/* ---- deadlines ---- */
+
+static Conn *conn_of(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* From now on the connection waits for `waiting` until `deadline` (0: for nothing). */
+static void conn_wait(HttpServer *h, struct MHD_Connection *c, int waiting, double deadline)
+{
+    Conn *k = conn_of(c);
+    if (!k) return;
+    pthread_mutex_lock(&h->conn_mu);
+    if (!k->expired) {
+        k->waiting = waiting;
+        k->deadline = deadline;
+    }
+    pthread_mutex_unlock(&h->conn_mu);
+}
+
+/* A request of the connection has ended: the headers of its next one are due (an idle
+ * kept-alive connection is closed after header_timeout_s). Returns whether the keeper closed it
+ * for being late. */
+static int conn_request_ended(HttpServer *h, struct MHD_Connection *c)
+{
+    Conn *k = conn_of(c);
+    if (!k) return 0;
+    pthread_mutex_lock(&h->conn_mu);
+    int expired = k->expired;
+    if (!expired) {
+        k->waiting = CONN_NEXT;
+        k->deadline = h->o.header_timeout_s > 0 ? clock_now() + h->o.header_timeout_s : 0;
+    }
+    pthread_mutex_unlock(&h->conn_mu);
+    return expired;
+}
+
+/* The body is due: header_timeout_s from the end of the headers, plus a second per body_min_rate
+ * bytes of it (of its Content-Length, or of what has come of a chunked one). */
+static void conn_wait_body(HttpServer *h, Slot *s, size_t bytes)
+{
+    double d = 0;
+    if (h->o.header_timeout_s > 0 && h->o.body_min_rate > 0)
+        d = s->t_head + h->o.header_timeout_s + (double)bytes / (double)h->o.body_min_rate;
+    conn_wait(h, s->conn, CONN_BODY, d);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode code)
+{
+    HttpServer *h = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) { /* just accepted */
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        Conn *k = xcalloc(1, sizeof *k);
+        k->fd = ci ? ci->connect_fd : MHD_INVALID_SOCKET;
+        k->waiting = CONN_HEADERS;
+        k->deadline = h->o.header_timeout_s > 0 && k->fd != MHD_INVALID_SOCKET ? clock_now() + h->o.header_timeout_s : 0;
+        pthread_mutex_lock(&h->conn_mu);
+        k->next = h->conns;
+        if (h->conns) h->conns->prev = k;
+        h->conns = k;
+        pthread_mutex_unlock(&h->conn_mu);
+        *socket_context = k;
+        return;
+    }
+    Conn *k = *socket_context; /* MHD_CONNECTION_NOTIFY_CLOSED: its socket is closed right after */
+    if (!k) return;
+    pthread_mutex_lock(&h->conn_mu);
+    if (k->prev) k->prev->next = k->next;
+    else h->conns = k->next;
+    if (k->next) k->next->prev = k->prev;
+    pthread_mutex_unlock(&h->conn_mu);
+    free(k);
+    *socket_context = NULL;
+}
+
+/* The keeper thread: shuts down the connections past their deadline, gives freed memory back
+ * to the system after big requests, and says now and then how many connections were late. */
+static void *keeper_main(void *arg)
+{
+    HttpServer *h = arg;
+    double last_log = 0;
+    pthread_mutex_lock(&h->conn_mu);
+    while (!h->keeper_stop) {
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        until.tv_nsec += HTTP_KEEPER_TICK_MS * 1000000L;
+        until.tv_sec += until.tv_nsec / 1000000000L;
+        until.tv_nsec %= 1000000000L;
+        pthread_cond_timedwait(&h->keeper_cv, &h->conn_mu, &until);
+        if (h->keeper_stop) break;
+        double now = clock_now();
+        for (Conn *k = h->conns; k; k = k->next)
+            if (k->deadline > 0 && now > k->deadline) {
+                shutdown(k->fd, SHUT_RDWR); /* MHD reads the end of input and closes the connection */
+                k->deadline = 0;
+                k->expired = 1;
+                if (k->waiting == CONN_BODY) h->late_bodies++;
+                else if (k->waiting == CONN_HEADERS) h->late_heads++;
+            }
+        int trim = h->trim, heads = 0, bodies = 0;
+        h->trim = 0;
+        if ((h->late_heads || h->late_bodies) && now - last_log >= HTTP_KEEPER_LOG_S) {
+            heads = h->late_heads;
+            bodies = h->late_bodies;
+            h->late_heads = h->late_bodies = 0;
+            last_log = now;
+        }
+        pthread_mutex_unlock(&h->conn_mu);
+        if (heads)
+            log_warn("http: closed %d connections whose request headers were not in within %d s of their accept (--header-timeout)",
+                     heads, h->o.header_timeout_s);
+        if (bodies)
+            log_warn("http: closed %d connections whose request body was not in within %d s plus 1 s per %zu KiB (--header-timeout, "
+                     "--body-min-rate)", bodies, h->o.header_timeout_s, h->o.body_min_rate >> 10);
+#ifdef __GLIBC__
+        if (trim) malloc_trim(0); /* what the allocator keeps of freed big requests (parsed JSON, buffers) */
+#else
+        (void)trim;
+#endif
+        pthread_mutex_lock(&h->conn_mu);
+    }
+    pthread_mutex_unlock(&h->conn_mu);
+    return NULL;
 }
 
 /* Engine thread, engine mutex held: new events wait for request id. */
@@ -259,6 +470,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (!s) { /* the headers are in: route, authenticate, look at the size before any body */
         s = slot_get(h);
         if (!s) {
+            conn_wait(h, c, CONN_IDLE, 0);
             ApiBuf tmp = {0};
             errbuf_set(err.msg, sizeof err.msg, "too many connections");
             openai_error(API_EBUSY, &err, &tmp);
@@ -274,6 +486,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         pthread_mutex_lock(&s->mu);
         s->conn = c;
         pthread_mutex_unlock(&s->mu);
+        s->t_head = clock_now();
         const char *allow = NULL;
         int rc = openai_route(method, url, &s->req.route, &allow, &err);
         s->mroute = metrics_route(s->req.route);
@@ -290,14 +503,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             errbuf_set(err.msg, sizeof err.msg, "Transfer-Encoding '%.100s' is not supported: send the body with a Content-Length or as chunked", te);
             rc = API_ENOTIMPL;
         }
-        if (rc < 0) return respond_error(s, rc, &err, rc == API_EMETHOD ? allow : NULL);
+        if (rc < 0) {
+            conn_wait(h, c, CONN_IDLE, 0); /* answered early: MHD reads no body */
+            return respond_error(s, rc, &err, rc == API_EMETHOD ? allow : NULL);
+        }
+        s->chunked = !cl;
+        conn_wait_body(h, s, cl ? (size_t)strtoull(cl, NULL, 10) : 0);
         return MHD_YES;
     }
     if (*upload_size) { /* a piece of the body */
         /* a chunked body (no length announced) past --max-body: the rest is read and dropped
          * and answered 413 at its end, up to HTTP_MAX_DROP bytes more; past that the
          * connection is closed unanswered */
-        if (s->over || s->body.len + *upload_size > h->o.max_body) {
+        if (s->chunked) conn_wait_body(h, s, body_len(s) + s->over + *upload_size);
+        if (s->over || body_len(s) + *upload_size > h->o.max_body) {
             s->over += *upload_size;
             *upload_size = 0;
             if (s->over <= HTTP_MAX_DROP) return MHD_YES;
@@ -305,9 +524,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                      h->o.max_body, HTTP_MAX_DROP >> 20);
             return MHD_NO;
         }
-        openai_buf_add(&s->body, upload, *upload_size);
+        if (body_add(s, upload, *upload_size) != 0) {
+            log_warn("http: no memory for a request body of %zu bytes: closing its connection", body_len(s) + *upload_size);
+            return MHD_NO;
+        }
         *upload_size = 0;
         return MHD_YES;
+    }
+    if (!s->body_in) { /* the whole request is in: no deadline while it is answered */
+        s->body_in = 1;
+        conn_wait(h, c, CONN_IDLE, 0);
     }
     if (s->over) { /* the oversized chunked body has ended */
         errbuf_set(err.msg, sizeof err.msg, "the chunked request body passed %zu bytes; the limit is %zu bytes (--max-body)",
@@ -326,7 +552,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             if (st < 0) return respond_error(s, st, &err, NULL);
             return respond(s, st, &r->out, ct, NULL);
         }
-        int rc = openai_start(h->api, r, s->body.p, s->body.len, slot_notify, s, &err);
+        int rc = openai_start(h->api, r, body_ptr(s), body_len(s), slot_notify, s, &err);
         if (rc < 0) return respond_error(s, rc, &err, NULL);
         pthread_mutex_lock(&s->mu);
         s->wake_id = r->id;
@@ -341,7 +567,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
 {
     HttpServer *h = cls;
     Slot *s = *con_cls;
-    (void)c;
+    int late = conn_request_ended(h, c);
     if (!s) return;
     *con_cls = NULL;
     ApiReq *r = &s->req;
@@ -355,7 +581,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     s->conn = NULL;
     pthread_mutex_unlock(&s->mu);
     FinishReason fin = gen ? (vanished ? FINISH_ABORT : r->finish) : FINISH_NONE;
-    int status = s->status ? s->status : 499; /* nginx's "client closed request" when nothing was sent */
+    /* nothing sent: 408 if its headers or body came too late, else nginx's 499 "client closed request" */
+    int status = s->status ? s->status : late ? 408 : 499;
     int completion = vanished ? r->n_gen : r->completion_tokens;
     metrics_request(h->api->metrics, s->mroute, status, &r->mr, fin, r->n_prompt, completion);
     if (gen) {
@@ -364,8 +591,18 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
                  completion, gen && !vanished ? openai_req_finish_name(r) : openai_finish_name(fin), vanished && toe != MHD_REQUEST_TERMINATED_COMPLETED_OK ? " (client gone)" : "",
                  r->mr.t_first > 0 ? 1e3 * (r->mr.t_first - r->mr.t_start) : 0.0, 1e3 * (now - r->mr.t_start));
     } else if (s->mroute == METRICS_ROUTE_COMPLETIONS || s->mroute == METRICS_ROUTE_CHAT || status >= 400) {
-        log_info("%s request: %d, %.1f ms", status == 499 ? "abandoned" : s->mroute == METRICS_ROUTE_OTHER ? "unrouted" : "refused", status,
-                 1e3 * (clock_now() - r->mr.t_start));
+        log_info("%s request: %d, %.1f ms", status == 499 ? "abandoned" : status == 408 ? "late" : s->mroute == METRICS_ROUTE_OTHER ? "unrouted" : "refused",
+                 status, 1e3 * (clock_now() - r->mr.t_start));
+    }
+    /* a big request's memory goes back now, not when its slot is next taken: its body's pages,
+     * its reply's buffers, and (by the keeper) what the allocator kept of its parsing */
+    size_t held = s->big_cap + r->text.cap + r->out.cap + r->lp.cap + r->lp_off.cap + r->reasoning.cap + r->content.cap;
+    body_release(s);
+    if (held >= HTTP_TRIM_BYTES) {
+        openai_req_reset(r);
+        pthread_mutex_lock(&h->conn_mu);
+        h->trim = 1;
+        pthread_mutex_unlock(&h->conn_mu);
     }
     slot_put(h, s);
 }
@@ -406,16 +643,24 @@ HttpServer *http_start(const HttpOptions *o, Api *api, char *err, size_t errlen)
     }
     pthread_mutex_init(&h->pool_mu, NULL);
     pthread_cond_init(&h->pool_cv, NULL);
+    pthread_mutex_init(&h->conn_mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&h->keeper_cv, &ca);
+    pthread_condattr_destroy(&ca);
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     h->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, h,
                             MHD_OPTION_SOCK_ADDR, ai->ai_addr,
                             MHD_OPTION_THREAD_POOL_SIZE, (unsigned)(o->threads > 1 ? o->threads : 1),
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections,
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)(o->max_per_client > 0 ? o->max_per_client : 0),
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->timeout_s,
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)HTTP_HEADER_LIMIT,
                             MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
                             MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL,
                             MHD_OPTION_END);
     freeaddrinfo(ai);
@@ -426,6 +671,12 @@ HttpServer *http_start(const HttpOptions *o, Api *api, char *err, size_t errlen)
     }
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
     h->port = info ? info->port : o->port;
+    if (pthread_create(&h->keeper, NULL, keeper_main, h) != 0) {
+        errbuf_set(err, errlen, "cannot start the HTTP keeper thread");
+        http_stop(h);
+        return NULL;
+    }
+    h->keeper_on = 1;
     return h;
 }
 
@@ -470,14 +721,24 @@ void http_stop(HttpServer *h)
         }
         pthread_mutex_unlock(&s->mu);
     }
+    if (h->keeper_on) { /* before the connections go: it may be shutting one down */
+        pthread_mutex_lock(&h->conn_mu);
+        h->keeper_stop = 1;
+        pthread_cond_signal(&h->keeper_cv);
+        pthread_mutex_unlock(&h->conn_mu);
+        pthread_join(h->keeper, NULL);
+    }
     if (h->d) MHD_stop_daemon(h->d);
     for (int i = 0; i < h->n_slots; i++) {
         openai_req_free(&h->slots[i].req);
         openai_buf_free(&h->slots[i].body);
+        body_release(&h->slots[i]);
         pthread_mutex_destroy(&h->slots[i].mu);
     }
     free(h->slots);
     pthread_mutex_destroy(&h->pool_mu);
     pthread_cond_destroy(&h->pool_cv);
+    pthread_mutex_destroy(&h->conn_mu);
+    pthread_cond_destroy(&h->keeper_cv);
     free(h);
 }

@@ -4,7 +4,10 @@
  * through the completion notification and its request cancelled; a body over the limit is
  * refused from its Content-Length before it is read (413), or by closing the connection once
  * a chunked upload passes the limit. Each connection has a slot from a pool allocated at
- * start-up; its buffers are reused from request to request. */
+ * start-up; its small buffers are reused from request to request, a big body has pages of its
+ * own, given back when its request ends. Against slow and greedy clients: deadlines for a
+ * request's headers and body that trickling bytes cannot extend, and a cap on the connections
+ * of one client address. */
 #ifndef MOESERVE_HTTP_H
 #define MOESERVE_HTTP_H
 
@@ -19,6 +22,12 @@ typedef struct {
     int max_connections;       /* open connections at once */
     int threads;               /* polling threads */
     int timeout_s;             /* idle connection timeout (a suspended one never times out) */
+    int header_timeout_s;      /* a request's line and headers must be in within this of the connection's accept (of
+                                * the previous response's end on a kept-alive one), however slowly they trickle;
+                                * 0: no deadline */
+    size_t body_min_rate;      /* bytes/s: a body must be in within header_timeout_s + its length / this of its
+                                * headers' end (a chunked one: of what has come so far); 0: no deadline */
+    int max_per_client;        /* open connections from one client address; 0: no limit */
 } HttpOptions;
 
 void http_options_default(HttpOptions *o);

@@ -45,26 +45,16 @@ static void shared_atexit(void)
     if (shared.pid) srv_stop(&shared, 60);
 }
 
-/* The server most tests use: room for the long requests and 256 concurrent ones. */
+/* The server most tests use: room for the long requests and 256 concurrent ones (all from
+ * 127.0.0.1, so no cap per client address). */
 static Srv *srv(void)
 {
     if (!shared.pid) {
-        if (srv_start(&shared, "shared", "--num-kv-blocks 4096 --max-running-requests 64") != 0) return NULL;
+        if (srv_start(&shared, "shared", "--num-kv-blocks 4096 --max-running-requests 64 --max-connections-per-client 0") != 0)
+            return NULL;
         atexit(shared_atexit);
     }
     return &shared;
-}
-
-static long srv_rss_kb(const Srv *s)
-{
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%d/status", (int)s->pid);
-    FILE *f = fopen(path, "r");
-    long kb = -1;
-    while (f && fgets(line, sizeof line, f))
-        if (!strncmp(line, "VmRSS:", 6)) kb = atol(line + 6);
-    if (f) fclose(f);
-    return kb;
 }
 
 /* ---- tests ---- */
