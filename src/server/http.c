@@ -22,6 +22,7 @@
 #endif
 #include <microhttpd.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -43,6 +44,7 @@
 #define HTTP_TRIM_BYTES (1u << 20)    /* a request that held this much: give freed memory back to the system */
 #define HTTP_KEEPER_TICK_MS 200       /* how often deadlines are checked */
 #define HTTP_KEEPER_LOG_S 10.0        /* at most one line this often about connections closed for being late */
+#define HTTP_SLOW_S 1.0               /* a connection waiting this long for its client counts against the client's cap */
 
 /* What a connection's deadline waits for: nothing, its first request's headers, a later request
  * on a kept-alive connection (closing an idle one is routine), a body. */
@@ -54,7 +56,9 @@ typedef struct Conn {
     MHD_socket fd;
     int waiting;               /* CONN_*: what must arrive by the deadline */
     double deadline;           /* clock_now() time; 0: none (a request is being answered) */
+    double since;              /* when it began to wait for `waiting` */
     int expired;               /* shut down by the keeper for missing its deadline */
+    unsigned char addr[16];    /* the client's address (IPv4 in the first 4 bytes) */
 } Conn;
 
 typedef struct Slot {
@@ -102,6 +106,8 @@ struct HttpServer {
     int keeper_on, keeper_stop;
     int trim;                  /* a big request ended: malloc_trim at the keeper's next tick */
     int late_heads, late_bodies; /* connections closed for being late, not yet logged */
+    int over_cap;              /* connections refused by --max-connections-per-client, not yet logged */
+    int n_conns;               /* open connections */
 };
 
 void http_options_default(HttpOptions *o)
@@ -205,6 +211,7 @@ static void conn_wait(HttpServer *h, struct MHD_Connection *c, int waiting, doub
     if (!k) return;
     pthread_mutex_lock(&h->conn_mu);
     if (!k->expired) {
+        if (k->waiting != waiting) k->since = clock_now();
         k->waiting = waiting;
         k->deadline = deadline;
     }
@@ -222,7 +229,8 @@ static int conn_request_ended(HttpServer *h, struct MHD_Connection *c)
     int expired = k->expired;
     if (!expired) {
         k->waiting = CONN_NEXT;
-        k->deadline = h->o.header_timeout_s > 0 ? clock_now() + h->o.header_timeout_s : 0;
+        k->since = clock_now();
+        k->deadline = h->o.header_timeout_s > 0 ? k->since + h->o.header_timeout_s : 0;
     }
     pthread_mutex_unlock(&h->conn_mu);
     return expired;
@@ -238,19 +246,52 @@ static void conn_wait_body(HttpServer *h, Slot *s, size_t bytes)
     conn_wait(h, s->conn, CONN_BODY, d);
 }
 
+/* --max-connections-per-client: does the client at addr hold too many connections for one
+ * more? Counted are its connections that wait for it (a request's headers or body, or the next
+ * request on a kept-alive connection), those that have waited at least HTTP_SLOW_S: a client
+ * that sends its requests promptly can have as many answered at once as it likes (a benchmark
+ * streaming 256 requests from one machine), one that trickles or idles holds at most N. Once the
+ * server's connections are three quarters taken, every waiting one counts, young or not, so that
+ * a burst cannot fill the rest. Under conn_mu. */
+static int over_client_cap(const HttpServer *h, const unsigned char *addr, double now)
+{
+    int cap = h->o.max_per_client;
+    if (cap <= 0) return 0;
+    int crowded = 4 * h->n_conns >= 3 * h->o.max_connections, n = 0;
+    for (const Conn *k = h->conns; k; k = k->next)
+        if (k->waiting != CONN_IDLE && !k->expired && !memcmp(k->addr, addr, sizeof k->addr) &&
+            (crowded || now - k->since >= HTTP_SLOW_S) && ++n >= cap)
+            return 1;
+    return 0;
+}
+
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode code)
 {
     HttpServer *h = cls;
     if (code == MHD_CONNECTION_NOTIFY_STARTED) { /* just accepted */
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        const union MHD_ConnectionInfo *ai = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
         Conn *k = xcalloc(1, sizeof *k);
         k->fd = ci ? ci->connect_fd : MHD_INVALID_SOCKET;
         k->waiting = CONN_HEADERS;
-        k->deadline = h->o.header_timeout_s > 0 && k->fd != MHD_INVALID_SOCKET ? clock_now() + h->o.header_timeout_s : 0;
+        k->since = clock_now();
+        k->deadline = h->o.header_timeout_s > 0 && k->fd != MHD_INVALID_SOCKET ? k->since + h->o.header_timeout_s : 0;
+        if (ai && ai->client_addr) {
+            const struct sockaddr *sa = ai->client_addr;
+            if (sa->sa_family == AF_INET) memcpy(k->addr, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+            else if (sa->sa_family == AF_INET6) memcpy(k->addr, &((const struct sockaddr_in6 *)sa)->sin6_addr, 16);
+        }
         pthread_mutex_lock(&h->conn_mu);
+        if (k->fd != MHD_INVALID_SOCKET && over_client_cap(h, k->addr, k->since)) {
+            shutdown(k->fd, SHUT_RDWR); /* MHD reads the end of input and closes it */
+            k->expired = 1;
+            k->deadline = 0;
+            h->over_cap++;
+        }
         k->next = h->conns;
         if (h->conns) h->conns->prev = k;
         h->conns = k;
+        h->n_conns++;
         pthread_mutex_unlock(&h->conn_mu);
         *socket_context = k;
         return;
@@ -261,6 +302,7 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
     if (k->prev) k->prev->next = k->next;
     else h->conns = k->next;
     if (k->next) k->next->prev = k->prev;
+    h->n_conns--;
     pthread_mutex_unlock(&h->conn_mu);
     free(k);
     *socket_context = NULL;
@@ -290,18 +332,22 @@ static void *keeper_main(void *arg)
                 if (k->waiting == CONN_BODY) h->late_bodies++;
                 else if (k->waiting == CONN_HEADERS) h->late_heads++;
             }
-        int trim = h->trim, heads = 0, bodies = 0;
+        int trim = h->trim, heads = 0, bodies = 0, capped = 0;
         h->trim = 0;
-        if ((h->late_heads || h->late_bodies) && now - last_log >= HTTP_KEEPER_LOG_S) {
+        if ((h->late_heads || h->late_bodies || h->over_cap) && now - last_log >= HTTP_KEEPER_LOG_S) {
             heads = h->late_heads;
             bodies = h->late_bodies;
-            h->late_heads = h->late_bodies = 0;
+            capped = h->over_cap;
+            h->late_heads = h->late_bodies = h->over_cap = 0;
             last_log = now;
         }
         pthread_mutex_unlock(&h->conn_mu);
         if (heads)
             log_warn("http: closed %d connections whose request headers were not in within %d s of their accept (--header-timeout)",
                      heads, h->o.header_timeout_s);
+        if (capped)
+            log_warn("http: refused %d connections of clients that held %d waiting ones (--max-connections-per-client)", capped,
+                     h->o.max_per_client);
         if (bodies)
             log_warn("http: closed %d connections whose request body was not in within %d s plus 1 s per %zu KiB (--header-timeout, "
                      "--body-min-rate)", bodies, h->o.header_timeout_s, h->o.body_min_rate >> 10);
@@ -655,7 +701,6 @@ HttpServer *http_start(const HttpOptions *o, Api *api, char *err, size_t errlen)
                             MHD_OPTION_SOCK_ADDR, ai->ai_addr,
                             MHD_OPTION_THREAD_POOL_SIZE, (unsigned)(o->threads > 1 ? o->threads : 1),
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections,
-                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)(o->max_per_client > 0 ? o->max_per_client : 0),
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->timeout_s,
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)HTTP_HEADER_LIMIT,
                             MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u,

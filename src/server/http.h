@@ -27,7 +27,8 @@ typedef struct {
                                 * 0: no deadline */
     size_t body_min_rate;      /* bytes/s: a body must be in within header_timeout_s + its length / this of its
                                 * headers' end (a chunked one: of what has come so far); 0: no deadline */
-    int max_per_client;        /* open connections from one client address; 0: no limit */
+    int max_per_client;        /* connections one client address may hold waiting for it (slow or idle; http.c
+                                  over_client_cap); 0: no limit */
 } HttpOptions;
 
 void http_options_default(HttpOptions *o);

@@ -50,7 +50,7 @@ static void shared_atexit(void)
 static Srv *srv(void)
 {
     if (!shared.pid) {
-        if (srv_start(&shared, "shared", "--num-kv-blocks 4096 --max-running-requests 64 --max-connections-per-client 0") != 0)
+        if (srv_start(&shared, "shared", "--num-kv-blocks 4096 --max-running-requests 64 ") != 0)
             return NULL;
         atexit(shared_atexit);
     }
