@@ -65,6 +65,7 @@ int bench_model_main(int argc, char **argv)
     }
     if (help) { printf("usage: %s\n", BENCH_MODEL_USAGE); return 0; }
     if (!mo.dir) { fprintf(stderr, "error: bench model: --model is required\nusage: %s\n", BENCH_MODEL_USAGE); return 2; }
+    mo.dir = cli_model_dir("bench model", mo.dir, mo.revision, !mo.dummy);
     int batches[64], nb = parse_list(batch_s, batches, 64), maxB = 0;
     for (int i = 0; i < nb; i++) maxB = batches[i] > maxB ? batches[i] : maxB;
 

@@ -17,6 +17,13 @@ int cmd_detokenize(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_calibrate(int argc, char **argv);
 int cmd_diagnose(int argc, char **argv);
+int cmd_download(int argc, char **argv);
+
+/* A command's --model (or --tokenizer) argument as a directory: an existing path as it is; an id
+ * of the Hugging Face Hub, "org/name[@rev]" (revision: --revision or NULL), the snapshot of it in
+ * the cache, downloaded first where missing (src/hub/hub.h; weights 0: config and tokenizer
+ * files only); a failure is fatal, naming the cause and the command. */
+const char *cli_model_dir(const char *cmd, const char *arg, const char *revision, int weights);
 
 /* The backend of --device cpu|cuda|cuda:N (NULL: cuda when built with it and a GPU is present,
  * else cpu), and the model's weights where that backend reads them (device_model: the host
@@ -30,11 +37,13 @@ void device_describe(const Backend *be, const char *device, char *buf, size_t n)
 void device_model(Model *dev, const Model *host, Backend *be);
 void device_model_free(Model *dev, Backend *be);
 
-/* Where the weights come from: --model DIR, and --dummy-weights [--dummy-quant nvfp4|fp8|bf16]
+/* Where the weights come from: --model DIR (or a Hub id, ORG/NAME [--revision R], made a directory
+ * by cli_model_dir), and --dummy-weights [--dummy-quant nvfp4|fp8|bf16]
  * [--num-layers N] for random weights from DIR's config.json alone (vLLM's --load-format dummy);
  * and the KV cache's element type, --kv-cache-dtype (model.h KVDtype, model_kv_dtype). */
 typedef struct {
     const char *dir;
+    const char *revision;      /* --revision, of a Hugging Face repository id in dir */
     int dummy;
     const char *dummy_quant;
     int num_layers;
@@ -42,7 +51,8 @@ typedef struct {
     ParOpts par;               /* --tp --pp --ep ... (src/dist/plan.h) */
 } ModelOpts;
 #define KV_DTYPE_USAGE "[--kv-cache-dtype auto|float32|bf16|fp8]"
-#define MODEL_OPTS_USAGE "--model DIR [--dummy-weights [--dummy-quant nvfp4|fp8|bf16] [--num-layers N]] " KV_DTYPE_USAGE \
+#define MODEL_OPTS_USAGE "--model DIR|ORG/NAME [--revision R] " \
+                         "[--dummy-weights [--dummy-quant nvfp4|fp8|bf16] [--num-layers N]] " KV_DTYPE_USAGE \
                          " " PAR_OPTS_USAGE
 int opt_model(int argc, char **argv, int *i, ModelOpts *o);
 /* Load (or make, --dummy-weights) the model with the command's KV cache dtype in its config;

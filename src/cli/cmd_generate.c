@@ -16,7 +16,8 @@
 #include "../dist/dist.h"
 #include "cli.h"
 
-#define GEN_USAGE "moeserve generate --model DIR (--prompt S | --chat S [--system S]) [--max-tokens N] " \
+#define GEN_USAGE "moeserve generate --model DIR|ORG/NAME [--revision R] (--prompt S | --chat S [--system S]) " \
+                  "[--max-tokens N] " \
                   "[--temperature T] [--top-k K] [--top-p P] [--min-p P] [--repetition-penalty R] " \
                   "[--frequency-penalty F] [--presence-penalty P] [--seed N] [--stop S]... [--stop-token-ids ID,...] [--ignore-eos] " \
                   "[--device cpu|cuda] [--threads N] [--chunk N] [--no-graphs] " KV_DTYPE_USAGE " " PAR_OPTS_USAGE
@@ -35,7 +36,7 @@ static long find_stop(const char *text, size_t n, const char *const *stops, int 
 
 int cmd_generate(int argc, char **argv)
 {
-    const char *dir = NULL, *prompt = NULL, *chat = NULL, *system_msg = NULL, *device = NULL;
+    const char *dir = NULL, *revision = NULL, *prompt = NULL, *chat = NULL, *system_msg = NULL, *device = NULL;
     const char *stops[GEN_MAX_STOPS], *stop_ids_s = NULL;
     int n_stops = 0, max_tokens = 128, threads = 0, chunk = 256, ignore_eos = 0, help = 0, no_graphs = 0;
     ParOpts par = {0};
@@ -50,7 +51,8 @@ int cmd_generate(int argc, char **argv)
             stops[n_stops++] = stop;
             continue;
         }
-        if (opt_str(argc, argv, &i, "--model", &dir) || opt_str(argc, argv, &i, "--prompt", &prompt) ||
+        if (opt_str(argc, argv, &i, "--model", &dir) || opt_str(argc, argv, &i, "--revision", &revision) ||
+            opt_str(argc, argv, &i, "--prompt", &prompt) ||
             opt_str(argc, argv, &i, "--stop-token-ids", &stop_ids_s) ||
             opt_str(argc, argv, &i, "--chat", &chat) || opt_str(argc, argv, &i, "--system", &system_msg) ||
             opt_str(argc, argv, &i, "--device", &device) ||
@@ -76,6 +78,7 @@ int cmd_generate(int argc, char **argv)
         return 2;
     }
     if (system_msg && !chat) fatal("generate: --system goes with --chat");
+    dir = cli_model_dir("generate", dir, revision, 1);
 
     char err[1024];
     device = dist_setup(&par, device);

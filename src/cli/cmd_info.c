@@ -21,7 +21,8 @@
 #include <math.h>
 
 static const char *const usage_line =
-    "moeserve info --model DIR [--json] [--tp N] [--pp N] [--ep N] [--pp-layers A,B,..] [--gpu-mem GB] "
+    "moeserve info --model DIR|ORG/NAME [--revision R] [--json] [--tp N] [--pp N] [--ep N] [--pp-layers A,B,..] "
+    "[--gpu-mem GB] "
     "[--max-batch-tokens N] [--max-running-requests N] [--max-model-len N] [--kv-cache-dtype bf16|fp8|float32]";
 
 /* ---- types ---- */
@@ -613,12 +614,12 @@ static void print_layout(const char *dir, const ModelConfig *whole, const QuantC
 
 int cmd_info(int argc, char **argv)
 {
-    const char *dir = NULL;
+    const char *dir = NULL, *revision = NULL;
     int as_json = 0;
     Layout lo = {.max_batch_tokens = 2048, .max_running = 64, .max_model_len = 0};
     int want_layout = 0;
     for (int i = 1; i < argc; i++) {
-        if (opt_str(argc, argv, &i, "--model", &dir)) continue;
+        if (opt_str(argc, argv, &i, "--model", &dir) || opt_str(argc, argv, &i, "--revision", &revision)) continue;
         if (opt_flag(argv, &i, "--json", &as_json)) continue;
         if (par_opt(argc, argv, &i, &lo.par) || opt_double(argc, argv, &i, "--gpu-mem", 0.1, 1e6, &lo.gpu_gb) ||
             opt_int(argc, argv, &i, "--max-batch-tokens", 1, 1 << 24, &lo.max_batch_tokens) ||
@@ -632,6 +633,7 @@ int cmd_info(int argc, char **argv)
         opt_unknown("info", argv[i], usage_line);
     }
     if (!dir) { fprintf(stderr, "error: info: --model DIR is required\nusage: %s\n", usage_line); return 2; }
+    dir = cli_model_dir("info", dir, revision, 1);
     DIR *d = opendir(dir);
     if (!d) { fprintf(stderr, "error: info: %s: not a readable directory\n", dir); return 1; }
     closedir(d);

@@ -57,6 +57,7 @@ int cmd_logits(int argc, char **argv)
         fprintf(stderr, "error: logits: --model, --tokens and --out are required\nusage: %s\n", LOGITS_USAGE);
         return 2;
     }
+    mo.dir = cli_model_dir("logits", mo.dir, mo.revision, !mo.dummy);
     device = cli_dist_start(&mo, device);
 
     Model m;

@@ -15,17 +15,19 @@
 #include "../dist/dist.h"
 #include "cli.h"
 
-#define PPL_USAGE "moeserve perplexity --model DIR --text-file F [--ctx N] [--max-windows N] [--device cpu|cuda] " \
+#define PPL_USAGE "moeserve perplexity --model DIR|ORG/NAME [--revision R] --text-file F [--ctx N] [--max-windows N] " \
+                  "[--device cpu|cuda] " \
                   "[--threads N] [--json] " KV_DTYPE_USAGE " " PAR_OPTS_USAGE
 
 int cmd_perplexity(int argc, char **argv)
 {
-    const char *dir = NULL, *file = NULL, *device = NULL;
+    const char *dir = NULL, *revision = NULL, *file = NULL, *device = NULL;
     int ctx = 512, max_windows = 0, threads = 0, as_json = 0, help = 0;
     ParOpts par = {0};
     KVDtype kv_dtype = KV_DTYPE_AUTO;
     for (int i = 1; i < argc; i++) {
-        if (opt_str(argc, argv, &i, "--model", &dir) || opt_str(argc, argv, &i, "--text-file", &file) ||
+        if (opt_str(argc, argv, &i, "--model", &dir) || opt_str(argc, argv, &i, "--revision", &revision) ||
+            opt_str(argc, argv, &i, "--text-file", &file) ||
             opt_str(argc, argv, &i, "--device", &device) || opt_int(argc, argv, &i, "--ctx", 2, 1 << 20, &ctx) ||
             opt_int(argc, argv, &i, "--max-windows", 0, 1 << 30, &max_windows) ||
             opt_int(argc, argv, &i, "--threads", 1, 4096, &threads) || opt_flag(argv, &i, "--json", &as_json) ||
@@ -38,6 +40,7 @@ int cmd_perplexity(int argc, char **argv)
         fprintf(stderr, "error: perplexity: --model and --text-file are required\nusage: %s\n", PPL_USAGE);
         return 2;
     }
+    dir = cli_model_dir("perplexity", dir, revision, 1);
     size_t len;
     char *text = file_read_all(file, &len);
     if (!text) fatal("perplexity: cannot read %s: %s", file, file_read_error(errno));

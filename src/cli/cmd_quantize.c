@@ -22,7 +22,8 @@
 #include "../format/safetensors.h"
 #include "cli.h"
 
-#define QUANTIZE_USAGE "moeserve quantize --model BF16_DIR --out DIR [--exclude PATTERN,PATTERN...] " \
+#define QUANTIZE_USAGE "moeserve quantize --model BF16_DIR|ORG/NAME [--revision R] --out DIR " \
+                       "[--exclude PATTERN,PATTERN...] " \
                        "[--shard-mb N] [--threads N]"
 
 /* Files beside the weights that travel unchanged. */
@@ -98,10 +99,11 @@ static const char *already_quantized(const SafeTensors *st, char *why, size_t n)
 
 int cmd_quantize(int argc, char **argv)
 {
-    const char *model = NULL, *out = NULL, *exclude = NULL;
+    const char *model = NULL, *revision = NULL, *out = NULL, *exclude = NULL;
     int shard_mb = 4096, threads = 0, help = 0;
     for (int i = 1; i < argc; i++) {
-        if (opt_str(argc, argv, &i, "--model", &model) || opt_str(argc, argv, &i, "--out", &out) ||
+        if (opt_str(argc, argv, &i, "--model", &model) || opt_str(argc, argv, &i, "--revision", &revision) ||
+            opt_str(argc, argv, &i, "--out", &out) ||
             opt_str(argc, argv, &i, "--exclude", &exclude) ||
             opt_int(argc, argv, &i, "--shard-mb", 1, 1 << 24, &shard_mb) ||
             opt_int(argc, argv, &i, "--threads", 1, 4096, &threads) || opt_flag(argv, &i, "--help", &help))
@@ -114,6 +116,7 @@ int cmd_quantize(int argc, char **argv)
         return 2;
     }
     if (threads > 0) omp_set_num_threads(threads);
+    model = cli_model_dir("quantize", model, revision, 1);
     char err[1024], rm[4096], ro[4096];
     if (realpath(model, rm) && realpath(out, ro) && !strcmp(rm, ro))
         fatal("quantize: --out %s is the input checkpoint; write the NVFP4 checkpoint elsewhere", out);

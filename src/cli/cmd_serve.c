@@ -139,6 +139,7 @@ int cmd_serve(int argc, char **argv)
         while (b > 0 && mo.dir[b - 1] != '/') b--;
         if (n - b < sizeof alias && b > 0) snprintf(alias, sizeof alias, "%.*s", (int)(n - b), mo.dir + b);
     }
+    mo.dir = cli_model_dir("serve", mo.dir, mo.revision, !mo.dummy);
     device = cli_dist_start(&mo, device);
     Model m;
     model_open(&m, &mo);

@@ -14,11 +14,13 @@
 #include "cli.h"
 
 static const char *const tok_usage =
-    "moeserve tokenize --tokenizer FILE_OR_DIR (--text S | --text-file F) [--add-special]";
-static const char *const detok_usage = "moeserve detokenize --tokenizer FILE_OR_DIR --ids 1,2,3 [--skip-special]";
+    "moeserve tokenize --tokenizer FILE_OR_DIR|ORG/NAME (--text S | --text-file F) [--add-special]";
+static const char *const detok_usage =
+    "moeserve detokenize --tokenizer FILE_OR_DIR|ORG/NAME --ids 1,2,3 [--skip-special]";
 
 static Tokenizer *load_or_fail(const char *cmd, const char *path)
 {
+    path = cli_model_dir(cmd, path, NULL, 0); /* a Hub id: its config and tokenizer files */
     char err[1024];
     Tokenizer *t = tokenizer_load(path, err, sizeof err);
     if (!t) fprintf(stderr, "error: %s: %s\n", cmd, err);

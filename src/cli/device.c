@@ -94,7 +94,8 @@ int opt_kv_cache_dtype(int argc, char **argv, int *i, KVDtype *out)
 
 int opt_model(int argc, char **argv, int *i, ModelOpts *o)
 {
-    return opt_str(argc, argv, i, "--model", &o->dir) || opt_flag(argv, i, "--dummy-weights", &o->dummy) ||
+    return opt_str(argc, argv, i, "--model", &o->dir) || opt_str(argc, argv, i, "--revision", &o->revision) ||
+           opt_flag(argv, i, "--dummy-weights", &o->dummy) ||
            opt_str(argc, argv, i, "--dummy-quant", &o->dummy_quant) ||
            opt_int(argc, argv, i, "--num-layers", 1, MODEL_MAX_LAYERS, &o->num_layers) ||
            opt_kv_cache_dtype(argc, argv, i, &o->kv_dtype) || par_opt(argc, argv, i, &o->par);

@@ -22,6 +22,7 @@ static const Command commands[] = {
     {"info", cmd_info, "describe a model directory: architecture, parameters, precisions"},
     {"synth", cmd_synth, "write a random-weight checkpoint in the real Hugging Face layout"},
     {"quantize", cmd_quantize, "write a ModelOpt NVFP4 checkpoint from a BF16 one"},
+    {"download", cmd_download, "fetch a model of the Hugging Face Hub into its cache (HF_HOME), as `hf download`"},
     {"tokenize", cmd_tokenize, "print the token ids of a text (Hugging Face tokenizer.json)"},
     {"detokenize", cmd_detokenize, "print the text of token ids"},
     {"calibrate", cmd_calibrate, "measure and cache this machine's ceilings (bandwidth, tensor rate, collectives)"},
