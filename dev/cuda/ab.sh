@@ -5,11 +5,12 @@
 # and strip moeserve into carry/ (check_gpu.sh's header); on the device, with carry/ carried:
 #
 #   bash dev/cuda/ab.sh ROUNDS "BENCH ARGS" NAME:ENV[:MORE BENCH ARGS] ...
-#   bash dev/cuda/ab.sh 3 "--no-moe --rows 65,128,255 --iters 20" A:MOESERVE_W4_WG_TT=0 B:
+#   bash dev/cuda/ab.sh 3 "--no-moe --rows 1,4,8 --iters 20" A:MOESERVE_W4_SK_CLUSTER=1 B:
 #
 # Each round runs every activation form in $ACTS (default "bf16 split") and every variant NAME with
 # its ENV (space-separated VAR=value, none for the tree's defaults) and its own bench arguments
-# after a second colon (e.g. T36:MOESERVE_W4_LT_ROWS=0:--tile 36), after a header line
+# after a second colon (e.g. WG:MOESERVE_W4_LT_ROWS=0:--tile 36, the dense split-K wgmma tile by its
+# index in `moeserve tune`'s table), after a header line
 # `=== round R act A var NAME`, into $OUT/ab.txt; nvidia-smi's clocks, power and throttle reasons every 200 ms
 # go to $OUT/ab_clocks.txt; tools/bench_ab.py prints the medians at the end (python3 is on the device).
 set -u

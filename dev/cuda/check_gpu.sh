@@ -23,8 +23,9 @@ for m in bf16 split; do
     > $OUT/bench_$m.txt 2>&1
   echo "== MoE, $m activations rc=$?"; grep -E "^random|^skewed|rror" $OUT/bench_$m.txt
 done
-# MLA decode: v1 (CUDA cores) against v2 (tensor cores, the default), 6 GLM-5 layers, 2048 context
-for k in v1 v2; do
+# MLA decode: the grouped kernel (CUDA cores) against the tensor cores' (auto, the default), 6 GLM-5
+# layers, 2048 context
+for k in grouped auto; do
   echo "== MLA $k"
   MOESERVE_MLA_KERNEL=$k timeout 60 $B bench model --model tests/data/configs/glm5 --dummy-weights --num-layers 6 \
     --device cuda --batch 1,16 --input-len 2048 --output-len 8 2>&1 | grep -v "^upload\|^engine" | tail -3

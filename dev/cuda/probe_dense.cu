@@ -1,4 +1,4 @@
-/* probe_dense.cu: what a 1-row NVFP4 GEMM (W4P weights, w4.cuh) can stream on this GPU, by grid
+/* probe_dense.cu: what a 1-row NVFP4 GEMM (W4P weights, w4_common.cuh) can stream on this GPU, by grid
  * and by where the weights and activations come from (session 9, issue #5). A dev tool, not
  * part of the engine: it times kernels written here against each other, each as a chain of R
  * calls on R copies of the weight inside one CUDA graph (nothing left in L2), median of many
@@ -12,7 +12,7 @@
  * through S slots of shared memory by bulk copy (cp.async.bulk, one mbarrier a slot), S ahead.
  * MODE 0: read only (xor of the words: the streaming ceiling of the grid); 1: decode + mma with
  * the activation row staged once per block in shared memory as BF16; 2: the same with the
- * activations read from global memory (L1) as tile 10 does; 3: weights one record ahead in
+ * activations read from global memory (L1) as the mma.sync tile mma_8_k4 does; 3: weights one record ahead in
  * registers (no ring), activations from shared memory. Partial row sums at a row tile's end
  * are added into out with atomics (the probe's fix-up; the engine needs a deterministic one). */
 #include <algorithm>
@@ -20,8 +20,8 @@
 #include <cstdlib>
 #include <vector>
 
-#include "backend/cuda/w4.cuh"
-#include "backend/cuda/w4_wg.cuh"
+#include "backend/cuda/w4_common.cuh"
+#include "backend/cuda/w4_wgmma.cuh"
 
 #define CK(x)                                                                                                          \
     do {                                                                                                               \

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../base/knobs.h"
 #include "../base/util.h"
 #include "../diag/profile.h"
 #include "kv_elem.h"
@@ -240,13 +241,8 @@ void be_attention_mla(Backend *be, float *out, const float *q, const KVLayer *kv
 
 int be_mla_piece(const ModelConfig *c)
 {
-    static int env = -1;
-    if (env < 0) {
-        const char *e = getenv("MOESERVE_MLA_PIECE");
-        int v = e ? atoi(e) : 0;
-        env = v <= 0 ? 0 : v < 4096 ? v : 4096;
-    }
-    if (env > 0) return env;
+    const int set = (int)knob_get(KNOB_MLA_PIECE); /* 0: from the model's shape */
+    if (set > 0) return set;
     double row = 4.0 * ((double)c->n_heads * (c->qk_nope_dim + c->v_head_dim) + c->kv_lora_rank + c->qk_rope_dim);
     int kc = (int)((128.0 * 1024 * 1024) / (row > 0 ? row : 1)) / 256 * 256;
     return kc < 256 ? 256 : kc > 4096 ? 4096 : kc;

@@ -31,16 +31,17 @@ static const Knob table[KNOB_COUNT] = {
                            "run, up to 8 rows; else 1)"},
     [KNOB_W4_LT_ROWS] = {"MOESERVE_W4_LT_ROWS", KNOB_INT, "-1", -1, 1 << 24, NULL,
                          "dense NVFP4 GEMMs of at least this many rows dequantise to BF16 and run on cuBLASLt "
-                         "(-1: 1536 where the wgmma split-K kernel runs the weight, else 256; 0: always)"},
+                         "(-1: 1536 where the wgmma split-K kernel runs the weight, else 256; 0: never)"},
     [KNOB_W4_MOE_HOT] = {"MOESERVE_W4_MOE_HOT", KNOB_INT, "-1", -1, 1 << 20, NULL,
                          "MoE: experts with more pairs than this in a call run as the hot class on the 128-token "
-                         "tile (-1: the tile table's threshold; 0: no hot class)"},
+                         "tile (-1: the threshold of the call tile's class rule; 0: no hot class)"},
     [KNOB_W4_MOE_SMALL] = {"MOESERVE_W4_MOE_SMALL", KNOB_INT, "-1", -1, 1 << 20, NULL,
                            "MoE: experts with at most this many pairs in a call run as the small class on the "
-                           "8-token decode tile (-1: the tile table's threshold; 0: no small class)"},
+                           "8-token decode tile (-1: the threshold of the call tile's class rule; 0: no small class)"},
     [KNOB_W4_MOE_SIDE] = {"MOESERVE_W4_MOE_SIDE", KNOB_CHOICE, "1", 0, 0, "0|1|2",
                           "MoE expert classes on side streams: 0 none; 1 the small class beside the call's tile, "
-                          "the hot class beside the decode tile; 2 the hot class beside every tile"},
+                          "the hot class beside the tiles whose class rule says so (the decode tile); 2 the hot class "
+                          "beside every tile"},
     [KNOB_SHARED_SIDE] = {"MOESERVE_SHARED_SIDE", KNOB_INT, "16", 0, 1024, NULL,
                           "the shared expert runs beside the router and routed experts (a side stream) in steps of "
                           "up to this many tokens (0: never)"},
@@ -49,12 +50,14 @@ static const Knob table[KNOB_COUNT] = {
                            "tokens (0: never)"},
     [KNOB_FUSE] = {"MOESERVE_FUSE", KNOB_INT, "1", 0, 1, NULL,
                    "0: keep linears that read the same input apart instead of one fused GEMM"},
-    [KNOB_MLA_KERNEL] = {"MOESERVE_MLA_KERNEL", KNOB_CHOICE, "v2", 0, 0, "v2|v1|v0",
-                         "MLA absorbed decode kernel: v2 tensor cores (32 heads a block); v1 CUDA cores; v0 the "
-                         "first kernel, a block per token and head"},
-    [KNOB_MLA_PIECE_KERNEL] = {"MOESERVE_MLA_PIECE_KERNEL", KNOB_CHOICE, "auto", 0, 0, "auto|v1|v0",
-                               "MLA expanded prefill kernel: auto, v3 where its 198 KB of shared memory fit, else "
-                               "v1; v1, 64 or 48 queries a block; v0 the first kernel, float32"},
+    [KNOB_MLA_KERNEL] = {"MOESERVE_MLA_KERNEL", KNOB_CHOICE, "auto", 0, 0, "auto|grouped|per-head",
+                         "MLA absorbed decode kernel, the first to try (each falls back to the next where the shape or "
+                         "cache does not suit it): auto, tensor cores (32 heads a block); grouped, CUDA cores (16 heads "
+                         "a block); per-head, a block per token and head"},
+    [KNOB_MLA_PIECE_KERNEL] = {"MOESERVE_MLA_PIECE_KERNEL", KNOB_CHOICE, "auto", 0, 0, "auto|tc|f32",
+                               "MLA expanded prefill kernel: auto, tensor cores with the keys staged by cp.async where "
+                               "its 198 KB of shared memory fit, else tc; tc, tensor cores, 64 or 48 queries a block; "
+                               "f32, float32 on CUDA cores"},
     [KNOB_MLA_PIECE] = {"MOESERVE_MLA_PIECE", KNOB_INT, "0", 0, 4096, NULL,
                         "MLA expanded form: cached positions expanded a piece (0: about 128 MiB of keys and values, "
                         "256 to 4096)"},

@@ -12,6 +12,14 @@
 
 #include <stdio.h>
 
+#ifdef __cplusplus
+extern "C" {
+#ifdef __cplusplus
+}
+#endif
+
+#endif
+
 typedef enum {
     KNOB_LOG,                  /* log level */
     KNOB_SYNC,                 /* CUDA: synchronise after every launch */
@@ -69,5 +77,9 @@ void knob_override(KnobId k, long v);
 const Knob *knob_info(KnobId k);
 /* The table as a Markdown list (docs/USAGE.md, `moeserve help env`). */
 void knobs_print(FILE *f);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

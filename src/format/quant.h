@@ -53,7 +53,7 @@ typedef struct {
     int64_t scale_row_off;    /* FP8_BLOCK: row of W's first row inside the scale grid (fused views) */
     float gscale;             /* NVFP4 weight_scale_2, FP8 weight_scale; 1 otherwise */
     int packed;               /* NVFP4 in backend memory only: data holds the W4P layout of the
-                                 CUDA kernels (src/backend/cuda/w4.cu: codes and scales together,
+                                 CUDA kernels (src/backend/cuda/w4_pack.cu: codes and scales together,
                                  same bytes), scale is NULL; never on the host */
     const char *name;         /* borrowed: checkpoint name, for messages */
 } QTensor;

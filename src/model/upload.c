@@ -62,7 +62,7 @@ static void *up_fill(Up *u, size_t bytes, size_t n, FillKind kind, float a, floa
 }
 
 /* An NVFP4 tensor the backend packs: N % 16 == 0 and K % 256 == 0 (the W4P records of
- * src/backend/cuda/w4.cuh), unless MOESERVE_W4=0 keeps the checkpoint layout. */
+ * src/backend/cuda/w4_common.cuh), unless MOESERVE_W4=0 keeps the checkpoint layout. */
 static int up_packs(const Up *u, const QTensor *w)
 {
     return u->pack && w->fmt == QF_NVFP4 && w->rows > 0 && w->rows % 16 == 0 && w->cols % 256 == 0;

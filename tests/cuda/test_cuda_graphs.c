@@ -6,6 +6,7 @@
 
 #include "backend/cuda/cuda.h"
 #include "engine/runner.h"
+#include "base/knobs.h"
 #include "test.h"
 
 static long g_side_calls; /* the backend's be_side_begin calls that went beside, in the last decode_logits */
@@ -65,18 +66,18 @@ TEST(cuda_side_equals_in_order)
     const char *names[] = {"golden/glm5-nvfp4", "golden/glm4moe-bf16"};
     for (int i = 0; i < 2; i++) {
         const char *dir = test_data(names[i]);
-        cuda_set_side_rows(SIDE_SHARED_EXPERT, 0);
-        cuda_set_side_rows(SIDE_INDEXER, 0);
+        knob_override(KNOB_SHARED_SIDE, 0);
+        knob_override(KNOB_INDEXER_SIDE, 0);
         float *a = decode_logits(dir, 1, 8);
         EXPECT(g_side_calls == 0, "%s: %ld calls beside with the side off", names[i], g_side_calls);
-        cuda_set_side_rows(SIDE_SHARED_EXPERT, 64);
-        cuda_set_side_rows(SIDE_INDEXER, 64);
+        knob_override(KNOB_SHARED_SIDE, 64);
+        knob_override(KNOB_INDEXER_SIDE, 64);
         float *b = decode_logits(dir, 1, 8);
         long calls_b = g_side_calls;
         float *e = decode_logits(dir, 0, 8);
         long calls_e = g_side_calls;
-        cuda_set_side_rows(SIDE_SHARED_EXPERT, -1);
-        cuda_set_side_rows(SIDE_INDEXER, -1);
+        knob_override(KNOB_SHARED_SIDE, -1);
+        knob_override(KNOB_INDEXER_SIDE, -1);
         Model m;
         model_load(&m, dir);
         int per_step = 0; /* a MoE layer with shared experts, a layer with its own indexer: one each */

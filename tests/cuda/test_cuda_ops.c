@@ -14,6 +14,7 @@
 #include "base/util.h"
 #include "backend/cuda/cuda.h"
 #include "backend/cuda/w4.h"
+#include "base/knobs.h"
 #include "model/forward.h"
 #include "batch_fixture.h"
 #include "test.h"
@@ -51,6 +52,13 @@ static int setup(void)
 
 /* the KV cache dtypes, and the FP8 scales the tests use (k | v differ, neither a power of 2) */
 static const KVDtype kv_dtypes[3] = {KV_DTYPE_F32, KV_DTYPE_BF16, KV_DTYPE_FP8};
+
+/* MOESERVE_W4_ACT's choices (split|bf16) */
+enum { W4_ACT_SPLIT, W4_ACT_BF16 };
+/* MOESERVE_W4_SK_CLUSTER's and _KSPLIT's choice for v blocks (auto|1|2|4; 0: auto) */
+static long sk_choice(int v) { return v == 4 ? 3 : v; }
+/* a tile's name, or "the choice" (-1) */
+static const char *tile_name(int tile) { return tile >= 0 ? w4_tiles[tile].name : "the choice"; }
 #define KV_KSCALE 0.05f
 #define KV_VSCALE 0.03f
 
@@ -341,7 +349,7 @@ TEST(cuda_embed)
     }
 }
 
-/* The NVFP4 weight of tw_make repacked on the device into the W4P layout (w4.cuh). */
+/* The NVFP4 weight of tw_make repacked on the device into the W4P layout (w4_common.cuh). */
 static TW tw_make_w4(Rng *r, int N, int K)
 {
     TW t = tw_make(r, QF_NVFP4, N, K);
@@ -399,8 +407,8 @@ TEST(cuda_w4_pack_exact)
 /* Three dense GEMMs in a row, each reading the one before's output (x -> y -> z -> u), eagerly
  * and as a replayed graph with new inputs between replays: the stream-K tiles start before the
  * kernel before them ends (programmatic dependent launch on sm_90) and must still read its output,
- * not what was there before. Shapes with 160-256 row tiles, so that tile 34 takes them on any GPU
- * up to 160 SMs at one block each. */
+ * not what was there before. Shapes with 160-256 row tiles, so that dense_streamk_8 takes them on
+ * any GPU up to 160 SMs at one block each. */
 TEST(cuda_w4_chain_pdl)
 {
     NEED_GPU();
@@ -411,12 +419,12 @@ TEST(cuda_w4_chain_pdl)
     float *b2 = rnd(&r, N2, 1), *db2 = up(b2, N2 * 4);
     /* 1 row; 6 rows with the rows staged by clusters of 2 (the default), 4 and 1 blocks; K split
      * over clusters of 2 and 4 blocks (K0 = 512 and N1 = 2560 have no 4 parts: clusters of 2 or
-     * none there) at 1, 6 and 16 rows (16: two token tiles, or one of tile 35) */
+     * none there) at 1, 6 and 16 rows (16: two token tiles, or one of dense_streamk_16) */
     const int runs[][3] = {{1, 0, 0}, {6, 0, 0}, {6, 4, 0}, {6, 1, 0}, {1, 0, 2}, {6, 0, 2}, {6, 0, 4}, {16, 0, 2}, {16, 0, 4}};
     for (size_t ri = 0; ri < sizeof runs / sizeof runs[0]; ri++) {
         int T = runs[ri][0];
-        w4_set_sk_cluster(runs[ri][1]);
-        w4_set_sk_ksplit(runs[ri][2]);
+        knob_override(KNOB_W4_SK_CLUSTER, sk_choice(runs[ri][1]));
+        knob_override(KNOB_W4_SK_KSPLIT, sk_choice(runs[ri][2]));
         float *dx = be_alloc(&gpu, (size_t)T * K0 * 4), *dy = be_alloc(&gpu, (size_t)T * N1 * 4);
         float *dz = be_alloc(&gpu, (size_t)T * N2 * 4), *du = be_alloc(&gpu, (size_t)T * N3 * 4);
         float *y = malloc((size_t)T * N1 * 4), *z = malloc((size_t)T * N2 * 4), *u = malloc((size_t)T * N3 * 4);
@@ -448,8 +456,8 @@ TEST(cuda_w4_chain_pdl)
         free(y); free(z); free(u);
         be_free(&gpu, dx); be_free(&gpu, dy); be_free(&gpu, dz); be_free(&gpu, du);
     }
-    w4_set_sk_cluster(0);
-    w4_set_sk_ksplit(0);
+    knob_override(KNOB_W4_SK_CLUSTER, -1);
+    knob_override(KNOB_W4_SK_KSPLIT, -1);
     free(b2);
     be_free(&gpu, db2);
     tw_free(&w1); tw_free(&w2); tw_free(&w3);
@@ -462,15 +470,15 @@ TEST(cuda_w4_matmul)
     rng_seed(&r, 22);
     int shapes[][3] = {/* T, N, K */ {1, 64, 256}, {5, 160, 512}, {9, 2048, 512}, {16, 96, 2048},
                        {17, 512, 1024}, {33, 2048, 512}, {300, 96, 256}, {4096, 64, 256}, {1, 6144, 2048},
-                       /* the stream-K tiles (34, 35) need 16 row tiles a block of the wave: runs that
+                       /* the stream-K tiles need 16 row tiles a block of the wave: runs that
                         * share row tiles, warps with no record, two token tiles of 8 */
                        {5, 4096, 768}, {16, 2112, 1024}, {12, 8192, 512},
                        /* split activations' packed halves (one n8 tile: up to 4 rows), at the limit */
                        {4, 4096, 768},
-                       /* fewer row tiles than SMs: tile 34 with K in 4 parts a cluster (w4_sk_ksplit), packed halves and not */
+                       /* fewer row tiles than SMs: stream-K with K in 4 parts a cluster (w4_sk_ksplit), packed halves and not */
                        {3, 1024, 4096}, {8, 576, 6144},
-                       /* the wg ring tile for dense rows (N % 128 == 0, up to 64 rows: tile 30's GEMM to 32,
-                        * tile 28's above): K split 4, 8 and (132 SMs) 11 ways */
+                       /* split-K wgmma for dense rows (N % 128 == 0, up to 64 rows: the 32-token ring GEMM to 32,
+                        * the 64-token one above): K split 4, 8 and (132 SMs) 11 ways */
                        {32, 1024, 2048}, {20, 384, 4096}, {17, 256, 5632}, {64, 1024, 2048}, {48, 256, 5632},
                        /* token tiles of 64 above 64 rows (the last one ragged), and past the rows
                         * from which the built-in choice is the cuBLASLt route (1536) */
@@ -483,43 +491,43 @@ TEST(cuda_w4_matmul)
         matmul_cpu(&cpu, ref, ldo, x, ldx, T, &w.host, bias);
         float *dx = up(x, (size_t)T * ldx * 4), *db = up(bias, N * 4), *dout = be_alloc(&gpu, (size_t)T * ldo * 4);
         /* the built-in choice (the BF16 + cuBLASLt route from w4_lt_rows(N)), then every tile that
-         * fits (tile 36 runs where N % 128 == 0, else its fallback: counted) */
+         * fits (dense_wg_splitk_32 runs where N % 128 == 0, else its fallback: counted) */
         const int wg_runs = w4_wg_supported(0) && N % 128 == 0;
         for (int tile = -1; tile < W4_N_TILES; tile++) {
             if (tile >= 0 && (!w4_tile_fits(w4_tiles[tile], w4_smem_budget(0), NULL, 0) || !w4_tile_runs(w4_tiles[tile], w4_wg_supported(0), NULL, 0))) continue;
             w4_set_config((W4Config){tile, 0});
-            w4_set_lt_rows(tile >= 0 ? 0 : -1);
+            knob_override(KNOB_W4_LT_ROWS, tile >= 0 ? 0 : -1);
             long wg_calls = w4_dense_wg_calls();
             be_matmul(&gpu, OP_GEMM_MLP, dout, ldo, dx, ldx, T, &w.dev, db);
-            if (tile == W4_DENSE_WG_TILE)
-                EXPECT(w4_dense_wg_calls() - wg_calls == wg_runs, "T %d N %d: tile 36 %s", T, N, wg_runs ? "did not run" : "ran");
+            if (tile == W4T_DENSE_WG_SPLITK)
+                EXPECT(w4_dense_wg_calls() - wg_calls == wg_runs, "T %d N %d: split-K wgmma %s", T, N, wg_runs ? "did not run" : "ran");
             float *got = down(dout, (size_t)T * ldo);
-            EXPECT_CLOSE(got, ref, (size_t)T * ldo, TOL_W4, "w4 matmul T %d N %d K %d tile %d", T, N, K, tile);
+            EXPECT_CLOSE(got, ref, (size_t)T * ldo, TOL_W4, "w4 matmul T %d N %d K %d tile %s", T, N, K, tile_name(tile));
             free(got);
         }
-        w4_set_lt_rows(-1);
+        knob_override(KNOB_W4_LT_ROWS, -1);
         w4_set_config((W4Config){-1, 0});
         /* plain BF16 activations (MOESERVE_W4_ACT=bf16): the twin on BF16-rounded activations */
         float *xr = malloc((size_t)T * ldx * 4 + 1);
         for (size_t q = 0; q < (size_t)T * ldx; q++) xr[q] = bf16_to_f32(f32_to_bf16(x[q]));
         matmul_cpu(&cpu, ref, ldo, xr, ldx, T, &w.host, bias);
-        w4_set_act_split(0);
+        knob_override(KNOB_W4_ACT, W4_ACT_BF16);
         be_matmul(&gpu, OP_GEMM_MLP, dout, ldo, dx, ldx, T, &w.dev, db);
         float *got = down(dout, (size_t)T * ldo);
         EXPECT_CLOSE(got, ref, (size_t)T * ldo, TOL_F32, "w4 matmul, BF16 activations, T %d N %d K %d", T, N, K);
-        if (w4_wg_supported(0)) { /* tile 36 (wgmma) with plain BF16 activations too */
-            w4_set_config((W4Config){W4_DENSE_WG_TILE, 0});
-            w4_set_lt_rows(0);
+        if (w4_wg_supported(0)) { /* split-K wgmma with plain BF16 activations too */
+            w4_set_config((W4Config){W4T_DENSE_WG_SPLITK, 0});
+            knob_override(KNOB_W4_LT_ROWS, 0);
             long wg_calls = w4_dense_wg_calls();
             be_matmul(&gpu, OP_GEMM_MLP, dout, ldo, dx, ldx, T, &w.dev, db);
-            EXPECT(w4_dense_wg_calls() - wg_calls == wg_runs, "T %d N %d, BF16: tile 36 %s", T, N, wg_runs ? "did not run" : "ran");
-            w4_set_lt_rows(-1);
+            EXPECT(w4_dense_wg_calls() - wg_calls == wg_runs, "T %d N %d, BF16: split-K wgmma %s", T, N, wg_runs ? "did not run" : "ran");
+            knob_override(KNOB_W4_LT_ROWS, -1);
             w4_set_config((W4Config){-1, 0});
             free(got);
             got = down(dout, (size_t)T * ldo);
-            EXPECT_CLOSE(got, ref, (size_t)T * ldo, TOL_F32, "w4 matmul on tile 36, BF16 activations, T %d N %d K %d", T, N, K);
+            EXPECT_CLOSE(got, ref, (size_t)T * ldo, TOL_F32, "w4 matmul on split-K wgmma, BF16 activations, T %d N %d K %d", T, N, K);
         }
-        w4_set_act_split(-1);
+        knob_override(KNOB_W4_ACT, -1);
         free(got); free(xr);
         free(x); free(bias); free(ref);
         be_free(&gpu, dx); be_free(&gpu, db); be_free(&gpu, dout);
@@ -642,8 +650,8 @@ TEST(cuda_moe)
                 w4_set_config((W4Config){tile, 0});
                 be_moe(&gpu, dout, dx, didx, dwts, T, &dl, &c);
                 float *got = down(dout, (size_t)T * D);
-                EXPECT_CLOSE(got, ref, (size_t)T * D, w4 ? TOL_W4 : TOL_F32, "moe %s%s T %d E %d K %d D %d F %d tile %d",
-                             qformat_name(fmts[f]), w4 ? " (W4P)" : "", T, E, K, D, F, tile);
+                EXPECT_CLOSE(got, ref, (size_t)T * D, w4 ? TOL_W4 : TOL_F32, "moe %s%s T %d E %d K %d D %d F %d tile %s",
+                             qformat_name(fmts[f]), w4 ? " (W4P)" : "", T, E, K, D, F, tile_name(tile));
                 free(got);
             }
             w4_set_config((W4Config){-1, 0});
@@ -654,25 +662,25 @@ TEST(cuda_moe)
 }
 
 /* The grouped W4P MoE with ragged experts (0, 1, 63, 64, 65, 300 pairs...: every token-tile
- * tail of the 32- and 64-token pf tiles) in both activation modes: every tile that fits against
- * the CPU twin (two BF16 halves) and against tile 0 in the same mode (plain BF16: h rounds to
+ * tail of the 32- and 64-token block tiles) in both activation modes: every tile that fits against
+ * the CPU twin (two BF16 halves) and against mma_8_l1 in the same mode (plain BF16: h rounds to
  * BF16 in both, the same products summed in another order). */
 TEST(cuda_w4_moe_ragged)
 {
     NEED_GPU();
-    /* the wg tiles run (and are checked below) wherever the code loaded for the GPU is sm_90's,
+    /* the wgmma tiles run (and are checked below) wherever the code loaded for the GPU is sm_90's,
      * which must then be sm_90a's (the Makefile's default), and nowhere else: a build of PTX for
      * sm_80 alone runs the mma.sync tiles on an H100 too, without PDL and clusters */
     int cc = w4_device_cc(0), code = w4_code_arch(0);
     EXPECT(code >= 80 && code <= cc, "sm_%d runs code for sm_%d", cc, code);
-    if (code == 90) EXPECT(w4_wg_supported(0), "code for sm_90 without the wg tiles: build for sm_90a (CUDA_ARCH)");
-    else EXPECT(!w4_wg_supported(0), "code for sm_%d runs no wg tile", code);
+    if (code == 90) EXPECT(w4_wg_supported(0), "code for sm_90 without the wgmma tiles: build for sm_90a (CUDA_ARCH)");
+    else EXPECT(!w4_wg_supported(0), "code for sm_%d runs no wgmma tile", code);
     Rng r;
     rng_seed(&r, 23);
     const int E = 16, K = 4, T = 300, D = 768, F = 512;
     /* 1200 pairs = T K; the last token tile of an expert takes every MMA N of the ring tiles (wg_nn):
-     * on tile 29 (128 tokens) 1 -> 16, 20 -> 24, 37 -> 40, 43/44 -> 48, 53 -> 56, 63/64 -> 64, 65 -> 80,
-     * 90 -> 96, 103/105 -> 112, 128; on tile 28 (64) and 30 (32) the residues of 64 and 32 likewise */
+     * on the 128-token ring 1 -> 16, 20 -> 24, 37 -> 40, 43/44 -> 48, 53 -> 56, 63/64 -> 64, 65 -> 80,
+     * 90 -> 96, 103/105 -> 112, 128; on the 64- and 32-token rings the residues of 64 and 32 likewise */
     const int counts[16] = {0, 1, 63, 64, 65, 300, 299, 20, 37, 53, 90, 105, 103, 0, 0, 0};
     ModelConfig c = moe_cfg(E, K, 1, 1, D, F, 0);
     LayerWeights hl, dl;
@@ -687,76 +695,87 @@ TEST(cuda_w4_moe_ragged)
     float *dx = up(x, (size_t)T * D * 4), *dwts = up(wts, (size_t)T * K * 4), *dout = be_alloc(&gpu, (size_t)T * D * 4);
     int *didx = up(idx, (size_t)T * K * 4);
     for (int split = 1; split >= 0; split--) {
-        w4_set_act_split(split);
+        knob_override(KNOB_W4_ACT, split ? W4_ACT_SPLIT : W4_ACT_BF16);
         float *ref0 = NULL;
         for (int tile = 0; tile < W4_N_TILES; tile++) {
             if (!w4_tile_fits(w4_tiles[tile], w4_smem_budget(0), NULL, 0) || !w4_tile_runs(w4_tiles[tile], w4_wg_supported(0), NULL, 0))
                 continue;
-            /* tiles 12, 13, 28 and 30 with the hot class: the experts of more than its default pairs
-             * on tile 29 (16 on tile 12, 32 on tile 13, 64 on tiles 30 and 28), of more than 63 (64 and 65 change
-             * class), and without it; tiles 13 and 28-30 with the small class: the experts of at
-             * most its default pairs on tile 12 (4 to 8: counts 0 and 1), of at most 20 (three
-             * token tiles of 8 for the expert of 20), and without it; the classes beside the call's
-             * tile on other streams (the default: the small class, and the hot class beside tile 12;
-             * side 2: the hot class beside every tile) and after it on the one stream (side 0) */
+            /* the call tiles with a hot class (w4_class_rules): the experts of more than its default
+             * pairs on W4_HOT_TILE (16 beside moe_mma_8_gu, 32 beside moe_mma_16_gu, 64 beside the 32-
+             * and 64-token rings), of more than 63 (64 and 65 change class), and without it; those
+             * with a small class: the experts of at most its default pairs on W4_SMALL_TILE (4 to 8:
+             * counts 0 and 1), of at most 20 (three token tiles of 8 for the expert of 20), and
+             * without it; the classes beside the call's tile on other streams (the default: the small
+             * class, and the hot class beside the decode tile; side 2: the hot class beside every
+             * tile) and after it on the one stream (side 0) */
             const int hs[][3] = {{-1, -1, -1}, {63, -1, -1}, {0, -1, -1}, {-1, -1, 0}, {-1, 20, -1}, {-1, 0, -1}, {63, 20, -1},
                                  {0, 20, -1}, {63, 20, 0}, {63, 20, 2}};
-            const int nh = tile == 13 || tile == 28 || tile == 30 ? 10 : tile == 29 ? 6 : tile == 12 ? 4 : 1;
+            const int nh = tile == W4T_MOE_MMA_16_GU || tile == W4T_MOE_WGMMA_64_S3_R3 || tile == W4T_MOE_WGMMA_32_S6_R3_C2 ? 10
+                           : tile == W4_HOT_TILE                                                                              ? 6
+                           : tile == W4T_MOE_MMA_8_GU                                                                         ? 4
+                                                                                                                              : 1;
             for (int hi = 0; hi < nh; hi++) {
-                if (tile == 29 && hs[hi][0] > 0) continue; /* no hot class beside tile 29 */
-                w4_set_moe_hot(hs[hi][0]);
-                w4_set_moe_small(hs[hi][1]);
-                w4_set_moe_side(hs[hi][2]);
+                if (tile == W4_HOT_TILE && hs[hi][0] > 0) continue; /* no hot class beside the hot tile */
+                knob_override(KNOB_W4_MOE_HOT, hs[hi][0]);
+                knob_override(KNOB_W4_MOE_SMALL, hs[hi][1]);
+                knob_override(KNOB_W4_MOE_SIDE, hs[hi][2]);
                 w4_set_config((W4Config){tile, 0});
                 be_moe(&gpu, dout, dx, didx, dwts, T, &dl, &c);
                 float *got = down(dout, (size_t)T * D);
                 if (split)
-                    EXPECT_CLOSE(got, ref, (size_t)T * D, TOL_W4, "ragged moe, split activations, tile %d, hot %d, small %d, side %d",
-                                 tile, hs[hi][0], hs[hi][1], hs[hi][2]);
+                    EXPECT_CLOSE(got, ref, (size_t)T * D, TOL_W4, "ragged moe, split activations, tile %s, hot %d, small %d, side %d",
+                                 tile_name(tile), hs[hi][0], hs[hi][1], hs[hi][2]);
                 if (!ref0) ref0 = got;
                 else {
-                    EXPECT_CLOSE(got, ref0, (size_t)T * D, TOL_W4, "ragged moe, split %d, tile %d, hot %d, small %d, side %d against tile 0",
-                                 split, tile, hs[hi][0], hs[hi][1], hs[hi][2]);
+                    EXPECT_CLOSE(got, ref0, (size_t)T * D, TOL_W4, "ragged moe, split %d, tile %s, hot %d, small %d, side %d against mma_8_l1",
+                                 split, tile_name(tile), hs[hi][0], hs[hi][1], hs[hi][2]);
                     free(got);
                 }
             }
-            w4_set_moe_hot(-1);
-            w4_set_moe_small(-1);
-            w4_set_moe_side(-1);
+            knob_override(KNOB_W4_MOE_HOT, -1);
+            knob_override(KNOB_W4_MOE_SMALL, -1);
+            knob_override(KNOB_W4_MOE_SIDE, -1);
         }
-        /* the wg ring tiles' persistent blocks: 3 blocks that each run many (token tile, row block)
+        /* the wgmma ring tiles' persistent blocks: 3 blocks that each run many (token tile, row block)
          * items, asking for the next one's weights while they finish one; and a block an item */
-        for (int tile = 27; tile <= 30 && w4_wg_supported(0); tile++) {
+        for (int tile = W4T_MOE_WGMMA_32_S4_R4; tile <= W4T_MOE_WGMMA_32_S6_R3_C2 && w4_wg_supported(0); tile++) {
             if (!w4_tile_fits(w4_tiles[tile], w4_smem_budget(0), NULL, 0)) continue;
             for (int mode = 0; mode < 2; mode++) {
-                w4_set_wg_persist(mode == 0, mode == 0 ? 3 : 0);
+                knob_override(KNOB_W4_WG_PERSIST, mode == 0);
+                w4_test_cap_wg_blocks(mode == 0 ? 3 : 0);
                 w4_set_config((W4Config){tile, 0});
                 be_moe(&gpu, dout, dx, didx, dwts, T, &dl, &c);
                 float *got = down(dout, (size_t)T * D);
-                EXPECT_CLOSE(got, split ? ref : ref0, (size_t)T * D, TOL_W4, "ragged moe, split %d, tile %d, %s (against %s)", split,
-                             tile, mode == 0 ? "3 persistent blocks" : "a block an item", split ? "the CPU" : "tile 0");
+                EXPECT_CLOSE(got, split ? ref : ref0, (size_t)T * D, TOL_W4, "ragged moe, split %d, tile %s, %s (against %s)", split,
+                             tile_name(tile), mode == 0 ? "3 persistent blocks" : "a block an item", split ? "the CPU" : "mma_8_l1");
                 free(got);
             }
-            w4_set_wg_persist(-1, 0);
+            knob_override(KNOB_W4_WG_PERSIST, -1);
+            w4_test_cap_wg_blocks(0);
         }
         free(ref0);
     }
-    w4_set_act_split(-1);
+    knob_override(KNOB_W4_ACT, -1);
     /* the decode tiles' gate/up -> down pair (down launched with programmatic dependent launch
      * on sm_90) captured in a graph and replayed with new activations: the down kernel must read
      * the h its gate/up wrote in the same replay */
-    const int gtiles[] = {12, 0, 29, 30, 13, 28, 30}; /* 29: 5 persistent blocks, each running many items every replay;
-                                                       * 30, 13 and 12: their hot classes on tile 29 (13, 12: the
-                                                       * permuted copy; 12: on a third stream);
-                                                       * 29 and 30: their small class on tile 12 (the natural-order
-                                                       * copy); 28: a small class of up to 20 pairs; the second 30:
-                                                       * both classes on streams of their own (side 2) */
+    /* the 128-token ring: 5 persistent blocks, each running many items every replay; the 32-token
+     * ring, moe_mma_16_gu and moe_mma_8_gu: their hot classes on the 128-token ring (the 16- and
+     * 8-token tiles: the permuted copy; the 8-token: on a third stream); the 128- and 32-token rings:
+     * their small class on moe_mma_8_gu (the natural-order copy); the 64-token ring: a small class of
+     * up to 20 pairs; the second 32-token ring: both classes on streams of their own (side 2) */
+    const int gtiles[] = {W4T_MOE_MMA_8_GU,          W4T_MMA_8_L1,      W4T_MOE_WGMMA_128_S4_R3, W4T_MOE_WGMMA_32_S6_R3_C2,
+                          W4T_MOE_MMA_16_GU,         W4T_MOE_WGMMA_64_S3_R3, W4T_MOE_WGMMA_32_S6_R3_C2};
     for (int gi = 0; gi < 7; gi++) {
         int tile = gtiles[gi];
-        if ((tile >= 28 && !w4_wg_supported(0)) || !w4_tile_fits(w4_tiles[tile], w4_smem_budget(0), NULL, 0)) continue;
-        if (tile >= 28 || tile == 13) w4_set_wg_persist(1, 5);
-        w4_set_moe_small(tile == 28 ? 20 : -1);
-        w4_set_moe_side(gi == 6 ? 2 : -1);
+        const int wgmma = w4_tiles[tile].fam == W4_FAM_WGMMA;
+        if ((wgmma && !w4_wg_supported(0)) || !w4_tile_fits(w4_tiles[tile], w4_smem_budget(0), NULL, 0)) continue;
+        if (wgmma || tile == W4T_MOE_MMA_16_GU) {
+            knob_override(KNOB_W4_WG_PERSIST, 1);
+            w4_test_cap_wg_blocks(5);
+        }
+        knob_override(KNOB_W4_MOE_SMALL, tile == W4T_MOE_WGMMA_64_S3_R3 ? 20 : -1);
+        knob_override(KNOB_W4_MOE_SIDE, gi == 6 ? 2 : -1);
         w4_set_config((W4Config){tile, 0});
         void *graph = NULL;
         for (int round = 0; round < 3; round++) {
@@ -770,13 +789,14 @@ TEST(cuda_w4_moe_ragged)
             }
             EXPECT(gpu.ops->graph_launch(&gpu, graph) == 0, "graph replay");
             float *got = down(dout, (size_t)T * D);
-            EXPECT_CLOSE(got, ref, (size_t)T * D, TOL_W4, "ragged moe in a graph, tile %d, replay %d", tile, round);
+            EXPECT_CLOSE(got, ref, (size_t)T * D, TOL_W4, "ragged moe in a graph, tile %s, replay %d", tile_name(tile), round);
             free(got); free(x2);
         }
         gpu.ops->graph_free(&gpu, graph);
-        w4_set_wg_persist(-1, 0);
-        w4_set_moe_small(-1);
-        w4_set_moe_side(-1);
+        knob_override(KNOB_W4_WG_PERSIST, -1);
+        w4_test_cap_wg_blocks(0);
+        knob_override(KNOB_W4_MOE_SMALL, -1);
+        knob_override(KNOB_W4_MOE_SIDE, -1);
     }
     w4_set_config((W4Config){-1, 0});
     free(ref); free(x); free(idx); free(wts);
@@ -963,12 +983,13 @@ static void topk_random(Rng *r, const Batch *b, int Ki, int *topk)
     }
 }
 
-/* The absorbed form's kernels (MOESERVE_MLA_KERNEL v2, the default: tensor cores; v1; v0) each
- * against the CPU twin: contexts 1 to 32k, causal and top-k keys (with -1 holes), ragged batches
- * of prefill and decode tokens, every cache dtype (v2 hands a float32 cache to v1), GLM-5's
- * shapes (C 512, Dr 64) with 64 and 8 heads, a small C, and 20 heads (a partial group of v2's
- * 32). TOL_F32: v2 feeds q_abs and p to the tensor cores as three BF16 parts (2^-24 |x|) and
- * the BF16 / FP8 keys exactly, so it keeps the float32 tolerance. */
+/* The absorbed form's kernels (MOESERVE_MLA_KERNEL auto: tensor cores; grouped: CUDA cores;
+ * per-head) each against the CPU twin: contexts 1 to 32k, causal and top-k keys (with -1 holes),
+ * ragged batches of prefill and decode tokens, every cache dtype (the tensor-core kernel hands a
+ * float32 cache to the grouped one), GLM-5's shapes (C 512, Dr 64) with 64 and 8 heads, a small C,
+ * and 20 heads (a partial group of the tensor-core kernel's 32). TOL_F32: the tensor-core kernel
+ * feeds q_abs and p to the tensor cores as three BF16 parts (2^-24 |x|) and the BF16 / FP8 keys
+ * exactly, so it keeps the float32 tolerance. */
 TEST(cuda_attention_mla_kernels)
 {
     NEED_GPU();
@@ -985,7 +1006,7 @@ TEST(cuda_attention_mla_kernels)
         {2, {2048, 9}, {3, 9}, 64, 64, 32, 16, 32, 256},
         {1, {600}, {40}, 20, 64, 32, 16, 32, 64},                       /* 20 heads: a partial group */
     };
-    const char *kernels[3] = {"v2", "v1", "v0"};
+    const char *kernels[3] = {"auto", "grouped", "per-head"}; /* MOESERVE_MLA_KERNEL's choices, in order */
     for (size_t cs = 0; cs < sizeof cases / sizeof cases[0]; cs++) {
         int bs = 16, H = cases[cs].H, C = cases[cs].C, Dn = cases[cs].Dn, Dr = cases[cs].Dr, Dv = cases[cs].Dv;
         int Ki = cases[cs].Ki;
@@ -1009,14 +1030,14 @@ TEST(cuda_attention_mla_kernels)
             for (int use_topk = 0; use_topk < 2; use_topk++) {
                 attention_mla_cpu(&cpu, ref, q, &hk, &wkvb.host, use_topk ? topk : NULL, Ki, &b.h, &c);
                 for (int k = 0; k < 3; k++) {
-                    setenv("MOESERVE_MLA_KERNEL", kernels[k], 1);
+                    knob_override(KNOB_MLA_KERNEL, k);
                     be_attention_mla(&gpu, dout, dq, &dk, &wkvb.dev, use_topk ? dtopk : NULL, Ki, &b.h, &b.d, &c);
                     float *got = down(dout, n);
                     EXPECT_CLOSE(got, ref, n, TOL_F32, "mla kernel %s case %zu (T %d H %d C %d) topk %d, %s cache",
                                  kernels[k], cs, T, H, C, use_topk, model_kv_dtype_name(dt));
                     free(got);
                 }
-                unsetenv("MOESERVE_MLA_KERNEL");
+                knob_override(KNOB_MLA_KERNEL, -1);
             }
             mla_layers_free(&hk, &dk);
         }
@@ -1030,11 +1051,11 @@ TEST(cuda_attention_mla_kernels)
 /* MLA's expanded form (prefill, model/mla.c: kv_gather, the kv_b_proj GEMM, attention_mla_piece
  * over pieces of the context) on the GPU against the same on the CPU, and against the GPU's
  * absorbed form (be_attention_mla), contexts 1 to 4096, ragged batches, causal and top-k keys,
- * every cache dtype, pieces from 8 positions to be_mla_piece's, every piece kernel (v1 also as
+ * every cache dtype, pieces from 8 positions to be_mla_piece's, every piece kernel (tc also as
  * chosen for 99 KB of shared memory). Tolerances:
  * NVFP4 kv_b_proj (decoded to float32 in the GEMM tile) TOL_F32; BF16 kv_b_proj TOL_SPLIT, its
  * GEMM takes the latents as two BF16 halves (the absorbed form decodes the weight and keeps
- * float32); the tensor-core piece kernels (v1, v3) TOL_SPLIT, its operands as two BF16 halves. */
+ * float32); the tensor-core piece kernels TOL_SPLIT, its operands as two BF16 halves. */
 TEST(cuda_attention_mla_expanded)
 {
     NEED_GPU();
@@ -1086,24 +1107,24 @@ TEST(cuda_attention_mla_expanded)
                     /* the absorbed form keeps float32 for every kv_b_proj format */
                     EXPECT_CLOSE(absd, ref, n, TOL_F32, "mla absorbed cuda vs expanded cpu: case %zu kv_b %s%s topk %d, %s cache",
                                  cs, qformat_name(fmts[f]), w4p ? " (W4P)" : "", use_topk, model_kv_dtype_name(dt));
-                    /* the piece kernels (pk): v0 (float32, a thread per key: tol); on the tensor cores,
+                    /* the piece kernels (pk): f32 (float32, a thread per key: tol); on the tensor cores,
                      * q, k, p and v as two BF16 halves each, ~2^-16 of each operand as the GEMMs' split
-                     * activations (TOL_SPLIT; measured on the H200 up to 1.4e-5 at GLM-5's heads): v1
-                     * (64 queries a block), v1 as chosen with 99 KB of shared memory (48 queries), v3
-                     * (v1's maths staged by cp.async, the default where it fits) */
-                    static const char *pkn[] = {"v0", "v1", "v1 at 99 KB", "v3"};
+                     * activations (TOL_SPLIT; measured on the H200 up to 1.4e-5 at GLM-5's heads): tc
+                     * (64 queries a block), tc as chosen with 99 KB of shared memory (48 queries), tc128
+                     * staged (tc's maths staged by cp.async, the default where it fits) */
+                    static const char *pkn[] = {"f32", "tc", "tc at 99 KB", "tc128 staged"};
                     const size_t budget = w4_smem_budget(0);
                     for (int pk = 0; pk < 4; pk++) {
                         const double tk = pk && tol < TOL_SPLIT ? TOL_SPLIT : tol;
                         if (pk == 2) w4_set_smem_budget(99 * 1024);
-                        if (pk == 3) unsetenv("MOESERVE_MLA_PIECE_KERNEL");
-                        else setenv("MOESERVE_MLA_PIECE_KERNEL", pk ? "v1" : "v0", 1);
+                        knob_override(KNOB_MLA_PIECE_KERNEL, pk == 3 ? -1 : pk ? 1 /* tc */ : 2 /* f32 */);
                         const int kind = cuda_mla_piece_kernel(&gpu, &c);
-                        /* every GPU of sm_80 on has 99 KB (101376 B); v1 of 64 queries needs 101392 B
+                        /* every GPU of sm_80 on has 99 KB (101376 B); tc of 64 queries needs 101392 B
                          * at GLM-5's heads (over it: 48 queries then), 72.7 KB at (192, 128) and 20.5 KB
-                         * at the fixtures' (32 + 16, 32); v3 198 KB (the H100, H200 and B200 have 227) */
+                         * at the fixtures' (32 + 16, 32); the staged one 198 KB (the H100, H200 and B200 have 227) */
                         const int glm5 = Dn + Dr == 256 && Dv == 256;
-                        const int want = pk == 0 ? 0 : pk == 3 ? 3 : (pk == 2 || budget < 99 * 1024 + 16) && glm5 ? 2 : 1;
+                        const int want = pk == 0 ? MLA_PREFILL_F32 : pk == 3 ? MLA_PREFILL_TC128_STAGED
+                                         : (pk == 2 || budget < 99 * 1024 + 16) && glm5 ? MLA_PREFILL_TC48 : MLA_PREFILL_TC64;
                         if (pk < 3 || budget >= 227 * 1024) EXPECT(kind == want, "piece kernel choice %d for %s, case %zu (expected %d)",
                                                                  kind, pkn[pk], cs, want);
                         mla_attention_expanded(&gpu, &dx, dout, dq, &dk, &wkvb.dev, use_topk ? dtopk : NULL, Ki, &b.h, &b.d, &c);
@@ -1115,7 +1136,7 @@ TEST(cuda_attention_mla_expanded)
                         free(got);
                         w4_set_smem_budget(0);
                     }
-                    unsetenv("MOESERVE_MLA_PIECE_KERNEL");
+                    knob_override(KNOB_MLA_PIECE_KERNEL, -1);
                     free(absd);
                 }
                 mla_layers_free(&hk, &dk);

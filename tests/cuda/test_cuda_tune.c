@@ -24,8 +24,8 @@ TEST(cuda_tune_small_budgets)
                 int t = tab.tile[k][i];
                 if (t < 0) continue;
                 filled++;
-                EXPECT(w4_tile_fits(w4_tiles[t], budgets[b], NULL, 0), "budget %zu: kind %d bucket %d got tile %d (nt %d st %d, %zu B)",
-                       budgets[b], k, i, t, w4_tiles[t].nt, w4_tiles[t].st, w4_tile_smem(w4_tiles[t]));
+                EXPECT(w4_tile_fits(w4_tiles[t], budgets[b], NULL, 0), "budget %zu: kind %d bucket %d got %s (%zu B)",
+                       budgets[b], k, i, w4_tiles[t].name, w4_tile_smem(w4_tiles[t]));
             }
         EXPECT(filled == 6, "budget %zu: %d of 6 buckets tuned", budgets[b], filled);
     }

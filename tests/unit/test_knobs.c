@@ -40,7 +40,7 @@ TEST(knobs_from_the_environment)
     /* bad values: one warning each, naming the variable and what is allowed, and the default holds */
     EXPECT(strstr(out, "warning: MOESERVE_INDEXER_SIDE=5000: out of range [0, 1024]; using 16"), "%s", out);
     EXPECT(strstr(out, "MOESERVE_INDEXER_SIDE=16 (default)"), "%s", out);
-    EXPECT(strstr(out, "warning: MOESERVE_MLA_KERNEL=v9: not one of the choices (v2|v1|v0); using v2"), "%s", out);
+    EXPECT(strstr(out, "warning: MOESERVE_MLA_KERNEL=v9: not one of the choices (auto|grouped|per-head); using auto"), "%s", out);
     EXPECT(strstr(out, "warning: MOESERVE_COMM_TIMEOUT=12x: not an integer"), "%s", out);
     EXPECT(strstr(out, "MOESERVE_LOG=2 (default)"), "%s", out);
     free(out);

@@ -7,8 +7,9 @@
  * events. Effective bandwidth counts the NVFP4 bytes (codes + block scales) of the weights the
  * op had to read (the touched experts for MoE), against the copy bandwidth measured here.
  * --torch FILE reads tools/bench_torch_moe.py's JSON lines (torch._grouped_mm in BF16, same
- * shapes, measured on the same GPU) and prints the speedup. --v0 also times the first
- * (correctness) kernels, to say what each version gained. */
+ * shapes, measured on the same GPU) and prints the speedup. --v0 also times the weights unpacked
+ * on the dequantising GEMM (qgemm.cuh), to say what the W4P layout and its kernels gain. Also
+ * here: `moeserve tune` (cuda_w4_tune) and the ceilings `moeserve calibrate` measures. */
 #include <algorithm>
 #include <jansson.h>
 #include <math.h>
@@ -40,8 +41,8 @@ double median(std::vector<double> v)
 /* Seconds of back-to-back replays before each timing (`bench kernels --warmup-ms`, default 0; 0
  * in the tuner): the H200 runs its first second of memory-bound load at 1980 MHz, then holds
  * 1785-1965 MHz under its power cap, and boosts again after the idle gaps between a run's cases,
- * so that without a warm-up a case's figures depend on where it stands in the run (session 13,
- * docs/PERFORMANCE.md: with one, the MoE kernels measure 5-13% slower, their steady state) */
+ * so that without a warm-up a case's figures depend on where it stands in the run (with one, the
+ * MoE kernels measure 5-13% slower, their steady state) */
 double g_case_warm_s = 0;
 
 double wall_s(void)
@@ -56,8 +57,8 @@ double wall_s(void)
  * load left it (the power cap's governor moves it over milliseconds). Printed beside each timing
  * (MHz): memory-bound kernels that decode on the way run slower when the clock drops, the copy
  * ceiling hardly does, so that % of copy from two calls that ran at different clocks is not the
- * same comparison (sessions 17-19: the same binary's 512-token MoE layer took 1659-2017 us across
- * calls). g_clock_buf: two device words (cycles, ns), set by cuda_bench_kernels; NULL in the tuner. */
+ * same comparison (the same binary's 512-token MoE layer took 1659-2017 us across calls).
+ * g_clock_buf: two device words (cycles, ns), set by cuda_bench_kernels; NULL in the tuner. */
 unsigned long long *g_clock_buf;
 double g_case_mhz; /* the clock after the last time_graph, MHz; 0: not read */
 
@@ -558,14 +559,14 @@ double max_rel_diff(Backend *be, const float *a, const float *b, size_t n)
 } /* namespace */
 
 /* For each kind and bucket, every tile: rejected before launch if its shared memory is over the
- * budget (the reason printed), else run, checked against tile 0 (the same maths; dense splits
+ * budget (the reason printed), else run, checked against mma_8_l1 (the same maths; dense splits
  * only reorder the K sum) and timed; the fastest correct one goes into the table. */
 extern "C" int cuda_w4_tune(const W4TuneOpts *o)
 {
     Backend be;
     backend_cuda_init(&be, o->device);
     w4_use_table(NULL);
-    w4_set_lt_rows(0); /* the tiles themselves, also where prefill takes the BF16 route */
+    knob_override(KNOB_W4_LT_ROWS, 0); /* the tiles themselves, also where prefill takes the BF16 route */
     if (o->budget) w4_set_smem_budget(o->budget);
     size_t budget = w4_smem_budget(o->device);
     int wg = w4_wg_supported(o->device);
@@ -603,8 +604,8 @@ extern "C" int cuda_w4_tune(const W4TuneOpts *o)
     float *dw = (float *)be_alloc(&be, (size_t)maxT * K * 4);
     std::vector<float> wts((size_t)maxT * K, 1.0f / K);
     be_to_device(&be, dw, wts.data(), wts.size() * 4);
-    printf("\n%-6s %6s %5s %3s %3s %3s %3s %3s %3s %3s %8s  %s\n", "kind", "tokens", "tile", "nt", "st", "ks", "ss", "pf", "wr",
-           "sc", "smem B", "result");
+    printf("\n%-6s %6s %4s %-24s %3s %3s %3s %3s %4s %3s %8s  %s\n", "kind", "tokens", "id", "tile", "n8", "st", "kw", "gu", "ring",
+           "ch", "smem B", "result");
     for (int kind = 0; kind < W4_KINDS; kind++) {
         std::vector<int> &ts = kind == W4_MOE ? moe_t : dense_t;
         for (int T : ts) {
@@ -624,10 +625,12 @@ extern "C" int cuda_w4_tune(const W4TuneOpts *o)
             for (int tile = 0; tile < W4_N_TILES; tile++) {
                 W4Tile w = w4_tiles[tile];
                 char why[256];
-                if (kind == W4_DENSE && (w.ss || (w.pf && w.pf < 3))) continue; /* one weight stream: the same kernel as a twin */
-                if (kind == W4_MOE && w.pf >= 3) continue; /* dense only: the MoE would run tile 12 or 30 */
-                printf("%-6s %6d %5d %3d %3d %3d %3d %3d %3d %3d %8zu  ", kind == W4_MOE ? "moe" : "dense", T, tile, w.nt, w.st, w.ks,
-                       w.ss, w.pf, w.wr, w.sc, w4_tile_smem(w));
+                /* dense: one weight stream, the MoE-only families run as a twin; MoE: the dense-only
+                 * families run as their MoE twins */
+                if (kind == W4_DENSE && (w.gu_warps || w.fam == W4_FAM_MMA_BLOCK || w.fam == W4_FAM_WGMMA)) continue;
+                if (kind == W4_MOE && (w.fam == W4_FAM_STREAMK || w.fam == W4_FAM_DENSE_WG)) continue;
+                printf("%-6s %6d %4d %-24s %3d %3d %3d %3d %4d %3d %8zu  ", kind == W4_MOE ? "moe" : "dense", T, tile, w.name, w.n8,
+                       w.stages, w.kwarps, w.gu_warps, w.ring, w.chunks, w4_tile_smem(w));
                 if (!w4_tile_fits(w, budget, why, sizeof why) || !w4_tile_runs(w, wg, why, sizeof why)) {
                     printf("rejected: %s\n", why);
                     continue;
@@ -639,7 +642,7 @@ extern "C" int cuda_w4_tune(const W4TuneOpts *o)
                  * activations enter as two BF16 halves (2^-17): 1e-4 of the largest output */
                 double err = max_rel_diff(&be, out, ref, (size_t)T * N), tol = 1e-4;
                 if (err > tol) {
-                    printf("wrong: max diff %.3g of the largest value against tile 0\n", err);
+                    printf("wrong: max diff %.3g of the largest value against %s\n", err, w4_tiles[0].name);
                     continue;
                 }
                 double t = time_graph(&be, o->iters, [&] { issue(out); });
@@ -647,7 +650,7 @@ extern "C" int cuda_w4_tune(const W4TuneOpts *o)
                 if (t < best) { best = t; best_tile = tile; }
             }
             tab.tile[kind][w4_bucket(T)] = best_tile;
-            printf("%-6s %6d  -> tile %d\n", kind == W4_MOE ? "moe" : "dense", T, best_tile);
+            printf("%-6s %6d  -> %s\n", kind == W4_MOE ? "moe" : "dense", T, best_tile >= 0 ? w4_tiles[best_tile].name : "none");
         }
     }
     w4_set_config({-1, 0});
@@ -663,7 +666,7 @@ extern "C" int cuda_w4_tune(const W4TuneOpts *o)
         }
     }
     if (o->budget) w4_set_smem_budget(0);
-    w4_set_lt_rows(-1);
+    knob_override(KNOB_W4_LT_ROWS, -1);
     be_free(&be, x); be_free(&be, ref); be_free(&be, out); be_free(&be, didx); be_free(&be, dw); be_free(&be, stage);
     be_free(&be, tb);
     free_set(&be, set);

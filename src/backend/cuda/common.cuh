@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 extern "C" {
+#include "../../base/knobs.h"
 #include "../../base/util.h"
 #include "../backend.h"
 #include "cuda.h"
@@ -31,7 +32,7 @@ void cuda_launch_check(const char *kernel, const char *file, int line);
 typedef struct {
     int device;
     cudaStream_t stream;
-    cudaStream_t side, side2;             /* work that runs beside the stream's (w4.cu: the MoE's small and hot classes) */
+    cudaStream_t side, side2;             /* work that runs beside the stream's (w4_moe.cu: the MoE's small and hot classes) */
     cudaEvent_t fork, join, join2;        /* the sides wait for stream at fork; stream for them at join, join2 */
     /* the model's side (be_side_begin): while on_side the ops go to stream3, with set 1 of the
      * scratch and of the cuBLASLt workspace, so that nothing they write is the stream's */
@@ -86,11 +87,11 @@ __device__ __forceinline__ float e2m1_dec(int code)
     return (code & 8) ? -v : v;
 }
 
-/* The W4P layout of NVFP4 weights: see w4.cuh. */
+/* The W4P layout of NVFP4 weights: see w4_common.cuh. */
 #define W4_REC 2304     /* bytes of a 16 x 256 record */
 #define W4_KG 256       /* columns per record */
 /* Where the pack puts the code of register r (0..3), BF16 half h (0 low, 1 high) of a word: the
- * lowest of its 3 magnitude bits, then its sign bit. w4_decode (w4.cuh) takes them back: register
+ * lowest of its 3 magnitude bits, then its sign bit. w4_decode (w4_common.cuh) takes them back: register
  * 0 as is, 1 shifted left by 3, 2 its magnitudes by 6 and signs by 2, 3 its magnitudes rotated by
  * 13 and signs shifted by 1 (the 32 bits: 0-2 r2, 3-5 r1, 6-8 r0, 9-11 r3, 12 r1, 13 r2, 14 r3,
  * 15 r0, then the same + 16 with the halves swapped for r3). */
@@ -112,7 +113,7 @@ __device__ __forceinline__ float w4_scale_dec(uint8_t b)
     return b ? __int_as_float(((b >> 3) + 117) << 23 | (b & 7) << 20) : 0.f;
 }
 
-/* W[r, k] of a packed NVFP4 tensor, the W4P layout of w4.cuh (the twin of qtensor_decode). */
+/* W[r, k] of a packed NVFP4 tensor, the W4P layout of w4_common.cuh (the twin of qtensor_decode). */
 __device__ __forceinline__ float w4_elem(const QTensor &w, int64_t r, int64_t k)
 {
     int64_t i = r >> 4;
@@ -156,7 +157,7 @@ __device__ __forceinline__ float qt_elem(const QTensor &w, int64_t r, int64_t k)
 }
 
 /* Let a kernel launched after this one with programmatic dependent launch (the W4A16 stream-K
- * GEMMs, the MoE down projection: w4.cu) start on the SMs this one leaves free and fetch its
+ * GEMMs, the MoE down projection: w4_*.cu) start on the SMs this one leaves free and fetch its
  * weights while this one runs; it still waits for this kernel's end before reading its output
  * (griddepcontrol.wait). Called first by the kernels a decode step runs before its GEMMs. A
  * no-op before sm_90 and for dependents launched the ordinary way. */
@@ -258,7 +259,7 @@ void swiglu_cuda(Backend *be, float *out, const float *gate, const float *up, in
 void kv_write_cuda(Backend *be, void *cache, KVDtype dt, float scale, int width, int off, const float *src, int ld,
                    int n, const int *slot, int T);
 void matmul_cuda(Backend *be, float *out, int ldo, const float *x, int ldx, int T, const QTensor *w, const float *bias);
-/* gqa.cu: grouped-query attention for the head shapes it has instances of (gqa_supported; else
+/* attention_gqa.cu: grouped-query attention for the head shapes gqa_kernel has instances of (else
  * attention_gqa_cuda's general kernel); returns 0 when it launched nothing */
 extern "C" int gqa_supported(const ModelConfig *c, const KVLayer *kv);
 extern "C" int gqa_attention_cuda(Backend *be, float *out, const float *q, const KVLayer *kv, const Batch *b,
@@ -270,8 +271,9 @@ int moe_cuda(Backend *be, float *out, const float *x, const int *idx, const floa
 void attention_gqa_cuda(Backend *be, float *out, const float *q, const KVLayer *kv, const Batch *b, const ModelConfig *c);
 void attention_mla_cuda(Backend *be, float *out, const float *q, const KVLayer *kv, const QTensor *wkv_b,
                         const int *topk, int ktop, const Batch *b, const ModelConfig *c);
-void mla_v1_reserve(Backend *be, const ModelConfig *c, int T);
-void mla_piece_reserve(Backend *be, const ModelConfig *c, int rows);
+/* the MLA kernels' scratch for a step of T tokens and a piece of rows positions (cuda_reserve) */
+void mla_decode_reserve(Backend *be, const ModelConfig *c, int T);
+void mla_prefill_reserve(Backend *be, const ModelConfig *c, int rows);
 void kv_gather_cuda(Backend *be, float *out, const void *cache, KVDtype dt, float scale, int width, int n,
                     const int *bt, int block_size, int j0, int rows);
 void attention_mla_piece_cuda(Backend *be, float *out, float *st, const float *q, const float *kv, const float *kpe,
@@ -280,7 +282,7 @@ void attention_mla_piece_cuda(Backend *be, float *out, float *st, const float *q
 void indexer_cuda(Backend *be, int *topk, const float *q, const float *w, const KVLayer *kv, const Batch *b,
                   const ModelConfig *c);
 /* Row-major out[T, N] (float32, ld ldo) = X[T, K] W[N, K]^T through cuBLASLt, X and W of types
- * xt and wt (matmul.cu). */
+ * xt and wt (gemm_lt.cu). */
 void lt_matmul(Backend *be, float *out, int ldo, const void *x, cudaDataType xt, int ldx, const void *w, cudaDataType wt,
                int T, int N, int K);
 /* out[t, n] = y[t, n] + y[T + t, n] (+ bias[n]): the two BF16 halves' GEMM rows joined */
@@ -292,7 +294,7 @@ void lt_matmul_scaled(Backend *be, float *out, int ldo, const void *x, cudaDataT
                       cudaDataType wt, int T, int N, int K, float alpha);
 /* out[t, :] = sum_k wts[t, k] * y[t*K + k, :] in k order: the MoE combine (moe.cu). */
 void moe_combine_cuda(Backend *be, float *out, const float *y, const float *wts, const int *idx, int T, int K, int D);
-/* The W4A16 kernels for packed NVFP4 weights (w4.cu). */
+/* The W4A16 kernels for packed NVFP4 weights (w4_pack.cu, w4_dense.cu, w4_moe.cu). */
 void w4_pack_cuda(Backend *be, uint8_t *dst, const uint8_t *codes, const uint8_t *scales, int64_t N, int64_t K);
 void w4_matmul_cuda(Backend *be, float *out, int ldo, const float *x, int ldx, int T, const QTensor *w, const float *bias);
 int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const float *wts, int T, const LayerWeights *lw,

@@ -33,12 +33,7 @@ void cuda_launch_check(const char *kernel, const char *file, int line)
 {
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) util_die(file, line, "CUDA: launch of %s: %s", kernel, cudaGetErrorString(e));
-    static int sync = -1;
-    if (sync < 0) {
-        const char *s = getenv("MOESERVE_SYNC");
-        sync = s && *s == '1';
-    }
-    if (sync) {
+    if (knob_get(KNOB_SYNC)) {
         e = cudaDeviceSynchronize();
         if (e != cudaSuccess) util_die(file, line, "CUDA: %s failed: %s", kernel, cudaGetErrorString(e));
     }
@@ -203,28 +198,9 @@ static void cuda_event_destroy(Backend *be, void *e)
  * GEMMs, two ropes, a norm, its cache write and its scores) beside the query and latent path.
  * Each up to its rows a step (MOESERVE_SHARED_SIDE, MOESERVE_INDEXER_SIDE; 0: never; at most
  * 1024, so that the side's scratch stays small); above them the ops run in order. */
-static int cuda_side_rows_set[SIDE_KINDS] = {-1, -1};
-extern "C" void cuda_set_side_rows(int kind, int rows)
-{
-    if (kind >= 0 && kind < SIDE_KINDS) cuda_side_rows_set[kind] = rows < 0 ? -1 : rows > 1024 ? 1024 : rows;
-}
-
 static int cuda_side_rows(int kind)
 {
-    static int v[SIDE_KINDS] = {-2, -2};
-    static const char *const var[SIDE_KINDS] = {"MOESERVE_SHARED_SIDE", "MOESERVE_INDEXER_SIDE"};
-    if (cuda_side_rows_set[kind] >= 0) return cuda_side_rows_set[kind];
-    if (v[kind] == -2) {
-        const char *e = getenv(var[kind]);
-        v[kind] = 16;
-        if (e && *e) {
-            char *end;
-            long r = strtol(e, &end, 10);
-            if (*end || r < 0 || r > 1024) log_warn("%s=%s: expected rows from 0 to 1024; using %d", var[kind], e, v[kind]);
-            else v[kind] = (int)r;
-        }
-    }
-    return v[kind];
+    return (int)knob_get(kind == SIDE_SHARED_EXPERT ? KNOB_SHARED_SIDE : KNOB_INDEXER_SIDE);
 }
 
 extern "C" long cuda_side_calls(Backend *be) { return cuda_state(be)->side_calls; }
@@ -291,8 +267,7 @@ extern "C" void backend_cuda_init(Backend *be, int device)
     be->ops = &cuda_ops;
     be->n_threads = 1;
     be->impl = s;
-    const char *sy = getenv("MOESERVE_SYNC");
-    s->sync = sy && *sy == '1';
+    s->sync = knob_get(KNOB_SYNC) != 0;
     w4_load_cached(device);
     w4_wg_supported(device); /* its probe launch and copy now, never first inside a graph capture */
 }
@@ -340,7 +315,7 @@ static void cuda_graph_free(Backend *be, void *graph)
 static int imax(int a, int b) { return a > b ? a : b; }
 static int imin(int a, int b) { return a < b ? a : b; }
 static int64_t lmax(int64_t a, int64_t b) { return a > b ? a : b; }
-/* the W4A16 split-K partials: w4_dense_choice keeps splits x T x N under 2 x 16 x SMs x 512 floats */
+/* the W4A16 split-K partials: w4_mma_splits keeps splits x T x N under 2 x 16 x SMs x 512 floats */
 static size_t w4_part_bytes(int sms) { return (size_t)2 * 16 * sms * 512 * sizeof(float); }
 
 /* The side's scratch set (cuda_side_begin), at up to each kind's rows: the shared expert's
@@ -390,22 +365,22 @@ static void cuda_reserve(Backend *be, const ModelConfig *c, int T, int max_out, 
         cuda_scratch(be, SCR_MOE_U, (size_t)P * c->moe_intermediate * 4);
         cuda_scratch(be, SCR_MOE_Y, (size_t)P * c->hidden * 4);
     }
-    /* the W4A16 kernels: BF16 activations, and split-K partials (w4_dense_choice keeps
+    /* the W4A16 kernels: BF16 activations, and split-K partials (w4_mma_splits keeps
      * splits x T x N under 2 x 16 x SMs x 512 floats) */
     int sms = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, cuda_state(be)->device));
     cuda_scratch(be, SCR_W4_X, (size_t)2 * rows * imax(kmax, c->hidden) * 2); /* hi and lo halves */
     cuda_scratch(be, SCR_W4_PART, w4_part_bytes(sms));
-    /* the MoE's hot class beside an mma.sync tile and its small class beside a wg tile (w4.cu): the
+    /* the MoE's hot class beside an mma.sync tile and its small class beside a wgmma tile (w4_moe.cu): the
      * activations again, in the other order, for calls of up to 2048 tokens */
     if (c->n_experts > 0) cuda_scratch(be, SCR_W4_XP, (size_t)2 * (T < 2048 ? T : 2048) * c->hidden * 2);
     if (c->index_n_heads > 0) cuda_scratch(be, SCR_IDX_SCORES, (size_t)T * max_ctx * 4);
-    mla_v1_reserve(be, c, T); /* the absorbed MLA kernels' q, latent output and split partials */
+    mla_decode_reserve(be, c, T); /* the absorbed MLA kernels' q, latent output and split partials */
     if (c->n_kv_heads > 0 && c->kv_lora_rank <= 0) gqa_reserve(be, c, T); /* GQA's split partials */
     /* the expanded form's top-k mask of a piece: a bit a (query, cached position) */
     if (piece > 0 && c->index_n_heads > 0) cuda_scratch(be, SCR_MLA_MASK, (size_t)T * cdiv(piece, 32) * 4);
-    /* and its keys and values as BF16 halves (the piece kernel v3: as large as the expanded piece) */
-    if (piece > 0) mla_piece_reserve(be, c, piece < max_ctx ? piece : max_ctx);
+    /* and its keys and values as BF16 halves (mla_prefill_tc128_staged: as large as the expanded piece) */
+    if (piece > 0) mla_prefill_reserve(be, c, piece < max_ctx ? piece : max_ctx);
     cuda_reserve_side(be, c, T, max_ctx, sms);
     /* prefill's BF16 copy of the largest dense weight (w4_matmul_lt), when a step can be that long */
     if (w4_lt_rows(0, cuda_state(be)->device) > 0 && gm >= w4_lt_rows(0, cuda_state(be)->device)) {

@@ -20,13 +20,16 @@ void cuda_device_name(int device, char *buf, size_t n);
 void *cuda_stream_of(Backend *be);
 /* "8 GPUs, P2P between 56 of 56 ordered pairs (all)" */
 void cuda_p2p_summary(char *buf, size_t n);
-/* The kernel the MLA expanded form's next piece runs on for c's heads (tests): 0 v0, 1 v1 (64
- * queries a block), 2 v1 (48 queries, for 99-101 KB of shared memory), 3 v3. */
+/* The kernel the MLA expanded form's next piece runs on for c's heads (tests; attention_mla_prefill.cu). */
+typedef enum {
+    MLA_PREFILL_F32,           /* a thread per key, float32: head shapes without a tensor-core instance */
+    MLA_PREFILL_TC64,          /* tensor cores, 64 queries a block */
+    MLA_PREFILL_TC48,          /* the same, 48 queries (the GPUs of 99-101 KB of shared memory) */
+    MLA_PREFILL_TC128_STAGED,  /* tensor cores, 128 queries, the keys staged as BF16 halves by cp.async */
+} MlaPrefillKernel;
 int cuda_mla_piece_kernel(Backend *be, const ModelConfig *c);
-/* The rows up to which a SideKind runs beside (be_side_begin; tests: -1 the default, its
- * MOESERVE_SHARED_SIDE / MOESERVE_INDEXER_SIDE or 16; 0 never), and how many times anything
- * has run beside on this backend. */
-void cuda_set_side_rows(int kind, int rows);
+/* How many times anything has run beside on this backend (be_side_begin; up to the rows of
+ * MOESERVE_SHARED_SIDE and MOESERVE_INDEXER_SIDE). */
 long cuda_side_calls(Backend *be);
 /* Keep the stream busy for about us microseconds (--inject-comm-delay-us). */
 void cuda_delay_us(Backend *be, int us);

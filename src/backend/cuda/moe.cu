@@ -63,8 +63,8 @@ static __global__ void moe_gemm_kernel(float *out, int ldo, const float *x, int 
  * is another rank's expert under EP, its y row never written), added in k order. Block (x, y):
  * columns [V blockDim.x * blockIdx.x, ..) of tokens blockIdx.y, + gridDim.y, ...; a thread takes
  * V = 4 columns (float4; 1 where D or the pointers do not allow it) and has the loads of up to 8
- * pairs in flight at once (session 14: one column a thread with a 64-bit division, one load in
- * flight, ran at ~45% of the DRAM roof: 208 us of a 3.3 ms GLM-5 MoE layer at 2048 tokens). */
+ * pairs in flight at once (one column a thread with a 64-bit division and one load in flight ran
+ * at ~45% of the DRAM roof). */
 template <int V>
 static __global__ void moe_combine_kernel(float *out, const float *y, const float *wts, const int *idx, int T, int K, int D)
 {

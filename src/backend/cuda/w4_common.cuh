@@ -1,5 +1,6 @@
-/* w4.cuh: the W4P layout of NVFP4 weights on the GPU and the warp-level W4A16 tensor-core
- * GEMM that streams it (issue #5). Shared by the dense GEMM and the grouped MoE GEMMs (w4.cu).
+/* w4_common.cuh: the W4P layout of NVFP4 weights on the GPU, its decode in registers, and the
+ * warp-level W4A16 mma.sync GEMM that streams it (w4_tile: the W4_FAM_MMA tiles of w4_select.h),
+ * shared by every W4A16 kernel file (w4_*.cu) and the MLA kernels that read a packed kv_b_proj.
  *
  * Layout. W [N, K] (N % 16 == 0, K % 256 == 0) is cut into records of 16 rows x 256 columns,
  * record (i, G) at ((i * K/256) + G) * 2304 bytes, rows 16i.., columns 256G..; a warp streams the
@@ -30,11 +31,20 @@
  * unsigned E5M3 byte (exponent bias 10, no subnormals: E4M3's subnormals become normal) so that
  * S's BF16 bits are (byte << 4) + 0x7500. A zero scale stores byte 0 and zeroes its codes; a
  * negative scale flips its codes' signs. */
-#ifndef MOESERVE_W4_CUH
-#define MOESERVE_W4_CUH
+#ifndef MOESERVE_W4_COMMON_CUH
+#define MOESERVE_W4_COMMON_CUH
 
 #include "common.cuh"
 #include "w4.h"
+
+/* y[i] = bf16(x) and, with split, y[n + i] = bf16(x - bf16(x)): an activation as two BF16 halves
+ * (w4_loadb), the low half n elements after the high one */
+__device__ __forceinline__ void w4_split_store(__nv_bfloat16 *y, int64_t i, int64_t n, float v, int split)
+{
+    __nv_bfloat16 h = __float2bfloat16(v);
+    y[i] = h;
+    if (split) y[n + i] = __float2bfloat16(v - __bfloat162float(h));
+}
 
 /* a * b, two BF16 lanes rounded to nearest: mul.bf16x2 from sm_90; before, the same bits by
  * fma.rn.bf16x2 with an addend of -0.0 (one rounding, and a zero product keeps its sign) */
@@ -236,9 +246,8 @@ __device__ __forceinline__ void w4_tile(float (&acc)[NS][NT][4], const uint8_t *
             cp_async_commit();
         }
     }
-    /* PF groups of weights in flight per warp beyond the one being used (2 was measured slower
-     * on the H200 at decode: the registers cost more occupancy than the depth gained; session 8:
-     * so were 2-4 for the dense decode tiles, docs/PERFORMANCE.md) */
+    /* PF groups of weights in flight per warp beyond the one being used (more cost more occupancy
+     * in registers than the depth gains: docs/log) */
     constexpr int PF = 1;
     W4Frag nxt[PF][NS];
     /* WRD > 0 (ST 0 only): instead, each warp's records stream through a ring of WRD slots per
@@ -398,109 +407,5 @@ __device__ __forceinline__ int w4_kreduce(float (&acc)[NS][NT][4], float *red)
     return 1;
 }
 
-/* ---- the MoE prefill block GEMM (pf tiles, w4.h) ----
- * Many tokens per expert make the GEMM compute-bound: what counts is how many mma each shared
- * memory load and each decode feed. A block of NT warps (nt / 4 along tokens x 4 along rows;
- * NT = 4 or 8) computes W4_PF_RECS = 16 row tiles x 8 NT tokens; warp (wm = warp % 4, wn =
- * warp / 4) owns the records in stage slots 4 wm .. 4 wm + 3 and tokens 32 wn .. 32 wn + 31:
- * acc[q][nt] = record slot 4 wm + q (16 rows) x token n8 tile nt, 64 floats. Each decoded A
- * fragment feeds 4 mma (one per n8 tile), each B fragment 8 (4 records x 2 k16 steps).
- * The weights and the activations of half a record group (128 columns) go into shared memory by
- * cp.async, ST stages in flight, one barrier a stage. Weights through shared memory rather than
- * straight to registers: 4 records in flight a warp cost 72 registers a group (the accumulators
- * already hold 64), and the 2 warps along tokens would each load the same records. A record's
- * half is its 2 chunks' codes (1024 bytes) plus all its 256 scale bytes (the scales are
- * interleaved per lane over the 4 chunks); each lane reads its fragments as w4_tile does, one
- * 16-byte load per chunk from a contiguous 512 bytes (no bank conflicts). B: ldmatrix does not
- * fit here (it hands lane t the natural columns 2t, 2t + 1, the W4P k order needs 16t + 4j + q),
- * so each lane reads its 32 contiguous bytes of a token row with 16-byte loads; rows are 272
- * bytes apart, 16 mod 128, so the 8 lanes of a load phase (2 rows x 4 t) hit 8 distinct 16-byte
- * bank groups.
- * Split activations (the low halves lo_g groups of 256 elements after the high ones; 0: plain
- * BF16) run K twice, the high halves then the low halves (virtual stages 2 ng .. 4 ng - 1 re-read
- * the weights; the same products as w4_tile's, summed in another order).
- * recp (shared, 16): the first record of each slot's row tile, clamped to a valid one; rowp
- * (shared, 8 NT): each token slot's BF16 row, clamped to a valid token; rows from 8 ntv on are
- * neither staged nor computed. Every thread of the block must call (barriers). */
-template <int NT, int ST>
-__device__ __forceinline__ void w4_pf_gemm(float (&acc)[4][4][4], const uint8_t *const *recp,
-                                           const __nv_bfloat16 *const *rowp, unsigned lo_g, int ng, int ntv, uint8_t *sm)
-{
-    constexpr int NTH = NT * 32, STAGE = W4_PF_STAGE(NT), RB = W4_PF_REC_BYTES, XB = W4_PF_ROW_BYTES;
-    static_assert(ST >= 2 && (NT == 4 || NT == 8), "pf tile: 2+ stages, 32 or 64 tokens");
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5, wm = warp & 3, wn = warp >> 2;
-    const int nw = min(max(ntv - 4 * wn, 0), 4); /* the warp's n8 tiles holding valid tokens */
-#pragma unroll
-    for (int q = 0; q < 4; q++)
-#pragma unroll
-        for (int nt = 0; nt < 4; nt++) acc[q][nt][0] = acc[q][nt][1] = acc[q][nt][2] = acc[q][nt][3] = 0.f;
-    const int nv = 2 * ng * (lo_g ? 2 : 1); /* virtual stages: (pass, group, half) */
-    auto stage = [&](int v, int slot) { /* the block copies virtual stage v into ring slot v % ST */
-        uint8_t *dst = sm + slot * STAGE;
-        int G = (v >> 1) % ng, hh = v & 1;
-        /* thread q: 16 bytes of record slot q / 80: codes (byte 16 ch of chunks 2 hh, 2 hh + 1)
-         * for ch < 64, else scales */
-#pragma unroll 1
-        for (int q = threadIdx.x; q < W4_PF_RECS * 80; q += NTH) {
-            int r = q / 80, ch = q % 80, off = ch < 64 ? hh * 1024 + ch * 16 : 2048 + (ch - 64) * 16;
-            cp_async16(dst + r * RB + ch * 16, recp[r] + (size_t)G * W4_REC + off);
-        }
-        /* thread q: 8 activations (16 bytes) of token slot q / 16 */
-        size_t xo = ((size_t)(v >= 2 * ng ? lo_g : 0) + G) * W4_KG + hh * 128;
-        uint8_t *xs = dst + W4_PF_RECS * RB;
-#pragma unroll 1
-        for (int q = threadIdx.x; q < 8 * ntv * 16; q += NTH) {
-            int r = q >> 4, ch = q & 15;
-            cp_async16(xs + r * XB + ch * 16, rowp[r] + xo + ch * 8);
-        }
-    };
-#pragma unroll
-    for (int p = 0; p < ST - 1; p++) {
-        if (p < nv) stage(p, p);
-        cp_async_commit();
-    }
-    for (int v = 0, slot = 0; v < nv; v++, slot = slot + 1 < ST ? slot + 1 : 0) { /* slot = v % ST */
-        cp_async_wait<ST - 2>(); /* this thread's copies of stage v have landed ... */
-        __syncthreads();         /* ... everyone's, and every warp is done with stage v - 1's slot */
-        if (v + ST - 1 < nv) stage(v + ST - 1, slot > 0 ? slot - 1 : ST - 1);
-        cp_async_commit();
-        if (nw == 0) continue; /* warp-uniform: no valid token in the warp's columns */
-        const uint8_t *ws = sm + slot * STAGE + 4 * wm * RB;
-        /* lane (g, t): token row 32 wn + 8 nt + g, its bytes 32 t .. 32 t + 31 of each 64-column chunk */
-        const uint8_t *xs = sm + slot * STAGE + W4_PF_RECS * RB + (32 * wn + g) * XB + t * 32;
-#pragma unroll
-        for (int cc = 0; cc < 2; cc++) {
-            const int c = 2 * (v & 1) + cc; /* the chunk of the record group (its scale bytes) */
-            uint4 w[4];
-            uint32_t sg[4], sh[4];
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                w[q] = *(const uint4 *)(ws + q * RB + cc * 512 + lane * 16);
-                uint32_t sw = *(const uint32_t *)(ws + q * RB + 1024 + lane * 8 + (c >> 1) * 4);
-                sg[q] = w4_scale2(sw, (2 * c) & 3);
-                sh[q] = w4_scale2(sw, (2 * c + 1) & 3);
-            }
-#pragma unroll
-            for (int jp = 0; jp < 2; jp++) { /* k16 steps 2 jp, 2 jp + 1 */
-                uint4 b[4];
-#pragma unroll
-                for (int nt = 0; nt < 4; nt++)
-                    if (nt < nw) b[nt] = *(const uint4 *)(xs + nt * 8 * XB + cc * 128 + jp * 16);
-#pragma unroll
-                for (int jj = 0; jj < 2; jj++)
-#pragma unroll
-                    for (int q = 0; q < 4; q++) {
-                        uint32_t a[4];
-                        w4_decode(jp ? (jj ? w[q].w : w[q].z) : (jj ? w[q].y : w[q].x), sg[q], sh[q], a);
-#pragma unroll
-                        for (int nt = 0; nt < 4; nt++)
-                            if (nt < nw)
-                                mma_bf16(acc[q][nt], a[0], a[1], a[2], a[3], jj ? b[nt].z : b[nt].x, jj ? b[nt].w : b[nt].y);
-                    }
-            }
-        }
-    }
-    cp_async_wait<0>();
-}
 
 #endif

@@ -1,19 +1,20 @@
-/* w4_wg.cuh: the W4A16 GEMM on Hopper's warpgroup MMA (wgmma, sm_90a) for MoE prefill: many
+/* w4_wgmma.cuh: the W4A16 GEMM on Hopper's warpgroup MMA (wgmma, sm_90a) for MoE prefill (many
  * tokens per expert, where mma.sync with the decode on its critical path stays far from the
- * tensor roof (issue #5; w4.cuh's pf tiles reached 28% of the BF16 peak).
+ * tensor roof: the block GEMM tiles reached 28% of the BF16 peak) and the dense split-K tile
+ * (w4_moe_wgmma.cu, w4_dense_wg.cu).
  *
  * A block is 2 warpgroups (256 threads). Each warp decodes its own W4P row tile (16 rows) into
  * registers exactly as w4_tile does; the 4 warps of a warpgroup hold one 64-row A operand in the
  * register layout wgmma takes (the mma.sync m16n8k16 A fragment, warp w holding rows 16 w ..),
  * and one wgmma m64nNk16 multiplies it by N = 32, 64, 80 or 128 tokens staged in shared memory
- * (or fewer, wg_nn): a decoded weight fragment now feeds up to 128 tokens (32 in the pf tiles)
+ * (or fewer, wg_nn): a decoded weight fragment now feeds up to 128 tokens (32 in the block tiles)
  * and the MMA runs asynchronously while the warp decodes the next chunk.
  *
  * B (the tokens) is read by the hardware through a shared-memory descriptor: K-major rows of 64
  * BF16 (128 bytes) in the 128-byte swizzle (16-byte unit u of row r at u ^ (r % 8)), 8-row groups
  * 1024 bytes apart; a k16 step is the descriptor's start address + 32 bytes. The hardware reads
  * the 16 k of a step in order, while W4P hands lane t of step j the physical columns 16 t + 4 j +
- * q (w4.cuh): so the activations these kernels read are stored permuted inside each 64-column
+ * q (w4_common.cuh): so the activations these kernels read are stored permuted inside each 64-column
  * chunk, position 16 j + kk holding column 16 t + 4 j + q for kk = 2 t + (q & 1) + 8 (q >> 1)
  * (w4_wg_perm; the routing launch writes x so, the gate/up epilogue writes h so).
  *
@@ -21,12 +22,12 @@
  * BF16 halves), copied by cp.async from all 256 threads ST - 2 steps ahead; weights stream to
  * registers one record group ahead, or (WR > 0) through a ring of WR records per warp in shared
  * memory filled by bulk copies, WR - 1 groups ahead (w4_wg_gemm_n says how a step runs). */
-#ifndef MOESERVE_W4_WG_CUH
-#define MOESERVE_W4_WG_CUH
+#ifndef MOESERVE_W4_WGMMA_CUH
+#define MOESERVE_W4_WGMMA_CUH
 
 #include <type_traits>
 
-#include "w4.cuh"
+#include "w4_common.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define W4_WG_ARCH 1
@@ -43,24 +44,15 @@ __host__ __device__ __forceinline__ int w4_wg_perm(int k)
 
 #define W4_WG_ROW_BYTES 128 /* a staged token row: 64 BF16 */
 
-#ifndef W4_WG_ONE_HALF /* plain BF16 stage slots hold one half (w4_wg_gemm_r) */
-#define W4_WG_ONE_HALF 1
-#endif
-#ifndef W4_WG_N16 /* bit NT / 4 - 1: the ring tiles of 8 NT tokens run a token tile of at most 16 tokens (8 packed) as N = 16 MMAs */
-#define W4_WG_N16 0xF
-#endif
-#ifndef W4_WG_NFINE /* bit NT / 4 - 1: the ring tiles of 8 NT tokens run MMAs of the N of a token tile's valid tokens (wg_nn) */
-#define W4_WG_NFINE 0x3
-#endif
-#ifndef W4_WG_NFINE_SPLIT /* the same with split activations */
-#define W4_WG_NFINE_SPLIT 0x2
-#endif
-#ifndef W4_WG_N29 /* tile 29 (128 tokens) has an N = 80 instantiation beside 32, 64 and 128 */
-#define W4_WG_N29 1
-#endif
-#ifndef W4_WG_EARLY_CODES /* tile 29 (128 tokens) reads a chunk's codes from the ring one MMA wait before their decode */
-#define W4_WG_EARLY_CODES 1
-#endif
+/* The shapes of the ring GEMM's loop, fixed per tile size (bit NT / 4 - 1 of a mask: the tiles
+ * of 8 NT tokens, 32, 64 or 128): */
+constexpr bool W4_WG_ONE_HALF = true;  /* plain BF16 stage slots hold one half (w4_wg_gemm_r) */
+constexpr int W4_WG_N16 = 0xF;         /* a token tile of at most 16 tokens (8 packed) as N = 16 MMAs */
+constexpr int W4_WG_NFINE = 0x3;       /* MMAs of the N of a token tile's valid tokens (wg_nn) */
+constexpr int W4_WG_NFINE_SPLIT = 0x2; /* the same with split activations */
+constexpr bool W4_WG_N80 = true;       /* the 128-token tile has an N = 80 instantiation beside 32, 64 and 128 */
+constexpr bool W4_WG_EARLY_CODES = true; /* the 128-token tile reads a chunk's codes from the ring one MMA wait
+                                          * before their decode */
 
 /* shared memory of a wg block: ST stages x 2 halves x 8 NT token rows x 128 bytes, 1024-aligned;
  * then, with a weight ring (WR > 0), each of the 8 warps' WR record slots and their WR mbarriers */
@@ -240,13 +232,11 @@ __device__ __forceinline__ int wg_nn(int nv)
     return n < NN ? n : NN;
 }
 
-/* The 4 MMAs of a chunk (k16 steps j, B at descriptor dd + 2 j) at N = nn (wg_nn). Session 14: a
- * run-time choice among MMA sets in the loop (N = 32: 16, 24, 32; N = 64: 40 to 64) costs tile 29
- * (1 block an SM, 128 tokens) more than the MMA work it saves (+3% at 2048 tokens, +9% at 8192
- * with choices in its N = 128 set too: the sets' blocks are scheduled apart), and gains on tiles
- * 28 and 30; tile 29 takes one more instantiation instead, N = 80 (w4_wg_gemm_s: at 2048 tokens
- * random, 2-4% faster than one at 96, which was 6% faster than none; with both, or one at 48
- * beside 96, ptxas spills 96-124 bytes and 4096-8192 tokens are 5-10% slower). */
+/* The 4 MMAs of a chunk (k16 steps j, B at descriptor dd + 2 j) at N = nn (wg_nn): a run-time
+ * choice among MMA sets in the loop (N = 32: 16, 24, 32; N = 64: 40 to 64). It costs the 128-token
+ * tile (1 block an SM) more than the MMA work it saves (the sets' blocks are scheduled apart), and
+ * gains on the 32- and 64-token ones; the 128-token tile takes one more instantiation instead, N =
+ * 80 (w4_wg_gemm_s; one more, or another N, makes ptxas spill). */
 template <int NT, int NN, bool SPLIT>
 __device__ __forceinline__ void wg_mma_chunk(float *acc, const uint32_t (&av)[4][4], uint64_t dd, int nn)
 {
@@ -273,8 +263,8 @@ __device__ __forceinline__ void wg_mma_chunk(float *acc, const uint32_t (&av)[4]
 /* The weight ring (WR > 0): each warp streams its records through WR slots of its own in shared
  * memory, one bulk copy (the TMA engine, cp.async.bulk) of a whole 2304-byte record a slot,
  * completing on the slot's mbarrier; WR - 1 records are in flight while the warp decodes, and
- * none of them holds a register (session 4: a second record in registers cost more occupancy
- * than it gained). A slot's n-th fill completes phase n of its barrier: the warp keeps the
+ * none of them holds a register (a second record in registers cost more occupancy than it
+ * gained). A slot's n-th fill completes phase n of its barrier: the warp keeps the
  * parity of each slot's next wait in a bit of ph. */
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count)
 {
@@ -422,8 +412,8 @@ __device__ __forceinline__ void w4_wg_gemm_n(float (&acc)[4 * NT], const uint8_t
 
 /* w4_wg_gemm_n with the weights through the ring (WR > 0): the same steps, but the loop runs a
  * record group (4 steps) an iteration so that the chunk is a constant, and every address,
- * descriptor and source pointer moves by an add (session 7: in the SASS of w4_wg_gemm_n about
- * half of a step's ~160 instructions recompute them, against ~85 for the decode); token rows
+ * descriptor and source pointer moves by an add (in the SASS of w4_wg_gemm_n about half of a
+ * step's ~160 instructions recompute them, against ~85 for the decode); token rows
  * from nv on are not staged (their columns are never stored).
  * nrec: the warp's records in the block's next token tile (the same ng), or null: the last
  * WR - 1 refills then ask for that tile's first groups, so that its call starts with its weights
@@ -440,7 +430,7 @@ __device__ __forceinline__ void w4_wg_gemm_r(float (&acc)[4 * NT], const uint8_t
     /* A chunk's slot holds its high and low halves (SPLIT), or one half (plain BF16, and the packed
      * halves, which share a half's rows): then the same shared memory holds twice the slots, and a
      * stage twice the chunks: one barrier, one proxy fence and one commit group per 2 CPS chunks
-     * (W4_WG_ONE_HALF=0 at build time: the split layout for every form, as before session 12). */
+     * (W4_WG_ONE_HALF false: the split layout for every form). */
     constexpr bool ONE = !SPLIT && W4_WG_ONE_HALF;
     /* CH: copy passes of 32 rows (rows from nv on are never copied) */
     constexpr int NR = 8 * NT, HALF = NR * W4_WG_ROW_BYTES, STAGE = ONE ? HALF : 2 * HALF, CH = (NN + 31) / 32;
@@ -494,8 +484,8 @@ __device__ __forceinline__ void w4_wg_gemm_r(float (&acc)[4 * NT], const uint8_t
     /* the MMAs' B descriptor of the slot of the step being issued (start address in 16-byte units
      * in the low 14 bits: moving it is an add). Where a group's 4 chunks fill whole runs of slots
      * (NSL % 4 == 0), a chunk's slot is the group's first plus the chunk (a constant): the wrap is
-     * tested once a group, not a chunk (session 13: the descriptor arithmetic and its per-chunk
-     * wrap were 11 uniform instructions of a chunk's ~110) */
+     * tested once a group, not a chunk (the descriptor arithmetic and its per-chunk wrap were 11
+     * uniform instructions of a chunk's ~110) */
     constexpr bool G4 = NSL % 4 == 0;
     const uint64_t d0 = wg_desc(sbase);
     uint64_t dc = d0; /* G4: the group's first chunk's slot; else the chunk's */
@@ -536,8 +526,8 @@ __device__ __forceinline__ void w4_wg_gemm_r(float (&acc)[4 * NT], const uint8_t
     };
     uint32_t a0[4][4], a1[4][4]; /* A of this chunk and of the next (two names: registers, not an indexed array) */
     /* the codes of the chunk decoded next; with EARLY read from the ring before the MMA wait that
-     * precedes their decode, so that the shared-memory latency hides behind it (session 13: 2% at
-     * 8192 tokens with tile 29; with 32 tokens, tile 30, no gain, split skewed 512 tokens 4% slower) */
+     * precedes their decode, so that the shared-memory latency hides behind it (a gain on the
+     * 128-token tile only) */
     constexpr bool EARLY = W4_WG_EARLY_CODES && NT == 16;
     uint4 wc;
     auto codes = [&](auto cc) {
@@ -616,11 +606,11 @@ __device__ __forceinline__ void w4_wg_gemm_nr(float (&acc)[4 * NT], const uint8_
     else w4_wg_gemm_r<NT, ST, WR, CPS, NN, SPLIT>(acc, rec, rowp, lo, ng, nv, sm, ring, nrec);
 }
 
-/* The 32-token ring tiles (27, 30 and the dense 36): the N of a call's MMAs chosen once a call,
- * each its own instantiation of the loop (XN), on accumulators of its own then copied into acc:
- * BF16 16 (wg_n16), 24 (wg_fine), 32; split activations 32, and the packed halves (up to 16
- * tokens) 16 or 32. Session 17: with the choice a branch in the loop between the MMA sets (wg_nn,
- * wg_mma_chunk, sessions 13-14; the tiles of 64 and 128 tokens keep it), ptxas ends each chunk's
+/* The 32-token ring tiles (moe_wgmma_32_*_r*, dense_wg_splitk): the N of a call's MMAs chosen once
+ * a call, each its own instantiation of the loop (XN), on accumulators of its own then copied into
+ * acc: BF16 16 (wg_n16), 24 (wg_fine), 32; split activations 32, and the packed halves (up to 16
+ * tokens) 16 or 32. With the choice a branch in the loop between the MMA sets (wg_nn,
+ * wg_mma_chunk; the tiles of 64 and 128 tokens keep it), ptxas ends each chunk's
  * MMAs with an empty wgmma group of its own (C7519, "warpgroup.arrive is injected"), so that the
  * loop's wait for the chunk before (wait_group 1) waited for this chunk's too: the next chunk's
  * decode no longer overlapped them. With one accumulator for several instantiations, or both
@@ -679,7 +669,7 @@ __device__ __forceinline__ void w4_wg_gemm_s(float (&acc)[4 * NT], const uint8_t
         }
     }
     if constexpr (NT == 16) {
-        if constexpr (W4_WG_N29 && WR > 0) { /* tile 29: N = 80 too (wg_mma_chunk says why) */
+        if constexpr (W4_WG_N80 && WR > 0) { /* the 128-token ring tile: N = 80 too (wg_mma_chunk says why) */
             if (nv > 80) w4_wg_gemm_nr<NT, ST, WR, CPS, 128, SPLIT>(acc, rec, rowp, lo, ng, nv, sm, ring, nrec);
             else if (nv > 64) w4_wg_gemm_nr<NT, ST, WR, CPS, 80, SPLIT>(acc, rec, rowp, lo, ng, nv, sm, ring, nrec);
             else if (nv > 32) w4_wg_gemm_nr<NT, ST, WR, CPS, 64, SPLIT>(acc, rec, rowp, lo, ng, nv, sm, ring, nrec);

@@ -1,24 +1,28 @@
-/* gqa: causal attention of grouped-query heads over the paged KV cache (GLM-4.5/4.6/4.7), the
- * twin of attention_gqa_cpu (cpu/attention.c). Decode and prefill alike, one launch a step:
+/* attention_gqa: causal grouped-query attention over the paged KV cache on the GPU (GLM-4.5/4.6/
+ * 4.7), the twin of attention_gqa_cpu (cpu/attention.c). Two kernels, decode and prefill alike:
  *
- * Block (token t, KV head kh, split sp), DH threads: the G = H / Hkv query heads of kh against
- * the keys [jb, je) of t's context (split sp of S: S > 1 where a step has too few tokens to fill
- * the GPU, and then gqa_combine_kernel adds the splits). Keys go DH at a time:
+ * gqa_kernel, for head dims 64 and 128 (up to 16 query heads a KV head) and 256 (8): a block per
+ * (token t, KV head kh, split sp), DH threads: the G = H / Hkv query heads of kh against the keys
+ * [jb, je) of t's context (split sp of S: S > 1 where a step has too few tokens to fill the GPU,
+ * then gqa_combine_kernel adds the splits). Keys go DH at a time:
  *   scores   thread j reads key j0 + j's K row once (16-byte loads) and scores it against the G
  *            queries (in shared memory, pre-scaled);
  *   softmax  warp w owns heads w, w + W, ...: the chunk's max, the running max and sum, and the
  *            factor that rescales what was accumulated before;
  *   values   warp w takes keys w, w + W, ... of the chunk and lane l the dims of every head that
  *            l owns (DH / 32 of them), each V row read once; the warps' sums are added at the end.
- * The cache is read in its dtype (float32, BF16, FP8 E4M3 times its scale) and everything is
- * float32, as on the CPU (the tests hold the two within float32 rounding).
- *
  * Bytes: every key's K and V row of its KV head once per query token (per split); prefill reads
- * a sequence's rows once per query token, from L2 while they fit it. */
+ * a sequence's rows once per query token, from L2 while they fit it.
+ *
+ * attention_gqa_kernel, every other head shape: one block per (token, head), thread d owns output
+ * dim d, keys a chunk at a time with an online softmax (each head re-reads its KV head's rows).
+ *
+ * The cache is read in its dtype (float32, BF16, FP8 E4M3 times its scale: k_scale for K,
+ * v_scale for V) and everything is float32, as on the CPU; the tests hold the two within float32
+ * rounding. */
 #include <cuda_fp8.h>
 
-#include "common.cuh"
-#include "cuda.h"
+#include "attention.cuh"
 
 #define GQA_MAX_S 32 /* splits of one token's keys */
 
@@ -296,4 +300,58 @@ extern "C" int gqa_attention_cuda(Backend *be, float *out, const float *q, const
         LAUNCH_CHECK("gqa_combine_kernel");
     }
     return 1;
+}
+
+/* ---- the general kernel ---- */
+
+/* block (t, h): thread d < Dh owns out[t, h, d]; thread j scores key j0 + j of the chunk */
+static __global__ void attention_gqa_kernel(float *out, const float *q, const void *cache, KVDtype dt, float ks,
+                                            float vs, int W, int bs, const int *seq, const int *pos,
+                                            const int *block_table, int bt_stride, int H, int Hkv, int Dh, float scale)
+{
+    __shared__ float qs[ATT_THREADS], sc[ATT_THREADS], red[32];
+    __shared__ int sl[ATT_THREADS];
+    int t = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, kh = h / (H / Hkv);
+    int s = seq[t], n = pos[t] + 1;
+    if (tid < Dh) qs[tid] = q[((int64_t)t * H + h) * Dh + tid];
+    float m = -INFINITY, l = 0.f, acc = 0.f;
+    __syncthreads();
+    for (int j0 = 0; j0 < n; j0 += blockDim.x) {
+        int j = j0 + tid;
+        float z = -INFINITY;
+        if (j < n) {
+            int slot = batch_slot(block_table, bt_stride, s, j, bs);
+            sl[tid] = slot;
+            int64_t k0 = (int64_t)slot * W + kh * Dh;
+            float d = 0.f;
+            for (int i = 0; i < Dh; i++) d += qs[i] * kv_elem_load(cache, dt, k0 + i, ks);
+            z = d * scale;
+        }
+        float mnew = fmaxf(m, block_max(z, red));
+        float p = j < n ? expf(z - mnew) : 0.f;
+        sc[tid] = p;
+        float psum = block_sum(p, red);
+        float corr = expf(m - mnew);
+        l = l * corr + psum;
+        acc *= corr;
+        m = mnew;
+        __syncthreads();
+        int cnt = min((int)blockDim.x, n - j0);
+        if (tid < Dh)
+            for (int jj = 0; jj < cnt; jj++)
+                acc += sc[jj] * kv_elem_load(cache, dt, (int64_t)sl[jj] * W + (Hkv + kh) * Dh + tid, vs);
+        __syncthreads();
+    }
+    if (tid < Dh) out[((int64_t)t * H + h) * Dh + tid] = acc / l;
+}
+
+void attention_gqa_cuda(Backend *be, float *out, const float *q, const KVLayer *kv, const Batch *b, const ModelConfig *c)
+{
+    if (!b->n_tokens || gqa_attention_cuda(be, out, q, kv, b, c)) return;
+    if (c->head_dim > ATT_THREADS) die("attention_gqa_cuda: head_dim %d > %d", c->head_dim, ATT_THREADS);
+    dim3 grid(b->n_tokens, c->n_heads);
+    attention_gqa_kernel<<<grid, ATT_THREADS, 0, cuda_stream(be)>>>(
+        out, q, kv->kv, kv->dtype, kv->k_scale, kv->v_scale, kv->kv_width, kv->block_size, b->seq, b->pos,
+        b->block_table, b->bt_stride, c->n_heads, c->n_kv_heads, c->head_dim, c->attn_scale);
+    LAUNCH_CHECK("attention_gqa_kernel");
 }
