@@ -14,6 +14,7 @@
 #include <stddef.h>
 
 #include "../model/model.h"
+#include "sample.h"
 
 /* Ops, grouped by the category diagnosis reports them under (op_category). */
 typedef enum {
@@ -82,15 +83,6 @@ typedef enum {
     FILL_E4M3_UNIT,    /* e4m3 bytes: random sign, magnitude in [0.5, 2) */
 } FillKind;
 
-/* One row's sampling knobs after the penalties (the sampler's, engine/sampler.h), as the sample
- * op reads them: the row's token is a function of its logits and these alone. */
-typedef struct {
-    float temperature;   /* 0: greedy (argmax, ties to the lowest id) */
-    int top_k;           /* <= 0 or >= V: off */
-    float top_p;         /* >= 1: off */
-    float min_p;         /* <= 0: off */
-    float u;             /* uniform in [0, 1) from the request's generator; unused when greedy */
-} SampleRow;
 
 /* The implementation of each op: the backend-specific part. Arguments as the be_* wrappers. */
 typedef struct {
@@ -288,18 +280,5 @@ void be_argmax(Backend *be, int *out, const float *x, int rows, int n);
  * in backend memory): sampling on the device, so that only the ids cross to the host. */
 void be_sample(Backend *be, int *out, const float *logits, int rows, int V, const SampleRow *params);
 
-/* The definition of sampling (cpu/sample.c), shared by the host sampler and the cpu op; the
- * CUDA op must agree with it. Greedy: the largest logit, ties to the lowest id, NaN never wins.
- * No filter: a draw over the softmax at the temperature in id order. With filters: candidates
- * sorted by (logit desc, id asc), the top_k first, their softmax at the temperature; top-p keeps
- * the smallest prefix whose probability reaches top_p, min-p those with probability >= min_p
- * times the largest (at least one is kept); the draw is u times the kept mass, walked in sorted
- * order. work: sample_row_work(V) bytes. */
-size_t sample_row_work(int V);
-int sample_row(const float *logits, int V, const SampleRow *p, void *work);
-/* The n largest logits in that order (value desc, id asc, NaN never) by a bounded selection
- * over the vocabulary: c [n]; returns how many (fewer than n when the rest are NaN). */
-typedef struct { float v; int id; } SampleCand;
-int sample_top_n(const float *logits, int V, int n, SampleCand *c);
 
 #endif

@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 #include "../format/codec.h"
-#include "../model/model.h"
+#include "../format/config.h"
 
 #define KV_FN CODEC_FN
 

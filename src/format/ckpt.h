@@ -12,7 +12,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../model/model.h"
 #include "config.h"
 #include "quant.h"
 #include "safetensors.h"

@@ -881,7 +881,7 @@ int config_parse(ModelConfig *c, const char *json_text, const char *path, char *
     if (!root) return bad(&x, "invalid JSON at line %d: %s", je.line, je.text);
     int rc = json_is_object(root) ? parse_root(&x, root, c) : bad(&x, "the top level must be an object");
     json_decref(root);
-    if (rc == 0) model_shard_whole(c);
+    if (rc == 0) config_shard_whole(c);
     return rc;
 }
 
@@ -957,4 +957,21 @@ void quant_config_free(QuantConfig *q)
     free(q->mixed_names);
     free(q->mixed_algo);
     memset(q, 0, sizeof *q);
+}
+
+void config_shard_whole(ModelConfig *c)
+{
+    c->tp = c->pp = c->ep = 1;
+    c->tp_rank = c->pp_rank = 0;
+    c->layer_begin = 0;
+    c->layer_end = c->n_layers;
+    c->expert0 = 0;
+    c->n_local_experts = c->n_experts;
+    c->vocab0 = 0;
+    c->vocab_local = c->vocab;
+    c->head0 = c->kv_head0 = 0;
+    c->g_heads = c->n_heads;
+    c->g_kv_heads = c->n_kv_heads;
+    c->g_intermediate = c->intermediate;
+    c->g_moe_intermediate = c->moe_intermediate;
 }

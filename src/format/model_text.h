@@ -9,7 +9,7 @@
 #include <jansson.h>
 #include <stddef.h>
 
-#include "../engine/sampler.h"
+#include "sampling_params.h"
 #include "chat_template.h"
 #include "tokenizer.h"
 

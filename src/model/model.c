@@ -78,22 +78,6 @@ static int64_t layer_params(const ModelConfig *c, int layer, int all)
 
 int model_is_mla(const ModelConfig *c) { return c->arch != ARCH_GLM4_MOE; }
 
-void model_shard_whole(ModelConfig *c)
-{
-    c->tp = c->pp = c->ep = 1;
-    c->tp_rank = c->pp_rank = 0;
-    c->layer_begin = 0;
-    c->layer_end = c->n_layers;
-    c->expert0 = 0;
-    c->n_local_experts = c->n_experts;
-    c->vocab0 = 0;
-    c->vocab_local = c->vocab;
-    c->head0 = c->kv_head0 = 0;
-    c->g_heads = c->n_heads;
-    c->g_kv_heads = c->n_kv_heads;
-    c->g_intermediate = c->intermediate;
-    c->g_moe_intermediate = c->moe_intermediate;
-}
 
 int model_kv_width(const ModelConfig *c)
 {

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/util.h"
 #include "diag/report.h"
 #include "diag/verdict.h"
 #include "server_harness.h"
