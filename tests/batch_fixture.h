@@ -3,7 +3,7 @@
 #define MOESERVE_TEST_BATCH_FIXTURE_H
 
 #include "base/util.h"
-#include "model/model.h"
+#include "backend/backend.h"
 
 /* A host batch of S sequences: sequence s has ctx[s] positions cached after this step and its
  * last ntok[s] tokens in the batch; its blocks of bs tokens are shuffled over a pool of exactly

@@ -9,7 +9,6 @@
 
 #include "../base/knobs.h"
 #include "../base/util.h"
-#include "../diag/profile.h"
 #include "kv_elem.h"
 
 static const struct { const char *name; OpCategory cat; } op_info[OP_COUNT] = {
@@ -55,7 +54,7 @@ void backend_reset_stats(Backend *be) { memset(be->stats, 0, sizeof be->stats); 
 
 static void count(Backend *be, OpId op, double flops, double bytes)
 {
-    if (be->prof) prof_op_end(be, op, flops, bytes);
+    if (be->hook) be->hook->end(be->hook->ctx, op, flops, bytes);
     be->stats[op].flops += flops;
     be->stats[op].bytes += bytes;
     be->stats[op].calls++;
@@ -63,13 +62,13 @@ static void count(Backend *be, OpId op, double flops, double bytes)
 
 void be_op_begin(Backend *be)
 {
-    if (be->prof) prof_op_begin(be);
+    if (be->hook) be->hook->begin(be->hook->ctx);
 }
 
 void be_count(Backend *be, OpId op, double flops, double bytes) { count(be, op, flops, bytes); }
 
 /* not while profiling: the profiler times the ops one after another on one stream */
-int be_side_begin(Backend *be, int T, SideKind kind) { return be->prof || !be->ops->side_begin ? 0 : be->ops->side_begin(be, T, (int)kind); }
+int be_side_begin(Backend *be, int T, SideKind kind) { return be->hook || !be->ops->side_begin ? 0 : be->ops->side_begin(be, T, (int)kind); }
 void be_side_end(Backend *be) { be->ops->side_end(be); }
 void be_side_join(Backend *be) { be->ops->side_join(be); }
 
@@ -177,11 +176,11 @@ void be_router(Backend *be, int *idx, float *wts, const float *logits, const flo
 }
 
 void be_moe(Backend *be, float *out, const float *x, const int *idx, const float *wts, int T,
-            const LayerWeights *lw, const ModelConfig *c)
+            const MoeExperts *ex, const ModelConfig *c)
 {
     be_op_begin(be);
     int touched = 0;
-    for (int r = 0; r < backend_gemm_repeat; r++) touched = be->ops->moe(be, out, x, idx, wts, T, lw, c);
+    for (int r = 0; r < backend_gemm_repeat; r++) touched = be->ops->moe(be, out, x, idx, wts, T, ex, c);
     double E = c->n_experts, K = c->n_experts_per_tok, share = 1;
     if (c->ep > 1) { /* c holds this rank's experts: about K / ep of each token's pairs land here */
         share = 1.0 / c->ep;
@@ -190,8 +189,8 @@ void be_moe(Backend *be, float *out, const float *x, const int *idx, const float
     /* expected distinct experts under uniform routing when the backend cannot say */
     double n_exp = touched >= 0 ? touched : share * E * (1.0 - pow(1.0 - K / E, T));
     K *= share;
-    double expert_bytes = qtensor_bytes(&lw->exp_gate[0]) + qtensor_bytes(&lw->exp_up[0]) +
-                          qtensor_bytes(&lw->exp_down[0]);
+    double expert_bytes = qtensor_bytes(&ex->gate[0]) + qtensor_bytes(&ex->up[0]) +
+                          qtensor_bytes(&ex->down[0]);
     double F = c->moe_intermediate, D = c->hidden;
     count(be, OP_MOE, 2.0 * T * K * 3.0 * F * D + 3.0 * T * K * F,
           n_exp * expert_bytes + 4.0 * T * D * 2 + 8.0 * T * K);

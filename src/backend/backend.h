@@ -5,7 +5,7 @@
  *
  * All activations are float32 in the backend's memory (host for cpu, device for cuda), row
  * major, with an explicit leading dimension (ld, in elements) where rows may be strided.
- * Shape letters are those of model.h. Ops that read a Batch get it twice: hb on the host (for
+ * Shape letters are those of model/model.h. Ops that read a Batch get it twice: hb on the host (for
  * the counts) and db, the same batch with its arrays in the backend's memory (for the work);
  * on the cpu backend they are the same. */
 #ifndef MOESERVE_BACKEND_H
@@ -13,7 +13,8 @@
 
 #include <stddef.h>
 
-#include "../model/model.h"
+#include "../format/config.h"
+#include "../format/quant.h"
 #include "sample.h"
 
 /* Ops, grouped by the category diagnosis reports them under (op_category). */
@@ -71,6 +72,34 @@ typedef struct {
     float v_scale;       /* FP8: GQA v; 1 otherwise. The indexer keys use scale 1 */
 } KVLayer;
 
+/* The routed experts of one MoE layer as the moe op reads them (model/moe.c makes the view from
+ * LayerWeights). */
+typedef struct {
+    const QTensor *gate, *up;  /* [E] of [F, D] */
+    const QTensor *down;       /* [E] of [D, F] */
+    const QTensor *table;      /* [3, E] gate, up, down QTensors in backend memory (device backends'
+                                  kernels read them there), or NULL on the host */
+} MoeExperts;
+
+/* The tokens of one forward step over the paged KV cache (engine builds it, model/forward.c runs it). */
+typedef struct {
+    int n_tokens;              /* T */
+    int *tokens;               /* [T] token ids */
+    int *pos;                  /* [T] absolute position of each token in its sequence */
+    int *seq;                  /* [T] sequence (0..S-1) each token belongs to */
+    int *slot;                 /* [T] KV slot written: block * block_size + offset */
+    int n_seqs;                /* S */
+    int *seq_start;            /* [S] first token of the sequence in this batch; a sequence's
+                                  tokens are contiguous and at consecutive positions */
+    int *seq_ntok;             /* [S] tokens of the sequence in this batch */
+    int *ctx_len;              /* [S] tokens in the KV cache after this step (last pos + 1) */
+    int *block_table;          /* [S, bt_stride] block ids; row s covers ctx_len[s] positions */
+    int bt_stride;             /* block-table row length (max blocks per sequence) */
+    int max_ctx;               /* max of ctx_len (set by forward_run) */
+    int n_out;                 /* rows that produce logits */
+    int *out_idx;              /* [n_out] token index of each logits row */
+} Batch;
+
 typedef struct Backend Backend;
 
 /* Random fills for dummy weights: element i is a function of (seed, i) alone, computed with
@@ -110,7 +139,7 @@ typedef struct {
                    int T, const ModelConfig *c);
     /* returns the number of distinct experts it touched (for the byte count), -1 unknown */
     int (*moe)(Backend *be, float *out, const float *x, const int *idx, const float *wts, int T,
-               const LayerWeights *lw, const ModelConfig *c);
+               const MoeExperts *ex, const ModelConfig *c);
     void (*attention_gqa)(Backend *be, float *out, const float *q, const KVLayer *kv,
                           const Batch *b, const ModelConfig *c);
     void (*attention_mla)(Backend *be, float *out, const float *q, const KVLayer *kv,
@@ -158,12 +187,20 @@ typedef struct {
     void (*side_join)(Backend *be);
 } BackendOps;
 
+/* Who listens to every op (diag/profile times a sampled step's ops this way): begin before an
+ * op's work, end after it with the op and its counts. */
+typedef struct {
+    void (*begin)(void *ctx);
+    void (*end)(void *ctx, OpId op, double flops, double bytes);
+    void *ctx;
+} OpHook;
+
 struct Backend {
     const char *name;          /* "cpu", "cuda" */
     int host_memory;           /* 1: backend memory is host memory (cpu) */
     const BackendOps *ops;
     OpStat stats[OP_COUNT];    /* accumulated since the last backend_reset_stats */
-    void *prof;                /* diag/profile: non-NULL while a step is being timed op by op */
+    const OpHook *hook;        /* non-NULL while a step is timed op by op (diag/profile) */
     int n_threads;             /* cpu: OpenMP threads */
     void *impl;                /* backend-private state */
 };
@@ -233,7 +270,7 @@ void be_router(Backend *be, int *idx, float *wts, const float *logits, const flo
                const ModelConfig *c);
 /* out[T, D] = sum_k wts[t,k] * Expert_{idx[t,k]}(x[t]) over the routed experts */
 void be_moe(Backend *be, float *out, const float *x, const int *idx, const float *wts, int T,
-            const LayerWeights *lw, const ModelConfig *c);
+            const MoeExperts *ex, const ModelConfig *c);
 /* GQA causal attention over the paged cache: out[T, H*Dh] from q[T, H*Dh] (roped). */
 void be_attention_gqa(Backend *be, float *out, const float *q, const KVLayer *kv, const Batch *hb,
                       const Batch *db, const ModelConfig *c);

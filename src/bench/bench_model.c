@@ -11,7 +11,7 @@
 
 #include "../base/util.h"
 #include "../cli/cli.h"
-#include "../engine/kv_cache.h"
+#include "../model/kv_cache.h"
 #include "../model/forward.h"
 
 #define BENCH_MODEL_USAGE "moeserve bench model " MODEL_OPTS_USAGE " [--batch 1,64,256] [--input-len N] " \

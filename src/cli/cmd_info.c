@@ -15,7 +15,7 @@
 #include "../format/config.h"
 #include "../format/safetensors.h"
 #include "../backend/backend.h"
-#include "../engine/kv_cache.h"
+#include "../model/kv_cache.h"
 #include "../model/model.h"
 #include "cli.h"
 #include <math.h>

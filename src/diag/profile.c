@@ -35,9 +35,13 @@ StepCat step_cat_of(OpId op)
     }
 }
 
+static void prof_op_begin(void *ctx);
+static void prof_op_end(void *ctx, OpId op, double flops, double bytes);
+
 void prof_init(Prof *p, Backend *be)
 {
-    *p = (Prof){.gpu = be->ops->event_create != NULL};
+    *p = (Prof){.gpu = be->ops->event_create != NULL, .be = be};
+    p->hook = (OpHook){.begin = prof_op_begin, .end = prof_op_end, .ctx = p};
 }
 
 void prof_free(Prof *p, Backend *be)
@@ -70,17 +74,20 @@ static void grow(Prof *p, Backend *be)
     p->cap = cap;
 }
 
-void prof_op_begin(Backend *be)
+/* the hook's ends: an op's start and end on the stream (or the clock) */
+static void prof_op_begin(void *ctx)
 {
-    Prof *p = be->prof;
+    Prof *p = ctx;
+    Backend *be = p->be;
     if (p->n == p->cap) grow(p, be);
     if (p->gpu) be->ops->event_record(be, p->e0[p->n]);
     else p->t0[p->n] = clock_now();
 }
 
-void prof_op_end(Backend *be, OpId op, double flops, double bytes)
+static void prof_op_end(void *ctx, OpId op, double flops, double bytes)
 {
-    Prof *p = be->prof;
+    Prof *p = ctx;
+    Backend *be = p->be;
     if (p->n == p->cap) return; /* an end without its begin */
     p->flops[p->n] = flops;
     if (p->gpu) be->ops->event_record(be, p->e1[p->n]);
@@ -94,18 +101,20 @@ void profile_begin_step(Prof *p, Backend *be)
 {
     p->n = 0;
     p->wall0 = clock_now();
-    be->prof = p;
+    p->be = be;
+    p->hook.ctx = p;
+    be->hook = &p->hook;
 }
 
 void profile_stop(Prof *p, Backend *be)
 {
-    be->prof = NULL;
+    be->hook = NULL;
     p->wall1 = clock_now();
 }
 
 void profile_end_step(Prof *p, Backend *be, ProfSum *s, double sched_ms, int tokens, double p2p_gbps)
 {
-    if (be->prof) profile_stop(p, be);
+    if (be->hook) profile_stop(p, be);
     double busy = 0, wall = (p->wall1 - p->wall0) * 1e3;
     for (int i = 0; i < p->n; i++) {
         double ms;

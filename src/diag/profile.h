@@ -1,4 +1,4 @@
-/* profile: timing one engine step op by op (issue #9). While be->prof points at a Prof, every
+/* profile: timing one engine step op by op. While be->hook is a Prof's hook, every
  * op (the be_* wrappers of backend.h, and the collectives of src/dist through be_op_begin /
  * be_count) is bracketed: on the CPU by the wall clock, on a GPU by events on the stream, read
  * once the step is done. The engine profiles one step in N (always on, the cost measured in
@@ -27,6 +27,8 @@ typedef struct {
     double *bytes, *flops;
     int gpu;
     double wall0, wall1;
+    Backend *be;               /* the backend being timed (borrowed) */
+    OpHook hook;               /* installed in be->hook for a step */
 } Prof;
 
 /* Sums over the profiled steps. */
@@ -41,10 +43,7 @@ typedef struct {
 
 void prof_init(Prof *p, Backend *be);
 void prof_free(Prof *p, Backend *be);
-/* be_op_begin / count() call these while be->prof is set */
-void prof_op_begin(Backend *be);
-void prof_op_end(Backend *be, OpId op, double flops, double bytes);
-/* start a step (be->prof = p), and end it: the op times of the step added to s with the step's
+/* start a step (be->hook = p's), and end it: the op times of the step added to s with the step's
  * wall time, its scheduling time (host work before the forward) and tokens; p2p_gbps (> 0)
  * splits pipeline receives into transfer and wait. */
 void profile_begin_step(Prof *p, Backend *be);

@@ -18,7 +18,7 @@
 
 #include "../base/util.h"
 #include "../model/forward.h"
-#include "kv_cache.h"
+#include "../model/kv_cache.h"
 
 #define ENGINE_MAX_EOS 16
 #define ENGINE_WAIT_PING_S 0.5     /* how often the owners of queued requests are woken (engine.h) */

@@ -6,7 +6,7 @@
 #define MOESERVE_RUNNER_H
 
 #include "../model/forward.h"
-#include "kv_cache.h"
+#include "../model/kv_cache.h"
 
 typedef struct {
     const Model *m;            /* borrowed: the model in the backend's memory */

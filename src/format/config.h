@@ -22,7 +22,7 @@ typedef enum {
 
 typedef enum { SCORE_SIGMOID, SCORE_SOFTMAX } ScoringFunc;
 
-/* Element type of the paged KV cache (engine/kv_cache.h; backend/kv_elem.h is the codec). */
+/* Element type of the paged KV cache (model/kv_cache.h; backend/kv_elem.h is the codec). */
 typedef enum {
     KV_DTYPE_AUTO,    /* not chosen: see model_kv_dtype */
     KV_DTYPE_F32,

@@ -437,7 +437,7 @@ static void forward_send_batch(Forward *f, const Batch *b, const KVCache *kv)
         memcpy(p, b->block_table + (size_t)s * b->bt_stride, nb * sizeof(int));
         p += nb;
     }
-    DistMsg msg = {.op = DIST_MSG_RUN, .v = {T, S, O, b->bt_stride, (int)n, f->be->prof != NULL}};
+    DistMsg msg = {.op = DIST_MSG_RUN, .v = {T, S, O, b->bt_stride, (int)n, f->be->hook != NULL}};
     dist_bcast_host(f->dist, &msg, sizeof msg);
     dist_bcast_host(f->dist, buf, n * sizeof(int));
     free(buf);
@@ -452,7 +452,7 @@ void forward_run(Forward *f, const Batch *b, KVCache *kv, float *logits_out)
     if (f->shared) forward_send_batch(f, b, kv);
     dist_fault_point(f->dist);
     /* a profiled step runs op by op, on every rank (the collectives must match) */
-    int eager = be->prof != NULL || f->eager_once;
+    int eager = be->hook != NULL || f->eager_once;
     f->eager_once = 0;
     if (f->graph_ctx && !eager && is_decode(f, b)) {
         forward_decode_graph(f, b, kv);

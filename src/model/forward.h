@@ -7,7 +7,7 @@
 
 #include "../backend/backend.h"
 #include "../dist/dist.h"
-#include "../engine/kv_cache.h"
+#include "kv_cache.h"
 #include "model.h"
 
 /* A pipeline micro-batch: sequences [s0, s1), their tokens [t0, t1), logits rows [o0, o1). */

@@ -140,24 +140,5 @@ void model_upload(Model *dst, const Model *src, struct Backend *be);
 void model_load_dummy(Model *m, const char *dir, QFormat fmt, int n_layers);
 void model_upload_free(Model *m, struct Backend *be);
 
-/* ---- Batch: the tokens of one forward step over the paged KV cache ---- */
-
-typedef struct {
-    int n_tokens;              /* T */
-    int *tokens;               /* [T] token ids */
-    int *pos;                  /* [T] absolute position of each token in its sequence */
-    int *seq;                  /* [T] sequence (0..S-1) each token belongs to */
-    int *slot;                 /* [T] KV slot written: block * block_size + offset */
-    int n_seqs;                /* S */
-    int *seq_start;            /* [S] first token of the sequence in this batch; a sequence's
-                                  tokens are contiguous and at consecutive positions */
-    int *seq_ntok;             /* [S] tokens of the sequence in this batch */
-    int *ctx_len;              /* [S] tokens in the KV cache after this step (last pos + 1) */
-    int *block_table;          /* [S, bt_stride] block ids; row s covers ctx_len[s] positions */
-    int bt_stride;             /* block-table row length (max blocks per sequence) */
-    int max_ctx;               /* max of ctx_len (set by forward_run) */
-    int n_out;                 /* rows that produce logits */
-    int *out_idx;              /* [n_out] token index of each logits row */
-} Batch;
 
 #endif

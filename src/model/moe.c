@@ -51,12 +51,13 @@ void moe_ffn(Forward *f, int layer)
     }
     be_matmul(be, OP_GEMM_ROUTER, f->rlogits, c->n_experts, f->a, D, T, &w->router, NULL);
     be_router(be, f->ridx, f->rwts, f->rlogits, w->router_bias, T, c);
+    const MoeExperts ex = {.gate = w->exp_gate, .up = w->exp_up, .down = w->exp_down, .table = w->exp_table};
     if (c->ep > 1) { /* this rank's experts only */
         ModelConfig lc = *c;
         lc.n_experts = c->n_local_experts;
-        be_moe(be, f->ffn, f->a, f->ridx, f->rwts, T, w, &lc);
+        be_moe(be, f->ffn, f->a, f->ridx, f->rwts, T, &ex, &lc);
     } else {
-        be_moe(be, f->ffn, f->a, f->ridx, f->rwts, T, w, c);
+        be_moe(be, f->ffn, f->a, f->ridx, f->rwts, T, &ex, c);
     }
     if (shared) { /* (routed + shared), then the residual, as transformers adds */
         if (side) be_side_join(be);

@@ -583,33 +583,27 @@ TEST(cuda_router)
 
 /* A MoE layer's E experts (gate and up [F, D], down [D, F]) in fmt, or W4P-packed NVFP4 with
  * w4: host tensors in hl, device tensors and their table in dl; experts_free releases them. */
-static TW *experts_make(Rng *r, QFormat fmt, int w4, int E, int D, int F, LayerWeights *hl, LayerWeights *dl)
+static TW *experts_make(Rng *r, QFormat fmt, int w4, int E, int D, int F, MoeExperts *hl, MoeExperts *dl)
 {
     TW *ws = malloc(3 * E * sizeof(TW));
-    *hl = (LayerWeights){0};
-    *dl = (LayerWeights){0};
-    hl->exp_gate = malloc(3 * E * sizeof(QTensor));
-    hl->exp_up = hl->exp_gate + E;
-    hl->exp_down = hl->exp_gate + 2 * E;
-    dl->exp_gate = malloc(3 * E * sizeof(QTensor));
-    dl->exp_up = dl->exp_gate + E;
-    dl->exp_down = dl->exp_gate + 2 * E;
+    QTensor *hg = malloc(3 * E * sizeof(QTensor)), *dg = malloc(3 * E * sizeof(QTensor));
     for (int i = 0; i < 3 * E; i++) {
         ws[i] = w4 ? tw_make_w4(r, i < 2 * E ? F : D, i < 2 * E ? D : F) : tw_make(r, fmt, i < 2 * E ? F : D, i < 2 * E ? D : F);
-        hl->exp_gate[i] = ws[i].host;
-        dl->exp_gate[i] = ws[i].dev;
+        hg[i] = ws[i].host;
+        dg[i] = ws[i].dev;
     }
-    dl->exp_table = up(dl->exp_gate, 3 * E * sizeof(QTensor));
+    *hl = (MoeExperts){.gate = hg, .up = hg + E, .down = hg + 2 * E};
+    *dl = (MoeExperts){.gate = dg, .up = dg + E, .down = dg + 2 * E, .table = up(dg, 3 * E * sizeof(QTensor))};
     return ws;
 }
 
-static void experts_free(TW *ws, int E, LayerWeights *hl, LayerWeights *dl)
+static void experts_free(TW *ws, int E, MoeExperts *hl, MoeExperts *dl)
 {
-    be_free(&gpu, (void *)dl->exp_table);
+    be_free(&gpu, (void *)dl->table);
     for (int i = 0; i < 3 * E; i++) tw_free(&ws[i]);
     free(ws);
-    free(hl->exp_gate);
-    free(dl->exp_gate);
+    free((void *)hl->gate);
+    free((void *)dl->gate);
 }
 
 TEST(cuda_moe)
@@ -632,7 +626,7 @@ TEST(cuda_moe)
             if (fmts[f] == QF_NVFP4 && cases[cs][3] % 16) continue; /* NVFP4 blocks of 16 columns */
             int T = cases[cs][0], E = cases[cs][1], K = cases[cs][2], D = cases[cs][3], F = cases[cs][4];
             ModelConfig c = moe_cfg(E, K, 1, 1, D, F, 0);
-            LayerWeights hl, dl;
+            MoeExperts hl, dl;
             TW *ws = experts_make(&r, w4 ? QF_NVFP4 : fmts[f], w4, E, D, F, &hl, &dl);
             float *x = rnd(&r, (size_t)T * D, 1);
             int *idx = malloc((size_t)T * K * 4);
@@ -683,7 +677,7 @@ TEST(cuda_w4_moe_ragged)
      * 90 -> 96, 103/105 -> 112, 128; on the 64- and 32-token rings the residues of 64 and 32 likewise */
     const int counts[16] = {0, 1, 63, 64, 65, 300, 299, 20, 37, 53, 90, 105, 103, 0, 0, 0};
     ModelConfig c = moe_cfg(E, K, 1, 1, D, F, 0);
-    LayerWeights hl, dl;
+    MoeExperts hl, dl;
     TW *ws = experts_make(&r, QF_NVFP4, 1, E, D, F, &hl, &dl);
     /* pair p of the list sorted by expert goes to token p % T, choice p / T: no expert has more
      * than T pairs, so a token's K experts are distinct */

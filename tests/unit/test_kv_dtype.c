@@ -14,7 +14,7 @@
 
 #include "backend/cpu/cpu.h"
 #include "base/util.h"
-#include "engine/kv_cache.h"
+#include "model/kv_cache.h"
 #include "format/safetensors.h"
 #include "test.h"
 

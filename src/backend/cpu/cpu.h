@@ -33,7 +33,7 @@ void matmul_cpu(Backend *be, float *out, int ldo, const float *x, int ldx, int T
 void router_cpu(Backend *be, int *idx, float *wts, const float *logits, const float *bias, int T,
                 const ModelConfig *c);
 int moe_cpu(Backend *be, float *out, const float *x, const int *idx, const float *wts, int T,
-            const LayerWeights *lw, const ModelConfig *c);
+            const MoeExperts *ex, const ModelConfig *c);
 void attention_gqa_cpu(Backend *be, float *out, const float *q, const KVLayer *kv, const Batch *b,
                        const ModelConfig *c);
 void attention_mla_cpu(Backend *be, float *out, const float *q, const KVLayer *kv,

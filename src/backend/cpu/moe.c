@@ -6,7 +6,7 @@
 #include "cpu.h"
 
 int moe_cpu(Backend *be, float *out, const float *x, const int *idx, const float *wts, int T,
-            const LayerWeights *lw, const ModelConfig *c)
+            const MoeExperts *ex, const ModelConfig *c)
 {
     int E = c->n_experts, K = c->n_experts_per_tok, D = c->hidden, F = c->moe_intermediate;
     int *cnt = cpu_scratch(2, (size_t)(2 * E + 1 + 2 * T * K) * sizeof(int));
@@ -32,10 +32,10 @@ int moe_cpu(Backend *be, float *out, const float *x, const int *idx, const float
         touched++;
         for (int i = 0; i < n; i++)
             memcpy(xg + (int64_t)i * D, x + (int64_t)(list[start[e] + i] / K) * D, D * sizeof(float));
-        matmul_cpu(be, g, F, xg, D, n, &lw->exp_gate[e], NULL);
-        matmul_cpu(be, u, F, xg, D, n, &lw->exp_up[e], NULL);
+        matmul_cpu(be, g, F, xg, D, n, &ex->gate[e], NULL);
+        matmul_cpu(be, u, F, xg, D, n, &ex->up[e], NULL);
         swiglu_cpu(be, g, g, u, F, n, F);
-        matmul_cpu(be, y, D, g, F, n, &lw->exp_down[e], NULL);
+        matmul_cpu(be, y, D, g, F, n, &ex->down[e], NULL);
         for (int i = 0; i < n; i++) {
             int tk = list[start[e] + i];
             float w = wts[tk];

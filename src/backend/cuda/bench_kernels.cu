@@ -388,18 +388,18 @@ extern "C" int cuda_bench_kernels(const BenchKernelsOpts *o)
         c.moe_intermediate = F;
         uint8_t *stage = (uint8_t *)be_alloc(&be, (size_t)D * F / 2 + (size_t)D * F / 16);
         W4Set sets[2];
-        LayerWeights lw[2] = {};
+        MoeExperts lw[2] = {};
         std::vector<QTensor> host[2];
         for (int ver = 1; ver >= (v0 ? 0 : 1); ver--) {
             host[ver].resize(3 * E);
             for (int i = 0; i < 3 * E; i++)
                 host[ver][i] = make_w(&be, sets[ver], i < 2 * E ? F : D, i < 2 * E ? D : F, ver, 1000 + 2 * i, stage);
-            lw[ver].exp_gate = host[ver].data();
-            lw[ver].exp_up = lw[ver].exp_gate + E;
-            lw[ver].exp_down = lw[ver].exp_gate + 2 * E;
+            lw[ver].gate = host[ver].data();
+            lw[ver].up = lw[ver].gate + E;
+            lw[ver].down = lw[ver].gate + 2 * E;
             void *tb = be_alloc(&be, 3 * E * sizeof(QTensor));
             be_to_device(&be, tb, host[ver].data(), 3 * E * sizeof(QTensor));
-            lw[ver].exp_table = (const QTensor *)tb;
+            lw[ver].table = (const QTensor *)tb;
         }
         double exp_bytes = 3.0 * D * F * 9 / 16;
         printf("\ngrouped MoE, GLM-5 layer: %d experts, top-%d, hidden %d, width %d, NVFP4 (%.2f MB per expert); "
@@ -444,7 +444,7 @@ extern "C" int cuda_bench_kernels(const BenchKernelsOpts *o)
         be_free(&be, x); be_free(&be, out); be_free(&be, didx); be_free(&be, dw); be_free(&be, stage);
         for (int ver = 0; ver < 2; ver++) {
             free_set(&be, sets[ver]);
-            if (lw[ver].exp_table) be_free(&be, (void *)lw[ver].exp_table);
+            if (lw[ver].table) be_free(&be, (void *)lw[ver].table);
         }
     }
 
@@ -584,13 +584,13 @@ extern "C" int cuda_w4_tune(const W4TuneOpts *o)
     W4Set set;
     std::vector<QTensor> host(3 * E);
     for (int i = 0; i < 3 * E; i++) host[i] = make_w(&be, set, i < 2 * E ? F : D, i < 2 * E ? D : F, 1, 500 + 2 * i, stage);
-    LayerWeights lw = {};
-    lw.exp_gate = host.data();
-    lw.exp_up = lw.exp_gate + E;
-    lw.exp_down = lw.exp_gate + 2 * E;
+    MoeExperts lw = {};
+    lw.gate = host.data();
+    lw.up = lw.gate + E;
+    lw.down = lw.gate + 2 * E;
     void *tb = be_alloc(&be, 3 * E * sizeof(QTensor));
     be_to_device(&be, tb, host.data(), 3 * E * sizeof(QTensor));
-    lw.exp_table = (const QTensor *)tb;
+    lw.table = (const QTensor *)tb;
     ModelConfig c = {};
     c.n_experts = E;
     c.n_experts_per_tok = K;

@@ -267,7 +267,7 @@ extern "C" int gqa_attention_cuda(Backend *be, float *out, const float *q, const
 extern "C" void gqa_reserve(Backend *be, const ModelConfig *c, int T);
 void router_cuda(Backend *be, int *idx, float *wts, const float *logits, const float *bias, int T, const ModelConfig *c);
 int moe_cuda(Backend *be, float *out, const float *x, const int *idx, const float *wts, int T,
-             const LayerWeights *lw, const ModelConfig *c);
+             const MoeExperts *ex, const ModelConfig *c);
 void attention_gqa_cuda(Backend *be, float *out, const float *q, const KVLayer *kv, const Batch *b, const ModelConfig *c);
 void attention_mla_cuda(Backend *be, float *out, const float *q, const KVLayer *kv, const QTensor *wkv_b,
                         const int *topk, int ktop, const Batch *b, const ModelConfig *c);
@@ -297,7 +297,7 @@ void moe_combine_cuda(Backend *be, float *out, const float *y, const float *wts,
 /* The W4A16 kernels for packed NVFP4 weights (w4_pack.cu, w4_dense.cu, w4_moe.cu). */
 void w4_pack_cuda(Backend *be, uint8_t *dst, const uint8_t *codes, const uint8_t *scales, int64_t N, int64_t K);
 void w4_matmul_cuda(Backend *be, float *out, int ldo, const float *x, int ldx, int T, const QTensor *w, const float *bias);
-int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const float *wts, int T, const LayerWeights *lw,
+int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const float *wts, int T, const MoeExperts *ex,
                 const ModelConfig *c);
 
 #endif

@@ -112,13 +112,13 @@ void moe_combine_cuda(Backend *be, float *out, const float *y, const float *wts,
     LAUNCH_CHECK("moe_combine_kernel");
 }
 
-int moe_cuda(Backend *be, float *out, const float *x, const int *idx, const float *wts, int T, const LayerWeights *lw,
+int moe_cuda(Backend *be, float *out, const float *x, const int *idx, const float *wts, int T, const MoeExperts *ex,
              const ModelConfig *c)
 {
     int E = c->n_experts, K = c->n_experts_per_tok, D = c->hidden, F = c->moe_intermediate, P = T * K;
     if (!T) return 0;
-    CHECK(lw->exp_table, "moe_cuda: the layer's expert table is not on the device");
-    if (w4_moe_ready(lw, c)) return w4_moe_cuda(be, out, x, idx, wts, T, lw, c);
+    CHECK(ex->table, "moe_cuda: the layer's expert table is not on the device");
+    if (w4_moe_ready(ex, c)) return w4_moe_cuda(be, out, x, idx, wts, T, ex, c);
     cudaStream_t st = cuda_stream(be);
     int max_tiles = P / QM + E;
     int *ibuf = (int *)cuda_scratch(be, SCR_MOE_COUNT, (size_t)(4 * E + 1 + 2 * max_tiles) * sizeof(int));
@@ -137,12 +137,12 @@ int moe_cuda(Backend *be, float *out, const float *x, const int *idx, const floa
     moe_fill_kernel<<<nb, 256, 0, st>>>(rows, fill, offset, idx, P);
     LAUNCH_CHECK("moe_fill_kernel");
     dim3 gf(max_tiles, cdiv(F, QN)), gd(max_tiles, cdiv(D, QN));
-    moe_gemm_kernel<<<gf, QTHREADS, 0, st>>>(g, F, x, D, lw->exp_table, 0, count, offset, rows, tile_e, tile_m0, n_tiles, K, E, 0);
+    moe_gemm_kernel<<<gf, QTHREADS, 0, st>>>(g, F, x, D, ex->table, 0, count, offset, rows, tile_e, tile_m0, n_tiles, K, E, 0);
     LAUNCH_CHECK("moe_gemm_kernel(gate)");
-    moe_gemm_kernel<<<gf, QTHREADS, 0, st>>>(u, F, x, D, lw->exp_table, 1, count, offset, rows, tile_e, tile_m0, n_tiles, K, E, 0);
+    moe_gemm_kernel<<<gf, QTHREADS, 0, st>>>(u, F, x, D, ex->table, 1, count, offset, rows, tile_e, tile_m0, n_tiles, K, E, 0);
     LAUNCH_CHECK("moe_gemm_kernel(up)");
     swiglu_cuda(be, g, g, u, F, P, F);
-    moe_gemm_kernel<<<gd, QTHREADS, 0, st>>>(y, D, g, F, lw->exp_table, 2, count, offset, rows, tile_e, tile_m0, n_tiles, K, E, 1);
+    moe_gemm_kernel<<<gd, QTHREADS, 0, st>>>(y, D, g, F, ex->table, 2, count, offset, rows, tile_e, tile_m0, n_tiles, K, E, 1);
     LAUNCH_CHECK("moe_gemm_kernel(down)");
     moe_combine_cuda(be, out, y, wts, idx, T, K, D);
     return -1;

@@ -21,7 +21,7 @@ extern "C" {
 /* An NVFP4 tensor the W4P layout can hold: N % 16 == 0, K % 256 == 0. */
 int w4_packable(const QTensor *w);
 /* Every expert of the layer is packed and the shapes fit the grouped kernels. */
-int w4_moe_ready(const LayerWeights *lw, const ModelConfig *c);
+int w4_moe_ready(const MoeExperts *ex, const ModelConfig *c);
 
 /* What an op runs: a tile (-1: the tuned or built-in choice) and, for the dense mma.sync tiles,
  * the K splits (0: enough warps to fill the GPU). Set for the next ops by the bench, the tuner and

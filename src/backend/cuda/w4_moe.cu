@@ -226,7 +226,7 @@ static void w4_moe_small_launch(cudaStream_t st, dim3 gf, dim3 gd, __nv_bfloat16
     LAUNCH_CHECK("w4_moe_down_kernel (small experts)");
 }
 
-int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const float *wts, int T, const LayerWeights *lw,
+int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const float *wts, int T, const MoeExperts *ex,
                 const ModelConfig *c)
 {
     int E = c->n_experts, K = c->n_experts_per_tok, D = c->hidden, F = c->moe_intermediate, P = T * K;
@@ -288,7 +288,7 @@ int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const f
     int rpb = W4_WARPS / tl.kwarps; /* row tiles per block */
     int rpb_gu = tl.gu_warps ? W4_WARPS / 2 : rpb; /* gate and up on two warps a row tile */
     dim3 gf(max_tiles, cdiv(F / 16, rpb_gu)), gd(max_tiles, cdiv(D / 16, rpb));
-    const QTensor *tb = lw->exp_table;
+    const QTensor *tb = ex->table;
     /* the small class's launches on stream s */
     auto small_launch = [&](cudaStream_t s) {
         const __nv_bfloat16 *xs = wg ? xb2 : xb;
@@ -364,10 +364,10 @@ int w4_moe_cuda(Backend *be, float *out, const float *x, const int *idx, const f
     return finish();
 }
 
-extern "C" int w4_moe_ready(const LayerWeights *lw, const ModelConfig *c)
+extern "C" int w4_moe_ready(const MoeExperts *ex, const ModelConfig *c)
 {
-    if (!lw->exp_gate || c->hidden % W4_KG || c->moe_intermediate % W4_KG || c->n_experts > 1024) return 0;
+    if (!ex->gate || c->hidden % W4_KG || c->moe_intermediate % W4_KG || c->n_experts > 1024) return 0;
     for (int e = 0; e < c->n_experts; e++)
-        if (!lw->exp_gate[e].packed || !lw->exp_up[e].packed || !lw->exp_down[e].packed) return 0;
+        if (!ex->gate[e].packed || !ex->up[e].packed || !ex->down[e].packed) return 0;
     return 1;
 }

@@ -7,6 +7,7 @@
 #define MOESERVE_KV_CACHE_H
 
 #include "../backend/backend.h"
+#include "model.h"
 
 typedef struct {
     int block_size;            /* tokens per block */
