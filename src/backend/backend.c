@@ -4,11 +4,16 @@
 #include "backend.h"
 
 #include <math.h>
+#include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../base/knobs.h"
 #include "../base/util.h"
+#ifdef MOESERVE_CUDA
+#include "cuda/cuda.h"
+#endif
 #include "kv_elem.h"
 
 static const struct { const char *name; OpCategory cat; } op_info[OP_COUNT] = {
@@ -305,4 +310,60 @@ void be_sample(Backend *be, int *out, const float *logits, int rows, int V, cons
     be->ops->sample(be, out, logits, rows, V, params);
     /* a max, an exponential and a compare an element; the logits read once, the ids written */
     count(be, OP_SAMPLE, 4.0 * rows * V, 4.0 * rows * V + (sizeof(SampleRow) + 4.0) * rows);
+}
+
+/* ---- opening a backend ---- */
+
+const char *backend_default(void)
+{
+#ifdef MOESERVE_CUDA
+    if (cuda_device_count() > 0) return "cuda";
+#endif
+    return "cpu";
+}
+
+void backend_open(Backend *be, const char *device, int threads)
+{
+    if (!device) device = backend_default();
+    if (!strcmp(device, "cpu")) {
+        if (threads <= 0) {
+            threads = omp_get_max_threads();
+            /* several ranks on this node share its cores, or they starve each other */
+            const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+            if (local && atoi(local) > 1) threads = threads / atoi(local) > 1 ? threads / atoi(local) : 1;
+        }
+        backend_cpu_init(be, threads);
+        return;
+    }
+    if (!strncmp(device, "cuda", 4)) {
+        int index = 0;
+        if (device[4] == ':') index = atoi(device + 5);
+        else if (device[4]) fatal("--device '%s': expected cpu, cuda or cuda:N", device);
+#ifdef MOESERVE_CUDA
+        backend_cuda_init(be, index);
+        char name[256];
+        cuda_device_name(index, name, sizeof name);
+        log_info("device: %s", name);
+        return;
+#else
+        (void)index;
+        fatal("--device %s: this moeserve was built without CUDA (nvcc was not found at build time)", device);
+#endif
+    }
+    fatal("--device '%s': expected cpu, cuda or cuda:N", device);
+}
+
+void backend_describe(const Backend *be, const char *device, char *buf, size_t n)
+{
+    if (!strcmp(be->name, "cpu")) {
+        snprintf(buf, n, "cpu (%d threads)", be->n_threads);
+        return;
+    }
+#ifdef MOESERVE_CUDA
+    int index = device && device[4] == ':' ? atoi(device + 5) : 0;
+    cuda_device_name(index, buf, n);
+#else
+    (void)device;
+    snprintf(buf, n, "%s", be->name);
+#endif
 }

@@ -206,6 +206,13 @@ struct Backend {
 };
 
 void backend_cpu_init(Backend *be, int n_threads);
+/* --device cpu|cuda|cuda:N: the default (NULL) is cuda when this build has the CUDA backend and
+ * a GPU is present, else cpu; threads <= 0: the cpu's OpenMP threads (shared by the ranks of a
+ * node). A device this build or machine lacks is a fatal error saying why. */
+const char *backend_default(void);
+void backend_open(Backend *be, const char *device, int threads);
+/* The device in words for logs and GET /get_server_info: the GPU's name, or "cpu (N threads)". */
+void backend_describe(const Backend *be, const char *device, char *buf, size_t n);
 /* --inject-gemm-repeat N (diagnosis tests): every GEMM and MoE op runs N times (counted once) */
 extern int backend_gemm_repeat;
 /* For ops implemented outside the backend (the collectives of src/dist): be_op_begin before

@@ -75,4 +75,14 @@ int opt_given(const OptCommand *c, const void *dst);
 /* The closest spellings to a wrong one among c's, for tests: up to 3 into out, returns how many. */
 int opt_suggest(const OptCommand *c, const char *wrong, const char *out[3]);
 
+/* Option parsing: opt_* look at argv[*i]; if it is `--name` they consume its value
+ * (argv[*i + 1]), store it and return 1; a missing or malformed value is a fatal error naming
+ * the option. */
+int opt_str(int argc, char **argv, int *i, const char *name, const char **out);
+int opt_int(int argc, char **argv, int *i, const char *name, long lo, long hi, int *out);
+int opt_double(int argc, char **argv, int *i, const char *name, double lo, double hi, double *out);
+int opt_flag(char **argv, int *i, const char *name, int *out);
+/* Stop with "error: <cmd>: unknown option 'x'" and the usage line. */
+void opt_unknown(const char *cmd, const char *arg, const char *usage);
+
 #endif

@@ -5,7 +5,10 @@
 #include <string.h>
 
 #include "../base/util.h"
-#include "../cli/cli.h"
+#include "../backend/backend.h"
+#include "../base/opt.h"
+#include "../engine/engine.h"
+#include "../model/model_opts.h"
 #ifdef MOESERVE_CUDA
 #include "../backend/cuda/cuda.h"
 #include "../backend/cuda/w4.h"

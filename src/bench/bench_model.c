@@ -10,7 +10,10 @@
 #include <string.h>
 
 #include "../base/util.h"
-#include "../cli/cli.h"
+#include "../backend/backend.h"
+#include "../base/opt.h"
+#include "../engine/engine.h"
+#include "../model/model_opts.h"
 #include "../model/kv_cache.h"
 #include "../model/forward.h"
 
@@ -65,7 +68,7 @@ int bench_model_main(int argc, char **argv)
     }
     if (help) { printf("usage: %s\n", BENCH_MODEL_USAGE); return 0; }
     if (!mo.dir) { fprintf(stderr, "error: bench model: --model is required\nusage: %s\n", BENCH_MODEL_USAGE); return 2; }
-    mo.dir = cli_model_dir("bench model", mo.dir, mo.revision, !mo.dummy);
+    mo.dir = model_dir_resolve("bench model", mo.dir, mo.revision, !mo.dummy);
     int batches[64], nb = parse_list(batch_s, batches, 64), maxB = 0;
     for (int i = 0; i < nb; i++) maxB = batches[i] > maxB ? batches[i] : maxB;
 
@@ -74,9 +77,9 @@ int bench_model_main(int argc, char **argv)
     const ModelConfig *c = &m.cfg;
     if (in_len + out_len > c->max_position) fatal("bench model: %d + %d tokens exceed the context length %d", in_len, out_len, c->max_position);
     Backend be;
-    device_open(&be, device, threads);
+    backend_open(&be, device, threads);
     Model dm;
-    device_model(&dm, &m, &be);
+    model_on_backend(&dm, &m, &be);
     int per_seq = (in_len + out_len + bs - 1) / bs;
     KVCache kv;
     kv_cache_init(&kv, &dm.cfg, &be, bs, maxB * per_seq);
@@ -188,7 +191,7 @@ int bench_model_main(int argc, char **argv)
     be_free(&be, d_next);
     forward_free(&f);
     kv_cache_free(&kv);
-    device_model_free(&dm, &be);
+    model_on_backend_free(&dm, &be);
     backend_free(&be);
     model_free(&m);
     return 0;

@@ -12,7 +12,10 @@
 #include <string.h>
 
 #include "../base/util.h"
-#include "../cli/cli.h"
+#include "../backend/backend.h"
+#include "../base/opt.h"
+#include "../engine/engine.h"
+#include "../model/model_opts.h"
 #include "bench_serve.h"
 
 #define BENCH_PLOT_USAGE "moeserve bench plot RESULTS.jsonl [RESULTS.jsonl...] [--gpus N] [--output FILE.svg] [--title TEXT]"

@@ -22,7 +22,10 @@
 #include <unistd.h>
 
 #include "../base/util.h"
-#include "../cli/cli.h"
+#include "../backend/backend.h"
+#include "../base/opt.h"
+#include "../engine/engine.h"
+#include "../model/model_opts.h"
 #include "../format/tokenizer.h"
 #include "bench_serve.h"
 

@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "../base/util.h"
-#include "../diag/diag.h"
+#include "../engine/engine.h"
 #include "../diag/report.h"
 #include "../dist/dist.h"
 #include "cli.h"
@@ -40,9 +40,9 @@ int cmd_calibrate(int argc, char **argv)
         opt_unknown("calibrate", argv[i], CAL_USAGE);
     }
     if (help) { printf("usage: %s\n", CAL_USAGE); return 0; }
-    device = cli_dist_start(&mo, device);
+    device = model_dist_start(&mo, device);
     Backend be;
-    device_open(&be, device, threads);
+    backend_open(&be, device, threads);
     Ceilings c;
     calibrate_get(&c, &be, dist_get(), quick, 1);
     Dist *d = dist_get();
@@ -186,7 +186,7 @@ static json_t *diagnose_load(const Model *dm, const Model *m, Backend *be, Engin
     Deployment layout = {.tp = mo->par.tp, .pp = mo->par.pp, .ep = mo->par.ep, .microbatches = mo->par.microbatches};
     Diagnosis g;
     Deployment d;
-    diag_engine(e, ceil, &layout, &g, &d);
+    engine_diagnose(e, ceil, &layout, &g, &d);
     log_info("diagnose: %d requests of %d + %d tokens, %d at a time, in %.1f s", ld->requests, ld->in_len, ld->out_len,
              ld->batch, clock_now() - t0);
     json_t *o = diagnosis_json(&g, &d, ceil);
@@ -210,17 +210,17 @@ static json_t *diagnose_load(const Model *dm, const Model *m, Backend *be, Engin
 static int diagnose_model(ModelOpts *mo, const char *device, int threads, EngineOptions *eo, const int *batches, int n_batches,
                           const Load *ld0, const char *out_dir, int as_json)
 {
-    device = cli_dist_start(mo, device);
+    device = model_dist_start(mo, device);
     Model m;
     model_open(&m, mo);
     Backend be;
-    device_open(&be, device, threads);
+    backend_open(&be, device, threads);
     Model dm;
-    device_model(&dm, &m, &be);
+    model_on_backend(&dm, &m, &be);
     Ceilings ceil;
     calibrate_get(&ceil, &be, dist_get(), 1, 0);
-    if (cli_worker(&dm, &be)) {
-        device_model_free(&dm, &be);
+    if (model_worker(&dm, &be)) {
+        model_on_backend_free(&dm, &be);
         backend_free(&be);
         model_free(&m);
         dist_shutdown();
@@ -243,7 +243,7 @@ static int diagnose_model(ModelOpts *mo, const char *device, int threads, Engine
         else log_info("diagnose: report in %s/report.md (breakdown.svg, roofline.svg)", out_dir);
     }
     for (int k = 0; k < n; k++) json_decref(runs[k].diag);
-    device_model_free(&dm, &be);
+    model_on_backend_free(&dm, &be);
     backend_free(&be);
     model_free(&m);
     dist_shutdown();
@@ -276,7 +276,7 @@ int cmd_diagnose(int argc, char **argv)
             opt_int(argc, argv, &i, "--output-len", 1, 1 << 20, &ld.out_len) ||
             opt_int(argc, argv, &i, "--requests", 1, 1 << 20, &ld.requests) ||
             opt_int(argc, argv, &i, "--max-batch-tokens", 1, 1 << 24, &eo.max_batch_tokens) ||
-            opt_flag(argv, &i, "--disable-cuda-graph", &eo.no_graphs) || opt_engine_diag(argc, argv, &i, &eo)) {
+            opt_flag(argv, &i, "--disable-cuda-graph", &eo.no_graphs) || engine_opt_diag(argc, argv, &i, &eo)) {
             for (int k = at; k <= i; k++) {
                 if (!strcmp(argv[k], "--tp") || !strcmp(argv[k], "--pp") || !strcmp(argv[k], "--ep")) {
                     k++; /* a sweep's layouts set these */
@@ -308,6 +308,6 @@ int cmd_diagnose(int argc, char **argv)
         if (!layouts) fatal("diagnose --sweep: --layouts tp1,tp2,... is required");
         return report_sweep(layouts, pass, device, launcher, out_dir, as_json);
     }
-    mo.dir = cli_model_dir("diagnose", mo.dir, mo.revision, !mo.dummy);
+    mo.dir = model_dir_resolve("diagnose", mo.dir, mo.revision, !mo.dummy);
     return diagnose_model(&mo, device, threads, &eo, batches, n_batches, &ld, report_dir, as_json);
 }

@@ -49,18 +49,3 @@ int cmd_download(int argc, char **argv)
     printf("%s\n", dir);
     return fflush(stdout) ? 1 : 0;
 }
-
-const char *cli_model_dir(const char *cmd, const char *arg, const char *revision, int weights)
-{
-    static char *kept[8]; /* the resolved directories live as long as the command */
-    static int n_kept;
-    (void)kept;
-    if (!arg) return NULL;
-    char dir[4096], err[4096];
-    int r = hub_resolve(arg, revision, weights, dir, sizeof dir, err, sizeof err);
-    if (r < 0) fatal("%s: %s", cmd, err);
-    if (r == 0) return arg;
-    char *d = xstrdup(dir);
-    if (n_kept < 8) kept[n_kept++] = d;
-    return d;
-}

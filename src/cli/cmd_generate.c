@@ -78,7 +78,7 @@ int cmd_generate(int argc, char **argv)
         return 2;
     }
     if (system_msg && !chat) fatal("generate: --system goes with --chat");
-    dir = cli_model_dir("generate", dir, revision, 1);
+    dir = model_dir_resolve("generate", dir, revision, 1);
 
     char err[1024];
     device = dist_setup(&par, device);
@@ -133,11 +133,11 @@ int cmd_generate(int argc, char **argv)
     if (max_ctx > m.cfg.max_position) fatal("generate: %d prompt + %d new tokens exceed the context length %d", n_ids, max_tokens, m.cfg.max_position);
 
     Backend be;
-    device_open(&be, device, threads);
+    backend_open(&be, device, threads);
     Model dm;
-    device_model(&dm, &m, &be);
-    if (cli_worker(&dm, &be)) { /* rank 0 prints; this rank repeats its steps */
-        device_model_free(&dm, &be);
+    model_on_backend(&dm, &m, &be);
+    if (model_worker(&dm, &be)) { /* rank 0 prints; this rank repeats its steps */
+        model_on_backend_free(&dm, &be);
         backend_free(&be);
         dist_shutdown();
         return 0;
@@ -215,7 +215,7 @@ int cmd_generate(int argc, char **argv)
     free(ids);
     sampler_free(&smp);
     runner_free(&run);
-    device_model_free(&dm, &be);
+    model_on_backend_free(&dm, &be);
     backend_free(&be);
     model_text_free(&mt);
     model_free(&m);

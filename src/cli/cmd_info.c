@@ -156,7 +156,7 @@ static void predict_precision(Precision *p, const ModelConfig *c, const QuantCon
 #define MOD(rows, cols, ...) do { snprintf(name, sizeof name, __VA_ARGS__); \
         predict_one(p, c, q, name, (rows), (cols)); } while (0)
     for (int l = 0; l < c->n_layers + c->n_mtp_layers; l++) {
-        if (!model_is_mla(c)) {
+        if (!config_is_mla(c)) {
             const int64_t Dh = c->head_dim, Hkv = c->n_kv_heads;
             MOD(H * Dh, D, "model.layers.%d.self_attn.q_proj", l);
             MOD(Hkv * Dh, D, "model.layers.%d.self_attn.k_proj", l);
@@ -275,7 +275,7 @@ static int count_indexer(const ModelConfig *c, int type)
 
 static const char *attention_kind(const ModelConfig *c)
 {
-    if (!model_is_mla(c)) return "GQA";
+    if (!config_is_mla(c)) return "GQA";
     return model_index_width(c) ? "MLA+DSA" : "MLA";
 }
 
@@ -336,7 +336,7 @@ static void print_text(const char *dir, const ModelConfig *c, const ParamCount *
     printf("layers        %d: %d dense + %d MoE", c->n_layers, count_layers(c, 0), count_layers(c, 1));
     if (c->n_mtp_layers) printf(", + %d MTP", c->n_mtp_layers);
     printf("\nhidden        %d\n", c->hidden);
-    if (model_is_mla(c)) {
+    if (config_is_mla(c)) {
         printf("attention     %s, %d heads, q_lora %d, kv_lora %d, qk %d+%d, v %d", attention_kind(c), c->n_heads,
                c->q_lora_rank, c->kv_lora_rank, c->qk_nope_dim, c->qk_rope_dim, c->v_head_dim);
     } else {
@@ -633,7 +633,7 @@ int cmd_info(int argc, char **argv)
         opt_unknown("info", argv[i], usage_line);
     }
     if (!dir) { fprintf(stderr, "error: info: --model DIR is required\nusage: %s\n", usage_line); return 2; }
-    dir = cli_model_dir("info", dir, revision, 1);
+    dir = model_dir_resolve("info", dir, revision, 1);
     DIR *d = opendir(dir);
     if (!d) { fprintf(stderr, "error: info: %s: not a readable directory\n", dir); return 1; }
     closedir(d);

@@ -57,8 +57,8 @@ int cmd_logits(int argc, char **argv)
         fprintf(stderr, "error: logits: --model, --tokens and --out are required\nusage: %s\n", LOGITS_USAGE);
         return 2;
     }
-    mo.dir = cli_model_dir("logits", mo.dir, mo.revision, !mo.dummy);
-    device = cli_dist_start(&mo, device);
+    mo.dir = model_dir_resolve("logits", mo.dir, mo.revision, !mo.dummy);
+    device = model_dist_start(&mo, device);
 
     Model m;
     model_open(&m, &mo);
@@ -69,12 +69,12 @@ int cmd_logits(int argc, char **argv)
     if (chunk <= 0 || chunk > T) chunk = T;
 
     Backend be;
-    device_open(&be, device, threads);
+    backend_open(&be, device, threads);
     Model dm;
-    device_model(&dm, &m, &be);
-    if (cli_worker(&dm, &be)) { /* rank 0 writes --out */
+    model_on_backend(&dm, &m, &be);
+    if (model_worker(&dm, &be)) { /* rank 0 writes --out */
         free(ids);
-        device_model_free(&dm, &be);
+        model_on_backend_free(&dm, &be);
         backend_free(&be);
         model_free(&m);
         dist_shutdown();
@@ -100,7 +100,7 @@ int cmd_logits(int argc, char **argv)
     free(logits);
     free(ids);
     runner_free(&run);
-    device_model_free(&dm, &be);
+    model_on_backend_free(&dm, &be);
     backend_free(&be);
     model_free(&m);
     dist_shutdown();

@@ -40,7 +40,7 @@ int cmd_perplexity(int argc, char **argv)
         fprintf(stderr, "error: perplexity: --model and --text-file are required\nusage: %s\n", PPL_USAGE);
         return 2;
     }
-    dir = cli_model_dir("perplexity", dir, revision, 1);
+    dir = model_dir_resolve("perplexity", dir, revision, 1);
     size_t len;
     char *text = file_read_all(file, &len);
     if (!text) fatal("perplexity: cannot read %s: %s", file, file_read_error(errno));
@@ -60,11 +60,11 @@ int cmd_perplexity(int argc, char **argv)
         if (ids[i] >= m.cfg.vocab) fatal("perplexity: token %d is outside the model's vocabulary (%d)", ids[i], m.cfg.vocab);
 
     Backend be;
-    device_open(&be, device, threads);
+    backend_open(&be, device, threads);
     Model dm;
-    device_model(&dm, &m, &be);
-    if (cli_worker(&dm, &be)) { /* rank 0 prints; this rank repeats its steps */
-        device_model_free(&dm, &be);
+    model_on_backend(&dm, &m, &be);
+    if (model_worker(&dm, &be)) { /* rank 0 prints; this rank repeats its steps */
+        model_on_backend_free(&dm, &be);
         backend_free(&be);
         dist_shutdown();
         return 0;
@@ -110,7 +110,7 @@ int cmd_perplexity(int argc, char **argv)
     free(ids);
     free(text);
     runner_free(&run);
-    device_model_free(&dm, &be);
+    model_on_backend_free(&dm, &be);
     backend_free(&be);
     tokenizer_free(tok);
     model_free(&m);

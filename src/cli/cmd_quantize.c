@@ -116,7 +116,7 @@ int cmd_quantize(int argc, char **argv)
         return 2;
     }
     if (threads > 0) omp_set_num_threads(threads);
-    model = cli_model_dir("quantize", model, revision, 1);
+    model = model_dir_resolve("quantize", model, revision, 1);
     char err[1024], rm[4096], ro[4096];
     if (realpath(model, rm) && realpath(out, ro) && !strcmp(rm, ro))
         fatal("quantize: --out %s is the input checkpoint; write the NVFP4 checkpoint elsewhere", out);

@@ -50,7 +50,7 @@ static char *server_info(const ModelOpts *mo, const Model *m, const Model *dm, c
                          const EngineOptions *eo, Engine *e, int max_len)
 {
     char dev[256];
-    device_describe(be, device, dev, sizeof dev);
+    backend_describe(be, device, dev, sizeof dev);
     EngineStats st;
     engine_stats(e, &st);
     json_t *o = json_pack("{s:s, s:s, s:s, s:b, s:i, s:s, s:{s:i, s:i, s:i}, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:i, s:b, s:b}",
@@ -112,7 +112,7 @@ int cmd_serve(int argc, char **argv)
             opt_int(argc, argv, &i, "--http-threads", 1, 256, &ho.threads) ||
             opt_int(argc, argv, &i, "--drain-timeout", 0, 86400, &drain_s) ||
             opt_str(argc, argv, &i, "--script-output", &script) ||
-            opt_flag(argv, &i, "--disable-cuda-graph", &eo.no_graphs) || opt_engine_diag(argc, argv, &i, &eo) ||
+            opt_flag(argv, &i, "--disable-cuda-graph", &eo.no_graphs) || engine_opt_diag(argc, argv, &i, &eo) ||
             opt_flag(argv, &i, "--help", &help))
             continue;
         opt_unknown("serve", argv[i], SERVE_USAGE);
@@ -139,8 +139,8 @@ int cmd_serve(int argc, char **argv)
         while (b > 0 && mo.dir[b - 1] != '/') b--;
         if (n - b < sizeof alias && b > 0) snprintf(alias, sizeof alias, "%.*s", (int)(n - b), mo.dir + b);
     }
-    mo.dir = cli_model_dir("serve", mo.dir, mo.revision, !mo.dummy);
-    device = cli_dist_start(&mo, device);
+    mo.dir = model_dir_resolve("serve", mo.dir, mo.revision, !mo.dummy);
+    device = model_dist_start(&mo, device);
     Model m;
     model_open(&m, &mo);
     ModelText mt;
@@ -152,14 +152,14 @@ int cmd_serve(int argc, char **argv)
                  "will be refused (400)", tokenizer_vocab_size(mt.tok), m.cfg.vocab, m.cfg.vocab, first ? first : "?");
     }
     Backend be;
-    device_open(&be, device, threads);
+    backend_open(&be, device, threads);
     Model dm;
-    device_model(&dm, &m, &be);
+    model_on_backend(&dm, &m, &be);
     /* the roofs the diagnosis compares against (cached per machine; every rank takes part) */
     Ceilings ceil;
     if (eo.profile_every > 0) calibrate_get(&ceil, &be, dist_get(), 1, 0);
-    if (cli_worker(&dm, &be)) { /* rank 0 serves; this rank repeats its steps */
-        device_model_free(&dm, &be);
+    if (model_worker(&dm, &be)) { /* rank 0 serves; this rank repeats its steps */
+        model_on_backend_free(&dm, &be);
         backend_free(&be);
         model_text_free(&mt);
         model_free(&m);
@@ -198,7 +198,7 @@ int cmd_serve(int argc, char **argv)
     engine_free(e);
     free(info);
     metrics_free(&metrics);
-    device_model_free(&dm, &be);
+    model_on_backend_free(&dm, &be);
     backend_free(&be);
     model_text_free(&mt);
     model_free(&m);

@@ -242,7 +242,7 @@ static void plan_layer(CkptPlan *p, const ModelConfig *c, int l)
         add(p, DT_BF16, pf, "eh_proj.weight", D, 2 * D);
     }
     add(p, DT_BF16, pf, "input_layernorm.weight", D, 0);
-    if (model_is_mla(c)) {
+    if (config_is_mla(c)) {
         int64_t R = c->q_lora_rank, C = c->kv_lora_rank, Dn = c->qk_nope_dim, Dr = c->qk_rope_dim, Dv = c->v_head_dim;
         add(p, DT_BF16, pf, "self_attn.q_a_proj.weight", R, D);
         add(p, DT_BF16, pf, "self_attn.q_a_layernorm.weight", R, 0);

@@ -20,7 +20,7 @@ static const char *const detok_usage =
 
 static Tokenizer *load_or_fail(const char *cmd, const char *path)
 {
-    path = cli_model_dir(cmd, path, NULL, 0); /* a Hub id: its config and tokenizer files */
+    path = model_dir_resolve(cmd, path, NULL, 0); /* a Hub id: its config and tokenizer files */
     char err[1024];
     Tokenizer *t = tokenizer_load(path, err, sizeof err);
     if (!t) fprintf(stderr, "error: %s: %s\n", cmd, err);

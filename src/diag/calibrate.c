@@ -14,7 +14,7 @@
 
 #include "../backend/cpu/cpu.h"
 #include "../base/util.h"
-#include "diag.h"
+#include "gpu.h"
 #ifdef MOESERVE_CUDA
 #include "../backend/cuda/cuda.h"
 void cuda_ceilings(Backend *be, int quick, double *copy, double *read, double *bf16, double *fp8);

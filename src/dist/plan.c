@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "../base/util.h"
-#include "../cli/cli.h"
+#include "../base/opt.h"
 
 static void parse_layers(const char *s, ParOpts *p)
 {
@@ -94,7 +94,7 @@ int plan_check(const ModelConfig *c, const ParOpts *p, char *err, size_t errlen)
     }
     if (tp == 1) return 0;
     if (H % tp) BAD("--tp %d: %d attention heads do not split evenly", tp, H);
-    if (!model_is_mla(c)) {
+    if (!config_is_mla(c)) {
         int Hkv = c->g_kv_heads;
         if (Hkv % tp && (tp % Hkv || (H / Hkv) % (H / tp)))
             BAD("--tp %d: %d KV heads (of %d query heads) neither split evenly nor replicate evenly", tp, Hkv, H);
@@ -125,7 +125,7 @@ void plan_apply(ModelConfig *c, const ParOpts *p, int rank)
     int H = c->g_heads, Hl = H / tp;
     c->n_heads = Hl;
     c->head0 = tr * Hl;
-    if (!model_is_mla(c)) {
+    if (!config_is_mla(c)) {
         int Hkv = c->g_kv_heads;
         if (Hkv % tp == 0) {
             c->n_kv_heads = Hkv / tp;

@@ -15,7 +15,7 @@
 
 #include <stddef.h>
 
-#include "../model/model.h"
+#include "../format/config.h"
 
 #define PLAN_MAX_STAGES 64
 

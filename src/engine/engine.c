@@ -16,8 +16,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "../base/opt.h"
 #include "../base/util.h"
 #include "../model/forward.h"
+#include "../diag/gpu.h"
 #include "../model/kv_cache.h"
 
 #define ENGINE_MAX_EOS 16
@@ -785,4 +787,23 @@ void engine_free(Engine *e)
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     free(e);
+}
+
+void engine_diagnose(Engine *e, const Ceilings *c, const Deployment *layout, Diagnosis *g, Deployment *d)
+{
+    *d = *layout;
+    ProfSum s;
+    engine_diag(e, &s, d, c->p2p_gbps);
+    if (d->gpu) {
+        Dist *dist = dist_get();
+        diag_gpu_power(dist ? dist->rank % 64 : 0, &d->power_w, &d->power_limit_w, &d->sm_clock_mhz, &d->sm_clock_max_mhz);
+    }
+    diagnose(&s, c, d, g);
+}
+
+int engine_opt_diag(int argc, char **argv, int *i, EngineOptions *eo)
+{
+    return opt_int(argc, argv, i, "--profile-every", 0, 1 << 20, &eo->profile_every) ||
+           opt_int(argc, argv, i, "--inject-host-delay-us", 0, 10000000, &eo->host_delay_us) ||
+           opt_int(argc, argv, i, "--inject-gemm-repeat", 1, 10000, &backend_gemm_repeat);
 }

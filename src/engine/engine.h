@@ -14,6 +14,7 @@
 
 #include "../backend/backend.h"
 #include "../diag/verdict.h"
+#include "../model/model.h"
 #include "sampler.h"
 
 typedef struct {
@@ -112,5 +113,13 @@ void engine_stats(Engine *e, EngineStats *s);
 /* The diagnosis inputs (diag/verdict.h): the profile sums and the engine's side of the
  * deployment (the caller adds the layout, the power). p2p_gbps: pipeline link bandwidth. */
 void engine_diag(Engine *e, ProfSum *s, Deployment *d, double p2p_gbps);
+/* The engine's diagnosis against the ceilings c: layout gives tp, pp, ep and micro-batches, the
+ * rest of *d is filled from the engine (and the GPU's power and clocks through NVML). */
+void engine_diagnose(Engine *e, const Ceilings *c, const Deployment *layout, Diagnosis *g, Deployment *d);
+
+/* The diagnosis options of an engine on a hand-written command line: --profile-every N, and the
+ * test hooks --inject-host-delay-us N, --inject-gemm-repeat N. */
+int engine_opt_diag(int argc, char **argv, int *i, EngineOptions *eo);
+#define DIAG_OPTS_USAGE "[--profile-every N] [--inject-host-delay-us N] [--inject-gemm-repeat N] [--inject-comm-delay-us N]"
 
 #endif

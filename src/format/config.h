@@ -103,6 +103,8 @@ typedef struct {
 /* The shard fields of c for one rank holding everything (config_parse calls it; dist/plan.h
  * plan_apply sets them for one rank of a layout). */
 void config_shard_whole(ModelConfig *c);
+/* MLA attention (GLM-5, DeepSeek-V3), else GQA (GLM-4.5) */
+static inline int config_is_mla(const ModelConfig *c) { return c->arch != ARCH_GLM4_MOE; }
 
 /* "an object", "a list", "a string", ... for messages that name a JSON value's kind */
 struct json_t;

@@ -76,7 +76,7 @@ void forward_init(Forward *f, const Model *m, Backend *be, int max_tokens, int m
         f->ridx = be_alloc(be, T * c->n_experts_per_tok * sizeof(int));
         f->rwts = be_alloc(be, T * c->n_experts_per_tok * F4);
     }
-    if (model_is_mla(c)) mla_expand_init(&f->mla, be, c, max_tokens, be_mla_piece(c));
+    if (config_is_mla(c)) mla_expand_init(&f->mla, be, c, max_tokens, be_mla_piece(c));
     f->out_h = be_alloc(be, (size_t)max_out * D * F4);
     f->logits = be_alloc(be, (size_t)max_out * c->vocab * F4);
     f->dist = dist_get();
@@ -298,7 +298,7 @@ static void forward_body(Forward *f, KVCache *kv)
             if (topk_in) dist_recv(d, be, f->topk, (size_t)T * Ki * sizeof(int), prev);
         }
         for (int l = c->layer_begin; l < c->layer_end; l++) {
-            if (model_is_mla(c))
+            if (config_is_mla(c))
                 glm5_attention(f, l, kv);
             else
                 glm4_moe_attention(f, l, kv);

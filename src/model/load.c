@@ -462,7 +462,7 @@ static void load_layer(Loader *ld, int l)
     w->attn_norm = vec(ld, PFX("input_layernorm.weight", p), D, 0);
     w->ffn_norm = vec(ld, PFX("post_attention_layernorm.weight", p), D, 0);
 
-    if (model_is_mla(c)) {
+    if (config_is_mla(c)) {
         int64_t R = c->q_lora_rank, C = c->kv_lora_rank, Dr = c->qk_rope_dim, Dq = c->qk_nope_dim + Dr;
         int64_t Dkv = c->qk_nope_dim + c->v_head_dim, Dv = c->v_head_dim;
         if (R > 0) {

@@ -30,7 +30,7 @@
 static int64_t attn_params(const ModelConfig *c)
 {
     const int64_t D = c->hidden, H = c->n_heads;
-    if (!model_is_mla(c)) {
+    if (!config_is_mla(c)) {
         const int64_t Dh = c->head_dim, Hkv = c->n_kv_heads;
         int64_t n = H * Dh * D + 2 * Hkv * Dh * D + D * H * Dh;
         if (c->attention_bias) n += H * Dh + 2 * Hkv * Dh;
@@ -76,12 +76,10 @@ static int64_t layer_params(const ModelConfig *c, int layer, int all)
 
 /* ---- public API ---- */
 
-int model_is_mla(const ModelConfig *c) { return c->arch != ARCH_GLM4_MOE; }
-
 
 int model_kv_width(const ModelConfig *c)
 {
-    return model_is_mla(c) ? c->kv_lora_rank + c->qk_rope_dim : 2 * c->n_kv_heads * c->head_dim;
+    return config_is_mla(c) ? c->kv_lora_rank + c->qk_rope_dim : 2 * c->n_kv_heads * c->head_dim;
 }
 
 int model_index_width(const ModelConfig *c)

@@ -22,7 +22,6 @@ struct Backend; /* backend.h */
 /* A token's KV entry width (floats per token per layer) and the indexer key width. */
 int model_kv_width(const ModelConfig *c);
 int model_index_width(const ModelConfig *c);
-int model_is_mla(const ModelConfig *c);
 /* The KV cache dtype of c on a backend: c->kv_dtype when chosen; KV_DTYPE_AUTO: FP8 when the
  * checkpoint asks for it, else float32 on the cpu (host_memory: the reference) and BF16 on a
  * GPU. model_upload stores the answer in the uploaded config, so that the config of a model in

@@ -297,7 +297,7 @@ int openai_get(Api *a, ApiReq *r, const char *url, const char **content_type, Ap
         if (a->ceilings) { /* the diagnosis as gauges */
             Diagnosis g;
             Deployment d;
-            diag_engine(a->engine, a->ceilings, &a->layout, &g, &d);
+            engine_diagnose(a->engine, a->ceilings, &a->layout, &g, &d);
             char *gauges = xcalloc(1, 16384);
             diagnosis_prometheus(&g, gauges, 16384);
             openai_buf_add(&r->out, gauges, strlen(gauges));
@@ -330,7 +330,7 @@ int openai_get(Api *a, ApiReq *r, const char *url, const char **content_type, Ap
         }
         Diagnosis g;
         Deployment d;
-        diag_engine(a->engine, a->ceilings, &a->layout, &g, &d);
+        engine_diagnose(a->engine, a->ceilings, &a->layout, &g, &d);
         json_t *o = diagnosis_json(&g, &d, a->ceilings);
         char *s = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(6));
         json_decref(o);

@@ -21,7 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../diag/diag.h"
+#include "../engine/engine.h"
 #include "../engine/engine.h"
 #include "../format/glm_parse.h"
 #include "../format/model_text.h"

@@ -170,7 +170,7 @@ TEST(config_glm5_fields)
     /* the MTP layer (index 78) is a MoE layer with its own indexer */
     EXPECT_EQ_INT(c.layer_moe[78], 1);
     EXPECT_EQ_INT(c.layer_indexer[78], INDEXER_FULL);
-    EXPECT_EQ_INT(model_is_mla(&c), 1);
+    EXPECT_EQ_INT(config_is_mla(&c), 1);
     EXPECT_EQ_INT(model_kv_width(&c), 576);
     EXPECT_EQ_INT(model_index_width(&c), 128);
 }
@@ -269,7 +269,7 @@ TEST(config_glm4_family_fields)
         EXPECT_EQ_INT(c.bos_id, -1);
         EXPECT_NEAR(c.attn_scale, 1.0 / sqrt(128.0), 0, 1e-7); /* float */
         EXPECT_EQ_INT(c.layer_indexer[0], INDEXER_NONE);
-        EXPECT_EQ_INT(model_is_mla(&c), 0);
+        EXPECT_EQ_INT(config_is_mla(&c), 0);
         EXPECT_EQ_INT(model_kv_width(&c), 2048); /* 2 x 8 x 128, §2.2.4 */
         EXPECT_EQ_INT(model_index_width(&c), 0);
     }

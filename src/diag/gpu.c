@@ -1,10 +1,9 @@
-/* diag: an engine's diagnosis (diag.h). */
-#include "diag.h"
+/* gpu: NVML readings for the diagnosis (gpu.h). */
+#include "gpu.h"
 
 #include <dlfcn.h>
 #include <string.h>
 
-#include "../dist/dist.h"
 
 void diag_gpu_power(int device, double *power_w, double *limit_w, int *sm_mhz, int *sm_max_mhz)
 {
@@ -52,16 +51,4 @@ int diag_nvlinks(int device)
             if (state(h, l, &on) == 0 && on) up++;
         }
     return up;
-}
-
-void diag_engine(Engine *e, const Ceilings *c, const Deployment *layout, Diagnosis *g, Deployment *d)
-{
-    *d = *layout;
-    ProfSum s;
-    engine_diag(e, &s, d, c->p2p_gbps);
-    if (d->gpu) {
-        Dist *dist = dist_get();
-        diag_gpu_power(dist ? dist->rank % 64 : 0, &d->power_w, &d->power_limit_w, &d->sm_clock_mhz, &d->sm_clock_max_mhz);
-    }
-    diagnose(&s, c, d, g);
 }
