@@ -95,7 +95,7 @@ int cmd_perplexity(int argc, char **argv)
     double secs = clock_now() - t0, ppl = exp(nll / count);
     const char *kvd = model_kv_dtype_name(run.kv.dtype);
     if (as_json)
-        printf("{\"perplexity\": %.6f, \"nll\": %.8f, \"tokens\": %ld, \"windows\": %d, \"ctx\": %d, \"seconds\": %.3f, "
+        out_printf("{\"perplexity\": %.6f, \"nll\": %.8f, \"tokens\": %ld, \"windows\": %d, \"ctx\": %d, \"seconds\": %.3f, "
                "\"kv_cache_dtype\": \"%s\"}\n",
                ppl, nll / count, count, windows, ctx, secs, kvd);
     else
