@@ -308,7 +308,8 @@ static void fake_stop(Fake *f)
     close(f->fd);
     pthread_join(f->acceptor, NULL);
     for (double t0 = now_s(); atomic_load(&f->conns) > 0 && now_s() - t0 < 60;) usleep(1000);
-    if (atomic_load(&f->conns) > 0) test_fail(__FILE__, __LINE__, "%d connection threads still running", atomic_load(&f->conns));
+    if (atomic_load(&f->conns) > 0)
+        test_fail(__FILE__, __LINE__, "%d connection threads still running", atomic_load(&f->conns));
     else free(f->recs);
     f->recs = NULL;
 }

@@ -146,7 +146,8 @@ static const char *verdict_of(const char *cmd, double *step_ms, int quiet)
     json_error_t je;
     json_t *o = rc == 0 && out ? json_loads(out, 0, &je) : NULL;
     if (!o || !json_is_string(json_object_get(o, "verdict"))) {
-        if (!quiet) fprintf(stderr, "    %s: exit %d: %s%s%s\n", cmd, rc, out ? out : "", o ? "" : "not one JSON object: ", o ? "" : je.text);
+        if (!quiet)
+            fprintf(stderr, "    %s: exit %d: %s%s%s\n", cmd, rc, out ? out : "", o ? "" : "not one JSON object: ", o ? "" : je.text);
         json_decref(o);
         free(out);
         return NULL;
@@ -190,7 +191,8 @@ TEST(diag_json_stdout_alone)
     const char *v = verdict_of(cmd, &step_ms, 0);
     EXPECT(v && !strcmp(v, "communication-bound") && step_ms == 210.5, "%s", v ? v : "(none)");
     /* and a log line on stdout is caught, not skipped */
-    snprintf(cmd, sizeof cmd, "sh -c 'echo engine: a log line; echo \"{\\\"verdict\\\": \\\"host-bound\\\"}\"' 2>/dev/null");
+    snprintf(cmd, sizeof cmd, "sh -c 'echo engine: a log line; echo \"{\\\"verdict\\\": \\\"host-bound\\\"}\"' "
+                              "2>/dev/null");
     EXPECT(verdict_of(cmd, NULL, 1) == NULL);
 }
 
@@ -257,13 +259,15 @@ TEST(diag_json_output_in_one_write)
         char *rec[64];
         size_t len[64];
         int n = run_records(cmds[c].argv, cmds[c].env, rec, len, 64);
-        EXPECT(n == cmds[c].lines, "%s %s: %d writes, %d results expected", cmds[c].argv[1], cmds[c].argv[2], n, cmds[c].lines);
+        EXPECT(n == cmds[c].lines, "%s %s: %d writes, %d results expected", cmds[c].argv[1], cmds[c].argv[2], n,
+               cmds[c].lines);
         size_t biggest = 0;
         for (int i = 0; i < n; i++) {
             json_error_t je;
             json_t *o = json_loadb(rec[i], len[i], 0, &je);
-            EXPECT(o && len[i] > 0 && rec[i][len[i] - 1] == '\n', "%s %s: write %d of %d is not one whole JSON result (%s): %.200s",
-                   cmds[c].argv[1], cmds[c].argv[2], i + 1, n, je.text, rec[i]);
+            EXPECT(o && len[i] > 0 && rec[i][len[i] - 1] == '\n',
+                   "%s %s: write %d of %d is not one whole JSON result (%s): %.200s", cmds[c].argv[1], cmds[c].argv[2], i + 1,
+                   n, je.text, rec[i]);
             json_decref(o);
             if (len[i] > biggest) biggest = len[i];
             free(rec[i]);
