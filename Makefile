@@ -1,4 +1,4 @@
-# moeserve: make · make test · make debug · make test-cuda · make bench · make clean
+# moeserve: make · make test · make debug · make fuzz · make test-cuda · make bench · make clean
 # CUDA is built when nvcc is found (CUDA=0 turns it off); CUDA_ARCH picks the GPU code.
 
 CC       ?= cc
@@ -102,13 +102,33 @@ test-dist: $(BUILD)/moeserve $(BUILD)/test_unit
 	MOESERVE_BIN=$(CURDIR)/$(BUILD)/moeserve ./$(BUILD)/test_unit dist_
 	MOESERVE_BIN=$(CURDIR)/$(BUILD)/moeserve ./$(BUILD)/test_unit diag_
 
+# make fuzz: the libFuzzer harnesses of tests/fuzz/ (clang; ASan + UBSan) over the bytes a model
+# directory or a client hands the parsers: the safetensors header, config.json, tokenizer.json,
+# chat templates, the HTTP request body. Each runs FUZZ_SECONDS from its seed corpus
+# (tests/fuzz/corpus/TARGET) and what earlier runs kept (build-fuzz/corpus/TARGET); an input that
+# crashes, leaks, hangs or breaks a harness's check is saved as build-fuzz/crashes/TARGET-*, and
+# the run fails. make fuzz FUZZ_TARGETS=config runs one. `make test` needs no clang.
+FUZZ_TARGETS ?= safetensors config tokenizer chat_template openai_request
+FUZZ_SECONDS ?= 60
+FUZZ_FLAGS = BUILD=build-fuzz CUDA=0 CC=clang OPT="-O1 -g -fno-omit-frame-pointer" \
+             SAN="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -Wno-pass-failed"
+fuzz:
+	$(MAKE) $(FUZZ_FLAGS) fuzz-build
+	tests/fuzz/run.sh build-fuzz $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+
+fuzz-build: $(FUZZ_TARGETS:%=$(BUILD)/fuzz_%)
+
+$(BUILD)/fuzz_%: $(BUILD)/tests/fuzz/fuzz_%.o $(BUILD)/libmoeserve.a
+	$(CC) $(CFLAGS) -fsanitize=fuzzer -o $@ $^ $(LDLIBS)
+.SECONDARY: $(FUZZ_TARGETS:%=$(BUILD)/tests/fuzz/fuzz_%.o)
+
 # make debug: AddressSanitizer + UndefinedBehaviorSanitizer, CPU only, runs the tests.
 debug:
 	$(MAKE) $(ASAN_FLAGS) build-debug/moeserve build-debug/test_unit
 	MOESERVE_BIN=$(CURDIR)/build-debug/moeserve ./build-debug/test_unit $(FILTER)
 
 clean:
-	rm -rf build build-debug
+	rm -rf build build-debug build-fuzz
 
-.PHONY: all run test test-server-asan test-cuda test-cuda-memcheck test-dist debug clean
--include $(OBJ:.o=.d) $(TESTOBJ:.o=.d) $(CUTESTOBJ:.o=.d) $(BUILD)/src/cli/main.d
+.PHONY: all run test test-server-asan test-cuda test-cuda-memcheck test-dist fuzz fuzz-build debug clean
+-include $(OBJ:.o=.d) $(TESTOBJ:.o=.d) $(CUTESTOBJ:.o=.d) $(BUILD)/src/cli/main.d $(FUZZ_TARGETS:%=$(BUILD)/tests/fuzz/fuzz_%.d)

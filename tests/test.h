@@ -41,7 +41,8 @@ double test_rel_l2(const float *got, const float *ref, size_t n);
 const char *test_assets(void);            /* $MOESERVE_ASSETS, else ../shared/assets (may be absent) */
 /* A whole file of little-endian float32 (malloc'ed; *n floats), or NULL. */
 float *test_read_f32(const char *path, size_t *n);
-/* Run a shell command; returns its exit status; *out (if given) receives stdout+stderr. */
+/* Run a shell command; returns its exit status; *out (if given) receives its stdout and stderr,
+ * but what the command redirects itself goes where it says ("cmd 2>/dev/null": stdout alone). */
 int test_run(const char *cmd, char **out);
 /* SIGALRM in secs seconds (0: cancel, and the default action back), caught without SA_RESTART:
  * a call that would block forever (the open or read of a FIFO no one writes) fails with EINTR

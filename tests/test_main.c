@@ -141,8 +141,11 @@ const char *test_fifo(const char *dir, const char *name)
 
 int test_run(const char *cmd, char **out)
 {
+    /* stderr joins stdout around the command, not after it: "cmd 2>/dev/null 2>&1" would undo
+     * the command's own 2>/dev/null, and a test that reads JSON from stdout would get the logs
+     * too (under mpirun, in the middle of the JSON line) */
     char *full = NULL;
-    if (asprintf(&full, "%s 2>&1", cmd) < 0) return -1;
+    if (asprintf(&full, "{ %s\n} 2>&1", cmd) < 0) return -1;
     FILE *p = popen(full, "r");
     free(full);
     if (!p) return -1;

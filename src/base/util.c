@@ -102,6 +102,47 @@ void *xmalloc_aligned(size_t n)
     return p;
 }
 
+/* all of p[0..n) to stdout in one write when the kernel takes it so (a pipe up to PIPE_BUF,
+ * a file), else in as few as it allows */
+static int out_write(const char *p, size_t n)
+{
+    if (fflush(stdout) != 0) return -1;
+    while (n > 0) {
+        ssize_t w = write(STDOUT_FILENO, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return -1;
+        p += w, n -= (size_t)w;
+    }
+    return 0;
+}
+
+int out_json(const json_t *o, size_t flags)
+{
+    char *s = json_dumps(o, flags);
+    if (!s) die("json_dumps failed (a string that is not UTF-8?)");
+    size_t n = strlen(s);
+    char *line = xmalloc(n + 1);
+    memcpy(line, s, n);
+    line[n] = '\n';
+    free(s);
+    int rc = out_write(line, n + 1);
+    free(line);
+    return rc;
+}
+
+int out_printf(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char *s = NULL;
+    int n = vasprintf(&s, fmt, ap);
+    va_end(ap);
+    if (n < 0) die("out of memory formatting output");
+    int rc = out_write(s, (size_t)n);
+    free(s);
+    return rc;
+}
+
 double clock_now(void)
 {
     struct timespec ts;

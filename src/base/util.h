@@ -36,6 +36,17 @@ void log_msg(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3
 #define log_info(...)  log_msg(LOG_INFO, __VA_ARGS__)
 #define log_debug(...) log_msg(LOG_DEBUG, __VA_ARGS__)
 
+/* Machine-readable output (every --json result) goes to stdout, logs to stderr, and a result
+ * leaves in one write(2) after whatever stdio held: never in pieces that a log line could land
+ * between when the two streams share a pipe (2>&1, or several ranks' output forwarded by mpirun).
+ * Up to PIPE_BUF (4096) bytes a pipe keeps one write whole; stdio would cut a line at its buffer
+ * size (1024 bytes on the pseudo-terminal mpirun gives a rank). Still, a reader that wants the
+ * JSON alone reads stdout alone: mpirun forwards a rank's stdout in pieces of its own.
+ * out_json: json_dumps(o, flags) and a newline; out_printf: the formatted text as given.
+ * Return 0, or -1 (errno set) when stdout cannot take it. */
+int out_json(const json_t *o, size_t flags);
+int out_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 double clock_now(void); /* monotonic seconds */
 
 /* Formatting into a caller's buffer for error messages: snprintf that never overflows. */

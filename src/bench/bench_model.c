@@ -175,10 +175,11 @@ int bench_model_main(int argc, char **argv)
         }
         double pre_tps = (double)B * in_len / t_pre, dec_tps = (double)B * out_len / t_dec;
         if (as_json)
-            printf("{\"batch\": %d, \"input_len\": %d, \"output_len\": %d, \"prefill_tok_s\": %.1f, \"decode_tok_s\": %.1f, "
-                   "\"tpot_ms\": %.3f, \"decode_gbs\": %.1f, \"device\": \"%s\", \"kv_cache_dtype\": \"%s\"}\n",
-                   B, in_len, out_len, pre_tps, dec_tps, t_dec / out_len * 1e3, gbs, be.name,
-                   model_kv_dtype_name(kv.dtype));
+            out_printf("{\"batch\": %d, \"input_len\": %d, \"output_len\": %d, \"prefill_tok_s\": %.1f, "
+                       "\"decode_tok_s\": %.1f, \"tpot_ms\": %.3f, \"decode_gbs\": %.1f, \"device\": \"%s\", "
+                       "\"kv_cache_dtype\": \"%s\"}\n",
+                       B, in_len, out_len, pre_tps, dec_tps, t_dec / out_len * 1e3, gbs, be.name,
+                       model_kv_dtype_name(kv.dtype));
         else if (roof > 0)
             printf("%-6d %12.1f %12.1f %10.3f %12.1f %9.1f%%\n", B, pre_tps, dec_tps, t_dec / out_len * 1e3, gbs, 100 * gbs / roof);
         else

@@ -49,9 +49,7 @@ int cmd_calibrate(int argc, char **argv)
     if (!d || d->rank == 0) {
         if (as_json) {
             json_t *o = ceilings_json(&c);
-            char *s = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
-            printf("%s\n", s);
-            free(s);
+            out_json(o, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
             json_decref(o);
         } else {
             ceilings_print(&c);
@@ -99,7 +97,7 @@ static int diagnose_url(const char *url, int as_json)
     json_error_t je;
     json_t *o = json_loads(b.p ? b.p : "", 0, &je);
     if (!o || !json_is_string(json_object_get(o, "verdict"))) fatal("diagnose: %s: not a diagnosis: %.200s", full, b.p ? b.p : "");
-    if (as_json) printf("%s\n", b.p);
+    if (as_json) out_printf("%s\n", b.p);
     else report_print_json(stdout, o);
     json_decref(o);
     free(b.p);
@@ -193,9 +191,7 @@ static json_t *diagnose_load(const Model *dm, const Model *m, Backend *be, Engin
     json_object_set_new(o, "load", json_pack("{s:i, s:i, s:i, s:i}", "batch", ld->batch, "input_len", ld->in_len,
                                              "output_len", ld->out_len, "requests", ld->requests));
     if (as_json) {
-        char *s = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(6));
-        printf("%s\n", s);
-        free(s);
+        out_json(o, JSON_COMPACT | JSON_REAL_PRECISION(6));
     } else {
         printf("== %d requests at a time, %d + %d tokens each\n", ld->batch, ld->in_len, ld->out_len);
         diagnosis_print(stdout, &g, &d, ceil);

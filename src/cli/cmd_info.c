@@ -488,10 +488,7 @@ static void print_json(const char *dir, const ModelConfig *c, const ParamCount *
     json_object_set_new(o, "precision", prec);
 
     if (lo) print_layout(dir, c, q, lo, 1, o);
-    char *s = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(17));
-    if (!s) die("json_dumps failed");
-    printf("%s\n", s);
-    free(s);
+    out_json(o, JSON_COMPACT | JSON_REAL_PRECISION(17));
     json_decref(o);
 }
 

@@ -98,9 +98,9 @@ int cmd_perplexity(int argc, char **argv)
     double secs = clock_now() - t0, ppl = exp(nll / count);
     const char *kvd = model_kv_dtype_name(run.kv.dtype);
     if (as_json)
-        printf("{\"perplexity\": %.6f, \"nll\": %.8f, \"tokens\": %ld, \"windows\": %d, \"ctx\": %d, \"seconds\": %.3f, "
-               "\"kv_cache_dtype\": \"%s\"}\n",
-               ppl, nll / count, count, windows, ctx, secs, kvd);
+        out_printf("{\"perplexity\": %.6f, \"nll\": %.8f, \"tokens\": %ld, \"windows\": %d, \"ctx\": %d, "
+                   "\"seconds\": %.3f, \"kv_cache_dtype\": \"%s\"}\n",
+                   ppl, nll / count, count, windows, ctx, secs, kvd);
     else
         printf("perplexity %.4f (mean NLL %.5f nats) over %ld predicted tokens in %d windows of up to %d; %.1f tok/s on %s, "
                "KV cache %s\n",

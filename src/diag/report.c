@@ -320,9 +320,7 @@ int report_sweep(const char *layouts, const char *pass, const char *device, cons
         json_object_set_new(o, "runs", arr);
         json_object_set_new(o, "scaling", json_string(scal));
         json_object_set_new(o, "report", json_string(out_dir));
-        char *s = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(6));
-        printf("%s\n", s);
-        free(s);
+        out_json(o, JSON_COMPACT | JSON_REAL_PRECISION(6));
         json_decref(o);
     } else {
         printf("%-10s %6s %12s %10s  %s\n", "layout", "ranks", "tokens/s", "step ms", "verdict");

@@ -2739,8 +2739,8 @@ static Seq iterate(Ctx *C, Value x)
     case V_UNDEF: return s;
     case V_LIST:
         if (x.l->kind == LK_ITER) {
-            s.v = x.l->v + x.l->pos;
             s.n = x.l->n - x.l->pos;
+            s.v = s.n ? x.l->v + x.l->pos : NULL; /* an empty list may have no array: NULL + 0 is undefined in C */
             x.l->pos = x.l->n;
         } else {
             s.v = x.l->v;
@@ -4022,7 +4022,7 @@ static Value select_filter(Ctx *C, int id, Value v, const Args *a)
         tid = name_index(test_names, TS__N, tn);
         if (tid < 0) rerr(C, "no test named '%s'", tn);
     }
-    Args ta = { a->args + off + 1, a->na > off + 1 ? a->na - off - 1 : 0, a->kn, a->kv, a->nk };
+    Args ta = { a->na > off + 1 ? a->args + off + 1 : NULL, a->na > off + 1 ? a->na - off - 1 : 0, a->kn, a->kv, a->nk };
     Seq s = iterate(C, v);
     for (size_t i = 0; i < s.n; i++) {
         Value x = attr ? attr_get(C, s.v[i], a->args[0], v_absent()) : s.v[i];

@@ -43,9 +43,11 @@ typedef struct {
     int split;                 /* write each event in two pieces, and an SSE comment between tokens */
     int one_per_conn;          /* answer one request a connection; close on the next without answering */
     atomic_int unanswered;     /* requests dropped so (a server closing an idle kept-alive connection) */
+    double record_lag;         /* s between a stream's last byte and its record (a server thread woken late) */
     int port, fd;
     pthread_t acceptor;
     atomic_int posts, active, peak_active, failed;
+    atomic_int conns;          /* connection threads alive: fake_stop waits for them (they use this Fake) */
     atomic_int min_prompt, max_prompt;
     atomic_long prompt_tokens;
     pthread_mutex_t mu;        /* guards recs */
@@ -182,6 +184,7 @@ static int stream(Conn *c, json_t *req, int chat, double t0)
     }
     if (send_event(c, "[DONE]") || write_all(c->fd, "0\r\n\r\n", 5)) return -1;
     rec.done = now_s();
+    if (f->record_lag > 0) usleep((useconds_t)(f->record_lag * 1e6));
     pthread_mutex_lock(&f->mu);
     if (f->n_recs < FAKE_MAX_RECS) f->recs[f->n_recs++] = rec;
     pthread_mutex_unlock(&f->mu);
@@ -256,6 +259,7 @@ out:
     free(buf);
     close(c->fd);
     free(c);
+    atomic_fetch_sub(&f->conns, 1); /* the last use of f */
     return NULL;
 }
 
@@ -279,7 +283,8 @@ static void *accept_main(void *arg)
         c->f = f;
         c->fd = fd;
         pthread_t t;
-        if (pthread_create(&t, &at, conn_main, c)) { close(fd); free(c); }
+        atomic_fetch_add(&f->conns, 1);
+        if (pthread_create(&t, &at, conn_main, c)) { close(fd); free(c); atomic_fetch_sub(&f->conns, 1); }
     }
     pthread_attr_destroy(&at);
     return NULL;
@@ -301,20 +306,17 @@ static int fake_start(Fake *f, double ttft, double gap)
     return pthread_create(&f->acceptor, NULL, accept_main, f);
 }
 
-/* A stream's last byte reaches the client before its thread records it: wait until no stream is
- * left (bounded: a stuck one is a test bug that the checks then show). */
-static void fake_settle(Fake *f)
-{
-    for (int i = 0; i < 10000 && atomic_load(&f->active) > 0; i++) usleep(1000);
-}
-
+/* Every client is gone by now, so each connection thread ends soon; a late one (woken late on a
+ * loaded machine) must not write its record into the next test's Fake at the same address. */
 static void fake_stop(Fake *f)
 {
-    fake_settle(f);
     shutdown(f->fd, SHUT_RDWR);
     close(f->fd);
     pthread_join(f->acceptor, NULL);
-    free(f->recs);
+    for (double t0 = now_s(); atomic_load(&f->conns) > 0 && now_s() - t0 < 60;) usleep(1000);
+    if (atomic_load(&f->conns) > 0)
+        test_fail(__FILE__, __LINE__, "%d connection threads still running", atomic_load(&f->conns));
+    else free(f->recs);
     f->recs = NULL;
 }
 
@@ -337,10 +339,13 @@ static int cmp_dbl(const void *a, const void *b)
 static int cmp_rec(const void *a, const void *b) { return cmp_dbl(&((const FakeRec *)a)->recv, &((const FakeRec *)b)->recv); }
 
 /* The server's record in arrival order without its first `skip` requests (the warm-ups), as a
- * copy (*out, malloc'ed) and its length; the record is cleared for the next run. */
+ * copy (*out, malloc'ed) and its length; the record is cleared for the next run. The client has
+ * its last byte before the server thread that sent it has written the record (on a loaded machine
+ * that thread can wait a while for a core), so first every stream the server took must be over:
+ * else a late record would be missing here and counted in the next run instead. */
 static int fake_take(Fake *f, int skip, FakeRec **out)
 {
-    fake_settle(f);
+    for (double t0 = now_s(); atomic_load(&f->active) > 0 && now_s() - t0 < 60;) usleep(1000);
     pthread_mutex_lock(&f->mu);
     qsort(f->recs, (size_t)f->n_recs, sizeof *f->recs, cmp_rec);
     int n = f->n_recs > skip ? f->n_recs - skip : 0;
@@ -507,6 +512,49 @@ TEST(bench_serve_accuracy)
             free(out);
         }
     EXPECT(atomic_load(&f.peak_active) <= C);
+    fake_stop(&f);
+}
+
+/* ---- the truth is complete even when the server records late ---- */
+
+/* On a loaded machine the client can have a stream's last byte, exit, and be checked before the
+ * server thread that wrote the byte has run again to record the stream (31 records where 32
+ * streams ran, the 32nd then counted in the next run; or in the next test's server, whose Fake
+ * sits at the same stack address). A record lag of a second makes that happen every time: the
+ * truth must still hold every stream of this run and none of another's. */
+TEST(bench_serve_truth_waits_for_the_server)
+{
+    Fake f;
+    ASSERT(fake_start(&f, 0.02, 0.01) == 0);
+    f.record_lag = 1.0;
+    char file[512], cmd[2048];
+    snprintf(file, sizeof file, "%s/late.jsonl", test_tmpdir());
+    for (int run = 0; run < 2; run++) {
+        snprintf(cmd, sizeof cmd, "%s bench serve --base-url http://127.0.0.1:%d --dataset-name random-ids --random-input-len 8 "
+                 "--random-output-len 4 --random-range-ratio 1 --num-prompts %d --max-concurrency 2 --warmup-requests 0 "
+                 "--output-file %s --quiet", test_bin(), f.port, 4 + run, file);
+        char *out = NULL;
+        EXPECT_EQ_INT(test_run(cmd, &out), 0);
+        FakeRec *rec;
+        int n = fake_take(&f, 0, &rec);
+        EXPECT(n == 4 + run, "run %d: the server's record holds %d streams, %d ran", run, n, 4 + run);
+        for (int i = 0; i < n; i++) EXPECT_EQ_INT(rec[i].n, 4);
+        free(rec);
+        free(out);
+    }
+    /* stopped with a record still to come: that record must not land in the next Fake at the
+     * same address (the next test's, on the same stack) */
+    snprintf(cmd, sizeof cmd, "%s bench serve --base-url http://127.0.0.1:%d --dataset-name random-ids --random-input-len 8 "
+             "--random-output-len 4 --random-range-ratio 1 --num-prompts 1 --warmup-requests 0 --output-file %s --quiet",
+             test_bin(), f.port, file);
+    EXPECT_EQ_INT(test_run(cmd, NULL), 0);
+    fake_stop(&f);
+    ASSERT(fake_start(&f, 0.02, 0.01) == 0);
+    usleep(1500 * 1000); /* past the record lag */
+    FakeRec *rec;
+    int n = fake_take(&f, 0, &rec);
+    EXPECT(n == 0, "the next server's record holds %d streams of the one stopped before it", n);
+    free(rec);
     fake_stop(&f);
 }
 
@@ -720,12 +768,14 @@ TEST(bench_serve_datasets)
 TEST(bench_serve_goodput_burstiness)
 {
     Fake f;
-    ASSERT(fake_start(&f, 0.05, 0.02) == 0);
+    /* timings coarse enough that the client's lag on a loaded machine (tens of ms at times, on 2
+     * cores shared with other work) stays below the margins the checks leave */
+    ASSERT(fake_start(&f, 0.1, 0.04) == 0);
     char file[512], cmd[2048];
     snprintf(file, sizeof file, "%s/goodput.jsonl", test_tmpdir());
-    /* outputs of 8..16 tokens: E2E 190..350 ms; the limit 280 ms sits between 12 tokens (270) and 13
-     * (290), so which requests are good is what the server did, 10 ms either side */
-    const char *limits[] = {"--goodput e2el:280", "--goodput ttft:5 e2el:100000", "--goodput ttft:1000,tpot:1000"};
+    /* outputs of 8..16 tokens: E2E 380..700 ms; the limit 560 ms sits between 12 tokens (540) and 13
+     * (580), so which requests are good is what the server did, 20 ms either side */
+    const char *limits[] = {"--goodput e2el:560", "--goodput ttft:5 e2el:100000", "--goodput ttft:1000,tpot:1000"};
     for (int k = 0; k < 3; k++) {
         snprintf(cmd, sizeof cmd, "%s bench serve --base-url http://127.0.0.1:%d --dataset-name random-ids --random-input-len 8 "
                  "--random-output-len 16 --random-range-ratio 0.5 --num-prompts 24 --max-concurrency 8 --warmup-requests 1 "
@@ -736,29 +786,32 @@ TEST(bench_serve_goodput_burstiness)
         ASSERT(j, "%s", out);
         FakeRec *rec;
         int truth = 0, n = fake_take(&f, 1, &rec); /* after the warm-up */
-        for (int i = 0; i < n; i++) truth += (rec[i].done - rec[i].recv) * 1e3 <= 280;
+        for (int i = 0; i < n; i++) truth += (rec[i].done - rec[i].recv) * 1e3 <= 560;
         free(rec);
         EXPECT_EQ_INT(n, 24);
         double gp = jnum(j, "request_goodput"), dur = jnum(j, "duration"), good = gp * dur;
         EXPECT(strstr(out, "Request goodput (req/s):"), "%s", out);
         if (k == 0) {
-            EXPECT(truth > 0 && truth < 24, "the lengths did not straddle the limit: %d of 24 within 280 ms", truth);
+            EXPECT(truth > 0 && truth < 24, "the lengths did not straddle the limit: %d of 24 within 560 ms", truth);
             EXPECT(fabs(good - truth) <= 1.001, "goodput %.3f x %.3f s = %.2f good requests; the server's record: %d", gp, dur, good, truth);
-            fprintf(stderr, "    e2el <= 280 ms: %.0f good (server: %d of 24)\n", good, truth);
+            fprintf(stderr, "    e2el <= 560 ms: %.0f good (server: %d of 24)\n", good, truth);
         } else if (k == 1) {
-            EXPECT(gp == 0, "TTFT 50 ms against a 5 ms limit: goodput %.3f", gp);
+            EXPECT(gp == 0, "TTFT 100 ms against a 5 ms limit: goodput %.3f", gp);
         } else {
             EXPECT_NEAR(gp, jnum(j, "request_throughput"), 1e-9, 1e-9);
         }
         json_decref(j);
         free(out);
     }
-    /* burstiness: the gaps between arrivals have a coefficient of variation 1 / sqrt(B) */
+    /* burstiness: the gaps between arrivals have a coefficient of variation 1 / sqrt(B). At 20
+     * requests a second (gaps of 50 ms on average) a client woken a few ms late now and then
+     * (2 loaded cores: each late send shortens one gap and stretches the next) moves the CVs by
+     * a few hundredths; at 200 a second it moved the CV of B 4 from 0.5 to 1.5. */
     double cv[2];
     const double bs[2] = {0.25, 4};
     for (int k = 0; k < 2; k++) {
         snprintf(cmd, sizeof cmd, "%s bench serve --base-url http://127.0.0.1:%d --dataset-name random-ids --random-input-len 8 "
-                 "--random-output-len 2 --random-range-ratio 1 --num-prompts 200 --request-rate 200 --burstiness %g "
+                 "--random-output-len 2 --random-range-ratio 1 --num-prompts 100 --request-rate 20 --burstiness %g "
                  "--warmup-requests 0 --format vllm --output-file %s --quiet", test_bin(), f.port, bs[k], file);
         char *out = NULL;
         EXPECT_EQ_INT(test_run(cmd, &out), 0);
@@ -773,12 +826,12 @@ TEST(bench_serve_goodput_burstiness)
             s += g, s2 += g * g;
         }
         free(rec);
-        EXPECT_EQ_INT(nr, 200);
+        EXPECT_EQ_INT(nr, 100);
         double mean = s / n;
         cv[k] = sqrt(s2 / n - mean * mean) / mean;
-        fprintf(stderr, "    burstiness %g: mean gap %.2f ms (rate 200/s: 5), CV %.2f (gamma: %.2f)\n", bs[k], mean * 1e3, cv[k],
+        fprintf(stderr, "    burstiness %g: mean gap %.2f ms (rate 20/s: 50), CV %.2f (gamma: %.2f)\n", bs[k], mean * 1e3, cv[k],
                 1 / sqrt(bs[k]));
-        EXPECT(mean > 0.003 && mean < 0.008, "burstiness %g: mean gap %.2f ms, 5 expected", bs[k], mean * 1e3);
+        EXPECT(mean > 0.03 && mean < 0.08, "burstiness %g: mean gap %.2f ms, 50 expected", bs[k], mean * 1e3);
         json_decref(j);
         free(out);
     }
@@ -800,14 +853,14 @@ TEST(bench_serve_goodput_burstiness)
 
 TEST(bench_serve_many_streams)
 {
-    const double TTFT = 0.3, GAP = 0.05;
+    const double TTFT = 1.0, GAP = 0.1;
     const int N = 12, R = 1000;
     Fake f;
     ASSERT(fake_start(&f, TTFT, GAP) == 0);
     char file[512], cmd[2048];
     snprintf(file, sizeof file, "%s/many.jsonl", test_tmpdir());
     snprintf(cmd, sizeof cmd, "%s bench serve --base-url http://127.0.0.1:%d --dataset-name random-ids --random-input-len 32 "
-             "--random-output-len %d --random-range-ratio 1 --num-prompts %d --warmup-requests %d --request-rate 4000 "
+             "--random-output-len %d --random-range-ratio 1 --num-prompts %d --warmup-requests %d --request-rate 1000 "
              "--output-file %s --quiet", test_bin(), f.port, N, R, R, file);
     char *out = NULL;
     int rc = test_run(cmd, &out);
@@ -816,11 +869,13 @@ TEST(bench_serve_many_streams)
     ASSERT(j, "%s", out);
     EXPECT_EQ_INT(jnum(j, "completed"), R);
     EXPECT_EQ_INT(atomic_load(&f.peak_active) > R * 9 / 10, 1);
-    /* the warm-up opened the 1000 connections; the requests then arrive over about 0.25 s (all
-     * 1000 stream at once from 0.25 s to 0.85 s) and the fake server's 1000 threads share 2 cores
-     * with the client: 5%, looser than the 3% above. (All at once, the client's sends of the
-     * last requests queue behind the server threads' CPU on 2 cores: tens of ms on TTFT that are
-     * the test machine's, not the bench's.) */
+    /* the warm-up opened the 1000 connections; the requests then arrive over about 1 s (all 1000
+     * stream at once from 1 s to 2.1 s) and the fake server's 1000 threads share 2 cores with the
+     * client: 5%, looser than the 3% above. (All at once, the client's sends of the last requests
+     * queue behind the server threads' CPU on 2 cores: tens of ms on TTFT that are the test
+     * machine's, not the bench's; more when other work keeps the cores busy. Hence a TTFT of 1 s,
+     * 100 ms between tokens and arrivals over a second: at 300 ms, 50 ms and a quarter of a
+     * second, a loaded machine put the mean TTFT 23 ms over the server's and the mean ITL 7%.) */
     Truth t;
     fake_truth(&f, R, &t);
     EXPECT_EQ_INT(t.n, R);

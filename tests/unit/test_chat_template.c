@@ -558,3 +558,23 @@ TEST(chat_speed)
     json_decref(m);
     chat_template_free(t);
 }
+
+/* Inputs the fuzzer (tests/fuzz/, `make fuzz`) found, kept as they were found
+ * (tests/fuzz/regressions/chat_template/): an empty dict's items, and select without a test name,
+ * made a pointer from NULL plus an offset (undefined in C even when the offset is 0; clang's
+ * UBSan stops there, GCC's does not check it). Their output is Jinja's. */
+TEST(chat_fuzz_findings)
+{
+    static const struct { const char *tmpl, *want; } cases[] = {
+        {"{{ {}|items|list }}{{ {'a': 1}|items|list }}", "[][('a', 1)]"},
+        {"{% if [1]|select %}truthy{% endif %}{% if []|select %} also{% endif %}", "truthy also"},
+        {"{{ [0, 1, '', 'x']|select|list }}{{ []|reject|list }}{{ [{'a': 0}, {'a': 2}]|selectattr('a')|list }}",
+         "[1, 'x'][][{'a': 2}]"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char err[512] = "", *out = NULL;
+        int rc = render_str(cases[i].tmpl, NULL, NULL, &out, err, sizeof err);
+        EXPECT(rc == 0 && out && !strcmp(out, cases[i].want), "case %zu: %s", i, rc ? err : out);
+        free(out);
+    }
+}

@@ -36,7 +36,9 @@ typedef struct {
     int done;
 } Out;
 
-/* Poll every request until all have finished (or timeout), collecting tokens. */
+/* Poll every request until all have finished, collecting tokens; -1 when none has moved for
+ * 120 s (a stall). Not a total deadline: on 2 cores shared with other work, OpenMP's barriers wait
+ * for a thread the scheduler has put aside, and a batch that takes seconds alone took minutes. */
 static int collect(Engine *e, Waker *w, Out *o, int n)
 {
     double t0 = clock_now();
@@ -46,11 +48,13 @@ static int collect(Engine *e, Waker *w, Out *o, int n)
             if (o[i].done || !o[i].id) continue;
             EngineEvent ev[16];
             int k;
-            while ((k = engine_poll(e, o[i].id, ev, 16)) > 0)
+            while ((k = engine_poll(e, o[i].id, ev, 16)) > 0) {
+                t0 = clock_now();
                 for (int j = 0; j < k; j++) {
                     if (ev[j].token >= 0 && o[i].n <= MAXGEN) o[i].toks[o[i].n++] = ev[j].token;
                     if (ev[j].finish) { o[i].done = 1; o[i].last = ev[j]; }
                 }
+            }
             left += !o[i].done;
         }
         if (!left) return 0;
