@@ -43,7 +43,7 @@ How to run (CPU only, a few minutes; most of it is re-drawing glm5 until all gap
     options: --seed N (default 20260501)  --only NAME (repeatable or comma separated)
              --min-rel-gap X  --max-redraws N  --prompt-len T  --verbose
              --check  (no regeneration: recompute every fixture's logits with the independent
-                       numpy float64 forward written from SPEC-models.md and compare with golden)
+                       numpy float64 forward spec_forward and compare with golden)
 Needs: torch, transformers 5.x (5.17.0 used), safetensors, numpy.
 """
 
@@ -124,10 +124,11 @@ FAMILY_CODE = {"glm5": 1, "glm5-shared": 2, "glm4moe": 3}
 ALL_FIXTURES = [f for fam in FAMILIES.values() for f in fam[3]]
 
 MODELOPT_VERSION = "0.x (emulated by tools/make_fixtures.py)"
-SPEC_TOL = 1e-4  # max|numpy float64 spec forward - golden| / std accepted (observed ~4e-6)
+SPEC_TOL = 1e-4  # max|numpy float64 spec_forward - golden| / std accepted (observed ~4e-6)
 
 # --------------------------------------------------------------------------------------------
-# NVFP4 (ModelOpt) quantisation, SPEC-models.md §3.2-3.5
+# NVFP4 (ModelOpt) quantisation, as NVIDIA/Model-Optimizer's NVFP4QTensor
+# (modelopt/torch/quantization/qtensor/nvfp4_tensor.py) does it
 # --------------------------------------------------------------------------------------------
 
 E2M1_VALUES = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6],
@@ -882,7 +883,7 @@ def verify_nvfp4_file(out, deq, q):
 
 
 # --------------------------------------------------------------------------------------------
-# independent forward pass from SPEC-models.md (numpy float64, reads the fixture files directly,
+# independent forward pass from the model definitions (numpy float64, reads the fixture files directly,
 # no transformers modules) -- validates the golden logits and documents the math the C engine follows
 # --------------------------------------------------------------------------------------------
 
@@ -1049,7 +1050,7 @@ def _attn_glm4(a, W, p, cfg, pos):
 
 
 def spec_forward(d):
-    """float64 logits [T, V] of fixture directory d, computed from the files and the SPEC only."""
+    """float64 logits [T, V] of fixture directory d, computed from the files and the maths alone."""
     with open(os.path.join(d, "config.json")) as f:
         cfg = json.load(f)
     with open(os.path.join(d, "golden.json")) as f:
@@ -1135,9 +1136,11 @@ RMSNorm eps 1e-5, RoPE theta 10000, untied lm_head, prompt of {T} random token i
 
 ## NVFP4 fixtures
 
-Weights of the sibling `-bf16` fixture, quantised exactly as ModelOpt does (SPEC-models.md §3.2-3.5,
-§3.7): every `nn.Linear` except `lm_head` becomes `<p>.weight` U8 [N, K/2] (element 2j in the low
-nibble), `<p>.weight_scale` F8_E4M3 [N, K/16], `<p>.weight_scale_2` F32 0-d, `<p>.input_scale` F32 0-d.
+Weights of the sibling `-bf16` fixture, quantised exactly as ModelOpt does (NVIDIA/Model-Optimizer:
+`NVFP4QTensor` in modelopt/torch/quantization/qtensor/nvfp4_tensor.py, `sync_moe_gate_up_amax` in
+modelopt/torch/export/layer_utils.py): every `nn.Linear` except `lm_head` becomes `<p>.weight`
+U8 [N, K/2] (element 2j in the low nibble), `<p>.weight_scale` F8_E4M3 [N, K/16],
+`<p>.weight_scale_2` F32 0-d, `<p>.input_scale` F32 0-d.
 This includes attention (q_a/q_b/kv_a/kv_b/o, glm4moe q/k/v/o), the GLM-5 indexer (wq_b, wk,
 weights_proj), the dense MLP, shared experts and every routed expert (per-expert names
 `mlp.experts.E.{{gate,up,down}}_proj`). Routers (`mlp.gate.weight`, not an nn.Linear), embeddings,
@@ -1173,10 +1176,11 @@ attempt, min gaps, and the sensitivities (max|logits change| / std when the feat
 ## Independent check
 
 `tools/make_fixtures.py` also contains `spec_forward`, a numpy float64 forward pass written from
-SPEC-models.md that reads `config.json` and `model.safetensors` directly (its own safetensors parser,
+the model definitions (transformers' modeling files restated as plain maths)
+that reads `config.json` and `model.safetensors` directly (its own safetensors parser,
 BF16 / F8_E4M3 / E2M1 decoding by bit formula; no transformers code). It reproduces every golden file
 to max|d| <= ~5e-6 * std (`golden.json` checks.spec_forward_maxabs_over_std; `--check` re-runs it), so
-transformers 5.17 and the spec agree on all the features these fixtures use. Typical bugs move the
+transformers 5.17 and `spec_forward` agree on all the features these fixtures use. Typical bugs move the
 logits by whole standard deviations: half-split instead of interleaved RoPE (MLA or indexer only),
 interleaved instead of NeoX RoPE for glm4moe, swapped nibble order, ignoring weight_scale_2, ignoring
 e_score_correction_bias, routed_scaling_factor or group-limited routing: 2.4 to 5.4 * std each.
@@ -1185,7 +1189,7 @@ e_score_correction_bias, routed_scaling_factor or group-limited routing: 2.4 to 
 
     max |logits_C - logits_ref| <= 1e-3 * std(logits_ref)     (std = golden.json "std")
 
-The float64 spec forward is ~5e-6 * std from the float32 reference, so a float32 engine has ample room.
+The float64 `spec_forward` is ~5e-6 * std from the float32 reference, so a float32 engine has ample room.
 Not distinguishable at this tolerance: eps 1e-5 instead of transformers' 1e-6 for q_a_layernorm /
 kv_a_layernorm (moves the logits by ~4e-5 * std).
 """
@@ -1226,7 +1230,8 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=28)
     ap.add_argument("--verbose", action="store_true", help="print why each rejected draw failed")
     ap.add_argument("--check", action="store_true",
-                    help="only re-check existing fixtures in --out against the independent numpy spec forward")
+                    help="only re-check existing fixtures in --out against the independent numpy forward "
+                         "(spec_forward)")
     args = ap.parse_args()
     only = [x for o in args.only for x in o.split(",") if x]
     for o in only:
@@ -1252,10 +1257,10 @@ def main():
                 continue
             print(f"family {family}: {', '.join(sel)}", flush=True)
             report.update(make_family(family, sel, args, tmp))
-    for fx, r in report.items():  # independent check: numpy float64 forward from the files + SPEC
+    for fx, r in report.items():  # independent check: numpy float64 forward from the files alone
         d = os.path.join(args.out, fx)
         e = check_fixture(d)
-        assert e <= SPEC_TOL, f"{fx}: spec forward differs from transformers by {e:.2e}*std"
+        assert e <= SPEC_TOL, f"{fx}: spec_forward differs from transformers by {e:.2e}*std"
         r["spec_forward_maxabs_over_std"] = e
         with open(os.path.join(d, "golden.json")) as f:
             g = json.load(f)
@@ -1278,7 +1283,7 @@ def main():
                                    "indexer_rows_checked", "indexer_zero_frac", "n_quantised_linears",
                                    "independent_readback_checked_tensors") if k in r}
         print(f"    {extra}")
-        print(f"    independent numpy spec forward: max|d|/std {r['spec_forward_maxabs_over_std']:.2e}")
+        print(f"    independent numpy forward (spec_forward): max|d|/std {r['spec_forward_maxabs_over_std']:.2e}")
         print(f"    files: {r['sizes']}")
 
 

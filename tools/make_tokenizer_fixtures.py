@@ -9,7 +9,7 @@ Writes tests/data/tokenizer/<vocab>.jsonl, one case per line:
   {"hex": H, "ids": [...]}                       raw bytes H (maybe invalid UTF-8); HF sees
                                                  bytes.decode("utf-8", "replace")
   {"src": "arena"|"mtbench"|"sharegpt", "i": N, "turn": T, "ids": [...]}
-                                                 a prompt from ../shared/assets/datasets (the text
+                                                 a prompt from <assets>/datasets (the text
                                                  is not committed; the test reads it there)
   {"long": N, "n": count, "fnv": hex}            the "long text" (the static texts joined by "\n",
                                                  repeated to >= N bytes): count ids, FNV-1a 64 of

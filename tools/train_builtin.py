@@ -18,7 +18,7 @@ is caught by the perplexity comparison), untied lm_head, max_position_embeddings
 11.41 M parameters, 22.8 MB in BF16.
 
 Implementation: the training forward is our own vectorised PyTorch code for exactly the maths of
-transformers' modeling_glm4_moe.py (SPEC-models.md s2). The MoE layer evaluates all 8 routed
+transformers' models/glm4_moe/modeling_glm4_moe.py. The MoE layer evaluates all 8 routed
 experts plus the shared expert for every token as two wide matmuls ([T,256]x[256,9*320] and
 [T,9*160]x[9*160,256]) and multiplies each expert's activation by its gate, which is 0 for the
 6 experts a token did not select (and 1 for the shared expert): the output and the gradients are

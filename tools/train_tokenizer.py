@@ -11,7 +11,7 @@ What it writes (into --out):
                          regex, Isolated), ByteLevel(add_prefix_space=false, use_regex=false)];
                          BPE (no unk, no byte fallback, ignore_merges=false); ByteLevel decoder;
                          no post-processor -- the same components as GLM-4/4.5's tokenizer.json
-                         (../shared/assets/tokenizers/glm4/tokenizer.json).
+                         (as zai-org/GLM-4.5 ships it on the Hugging Face Hub).
   tokenizer_config.json  eos = pad = <|endoftext|>, no BOS (as GLM-4.5: the chat template starts
                          with [gMASK]<sop>), added_tokens_decoder, chat_template.
 Vocabulary: ids 0..255 are the 256 ByteLevel characters, then the learned merges, then the

@@ -252,7 +252,7 @@ void be_layernorm(Backend *be, float *out, int ldo, const float *x, int ldx, con
 /* RoPE in place on x[t, h*head_stride + rot_off + 0..rot_dim) for each token t and head h:
  * pair i turns by the angle pos[t] * inv_freq[i] (inv_freq [rot_dim/2] in backend memory, see
  * rope_init), cos and sin multiplied by scale (YaRN's attention factor, else 1).
- * interleave: pairs (2i, 2i+1) (GPT-J, §1.5.2); else NeoX halves (i, i + rot_dim/2) (§2.2.3). */
+ * interleave: pairs (2i, 2i+1) (GPT-J, GLM-5); else NeoX halves (i, i + rot_dim/2) (GLM-4.5). */
 void be_rope(Backend *be, float *x, int ld, int T, int n_heads, int head_stride, int rot_off,
              int rot_dim, const int *pos, const float *inv_freq, float scale, int interleave);
 void be_add(Backend *be, float *out, const float *a, const float *b, size_t n);
@@ -271,7 +271,7 @@ void be_kv_write(Backend *be, void *cache, KVDtype dt, float scale, int width, i
 /* out[T, N] = x[T, K] W^T (+ bias[N]); W in its stored format. op picks the counter. */
 void be_matmul(Backend *be, OpId op, float *out, int ldo, const float *x, int ldx, int T,
                const QTensor *w, const float *bias);
-/* Router (§1.5.6): s = score(logits); choice = s + bias; group-limited top-K (ties to the
+/* Router: s = score(logits); choice = s + bias; group-limited top-K (ties to the
  * lowest index); wts = s[idx] (normalised if norm_topk_prob) * routed_scaling. */
 void be_router(Backend *be, int *idx, float *wts, const float *logits, const float *bias, int T,
                const ModelConfig *c);
@@ -281,13 +281,13 @@ void be_moe(Backend *be, float *out, const float *x, const int *idx, const float
 /* GQA causal attention over the paged cache: out[T, H*Dh] from q[T, H*Dh] (roped). */
 void be_attention_gqa(Backend *be, float *out, const float *q, const KVLayer *kv, const Batch *hb,
                       const Batch *db, const ModelConfig *c);
-/* MLA attention, absorbed form (§1.5.3), for decode: q[T, H*(Dn+Dr)] (q_pe roped); the cache
+/* MLA attention, absorbed form, for decode: q[T, H*(Dn+Dr)] (q_pe roped); the cache
  * holds the normed latent and the roped k_pe; out[T, H*Dv]. topk[T, ktop] (positions, -1 padded) limits
  * each query to the indexer's selection; NULL means every causal key. */
 void be_attention_mla(Backend *be, float *out, const float *q, const KVLayer *kv,
                       const QTensor *wkv_b, const int *topk, int ktop, const Batch *hb,
                       const Batch *db, const ModelConfig *c);
-/* MLA attention, expanded form (§1.5.3), for prefill: model/mla.c composes it from the next two
+/* MLA attention, expanded form, for prefill: model/mla.c composes it from the next two
  * ops and be_matmul with kv_b_proj, a piece of at most be_mla_piece(c) cached positions at a time.
  * be_mla_piece: that piece size KC, sized so that the piece's expanded keys and values
  * [KC, H * (Dn + Dv)] float32 stay near 128 MiB (a multiple of 256 in [256, 4096]);
@@ -311,7 +311,7 @@ void be_attention_mla_piece(Backend *be, float *out, float *st, const float *q, 
                             const float *kpe, int ldk, int j0, int n, int t0, int nt, const int *topk,
                             int ktop, int first, int last, const Batch *hb, const Batch *db,
                             const ModelConfig *c);
-/* DSA indexer (§1.5.4): I(s,t) = sum_h w[s,h] * relu(q[s,h] . k[t]) * Di^-0.5 over the cached
+/* DSA indexer: I(s,t) = sum_h w[s,h] * relu(q[s,h] . k[t]) * Di^-0.5 over the cached
  * keys t <= pos(s); topk[s, 0..Ki) = positions of the min(Ki, pos+1) best, ties to the lowest
  * position, -1 padded. w[T, Hi] is weights_proj(x); the op applies Hi^-0.5 and Di^-0.5. */
 void be_indexer(Backend *be, int *topk, const float *q, const float *w, const KVLayer *kv,

@@ -1,5 +1,5 @@
 /* util: the few helpers every file uses: fatal errors, checked allocation, logging, clocks.
- * Errors come in two kinds (STYLE.md): bugs and broken environments stop the process through
+ * Errors come in two kinds: bugs and broken environments stop the process through
  * die()/fatal(); anything a client or an input can cause returns a negative code instead. */
 #ifndef MOESERVE_UTIL_H
 #define MOESERVE_UTIL_H

@@ -1,4 +1,4 @@
-/* bench_serve: `moeserve bench serve`, the serving benchmark (shared/SPEC-bench.md): requests
+/* bench_serve: `moeserve bench serve`, the serving benchmark (report.c names the peers it follows): requests
  * from dataset.c are sent to an OpenAI-compatible server (/v1/completions or
  * /v1/chat/completions, streamed, usage requested) at --request-rate (Poisson, or all at once)
  * under --max-concurrency, and each streamed chunk is timed. One thread drives every stream

@@ -1,9 +1,10 @@
 /* bench_serve: `moeserve bench serve`, the serving benchmark against any OpenAI-compatible
  * server, whose numbers stand next to `python -m sglang.bench_serving` and `vllm bench serve`
- * (shared/SPEC-bench.md): the types shared by its three files. dataset.c makes the requests,
- * bench_serve.c sends them (libcurl multi, one thread) and records what came back, report.c
- * turns the records into the metrics, the printed report (SGLang or vLLM layout), one JSON line
- * per run and the sweep table; bench_plot.c draws a results file. */
+ * (computed as vllm/benchmarks/serve.py and python/sglang/bench_serving.py compute them): the
+ * types shared by its three files. dataset.c makes the requests, bench_serve.c sends them
+ * (libcurl multi, one thread) and records what came back, report.c turns the records into the
+ * metrics, the printed report (SGLang or vLLM layout), one JSON line per run and the sweep
+ * table; bench_plot.c draws a results file. */
 #ifndef MOESERVE_BENCH_SERVE_H
 #define MOESERVE_BENCH_SERVE_H
 

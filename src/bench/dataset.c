@@ -1,5 +1,6 @@
 /* dataset: the requests of `moeserve bench serve`, built before the run so that sending one costs
- * nothing but the send. Spelled as the peers spell them (shared/SPEC-bench.md):
+ * nothing but the send. Spelled as the peers spell them (the --dataset-name values of
+ * `vllm bench serve` and `python -m sglang.bench_serving`):
  *   random-ids  token-id prompts (completions: "prompt" as an array of ints); needs no tokenizer
  *   random      text prompts of a known token length: random ids decoded and re-encoded to the
  *               target length (vLLM), or, with --dataset-path, ShareGPT prompts cut or repeated to

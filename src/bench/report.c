@@ -1,5 +1,5 @@
-/* report: the metrics of one `moeserve bench serve` run, computed as shared/SPEC-bench.md says
- * the peers compute them, and written out in their layouts:
+/* report: the metrics of one `moeserve bench serve` run, computed as the peers compute them
+ * (vLLM's calculate_metrics, SGLang's bench_serving.py), and written out in their layouts:
  *   --format sglang  the SGLang print block and JSON keys (python/sglang/bench_serving.py):
  *                    latency = send -> last SSE event, input tokens from the dataset, peak
  *                    concurrency per 1-second bucket, "Concurrency" = sum(E2E) / duration

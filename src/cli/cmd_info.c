@@ -1,9 +1,9 @@
 /* cmd_info: `moeserve info --model DIR [--json]` describes a model directory: architecture,
- * layer mix, attention, experts, parameter counts (SPEC-models.md §1.7, §2.3), KV-cache bytes
- * per token and the precision of every kind of linear module. With safetensors present the
- * precision is read from the tensors themselves (load_qtensor, SPEC §3.9); with only config.json
- * it is predicted from the quantization config (§3.1) on the module names a release stores.
- * --json prints one JSON object (the fields the tests assert). */
+ * layer mix, attention, experts, parameter counts (model_count_params, src/model/model.c),
+ * KV-cache bytes per token and the precision of every kind of linear module. With safetensors
+ * present the precision is read from the tensors themselves (load_qtensor); with only
+ * config.json it is predicted from the quantization config on the module names a release
+ * stores. --json prints one JSON object (the fields the tests assert). */
 #include <ctype.h>
 #include <dirent.h>
 #include <jansson.h>
@@ -61,7 +61,7 @@ static int ends_with(const char *s, const char *suffix)
     return n >= k && !strcmp(s + n - k, suffix);
 }
 
-/* The kind of a linear module from its checkpoint name (§1.3, §2.2.5). */
+/* The kind of a linear module from its checkpoint name (the names of the zai-org releases). */
 static Kind kind_of(const ModelConfig *c, const char *name)
 {
     int layer;
@@ -148,7 +148,7 @@ static void predict_one(Precision *p, const ModelConfig *c, const QuantConfig *q
     tally_add(p, kind, label, rows, cols, bytes);
 }
 
-/* Walk every linear module a release checkpoint stores (§1.3, §2.2.5) through predict_one. */
+/* Walk every linear module a release checkpoint stores through predict_one. */
 static void predict_precision(Precision *p, const ModelConfig *c, const QuantConfig *q)
 {
     const int64_t D = c->hidden, H = c->n_heads, F = c->moe_intermediate, Fs = F * c->n_shared_experts;
@@ -280,7 +280,7 @@ static const char *attention_kind(const ModelConfig *c)
 }
 
 /* KV cache bytes per token in BF16: the attention entry of every layer, and the indexer keys of
-   every layer that runs its own indexer (shared layers reuse an earlier top-k, §1.8). */
+   every layer that runs its own indexer (shared layers reuse an earlier top-k). */
 static int64_t kv_bytes(const ModelConfig *c) { return 2LL * model_kv_width(c) * c->n_layers; }
 static int64_t index_bytes(const ModelConfig *c)
 {

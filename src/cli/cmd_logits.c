@@ -1,6 +1,6 @@
 /* cmd_logits: `moeserve logits --model DIR --tokens 5,17,42 [--chunk N] [--device cpu|cuda]
  * [--threads N] --out FILE` writes little-endian float32 logits, row-major [tokens, vocab], one
- * row per input position (DESIGN.md §3). --chunk N feeds the prompt through the paged KV cache
+ * row per input position. --chunk N feeds the prompt through the paged KV cache
  * N tokens at a time (1 = the pure decode path); every chunk size gives the same logits. */
 #include <errno.h>
 #include <stdio.h>

@@ -1,13 +1,15 @@
 /* cmd_quantize: `moeserve quantize --model BF16_DIR --out DIR [--exclude PATTERN,...]
  * [--shard-mb N] [--threads N]` writes the ModelOpt NVFP4 checkpoint of a BF16 (or F16/F32)
- * one (SPEC-models.md §3): every 2-D linear "<module>.weight" that is not excluded becomes
- * weight U8 [N, K/2], weight_scale F8_E4M3 [N, K/16], weight_scale_2 F32 [] and input_scale F32 []
- * (a 1.0 placeholder: no activations are seen; W4A16 engines ignore it). gate_proj and up_proj
- * of one MLP share weight_scale_2 = max(amax) / 2688 (§3.7). Excluded by default, as in real
- * releases (§3.8): lm_head, embeddings, routers (mlp.gate) and the MTP layers; norms, biases and
- * e_score_correction_bias are not linears. Every other tensor is copied byte for byte in its
- * dtype and the tensors keep their order. The exclude list is recorded in hf_quant_config.json
- * and config.json quantization_config; the tokenizer and generation config are copied. */
+ * one (the format of ModelOpt's exporter, src/format/ckpt.h): every 2-D linear "<module>.weight"
+ * that is not excluded becomes weight U8 [N, K/2], weight_scale F8_E4M3 [N, K/16],
+ * weight_scale_2 F32 [] and input_scale F32 [] (a 1.0 placeholder: no activations are seen;
+ * W4A16 engines ignore it). gate_proj and up_proj of one MLP share weight_scale_2 =
+ * max(amax) / 2688 (engines fuse them into one GEMM). Excluded by default, as in real releases
+ * (ModelOpt's default exclusions, ckpt_default_excludes): lm_head, embeddings, routers (mlp.gate)
+ * and the MTP layers; norms, biases and e_score_correction_bias are not linears. Every other
+ * tensor is copied byte for byte in its dtype and the tensors keep their order. The exclude list
+ * is recorded in hf_quant_config.json and config.json quantization_config; the tokenizer and
+ * generation config are copied. */
 #include <errno.h>
 #include <omp.h>
 #include <stdio.h>

@@ -1,12 +1,13 @@
 /* cmd_synth: `moeserve synth --arch glm5|glm4_moe --preset NAME --quant bf16|nvfp4 --out DIR
  * [--layers N] [--mtp N] [--seed N] [--shard-mb N] [--threads N] [--dry-run]` writes a
- * random-weight checkpoint in the layout of a real Hugging Face release (DESIGN.md §3):
- * config.json and generation_config.json as transformers 5.17 writes them (plus the release
- * fields vLLM reads), safetensors shards with the release's tensor names (SPEC-models.md §1.3,
- * §2.2), a byte-level BPE tokenizer with GLM's special tokens, and with --quant nvfp4 the
- * ModelOpt NVFP4 format (§3) exactly as `moeserve quantize` makes it from the BF16 checkpoint
- * of the same seed. Weights are generated one tensor at a time, each row from its own seed
- * (global seed, tensor name, row), so the files depend on the seed only, never on the threads. */
+ * random-weight checkpoint in the layout of a real Hugging Face release: config.json and
+ * generation_config.json as transformers 5.17 writes them (plus the release fields vLLM reads),
+ * safetensors shards with the release's tensor names (those of zai-org/GLM-5 and
+ * zai-org/GLM-4.5 on the Hub), a byte-level BPE tokenizer with GLM's special tokens, and with
+ * --quant nvfp4 the ModelOpt NVFP4 format (src/format/ckpt.h) exactly as `moeserve quantize`
+ * makes it from the BF16 checkpoint of the same seed. Weights are generated one tensor at a
+ * time, each row from its own seed (global seed, tensor name, row), so the files depend on the
+ * seed only, never on the threads. */
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -28,7 +29,8 @@
 
 /* ---- types ---- */
 
-/* A model shape: the config.json numbers of one preset (SPEC §1.2, §2.1). */
+/* A model shape: the config.json numbers of one preset (the real ones from the releases' config.json on the
+   Hugging Face Hub: zai-org/GLM-5, zai-org/GLM-4.5, zai-org/GLM-4.5-Air). */
 typedef struct {
     const char *name;
     Arch arch;
@@ -61,7 +63,7 @@ static const Preset presets[] = {
      .head_dim = 128, .intermediate = 160, .moe_intermediate = 96, .experts = 8, .top_k = 2, .shared = 1,
      .n_group = 1, .topk_group = 1, .first_k_dense = 1, .routed_scaling = 1.0, .rope_theta = 10000.0,
      .partial_rotary = 0.5, .attention_bias = 1, .qk_norm = 0, .max_position = 4096},
-    /* GLM-5 (§1.2) with its MTP layer; glm5-layer is one full-size MoE layer */
+    /* GLM-5 with its MTP layer; glm5-layer is one full-size MoE layer */
     {.name = "glm5", .arch = ARCH_GLM5, .vocab = 154880, .hidden = 6144, .layers = 78, .heads = 64,
      .kv_heads = 64, .q_lora = 2048, .kv_lora = 512, .qk_nope = 192, .qk_rope = 64, .v_head = 256,
      .index_heads = 32, .index_head_dim = 128, .index_topk = 2048, .intermediate = 12288,
@@ -74,7 +76,7 @@ static const Preset presets[] = {
      .moe_intermediate = 2048, .experts = 256, .top_k = 8, .shared = 1, .n_group = 1, .topk_group = 1,
      .first_k_dense = 0, .routed_scaling = 2.5, .rope_theta = 1e6, .partial_rotary = 1.0,
      .max_position = 202752, .mtp = 0},
-    /* GLM-4.5 and GLM-4.5-Air (§2.1) */
+    /* GLM-4.5 and GLM-4.5-Air */
     {.name = "glm4.5", .arch = ARCH_GLM4_MOE, .vocab = 151552, .hidden = 5120, .layers = 92, .heads = 96,
      .kv_heads = 8, .head_dim = 128, .intermediate = 12288, .moe_intermediate = 1536, .experts = 160,
      .top_k = 8, .shared = 1, .n_group = 1, .topk_group = 1, .first_k_dense = 3, .routed_scaling = 2.5,
@@ -229,13 +231,13 @@ static void add(CkptPlan *p, DType t, const char *prefix, const char *name, int6
     ckpt_plan_add(p, full, t, d1 > 0 ? 2 : 1, shape);
 }
 
-/* The tensors of layer l (l >= n_layers: an MTP layer) with the release's names (§1.3, §2.2). */
+/* The tensors of layer l (l >= n_layers: an MTP layer) with the release's names. */
 static void plan_layer(CkptPlan *p, const ModelConfig *c, int l)
 {
     const int64_t D = c->hidden, H = c->n_heads, V = c->vocab;
     char pf[64];
     snprintf(pf, sizeof pf, "model.layers.%d.", l);
-    if (l >= c->n_layers) { /* MTP extras (§1.6): the GLM-4.5 family ships its own embedding and head */
+    if (l >= c->n_layers) { /* MTP extras: the GLM-4.5 family ships its own embedding and head */
         if (c->arch == ARCH_GLM4_MOE) add(p, DT_BF16, pf, "embed_tokens.weight", V, D);
         add(p, DT_BF16, pf, "enorm.weight", D, 0);
         add(p, DT_BF16, pf, "hnorm.weight", D, 0);
@@ -282,7 +284,7 @@ static void plan_layer(CkptPlan *p, const ModelConfig *c, int l)
     } else {
         int64_t E = c->n_experts, F = c->moe_intermediate, Fs = F * c->n_shared_experts;
         add(p, DT_BF16, pf, "mlp.gate.weight", E, D);
-        add(p, DT_F32, pf, "mlp.gate.e_score_correction_bias", E, 0); /* F32 in the release (§1.3) */
+        add(p, DT_F32, pf, "mlp.gate.e_score_correction_bias", E, 0); /* F32 in the release */
         for (int64_t e = 0; e < E; e++) {
             char n[96];
             snprintf(n, sizeof n, "mlp.experts.%lld.gate_proj.weight", (long long)e);

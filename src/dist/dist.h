@@ -1,4 +1,4 @@
-/* dist: one process per rank (DESIGN.md §1). The world is tp x pp ranks (plan.h); rank 0 owns
+/* dist: one process per rank. The world is tp x pp ranks (plan.h); rank 0 owns
  * the command (the server, the scheduler, the output) and every other rank runs dist_worker,
  * which repeats rank 0's forward steps on its shard.
  *

@@ -1,5 +1,5 @@
 /* plan: which slice of the model each rank holds under tensor, pipeline and expert
- * parallelism (DESIGN.md §1 dist/). The world is tp x pp ranks, rank = pp_rank * tp + tp_rank:
+ * parallelism. The world is tp x pp ranks, rank = pp_rank * tp + tp_rank:
  * a pipeline stage is a tensor-parallel group of tp consecutive ranks.
  *
  *   TP  attention heads split (GQA: KV heads split, or replicated when tp exceeds them; MLA:

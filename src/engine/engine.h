@@ -1,4 +1,4 @@
-/* engine: the step loop of DESIGN.md §1. Requests come in from any thread (engine_submit);
+/* engine: the step loop (docs/ARCHITECTURE.md). Requests come in from any thread (engine_submit);
  * one engine thread owns the sequences, the paged KV cache and the Forward: each step it builds
  * one Batch (continuous batching: the decode tokens of running sequences plus chunked prefill of
  * new ones, bounded by max_batch_tokens and max_running), runs the forward, samples, and hands

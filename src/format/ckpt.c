@@ -1,7 +1,7 @@
 /* ckpt: the checkpoint writer behind `moeserve synth` and `moeserve quantize` (ckpt.h). A plan
  * of source tensors is split into shards; each shard is opened with its full header
  * (safetensors' streaming writer) and filled entry by entry from the caller's fetch callback.
- * NVFP4 entries are quantized with ModelOpt's recipe (SPEC-models.md §3.5) by
+ * NVFP4 entries are quantized with ModelOpt's recipe (NVFP4QTensor.quantize, quant.h) by
  * ckpt_nvfp4_quantize, the fast twin of quant.c's nvfp4_quantize, in parallel over row blocks:
  * each block is quantized the same way whatever the thread count, so the bytes do not depend
  * on it. One I/O thread writes an entry while the next is computed. Tested by
@@ -25,7 +25,7 @@
 
 #define CKPT_CHUNK_BYTES (64u << 20)   /* plain tensors are fetched and written in row blocks of this size */
 #define CKPT_BLOCK_FLOATS 65536        /* NVFP4: floats per thread-local row block (256 KB) */
-#define CKPT_FP4_GLOBAL 2688.0f        /* 6 * 448: weight_scale_2 = amax / 2688 (§3.5) */
+#define CKPT_FP4_GLOBAL 2688.0f        /* 6 * 448: weight_scale_2 = amax / 2688 */
 
 /* ---- types ---- */
 
@@ -289,7 +289,7 @@ void ckpt_nvfp4_quantize(const float *w, int64_t N, int64_t K, float g, uint8_t 
                 float a = fabsf(x[j]);
                 amax = a > amax ? a : amax; /* NaN never wins, as in quant.c */
             }
-            /* the block scale exactly as nvfp4_quantize computes it (§3.5) */
+            /* the block scale exactly as nvfp4_quantize computes it */
             float s = amax / g6;
             if (s == 0.0f) s = 1.0f;
             s = s < 0x1p-9f ? 0x1p-9f : s > 448.0f ? 448.0f : s;
@@ -318,7 +318,8 @@ static int write_nvfp4(Writer *w, StWriter *sw, int i, char *err, size_t errlen)
 {
     const CkptEntry *e = &w->p->e[i];
     const int64_t N = e->shape[0], K = e->shape[1];
-    /* gate and up share weight_scale_2 = max(amax_gate, amax_up) / 2688 (§3.7) */
+    /* gate and up share weight_scale_2 = max(amax_gate, amax_up) / 2688: engines fuse the two into one
+       GEMM and need one global scale (ModelOpt's sync_moe_gate_up_amax) */
     float amax = e->partner >= 0 ? entry_amax(w, e->partner, NULL) : 0.0f;
     const uint8_t *src = fetch_all(w, i);
     float a = entry_amax(w, i, src);
@@ -672,7 +673,7 @@ int ckpt_write_nvfp4_configs(const char *dir, const char *config_text, const Qua
     json_t *ex = json_array();
     for (int i = 0; i < q->n_exclude; i++) json_array_append_new(ex, json_string(q->exclude[i]));
     json_t *producer = json_pack("{s:s, s:s}", "name", "modelopt", "version", CKPT_PRODUCER_VERSION);
-    /* config.json quantization_config: ModelOpt's convert_hf_quant_config_format (§3.1) */
+    /* config.json quantization_config: ModelOpt's convert_hf_quant_config_format */
     json_t *grp = json_pack("{s:b, s:i, s:i, s:s}", "dynamic", 0, "group_size", 16, "num_bits", 4, "type", "float");
     json_t *qc = json_pack("{s:{s:{s:O, s:O, s:[s]}}, s:O, s:O, s:s, s:s}",
                            "config_groups", "group_0", "input_activations", grp, "weights", grp, "targets", "Linear",

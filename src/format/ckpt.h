@@ -1,7 +1,8 @@
 /* ckpt: writing a Hugging Face checkpoint directory tensor by tensor, shared by `moeserve synth`
  * and `moeserve quantize`. A CkptPlan lists the source tensors in file order; each is written
- * as is, or as ModelOpt NVFP4 (SPEC-models.md §3.2: weight U8 [N, K/2], weight_scale F8_E4M3
- * [N, K/16], weight_scale_2 F32 [], input_scale F32 []). The plan is split into shards of at
+ * as is, or as ModelOpt NVFP4 (the tensors of modelopt/torch/export/unified_export_hf.py's
+ * _export_quantized_weight: weight U8 [N, K/2], weight_scale F8_E4M3 [N, K/16], weight_scale_2
+ * F32 [], input_scale F32 []). The plan is split into shards of at
  * most a given size (model-0000N-of-0000M.safetensors + model.safetensors.index.json, or one
  * model.safetensors), and the data are pulled from a callback one tensor (or row block) at a
  * time, so nothing close to the whole model is ever in memory. */
@@ -17,7 +18,7 @@
 #include "safetensors.h"
 
 /* input_scale written for every NVFP4 linear: a placeholder, as no activations are seen. The
- * engine runs NVFP4 weight-only (W4A16, DESIGN.md §4) and ignores it. */
+ * engine runs NVFP4 weight-only (W4A16: activations are not quantised) and ignores it. */
 #define CKPT_INPUT_SCALE 1.0f
 #define CKPT_PRODUCER_VERSION "0.0 (moeserve)"
 
@@ -27,7 +28,7 @@ typedef struct {
     int ndim;
     int64_t shape[ST_MAX_DIMS];
     int nvfp4;                   /* 1: written as ModelOpt NVFP4 (2-D, BF16/F16/F32, K % 16 == 0) */
-    int partner;                 /* NVFP4 gate_proj <-> up_proj sharing weight_scale_2 (§3.7), or -1 */
+    int partner;                 /* NVFP4 gate_proj <-> up_proj sharing weight_scale_2, or -1 */
 } CkptEntry;
 
 typedef struct {
@@ -47,7 +48,8 @@ int64_t ckpt_entry_rows(const CkptEntry *e);
 uint64_t ckpt_plan_bytes(const CkptPlan *p);
 double ckpt_plan_params(const CkptPlan *p);
 
-/* The modules real NVFP4 releases leave unquantised (SPEC §3.8): lm_head, embeddings, routers,
+/* The modules real NVFP4 releases leave unquantised (ModelOpt's default_disabled_quantizers.yaml;
+ * transformers never builds the MTP layers, so ModelOpt never sees them): lm_head, embeddings, routers,
  * and the MTP layers (index >= num_hidden_layers: those of the config and any other found in
  * the plan). Appends patterns to q->exclude. */
 void ckpt_default_excludes(QuantConfig *q, const ModelConfig *c, const CkptPlan *p);
@@ -74,7 +76,8 @@ int ckpt_write(const CkptPlan *p, const char *dir, uint64_t shard_bytes, CkptFet
 
 /* config.json text of the unquantised model -> dir/config.json with a ModelOpt
  * quantization_config (quant_method modelopt, NVFP4, config_groups, ignore) and
- * dir/hf_quant_config.json (exclude_modules), as ModelOpt's exporter writes them (§3.1). */
+ * dir/hf_quant_config.json (exclude_modules), as ModelOpt's exporter writes them
+ * (modelopt/torch/export: quant_utils.py get_quant_config, convert_hf_config.py). */
 int ckpt_write_nvfp4_configs(const char *dir, const char *config_text, const QuantConfig *q,
                              char *err, size_t errlen);
 /* JSON text the way transformers writes it: keys sorted, indent 2, trailing newline (owned). */

@@ -1,7 +1,7 @@
-/* codec.h: the scalar BF16 and E4M3 codecs (SPEC-models.md §3.4) as inline functions that
- * compile for the host and, under nvcc, for the device, so that a CUDA kernel rounds exactly as
- * the CPU does: quant.c's f32_to_bf16 and f32_to_e4m3 are these, and the KV cache's element
- * codec (backend/kv_elem.h) uses them on both backends. */
+/* codec.h: the scalar BF16 and E4M3 (float8_e4m3fn: bias 7, no inf, 0x7f/0xff NaN) codecs as
+ * inline functions that compile for the host and, under nvcc, for the device, so that a CUDA
+ * kernel rounds exactly as the CPU does: quant.c's f32_to_bf16 and f32_to_e4m3 are these, and
+ * the KV cache's element codec (backend/kv_elem.h) uses them on both backends. */
 #ifndef MOESERVE_CODEC_H
 #define MOESERVE_CODEC_H
 

@@ -1,8 +1,9 @@
 /* config: config.json -> ModelConfig, and the quantization description of a checkpoint.
- * Reads both key layouts (SPEC-models.md "Config key variants": RoPE settings at the top level
- * or nested in rope_parameters; num_local_experts or n_routed_experts; mlp_layer_types or
- * first_k_dense_replace) and fills absent keys with the defaults of the transformers 5.17
- * config classes (Glm4MoeConfig, GlmMoeDsaConfig, DeepseekV3Config, DeepseekV32Config).
+ * Reads both key layouts (release configs written before transformers 5, and those it writes:
+ * RoPE settings at the top level or nested in rope_parameters; num_local_experts or
+ * n_routed_experts; mlp_layer_types or first_k_dense_replace) and fills absent keys with the
+ * defaults of the transformers 5.17 config classes (Glm4MoeConfig, GlmMoeDsaConfig,
+ * DeepseekV3Config, DeepseekV32Config).
  * Every bad value is a clean error naming the file and the key. */
 #include "config.h"
 
@@ -43,8 +44,9 @@ static const ArchInfo arch_table[] = {
     {"Glm4MoeForCausalLM", "glm4_moe", ARCH_GLM4_MOE, 0, 0,
      151552, 4096, 10944, 1408, 46, 96, 8, 128, 1, 8, 1, 1, 1, 1.0, 1e-5, 0.5, 131072,
      0, 0, 0, 0, 0, 0, 0, 0, 0, 0, -1, -1, 1},
-    /* GlmMoeDsaConfig: GLM-5 shaped (§1.2); rope_interleave and indexer_rope_interleave are not
-       class fields, both default to true (interleaved RoPE, §1.5.2, §1.5.5). */
+    /* GlmMoeDsaConfig: GLM-5 shaped (zai-org/GLM-5's config.json); rope_interleave and
+       indexer_rope_interleave are not class fields, both default to true (interleaved RoPE, as GLM-5's
+       config.json says and transformers applies since its PRs #46372 and #46842). */
     {"GlmMoeDsaForCausalLM", "glm_moe_dsa", ARCH_GLM5, 1, 1,
      154880, 6144, 12288, 2048, 78, 64, 64, 256, 1, 8, 1, 1, 3, 2.5, 1e-5, 1.0, 202752,
      2048, 512, 192, 64, 256, 32, 128, 2048, 1, 1, 0, 1, 0},
@@ -212,7 +214,7 @@ static int find_arch(Ctx *x, const json_t *root, const ArchInfo **out)
 }
 
 /* ---- RoPE: merge the top-level keys (rope_theta, partial_rotary_factor, rope_scaling) into the
-   nested rope_parameters. A key given in both places must agree (SPEC "Config key variants"). ---- */
+   nested rope_parameters. A key given in both places must agree. ---- */
 
 static int rope_merge_key(Ctx *x, json_t *merged, const char *key, const json_t *top, const char *top_name)
 {
@@ -561,7 +563,7 @@ static int parse_root(Ctx *x, const json_t *root, ModelConfig *c)
     }
     if (get_bool(x, root, "rope_interleave", ai->rope_interleave, &c->rope_interleave)) return -1;
 
-    /* softmax scale (§1.2 derived constants): q/k head size^-0.5; MLA under YaRN multiplies by
+    /* softmax scale (transformers' scaling = qk_head_dim^-0.5): q/k head size^-0.5; MLA under YaRN multiplies by
        mscale^2 with mscale = 0.1 * mscale_all_dim * ln(factor) + 1 (transformers yarn_apply_mscale) */
     c->attn_scale = (float)(1.0 / sqrt((double)qk_size));
     if (ai->mla && !strcmp(c->rope_type, "yarn") && c->yarn_mscale_all_dim != 0 && c->yarn_factor > 1) {
@@ -584,7 +586,7 @@ static int parse_root(Ctx *x, const json_t *root, ModelConfig *c)
     }
 
     if (parse_mlp_layers(x, root, c, fk_given, freq_given)) return -1;
-    /* MTP layers (indices n_layers..) are full MoE layers with their own indexer (§1.3, §1.6) */
+    /* MTP layers (indices n_layers..) are full MoE layers with their own indexer (vLLM's deepseek_mtp.py) */
     for (int j = 0; j < c->n_mtp_layers; j++) {
         c->layer_moe[c->n_layers + j] = c->n_experts > 0;
         c->layer_indexer[c->n_layers + j] = ai->dsa ? INDEXER_FULL : INDEXER_NONE;
@@ -667,7 +669,7 @@ static int group_size_of(Ctx *x, const json_t *obj, int def, int *out)
 }
 
 /* hf_quant_config.json: {"producer": {...}, "quantization": {"quant_algo", "group_size",
-   "kv_cache_quant_algo", "exclude_modules"[, "quantized_layers"]}} (§3.1) */
+   "kv_cache_quant_algo", "exclude_modules"[, "quantized_layers"]}}, as ModelOpt's get_quant_config writes it */
 static int quant_parse_modelopt(Ctx *x, QuantConfig *q, const json_t *qz, const char *exclude_key)
 {
     const char *algo;
@@ -938,8 +940,9 @@ int quant_config_load(QuantConfig *q, const char *dir, char *err, size_t errlen)
     return rc;
 }
 
-/* vLLM is_layer_excluded + apply_vllm_mapper (§3.1), pattern_matches for each pattern; through
-   the index when quant_config_load built one and the list has not grown since. */
+/* vLLM is_layer_excluded + apply_vllm_mapper (vllm/model_executor/layers/quantization/modelopt.py),
+   pattern_matches for each pattern; through the index when quant_config_load built one and the
+   list has not grown since. */
 int quant_config_excluded(const QuantConfig *q, const char *module)
 {
     if (q->index && q->index->n_patterns == q->n_exclude) return quant_index_excluded(q->index, q, module);

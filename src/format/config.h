@@ -14,8 +14,8 @@
 #define MODEL_MAX_EOS 8
 
 typedef enum {
-    ARCH_GLM4_MOE,    /* Glm4MoeForCausalLM: GQA, partial NeoX RoPE, qk-norm, MoE (§2) */
-    ARCH_GLM5,        /* GlmMoeDsaForCausalLM: MLA + DSA indexer, interleaved RoPE, MoE (§1) */
+    ARCH_GLM4_MOE,    /* Glm4MoeForCausalLM: GQA, partial NeoX RoPE, qk-norm, MoE */
+    ARCH_GLM5,        /* GlmMoeDsaForCausalLM: MLA + DSA indexer, interleaved RoPE, MoE */
     ARCH_DEEPSEEK_V3, /* DeepseekV3ForCausalLM: MLA without indexer */
     ARCH_DEEPSEEK_V32,/* DeepseekV32ForCausalLM: MLA + DSA, NeoX indexer RoPE */
 } Arch;
@@ -57,7 +57,7 @@ typedef struct {
     double rope_theta;
     float partial_rotary;      /* GQA: fraction of Dh rotated (0.5 for GLM-4.5) */
     int rotary_dim;            /* dims rotated per head: GQA Dh*partial, MLA Dr */
-    int rope_interleave;       /* 1: GPT-J pairs (2i, 2i+1) (§1.5.2); 0: NeoX halves (§2.2.3) */
+    int rope_interleave;       /* 1: GPT-J pairs (2i, 2i+1) (GLM-5); 0: NeoX halves (GLM-4.5) */
     char rope_type[16];        /* "default" or "yarn" */
     float yarn_factor, yarn_beta_fast, yarn_beta_slow, yarn_mscale, yarn_mscale_all_dim;
     int yarn_original_max_pos;
@@ -65,13 +65,13 @@ typedef struct {
     /* GQA attention */
     int attention_bias;        /* q, k, v biases */
     int use_qk_norm;
-    /* MLA (§1.5.1) */
+    /* MLA */
     int q_lora_rank;           /* R (0: no low-rank q path) */
     int kv_lora_rank;          /* C */
     int qk_nope_dim;           /* Dn */
     int qk_rope_dim;           /* Dr */
     int v_head_dim;            /* Dv */
-    /* DSA indexer (§1.5.4) */
+    /* DSA indexer */
     int index_n_heads;         /* Hi */
     int index_head_dim;        /* Di */
     int index_topk;            /* Ki */

@@ -1,4 +1,4 @@
-/* quant: number formats of checkpoints (SPEC-models.md §3). The dtype names of safetensors, the
+/* quant: number formats of checkpoints (quant.h names the sources). The dtype names of safetensors, the
  * scalar codecs (BF16, F16, E4M3, E2M1), QTensor decoding (the inner loop of every CPU matmul:
  * one row block at a time, never a whole dequantized copy), and the NVFP4 / FP8 quantizers that
  * reproduce ModelOpt's and DeepSeek's recipes. Tested by tests/unit/test_quant.c
@@ -39,7 +39,7 @@ static const char *const qformat_names[QF_COUNT] = {
 #define R64(F, b) R16(F, b), R16(F, b + 16), R16(F, b + 32), R16(F, b + 48)
 #define R256(F) R64(F, 0), R64(F, 64), R64(F, 128), R64(F, 192)
 
-/* E2M1 (§3.3): b3 sign, b2b1 exponent with bias 1, b0 mantissa; e = 0 is subnormal 0.5*m. */
+/* E2M1: b3 sign, b2b1 exponent with bias 1, b0 mantissa; e = 0 is subnormal 0.5*m. */
 #define E2M1_MAG(m) ((m) == 0 ? 0.0f : (m) == 1 ? 0.5f : (m) == 2 ? 1.0f : (m) == 3 ? 1.5f : \
                      (m) == 4 ? 2.0f : (m) == 5 ? 3.0f : (m) == 6 ? 4.0f : 6.0f)
 #define E2M1_VAL(c) (((c) & 8) ? -E2M1_MAG((c) & 7) : E2M1_MAG((c) & 7))
@@ -49,11 +49,11 @@ const float e2m1_value[16] = {
     -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f,
 };
 
-/* One NVFP4 byte -> its two elements, low nibble first (§3.3): 2 KiB, stays in L1. */
+/* One NVFP4 byte -> its two elements, low nibble first (as ModelOpt packs them): 2 KiB, stays in L1. */
 #define NVFP4_PAIR(b) {E2M1_VAL((b) & 15), E2M1_VAL(((b) >> 4) & 15)}
 static const float nvfp4_pair[256][2] = {R256(NVFP4_PAIR)};
 
-/* float8_e4m3fn (§3.4): e = 0 -> 2^-6 * m/8 = m/512; else 2^(e-7) * (1 + m/8) = (8+m) * 2^e / 1024;
+/* float8_e4m3fn: e = 0 -> 2^-6 * m/8 = m/512; else 2^(e-7) * (1 + m/8) = (8+m) * 2^e / 1024;
  * 0x7f and 0xff are NaN; no infinities. */
 #define E4M3_MAG(b) ((((b) & 0x7f) == 0x7f) ? NAN                                   \
                      : ((((b) >> 3) & 15) == 0) ? (float)((b) & 7) / 512.0f          \
@@ -136,7 +136,7 @@ float e4m3_to_f32(uint8_t b) { return e4m3_table[b]; }
 
 uint8_t f32_to_e4m3(float f) { return codec_f32_to_e4m3(f); }
 
-/* Round to E2M1 exactly as ModelOpt's _cast_fp4 (§3.5): searchsorted over the boundaries
+/* Round to E2M1 exactly as ModelOpt's _cast_fp4: searchsorted over the boundaries
  * 0.25 0.75 1.25 1.75 2.5 3.5 5, a value equal to 0.75, 1.75 or 3.5 goes up; i.e. round half to
  * the even code, saturate at 6. Sign bit = (x < 0), so -0.0 gives code 0 and a small negative
  * that rounds to zero gives code 8 (-0), as ModelOpt does. NaN compares false everywhere: code 7. */
@@ -176,7 +176,7 @@ float dtype_load(DType t, const void *base, size_t i)
 /* ---- QTensor decode ---- */
 
 /* NVFP4 row segment, 16 elements (one scale block) per step. The factor is formed first and in
- * float, value = e2m1 * (float(scale) * gscale), the order of ModelOpt's dequantize (§3.5), so
+ * float, value = e2m1 * (float(scale) * gscale), the order of ModelOpt's dequantize, so
  * the CPU result is reproducible bit for bit by a GPU kernel that does the same. */
 static void decode_nvfp4(const QTensor *w, int64_t row, int64_t k0, int64_t k1, float *restrict out)
 {
@@ -390,7 +390,7 @@ static float amax_f32(const float *w, size_t n)
     return m;
 }
 
-/* amax / (6 * 448) as ModelOpt's get_weights_scaling_factor_2 (§3.5), in float. ModelOpt
+/* amax / (6 * 448) as ModelOpt's get_weights_scaling_factor_2, in float. ModelOpt
  * returns 0 for an all-zero tensor and then divides by it; we return 1 instead, which makes
  * every block scale 1.0 and every code 0 (the tensor still decodes to zeros). */
 float nvfp4_global_scale(const float *w, size_t n)
@@ -399,7 +399,7 @@ float nvfp4_global_scale(const float *w, size_t n)
     return g > 0.0f ? g : 1.0f;
 }
 
-/* ModelOpt NVFP4QTensor.quantize (§3.5), every step in float as torch does it:
+/* ModelOpt NVFP4QTensor.quantize, every step in float as torch does it:
  *   s_b  = amax_block / (6 * g);  0 -> 1.0;  clamp [2^-9, 448];  cast to e4m3 (RNE)
  *   code = round_to_e2m1(w / (float(s_b) * g)) */
 float nvfp4_quantize(const float *w, int64_t N, int64_t K, float gscale, uint8_t *codes, uint8_t *scales)

@@ -1,6 +1,8 @@
-/* quant: number formats of checkpoints (SPEC-models.md §3): dtypes, the BF16/F16/E4M3/E2M1
+/* quant: number formats of checkpoints: dtypes, the BF16/F16/E4M3/E2M1
  * codecs, NVFP4 and FP8 quantize/dequantize, and QTensor, one linear weight in its stored
- * format, decoded row block by row block on the fly (never dequantized whole). */
+ * format, decoded row block by row block on the fly (never dequantized whole).
+ * NVFP4 is ModelOpt's (NVIDIA/Model-Optimizer, modelopt/torch/quantization/qtensor/nvfp4_tensor.py:
+ * NVFP4QTensor.quantize / dequantize, get_weights_scaling_factor(_2), _cast_fp4). */
 #ifndef MOESERVE_QUANT_H
 #define MOESERVE_QUANT_H
 
@@ -23,10 +25,10 @@ float bf16_to_f32(uint16_t h);
 uint16_t f32_to_bf16(float f);   /* round to nearest even; NaN stays NaN */
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);    /* round to nearest even; overflow -> inf */
-float e4m3_to_f32(uint8_t b);    /* float8_e4m3fn: bias 7, no inf, 0x7f/0xff NaN (§3.4) */
+float e4m3_to_f32(uint8_t b);    /* float8_e4m3fn: bias 7, no inf, 0x7f/0xff NaN */
 uint8_t f32_to_e4m3(float f);    /* round to nearest even, saturating at +-448; NaN -> 0x7f */
-extern const float e2m1_value[16]; /* code -> value, bit 3 sign (§3.3) */
-uint8_t f32_to_e2m1(float x);    /* round half to even, saturating at +-6 (§3.5) */
+extern const float e2m1_value[16]; /* code -> value, bit 3 sign */
+uint8_t f32_to_e2m1(float x);    /* round half to even, saturating at +-6 (_cast_fp4) */
 float load_f32(const void *p);   /* unaligned little-endian loads */
 uint16_t load_u16(const void *p);
 /* Element i of a tensor of dtype t as float (BF16, F16, F32, F64, F8_E4M3, integers). */
@@ -40,7 +42,7 @@ typedef enum {
     QF_FP8,       /* data: e4m3 [N, K]; W = q * gscale (ModelOpt per-tensor weight_scale) */
     QF_FP8_BLOCK, /* data: e4m3 [N, K]; W = q * scale[n/128][k/128] (weight_scale_inv) */
     QF_NVFP4,     /* data: u8 [N, K/2] two E2M1 codes, low nibble first; scale: e4m3 [N, K/16];
-                     W = e2m1 * scale * gscale (weight_scale_2), SPEC §3.5 */
+                     W = e2m1 * scale * gscale (weight_scale_2), as ModelOpt's dequantize */
     QF_COUNT
 } QFormat;
 
@@ -85,9 +87,10 @@ int qtensor_rows_concat(const QTensor *const *parts, int n, QTensor *out, void *
  * Returns -1 (nothing written) for another format, a skeleton, or sizes that do not hold W. */
 int qtensor_nvfp4_pad(const QTensor *w, int halves, int64_t rows_p, int64_t cols_p, uint8_t *codes, uint8_t *scales);
 
-/* NVFP4 (ModelOpt, SPEC §3.5). w is [N, K] float, K a multiple of 16.
+/* NVFP4 (ModelOpt's NVFP4QTensor.quantize). w is [N, K] float, K a multiple of 16.
  * gscale <= 0: computed as amax(|w|) / (6 * 448); > 0: used as given (gate and up of one
- * expert share one global scale, §3.7). Writes codes [N, K/2], scales [N, K/16]; returns gscale. */
+ * expert share one global scale, as ModelOpt's sync_moe_gate_up_amax makes them). Writes codes
+ * [N, K/2], scales [N, K/16]; returns gscale. */
 float nvfp4_quantize(const float *w, int64_t N, int64_t K, float gscale, uint8_t *codes, uint8_t *scales);
 float nvfp4_global_scale(const float *w, size_t n);
 /* FP8 per-tensor (ModelOpt): scale = amax / 448, q = e4m3(w / scale); returns scale. */

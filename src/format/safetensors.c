@@ -1,4 +1,5 @@
-/* safetensors: mmap reader and streaming writer for .safetensors files (SPEC-models.md §5).
+/* safetensors: mmap reader and streaming writer for .safetensors files (the format of
+ * https://github.com/huggingface/safetensors, README "Format"; layout in safetensors.h).
  * The reader maps each file whole (PROT_READ, MAP_PRIVATE), validates the JSON header against
  * the size of the data buffer, and hands out tensors that point into the mapping; nothing is
  * copied. Every malformed input returns -1 with one line naming the file and the tensor, and a

@@ -1,5 +1,9 @@
 /* safetensors: the mmap reader (single file, or a sharded checkpoint through
- * model.safetensors.index.json) and a streaming writer. Format: SPEC-models.md §5.
+ * model.safetensors.index.json) and a streaming writer. Format (https://github.com/huggingface/safetensors,
+ * README "Format"): an 8-byte little-endian header length N, N bytes of JSON mapping each tensor name to
+ * {dtype, shape, data_offsets [begin, end) relative to the data buffer} (plus an optional "__metadata__"
+ * string map), then the buffer, little-endian and row-major. The index maps names to shard files under
+ * "weight_map".
  * Nothing is read whole into memory: tensors point into the mapping. Every malformed input
  * (truncated file, header past the end, bad JSON, offsets out of range or overlapping, size
  * that disagrees with dtype x shape) returns -1 with a one-line message naming file and tensor. */

@@ -1,5 +1,5 @@
-/* forward: the top-level forward pass (SPEC §1.4): embedding, L decoder layers of pre-norm
- * residual blocks, the final norm on the rows that produce logits, lm_head.
+/* forward: the top-level forward pass (transformers' GlmMoeDsaModel / Glm4MoeModel): embedding,
+ * L decoder layers of pre-norm residual blocks, the final norm on the rows that produce logits, lm_head.
  *
  * Under several ranks (src/dist) each rank runs its shard: a pipeline stage runs its layers
  * over each micro-batch in turn, receiving the hidden state from the previous stage and

@@ -109,7 +109,7 @@ void glm4_moe_attention(Forward *f, int layer, KVCache *kv);
 void glm5_attention(Forward *f, int layer, KVCache *kv);
 void moe_ffn(Forward *f, int layer);
 
-/* MLA attention (mla.c, §1.5.3). The absorbed form (be_attention_mla) runs decode; the expanded
+/* MLA attention (mla.c). The absorbed form (be_attention_mla) runs decode; the expanded
  * form runs prefill chunks, where the latents of a sequence's whole context are expanded through
  * kv_b_proj once and shared by all its chunk's queries: mla_expand_use says which (the rule is
  * beside it). Both give the same result within float32 rounding. */

@@ -1,4 +1,5 @@
-/* glm4_moe: the attention block of GLM-4.5/4.6/4.7 (SPEC §2.2): GQA with q/k/v biases,
+/* glm4_moe: the attention block of GLM-4.5/4.6/4.7 (Glm4MoeAttention in transformers'
+ * models/glm4_moe/modeling_glm4_moe.py): GQA with q/k/v biases,
  * per-head RMSNorm on q and k (qk-norm) before partial NeoX RoPE on the first rotary_dim dims,
  * K and V written to the paged cache, causal attention, o_proj without bias. */
 #include "forward.h"

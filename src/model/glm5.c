@@ -1,4 +1,5 @@
-/* glm5: the attention block of GLM-5 (SPEC §1.5.1-1.5.5): MLA with the q and kv low-rank
+/* glm5: the attention block of GLM-5 (GlmMoeDsaAttention and GlmMoeDsaIndexer in transformers'
+ * models/glm_moe_dsa/modeling_glm_moe_dsa.py): MLA with the q and kv low-rank
  * paths and their norms, interleaved RoPE on the rope dims, the latent and roped k_pe cached
  * per token, attention in the absorbed form for decode and the expanded one for prefill chunks
  * (mla.c), and the DSA indexer choosing which keys each query attends to. A "shared" indexer
@@ -6,7 +7,8 @@
  * indexer) runs the same block with every causal key. */
 #include "forward.h"
 
-/* eps of q_a_layernorm / kv_a_layernorm: transformers builds them with its default 1e-6 (§1.5.1) */
+/* eps of q_a_layernorm / kv_a_layernorm: transformers builds them with its default 1e-6 (vLLM uses
+   rms_norm_eps, 1e-5); the golden fixtures come from transformers */
 #define MLA_NORM_EPS 1e-6f
 #define INDEXER_NORM_EPS 1e-6f
 

@@ -1,5 +1,5 @@
 /* load: a Hugging Face checkpoint directory -> Model (config, mmapped tensors, QTensor views).
- * Precision is decided per tensor (SPEC §3.9) and cross-checked against the quantization
+ * Precision is decided per tensor (load_qtensor, model.h) and cross-checked against the quantization
  * config; every shape is checked against config.json. Experts load stored per expert
  * (mlp.experts.E.gate_proj) or fused 3-D (mlp.experts.gate_up_proj [E, 2F, D], down_proj
  * [E, D, F]). MTP layers (index >= num_hidden_layers) are recognised and skipped. A malformed
@@ -220,7 +220,8 @@ static void account_model(Model *m)
 
 /* Dummy weights (model_load_dummy): the format a release would store this linear in. The
  * directory's quantization config decides when it has one; else the dummy format, except for
- * what real NVFP4 releases keep in BF16 (SPEC §3.8) and in-feature sizes NVFP4 cannot take. */
+ * what real NVFP4 releases keep in BF16 (ModelOpt's default exclusions, ckpt.h) and in-feature
+ * sizes NVFP4 cannot take. */
 static QFormat dummy_format(const Loader *ld, const char *prefix, int64_t K)
 {
     int excluded = strcmp(prefix, "lm_head") == 0 || strcmp(prefix, "model.embed_tokens") == 0 ||
@@ -439,7 +440,8 @@ static void kv_scales(Loader *ld, int l)
         }
 }
 
-/* kv_cache_quant_algo (§3.1): "FP8" asks for an FP8 KV cache; anything else moeserve cannot honour. */
+/* kv_cache_quant_algo (hf_quant_config.json, as ModelOpt's exporter writes it): "FP8" asks for an FP8
+   KV cache; anything else moeserve cannot honour. */
 static void kv_cache_request(Loader *ld)
 {
     const char *a = ld->qc.kv_cache_algo;

@@ -1,4 +1,4 @@
-/* mla: MLA attention in the expanded form (SPEC §1.5.3), composed from backend ops, and the
+/* mla: MLA attention in the expanded form, composed from backend ops, and the
  * rule that picks it over the absorbed form (be_attention_mla).
  *
  * The absorbed form multiplies every query by W_UK and every output by W_UV and scores against

@@ -1,5 +1,5 @@
 /* model: facts derived from a ModelConfig alone: KV entry widths, the KV cache dtype and the
- * parameter count (SPEC-models.md §1.7, §2.3). The count is exact integer arithmetic (held in double, exact
+ * parameter count. The count is exact integer arithmetic (held in double, exact
  * below 2^53) over the tensors a release checkpoint stores:
  *
  *   attention (GQA)  q H*Dh*D + k,v 2*Hkv*Dh*D + o D*H*Dh
@@ -7,7 +7,7 @@
  *   attention (MLA)  q_a R*D + q_a_layernorm R + q_b H*(Dn+Dr)*R      (R = 0: q_proj H*(Dn+Dr)*D)
  *                    + kv_a (C+Dr)*D + kv_a_layernorm C + kv_b H*(Dn+Dv)*C + o D*H*Dv
  *                    [+ biases of q_a, kv_a, o if attention_bias]
- *   indexer (DSA, "full" layers only; "shared" layers carry none, §1.8)
+ *   indexer (DSA, "full" layers only; "shared" layers carry none and reuse a full layer's top-k)
  *                    wq_b Hi*Di*R + wk Di*D + k_norm weight+bias 2*Di + weights_proj Hi*D
  *   norms            input_layernorm + post_attention_layernorm 2*D
  *   dense MLP        3*D*Fd
@@ -15,12 +15,13 @@
  *   global           embedding V*D + lm_head V*D (0 when tied) + final norm D
  *   MTP layer        a full MoE decoder layer (with its own indexer) + enorm D + hnorm D
  *                    + eh_proj D*2D + shared_head.norm D; its embedding / head copies, shipped
- *                    by GLM-4.5, are not counted (§2.3 "+~1.55 B if counted")
+ *                    by GLM-4.5, are not counted (they would add about 1.55 B)
  *   active           per token: every layer with the MoE block reduced to (K + n_shared) experts
  *                    + router + bias, plus the final norm; embedding and lm_head excluded
  *
  * GLM-5: MLA 165,022,208; indexer 9,371,904; norms 12,288; MoE 9,702,998,272; dense 226,492,416;
- * total 743,911,218,432 (743.91 B), with MTP 753,864,139,008, active 39,881,563,392. */
+ * total 743,911,218,432 (743.91 B; published: 744B), with MTP 753,864,139,008 (the Hub's "754B"),
+ * active 39,881,563,392 (published: 40B). GLM-4.5: 352.80 B, with MTP 356.79 B (published: 355B). */
 #include "model.h"
 
 #include <string.h>

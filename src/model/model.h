@@ -7,7 +7,9 @@
  *   E routed experts      K experts/token  F expert hidden (dense MLP: Fd)
  *   R q_lora_rank         C kv_lora_rank   Dn qk_nope dim  Dr qk_rope dim  Dv v head dim
  *   Hi indexer heads      Di indexer head dim              Ki indexer top-k
- * The maths and the checkpoint names are in ../shared/SPEC-models.md (cited as §). */
+ * The maths follow Hugging Face transformers (src/transformers/models/glm_moe_dsa/modeling_glm_moe_dsa.py
+ * for GLM-5, models/glm4_moe/modeling_glm4_moe.py for GLM-4.5/4.6/4.7); the checkpoint names are those
+ * of the releases on the Hub (zai-org/GLM-5, zai-org/GLM-4.5). */
 #ifndef MOESERVE_MODEL_H
 #define MOESERVE_MODEL_H
 
@@ -32,7 +34,7 @@ int model_kv_dtype_parse(const char *s, KVDtype *out);
 const char *model_kv_dtype_name(KVDtype t); /* "float32", "bf16", "fp8_e4m3", "auto" */
 #define MODEL_KV_DTYPES "auto, float32, bf16 (bfloat16) or fp8 (fp8_e4m3)"
 
-/* Parameters counted from the config alone (§1.7, §2.3). */
+/* Parameters counted from the config alone (model.c says what is counted). */
 typedef struct {
     double total;          /* without MTP layers, with embedding and lm_head */
     double total_with_mtp;
@@ -111,7 +113,7 @@ typedef struct {
 } Model;
 
 /* Load config.json and the checkpoint of dir. Malformed input stops with one line naming
- * the file and the tensor (a start-up error, STYLE.md). */
+ * the file and the tensor (a start-up error: die, src/base/util.h). */
 void model_load(Model *m, const char *dir);
 /* The same for one rank of a parallel layout: config.json, then shard(cfg, user) turns the
  * config into the rank's shard (src/dist/plan.h plan_apply), then only the tensors (and for
@@ -120,7 +122,7 @@ void model_load_shard(Model *m, const char *dir, void (*shard)(ModelConfig *c, v
 void model_load_dummy_shard(Model *m, const char *dir, QFormat fmt, int n_layers,
                             void (*shard)(ModelConfig *c, void *user), void *user);
 /* The linear weight stored under prefix (e.g. "model.layers.3.mlp.experts.7.up_proj"), its
- * precision decided per tensor (SPEC §3.9): NVFP4 if <p>.weight is U8 with <p>.weight_scale
+ * precision decided per tensor, from what is stored: NVFP4 if <p>.weight is U8 with <p>.weight_scale
  * (F8_E4M3) and <p>.weight_scale_2; FP8 per tensor if <p>.weight is F8_E4M3 with a scalar
  * <p>.weight_scale; 128x128 block FP8 if <p>.weight_scale_inv exists; else BF16/F16/F32.
  * Returns 1 found, 0 absent (no <p>.weight), -1 malformed (err names file and tensor). */

@@ -1,6 +1,7 @@
 /* moe: the FFN half of every decoder layer: h += FFN(RMSNorm(h)). Dense layers run a SwiGLU
- * MLP (§1.5.7); MoE layers route each token to K experts (router on the backend, no host round
- * trip), add the weighted expert outputs and the unscaled shared expert (§1.5.6).
+ * MLP; MoE layers route each token to K experts (router on the backend, no host round
+ * trip), add the weighted expert outputs and the unscaled shared expert (as transformers'
+ * GlmMoeDsaMoE.forward and Glm4MoeMoE.forward do; routed_scaling_factor scales the routed sum only).
  * Tensor parallel: each rank computes its slice of every width (or, under EP, its own whole
  * experts, the router numbering them from 0 and the others -1) and one all-reduce sums them. */
 #include "forward.h"

@@ -1,4 +1,4 @@
-/* http: the HTTP side of the server on libmicrohttpd (DESIGN.md §1, server/). Internal polling
+/* http: the HTTP side of the server on libmicrohttpd (docs/ARCHITECTURE.md, the path of one request). Internal polling
  * threads (epoll) serve every connection; a connection that waits for tokens is suspended and
  * resumed from the engine's notify callback (no busy loop); a vanished client is learnt of
  * through the completion notification and its request cancelled; a body over the limit is

@@ -1,8 +1,8 @@
-/* openai: the OpenAI-compatible API on top of the engine (DESIGN.md §1, server/): routing,
+/* openai: the OpenAI-compatible API on top of the engine (docs/ARCHITECTURE.md): routing,
  * authentication, request parsing and validation (jansson; every size a client controls is
  * bounded before anything is allocated for it), tokenization and chat templates, submission to
  * the engine, and the responses: one JSON body, or SSE chunks one token each, in the shapes of
- * the OpenAI API (../shared/assets/openai/openapi.yaml: CreateCompletionResponse,
+ * the OpenAI API (https://github.com/openai/openai-openapi, openapi.yaml: CreateCompletionResponse,
  * CreateChatCompletionResponse, CreateChatCompletionStreamResponse, ErrorResponse). Stop strings are matched on the
  * detokenized text; text that could still become a stop string is held back, so a stop string
  * is never streamed, not even partly. http.c moves the bytes; this file knows no sockets.

@@ -1,5 +1,5 @@
 /* test_config: config.json -> ModelConfig (src/format/config.c), the quantization config, the
- * parameter count (src/model/model.c, SPEC-models.md §1.7, §2.3) and `moeserve info`.
+ * parameter count (src/model/model.c) and `moeserve info`.
  * Fixtures: tests/data/configs/ (README there says where each comes from). Variants are made by
  * patching a fixture's JSON in memory: parse_patched(fixture, {keys to set}, "keys,to,delete"). */
 #ifndef _GNU_SOURCE
@@ -109,7 +109,7 @@ static const char *jstr(const json_t *root, const char *key)
     return s ? s : "(missing)";
 }
 
-/* ---- GLM-5 (§1.2) ---- */
+/* ---- GLM-5 (tests/data/configs/glm5: the release's config.json) ---- */
 
 TEST(config_glm5_fields)
 {
@@ -162,7 +162,7 @@ TEST(config_glm5_fields)
     EXPECT_EQ_INT(c.eos_ids[0], 154820);
     EXPECT_EQ_INT(c.eos_ids[1], 154827);
     EXPECT_EQ_INT(c.eos_ids[2], 154829);
-    EXPECT_NEAR(c.attn_scale, 0.0625, 0, 0); /* 256^-0.5, §1.2 */
+    EXPECT_NEAR(c.attn_scale, 0.0625, 0, 0); /* (192 + 64)^-0.5 */
     for (int l = 0; l < 78; l++) {
         EXPECT(c.layer_moe[l] == (l >= 3), "layer %d moe %d", l, c.layer_moe[l]);
         EXPECT(c.layer_indexer[l] == INDEXER_FULL, "layer %d indexer %d", l, c.layer_indexer[l]);
@@ -175,7 +175,7 @@ TEST(config_glm5_fields)
     EXPECT_EQ_INT(model_index_width(&c), 128);
 }
 
-/* §1.7: every piece as an exact integer. ParamCount gives totals only, so pieces are taken as
+/* Every piece as an exact integer (model.c lists them). ParamCount gives totals only, so pieces are taken as
    differences between configs that differ in one layer's piece. */
 TEST(config_params_glm5)
 {
@@ -190,7 +190,7 @@ TEST(config_params_glm5)
     EXPECT_EQ_INT((long long)p.total_with_mtp, 753864139008LL);
     EXPECT_EQ_INT((long long)p.active, 39881563392LL);
     EXPECT_EQ_INT((long long)p.active_with_head, 40833146112LL);
-    /* the printed digits of §1.7 */
+    /* to two decimals, the totals beside the published ones (744B; the Hub's 754B with MTP) */
     EXPECT_NEAR(p.total / 1e9, 743.91, 0.005, 0);
     EXPECT_NEAR(p.total_with_mtp / 1e9, 753.86, 0.005, 0);
     EXPECT_NEAR((p.total_with_mtp - p.total) / 1e9, 9.95, 0.005, 0);
@@ -217,7 +217,7 @@ TEST(config_params_glm5)
     EXPECT_EQ_INT((long long)(p.total_with_mtp - p.total), mla + norms + indexer + moe + 3 * 6144 + 6144LL * 12288);
 }
 
-/* ---- GLM-4.5 family (§2.1, §2.3) ---- */
+/* ---- GLM-4.5 family ---- */
 
 TEST(config_glm4_family_fields)
 {
@@ -270,7 +270,7 @@ TEST(config_glm4_family_fields)
         EXPECT_NEAR(c.attn_scale, 1.0 / sqrt(128.0), 0, 1e-7); /* float */
         EXPECT_EQ_INT(c.layer_indexer[0], INDEXER_NONE);
         EXPECT_EQ_INT(config_is_mla(&c), 0);
-        EXPECT_EQ_INT(model_kv_width(&c), 2048); /* 2 x 8 x 128, §2.2.4 */
+        EXPECT_EQ_INT(model_kv_width(&c), 2048); /* k and v: 2 x 8 KV heads x 128 */
         EXPECT_EQ_INT(model_index_width(&c), 0);
     }
 }
@@ -304,7 +304,7 @@ TEST(config_params_glm4_family)
     }
 }
 
-/* ---- both key layouts (SPEC "Config key variants") ---- */
+/* ---- both key layouts (release configs before transformers 5, and transformers 5's) ---- */
 
 static void expect_same_config(const ModelConfig *a, const ModelConfig *b, const char *what)
 {
@@ -635,7 +635,7 @@ TEST(config_huge_numbers)
     free(text);
 }
 
-/* ---- quantization config (§3.1) ---- */
+/* ---- quantization config (ModelOpt's hf_quant_config.json, config.json quantization_config) ---- */
 
 TEST(config_quant_excluded)
 {
@@ -935,7 +935,7 @@ TEST(config_cli_info_glm5_json)
     EXPECT_EQ_INT(jint(j, "params.total_with_mtp"), 753864139008LL);
     EXPECT_EQ_INT(jint(j, "params.active"), 39881563392LL);
     EXPECT_EQ_INT(jint(j, "params.active_with_head"), 40833146112LL);
-    EXPECT_EQ_INT(jint(j, "kv_bytes_per_token"), 89856);     /* 576 x 2 B x 78 layers, §1.5.3 */
+    EXPECT_EQ_INT(jint(j, "kv_bytes_per_token"), 89856);     /* (512 latent + 64 k_pe) x 2 B x 78 layers */
     EXPECT_EQ_INT(jint(j, "index_bytes_per_token"), 19968);  /* 128 x 2 B x 78 */
     const json_t *prec = json_object_get(j, "precision");
     EXPECT(!strcmp(jstr(prec, "source"), "none"), "%s", jstr(prec, "source"));
@@ -946,7 +946,7 @@ TEST(config_cli_info_glm5_json)
     EXPECT_EQ_INT(bf16 + plain, 753864139008LL);
     json_decref(j);
 
-    /* text form prints the §1.7 digits */
+    /* text form prints the same totals */
     char cmd[9000], *out = NULL;
     snprintf(cmd, sizeof cmd, "'%s' info --model '%s'", test_bin(), test_data("configs/glm5"));
     EXPECT_EQ_INT(test_run(cmd, &out), 0);

@@ -1,4 +1,4 @@
-/* test_mla: MLA attention's two forms on the CPU (§1.5.3, src/model/mla.c). The expanded form
+/* test_mla: MLA attention's two forms on the CPU (src/model/mla.c). The expanded form
  * (prefill: the cached latents through kv_b_proj a piece at a time, an online softmax across the
  * pieces) against the absorbed form (be_attention_mla, decode) on seeded random data: ragged
  * batches of 1 to 3 sequences (prefill chunks after earlier context, a decode token beside

@@ -1,7 +1,8 @@
 /* test_quant: src/format/quant.c against independent references written here from the
- * definitions in SPEC-models.md §3.3-3.5: codecs decoded with ldexp formulas and encoded by
- * nearest-value search (ties to the even code), NVFP4 quantization re-implemented step by step,
- * QTensor decoding of every format, row slices and unaligned buffers.
+ * definitions (the E2M1 and float8_e4m3fn bit layouts; ModelOpt's NVFP4QTensor.quantize):
+ * codecs decoded with ldexp formulas and encoded by nearest-value search (ties to the even
+ * code), NVFP4 quantization re-implemented step by step, QTensor decoding of every format, row
+ * slices and unaligned buffers.
  * Run: make test FILTER=quant. Random cases use fixed seeds, printed with any failure. */
 #include <float.h>
 #include <math.h>
@@ -20,12 +21,12 @@ static float float_of(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static int same_float(float a, float b) { return bits_of(a) == bits_of(b) || (isnan(a) && isnan(b)); }
 
 /* Magnitudes of the non-negative codes of each format, from the format's definition. */
-static double ref_e2m1_mag(unsigned c)  /* exponent bits b2b1 bias 1, mantissa b0 (§3.3) */
+static double ref_e2m1_mag(unsigned c)  /* exponent bits b2b1 bias 1, mantissa b0 */
 {
     unsigned e = (c >> 1) & 3, m = c & 1;
     return e == 0 ? 0.5 * m : ldexp(1.0 + m / 2.0, (int)e - 1);
 }
-static double ref_e4m3_mag(unsigned c)  /* bias 7, subnormal 2^-6 m/8 (§3.4) */
+static double ref_e4m3_mag(unsigned c)  /* bias 7, subnormal 2^-6 m/8 */
 {
     unsigned e = (c >> 3) & 15, m = c & 7;
     return e == 0 ? ldexp(m / 8.0, -6) : ldexp(1.0 + m / 8.0, (int)e - 7);
@@ -358,7 +359,9 @@ TEST(quant_nvfp4_nibble_order)
     EXPECT(memcmp(part, out + 16, sizeof part) == 0, "decode of [16, 32) equals the tail");
 }
 
-/* §3.5 step by step, with the reference encoders above. Mirrors the documented choice for an
+/* ModelOpt's NVFP4 recipe step by step, with the reference encoders above: weight_scale_2 =
+ * amax / (6 * 448); block scale = e4m3(amax_block / (6 * weight_scale_2)), 0 -> 1, clamped to
+ * [2^-9, 448]; code = e2m1(w / (scale * weight_scale_2)). Mirrors the documented choice for an
  * all-zero tensor (global scale 1). */
 static float ref_nvfp4_quantize(const float *w, int64_t N, int64_t K, float gscale, uint8_t *codes, uint8_t *scales)
 {

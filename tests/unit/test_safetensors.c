@@ -1,4 +1,4 @@
-/* test_safetensors: the safetensors reader and writer (src/format/safetensors.c, SPEC-models.md §5).
+/* test_safetensors: the safetensors reader and writer (src/format/safetensors.c; format in safetensors.h).
  * Round trips through the writer (one file and shards through an index), directory layouts, and
  * hand-crafted malformed files built byte by byte: each must fail with rc -1 and one message
  * naming the file (and the tensor), leave the SafeTensors as it was, and leak nothing. */

@@ -407,9 +407,9 @@ TEST(synth_mtp_and_exclude)
 TEST(synth_big_presets)
 {
     static const struct { const char *preset, *quant, *params; } c[] = {
-        {"glm5", "bf16", "753.864 B parameters"},      /* SPEC §1.7: 753.86 B with MTP */
+        {"glm5", "bf16", "753.864 B parameters"},      /* 753.86 B with MTP (model.c) */
         {"glm5-layer", "nvfp4", "11.781 B parameters"}, /* one MoE layer + embedding + lm_head */
-        {"glm4.5", "bf16", "358.338 B parameters"},     /* §2.3: 356.79 B + the MTP layer's embedding/head */
+        {"glm4.5", "bf16", "358.338 B parameters"},     /* 356.79 B + the MTP layer's embedding/head */
         {"glm4.5-air", "nvfp4", "110.469 B parameters"},
     };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {

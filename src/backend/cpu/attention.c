@@ -1,6 +1,6 @@
 /* attention: causal attention over the paged KV cache on the CPU.
- * GQA (GLM-4.5, §2.2): head h reads KV head h / (H / Hkv); cache row [k | v].
- * MLA (GLM-5, §1.5.3), absorbed form (decode): the cache holds the normed latent c [C] and the
+ * GQA (GLM-4.5): head h reads KV head h / (H / Hkv); cache row [k | v].
+ * MLA (GLM-5), absorbed form (decode): the cache holds the normed latent c [C] and the
  * roped k_pe [Dr]; per head, q_nope is absorbed through W_UK (rows 0..Dn of the head's block of
  * kv_b_proj), scores are (q_abs . c + q_pe . k_pe) * scale, the output latent is expanded
  * through W_UV (rows Dn..Dn+Dv). Softmax in float32 with the maximum subtracted. The cache is

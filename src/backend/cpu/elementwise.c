@@ -1,5 +1,6 @@
 /* elementwise: embedding, norms, RoPE, residual add, row gather, SwiGLU and the KV-cache write
- * on the CPU. Each matches Hugging Face's float32 numerics in operation order (SPEC §1.5). */
+ * on the CPU. Each matches Hugging Face transformers' float32 numerics in operation order (e.g.
+ * GlmMoeDsaRMSNorm: mean of squares, times rsqrt(mean + eps), then times the weight). */
 #include <math.h>
 #include <string.h>
 
@@ -46,7 +47,7 @@ void layernorm_cpu(Backend *be, float *out, int ldo, const float *x, int ldx, co
     }
 }
 
-/* The angle is pos * inv_freq[i] in float32, as transformers computes it (§1.5.2). */
+/* The angle is pos * inv_freq[i] in float32, as transformers computes it. */
 void rope_cpu(Backend *be, float *x, int ld, int T, int n_heads, int head_stride, int rot_off,
               int rot_dim, const int *pos, const float *inv_freq, float scale, int interleave)
 {

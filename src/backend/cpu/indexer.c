@@ -1,4 +1,5 @@
-/* indexer: the DSA lightning indexer's scores and top-k on the CPU (§1.5.4):
+/* indexer: the DSA lightning indexer's scores and top-k on the CPU (transformers' GlmMoeDsaIndexer,
+ * DeepSeek-V3.2-Exp's inference/model.py Indexer without its Hadamard and FP8 steps):
  * I(s,t) = sum_h w[s,h] Hi^-0.5 * relu(q[s,h] . k[t] * Di^-0.5) over cached keys t <= pos(s),
  * then the positions of the min(Ki, pos+1) best scores, ties to the lowest position, listed in
  * increasing position order and padded with -1. The keys are read in the cache dtype (FP8 with

@@ -1,6 +1,6 @@
-/* router: MoE routing on the CPU (SPEC §1.5.6): scores, correction bias for the selection only,
- * group-limited top-k, normalisation and routed scaling. Every top-k takes the highest values
- * and breaks ties by the lowest index, as on every backend. */
+/* router: MoE routing on the CPU: scores, correction bias for the selection only, group-limited
+ * top-k, normalisation and routed scaling (transformers' GlmMoeDsaMoE.route_tokens_to_experts).
+ * Every top-k takes the highest values and breaks ties by the lowest index, as on every backend. */
 #include <math.h>
 
 #include "cpu.h"

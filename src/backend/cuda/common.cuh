@@ -79,7 +79,7 @@ __device__ __forceinline__ float e4m3_dec(uint8_t b)
 
 __device__ __forceinline__ float e2m1_dec(int code)
 {
-    /* magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 (SPEC §3.3): from 2 up, 2^(e - 1) (1 + m / 2) of
+    /* magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 (E2M1, quant.c): from 2 up, 2^(e - 1) (1 + m / 2) of
      * exponent e = code / 2 and mantissa bit m = code & 1, built as float bits (a table indexed
      * by a variable would sit in local memory) */
     int m = code & 7;

@@ -1,4 +1,4 @@
-/* indexer: the DSA lightning indexer on the GPU (§1.5.4), the twin of indexer_cpu.
+/* indexer: the DSA lightning indexer on the GPU, the twin of indexer_cpu.
  * Scores: I(s,t) = sum_h w[s,h] Hi^-0.5 * relu(q[s,h] . k[t] Di^-0.5), blocks over chunks of
  * keys (indexer_scores_kernel). Top-k: block per query, an exact radix select over the scores
  * as order-preserving 32-bit keys finds the k-th largest value; every larger score is kept and,

@@ -1,4 +1,4 @@
-/* router: MoE routing on the GPU, one block per token, the twin of router_cpu (§1.5.6):
+/* router: MoE routing on the GPU, one block per token, the twin of router_cpu:
  * scores (sigmoid or softmax), the correction bias for the selection only, group-limited top-k
  * (group score = sum of its two best choices), top-K with ties to the lowest index,
  * normalisation and routed scaling. The selected ids stay on the device. */
