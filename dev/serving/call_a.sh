@@ -16,6 +16,6 @@ for t in cuda_attention_gqa cuda_padded_ffn_logits; do
     echo "test_cuda $t rc=$? $((SECONDS - S)) s"
 done
 grep -E "FAIL|passed|tiny-air" $R/test.txt | head -12
-timeout 140 env OUT=$R CARRY=$C P1=2 ROUNDS=1 BENCH_TIMEOUT=80 bash dev/serving/run.sh moe 16 1,64,256 2>&1 | tee $R/moe.log
+timeout 400 env OUT=$R CARRY=$C P1=2 ROUNDS=1 BENCH_TIMEOUT=120 bash dev/serving/run.sh moe 16 1,64,256 2>&1 | tee $R/moe.log
 echo "part A $((SECONDS - S)) s"
 tar czf $OUT/res-a.tgz -C $R .
