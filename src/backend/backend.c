@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "../base/knobs.h"
+#include "../base/test_hooks.h"
 #include "../base/util.h"
 #ifdef MOESERVE_CUDA
 #include "cuda/cuda.h"
@@ -53,7 +54,59 @@ const char *op_name(OpId op) { return op_info[op].name; }
 OpCategory op_category(OpId op) { return op_info[op].cat; }
 const char *op_category_name(OpCategory c) { return cat_names[c]; }
 
-int backend_gemm_repeat = 1;
+/* MOESERVE_TEST_GEMM_REPEAT: a copy of the backend's op table whose GEMM and MoE entries run the
+ * backend's own N times. Swapping the table once, when the backend opens, keeps the hook out of
+ * the ops themselves: without it be_matmul and be_moe call the backend straight, with no check of
+ * a repeat count per op, and every backend (and every op that reaches the table) gets the same
+ * repetition. The table is the first member, so be->ops leads back to the wrapper. */
+typedef struct {
+    BackendOps ops;
+    const BackendOps *inner;
+    int n;
+} RepeatOps;
+
+static void repeat_matmul(Backend *be, float *out, int ldo, const float *x, int ldx, int T, const QTensor *w,
+                          const float *bias)
+{
+    const RepeatOps *r = (const RepeatOps *)be->ops;
+    for (int i = 0; i < r->n; i++) r->inner->matmul(be, out, ldo, x, ldx, T, w, bias);
+}
+
+static int repeat_moe(Backend *be, float *out, const float *x, const int *idx, const float *wts, int T,
+                      const MoeExperts *ex, const ModelConfig *c)
+{
+    const RepeatOps *r = (const RepeatOps *)be->ops;
+    int touched = -1;
+    for (int i = 0; i < r->n; i++) touched = r->inner->moe(be, out, x, idx, wts, T, ex, c);
+    return touched;
+}
+
+static RepeatOps *repeat_ops(const Backend *be)
+{
+    return be->ops && be->ops->matmul == repeat_matmul ? (RepeatOps *)be->ops : NULL;
+}
+
+void backend_repeat_gemms(Backend *be, int n)
+{
+    RepeatOps *r = repeat_ops(be);
+    if (r) { /* already wrapped: a new count, or back to the backend's own table */
+        if (n > 1) {
+            r->n = n;
+            return;
+        }
+        be->ops = r->inner;
+        free(r);
+        return;
+    }
+    if (n <= 1) return;
+    r = xcalloc(1, sizeof *r);
+    r->ops = *be->ops;
+    r->inner = be->ops;
+    r->n = n;
+    r->ops.matmul = repeat_matmul;
+    if (r->ops.moe) r->ops.moe = repeat_moe;
+    be->ops = &r->ops;
+}
 
 void backend_reset_stats(Backend *be) { memset(be->stats, 0, sizeof be->stats); }
 
@@ -167,7 +220,7 @@ void be_matmul(Backend *be, OpId op, float *out, int ldo, const float *x, int ld
                const QTensor *w, const float *bias)
 {
     be_op_begin(be);
-    for (int r = 0; r < backend_gemm_repeat; r++) be->ops->matmul(be, out, ldo, x, ldx, T, w, bias);
+    be->ops->matmul(be, out, ldo, x, ldx, T, w, bias);
     count(be, op, 2.0 * T * w->rows * w->cols,
           qtensor_bytes(w) + 4.0 * T * (w->cols + w->rows) + (bias ? 4.0 * w->rows : 0));
 }
@@ -184,8 +237,7 @@ void be_moe(Backend *be, float *out, const float *x, const int *idx, const float
             const MoeExperts *ex, const ModelConfig *c)
 {
     be_op_begin(be);
-    int touched = 0;
-    for (int r = 0; r < backend_gemm_repeat; r++) touched = be->ops->moe(be, out, x, idx, wts, T, ex, c);
+    int touched = be->ops->moe(be, out, x, idx, wts, T, ex, c);
     double E = c->n_experts, K = c->n_experts_per_tok, share = 1;
     if (c->ep > 1) { /* c holds this rank's experts: about K / ep of each token's pairs land here */
         share = 1.0 / c->ep;
@@ -293,7 +345,9 @@ void be_indexer(Backend *be, int *topk, const float *q, const float *w, const KV
 
 void backend_free(Backend *be)
 {
+    RepeatOps *r = repeat_ops(be);
     if (be->ops && be->ops->destroy) be->ops->destroy(be);
+    free(r);
     *be = (Backend){0};
 }
 
@@ -333,6 +387,7 @@ void backend_open(Backend *be, const char *device, int threads)
             if (local && atoi(local) > 1) threads = threads / atoi(local) > 1 ? threads / atoi(local) : 1;
         }
         backend_cpu_init(be, threads);
+        backend_repeat_gemms(be, test_hook_gemm_repeat());
         return;
     }
     if (!strncmp(device, "cuda", 4)) {
@@ -344,6 +399,7 @@ void backend_open(Backend *be, const char *device, int threads)
         char name[256];
         cuda_device_name(index, name, sizeof name);
         log_info("device: %s", name);
+        backend_repeat_gemms(be, test_hook_gemm_repeat());
         return;
 #else
         (void)index;

@@ -213,8 +213,10 @@ const char *backend_default(void);
 void backend_open(Backend *be, const char *device, int threads);
 /* The device in words for logs and GET /get_server_info: the GPU's name, or "cpu (N threads)". */
 void backend_describe(const Backend *be, const char *device, char *buf, size_t n);
-/* --inject-gemm-repeat N (diagnosis tests): every GEMM and MoE op runs N times (counted once) */
-extern int backend_gemm_repeat;
+/* Every GEMM and MoE op of be runs n times from now on, counted once, by a copy of its op table
+ * (backend_open does this for the test hook MOESERVE_TEST_GEMM_REPEAT; backend_free releases it).
+ * n <= 1: the backend's own table again, whose ops no repeat count slows. */
+void backend_repeat_gemms(Backend *be, int n);
 /* For ops implemented outside the backend (the collectives of src/dist): be_op_begin before
  * the work, be_count after it, exactly as the be_* wrappers below do around theirs (the
  * profiler times what lies between). */

@@ -67,7 +67,8 @@ static const Knob table[KNOB_COUNT] = {
     [KNOB_TUNE_CACHE] = {"MOESERVE_TUNE_CACHE", KNOB_STR, "", 0, 0, NULL,
                          "the tuned tile table's file (default: $XDG_CACHE_HOME or ~/.cache, moeserve/w4-tune.json)"},
     [KNOB_CALIBRATE_CACHE] = {"MOESERVE_CALIBRATE_CACHE", KNOB_STR, "", 0, 0, NULL,
-                              "calibrate's ceilings file (default: $XDG_CACHE_HOME or ~/.cache, moeserve/)"},
+                              "calibrate's ceilings file (default: $XDG_CACHE_HOME or ~/.cache, "
+                              "moeserve/calibrate-KEY.json, KEY the backend, device and layout)"},
     [KNOB_COMM] = {"MOESERVE_COMM", KNOB_CHOICE, "auto", 0, 0, "auto|nccl",
                    "collectives: auto, NCCL between GPUs and MPI between CPU ranks; nccl, NCCL for one rank too"},
     [KNOB_COMM_TIMEOUT] = {"MOESERVE_COMM_TIMEOUT", KNOB_INT, "300", 1, 1 << 24, NULL,

@@ -1,17 +1,40 @@
 /* test_hooks: the MOESERVE_TEST_* variables (test_hooks.h). */
 #include "test_hooks.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "util.h"
 
+/* The integer hooks: 0 when unset (or set to a bad value), the floor of their range being the
+ * value that changes nothing. */
+enum { HOOK_HOST_DELAY, HOOK_GEMM_REPEAT, HOOK_COMM_DELAY, HOOK_COUNT };
+
+static const struct {
+    const char *var;
+    long lo, hi;
+    const char *meaning;
+} hooks[HOOK_COUNT] = {
+    [HOOK_HOST_DELAY] = {"MOESERVE_TEST_HOST_DELAY_US", 0, 10000000,
+                         "the scheduler sleeps this many microseconds each step (a host-bound engine)"},
+    [HOOK_GEMM_REPEAT] = {"MOESERVE_TEST_GEMM_REPEAT", 1, 10000,
+                          "every GEMM and MoE op runs this many times, counted once (slow kernels)"},
+    [HOOK_COMM_DELAY] = {"MOESERVE_TEST_COMM_DELAY_US", 0, 10000000,
+                         "every collective waits this many microseconds first, on the stream where the ranks run "
+                         "on GPUs (a slow link)"},
+};
+
+static const char *fault_meaning = "rank R exits (exit:R) or stops answering (hang:R) at the start of its first "
+                                   "forward step";
+
 static TestFault fault_kind;
 static int fault_rank = -1;
+static long hook_value[HOOK_COUNT];
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
-static void read_hooks(void)
+static void read_fault(void)
 {
     const char *f = getenv("MOESERVE_TEST_FAULT");
     if (!f || !*f) return;
@@ -27,8 +50,43 @@ static void read_hooks(void)
     log_warn("MOESERVE_TEST_FAULT=%s: expected exit:RANK or hang:RANK; no fault", f);
 }
 
+static void read_hooks(void)
+{
+    read_fault();
+    for (int i = 0; i < HOOK_COUNT; i++) {
+        hook_value[i] = hooks[i].lo;
+        const char *e = getenv(hooks[i].var);
+        if (!e || !*e) continue;
+        char *end;
+        errno = 0;
+        long v = strtol(e, &end, 10);
+        if (errno || end == e || *end || v < hooks[i].lo || v > hooks[i].hi)
+            log_warn("%s=%s: expected an integer in [%ld, %ld]; no hook", hooks[i].var, e, hooks[i].lo, hooks[i].hi);
+        else
+            hook_value[i] = v;
+    }
+}
+
+static long hook(int i)
+{
+    pthread_once(&once, read_hooks);
+    return hook_value[i];
+}
+
 TestFault test_hook_fault(int rank)
 {
     pthread_once(&once, read_hooks);
     return rank == fault_rank ? fault_kind : TEST_FAULT_NONE;
+}
+
+int test_hook_host_delay_us(void) { return (int)hook(HOOK_HOST_DELAY); }
+int test_hook_gemm_repeat(void) { return (int)hook(HOOK_GEMM_REPEAT); }
+int test_hook_comm_delay_us(void) { return (int)hook(HOOK_COMM_DELAY); }
+
+void test_hooks_print(FILE *f)
+{
+    fprintf(f, "- `MOESERVE_TEST_FAULT` (exit:R or hang:R): %s\n", fault_meaning);
+    for (int i = 0; i < HOOK_COUNT; i++)
+        fprintf(f, "- `%s` (%ld to %ld; default %ld): %s\n", hooks[i].var, hooks[i].lo, hooks[i].hi, hooks[i].lo,
+                hooks[i].meaning);
 }

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "../backend/cpu/cpu.h"
+#include "../base/knobs.h"
 #include "../base/util.h"
 #include "gpu.h"
 #ifdef MOESERVE_CUDA
@@ -133,8 +134,8 @@ static void comm_ceilings(Ceilings *c, Backend *be, Dist *d)
 
 static void cache_path(const Ceilings *c, char *buf, size_t n)
 {
-    const char *env = getenv("MOESERVE_CALIBRATE_CACHE");
-    if (env && *env) {
+    const char *env = knob_str(KNOB_CALIBRATE_CACHE); /* "" when unset */
+    if (*env) {
         snprintf(buf, n, "%s", env);
         return;
     }

@@ -39,8 +39,8 @@ static void mpi_wait(Dist *d, MPI_Request *r, const char *what, double timeout_s
         if (done) return;
         double el = clock_now() - t0;
         if (timeout_s > 0 && el > timeout_s)
-            fatal("%s did not complete in %.0f s (a rank is stuck or gone); stopping every rank (--comm-timeout)", what,
-                  timeout_s);
+            fatal("%s did not complete in %.0f s (a rank is stuck or gone); stopping every rank "
+                  "(MOESERVE_COMM_TIMEOUT)", what, timeout_s);
         if (++spins > 1000 && el > 1e-3) {
             struct timespec ts = {0, el < 0.1 ? 20000 : 200000};
             nanosleep(&ts, NULL);

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "../backend/cuda/cuda.h"
+#include "../base/knobs.h"
 #include "../base/util.h"
 #include "dist.h"
 
@@ -44,7 +45,8 @@ typedef struct {
 static int nccl_open(void)
 {
     if (N.lib) return 0;
-    const char *names[] = {getenv("MOESERVE_NCCL_LIB"), "libnccl.so.2", "libnccl.so"};
+    const char *lib = knob_str(KNOB_NCCL_LIB); /* "" when unset */
+    const char *names[] = {*lib ? lib : NULL, "libnccl.so.2", "libnccl.so"};
     for (size_t i = 0; i < sizeof names / sizeof names[0] && !N.lib; i++)
         if (names[i]) N.lib = dlopen(names[i], RTLD_NOW | RTLD_GLOBAL);
     if (!N.lib) return -1;

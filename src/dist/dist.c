@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../base/knobs.h"
 #include "../base/test_hooks.h"
 #include "../base/util.h"
 
@@ -170,15 +171,13 @@ const char *dist_setup(ParOpts *p, const char *device)
     if (par_resolve(p, err, sizeof err) < 0) fatal("%s", err);
     g_par = *p;
     int world = par_world(p);
-    const char *comm = getenv("MOESERVE_COMM");
-    int force_nccl = comm && !strcmp(comm, "nccl");
+    int force_nccl = knob_get(KNOB_COMM) == 1; /* auto|nccl */
     if (world == 1 && !force_nccl && !dist_under_mpirun()) return device;
-    if (world == 1 && p->comm_delay_us) log_warn("--inject-comm-delay-us: one rank has no collectives to delay");
+    int comm_delay_us = test_hook_comm_delay_us();
+    if (world == 1 && comm_delay_us) log_warn("MOESERVE_TEST_COMM_DELAY_US: one rank has no collectives to delay");
     Dist *d = &g_dist;
     *d = (Dist){.world = world, .tp = p->tp, .pp = p->pp, .ep = p->ep, .microbatches = p->microbatches,
-                .comm_delay_us = p->comm_delay_us, .timeout_s = 300};
-    const char *to = getenv("MOESERVE_COMM_TIMEOUT");
-    if (to && atof(to) > 0) d->timeout_s = atof(to);
+                .comm_delay_us = comm_delay_us, .timeout_s = (double)knob_get(KNOB_COMM_TIMEOUT)};
     /* the default device without touching CUDA (forked ranks must start before any CUDA call) */
 #ifdef MOESERVE_CUDA
     if (!device && access("/dev/nvidiactl", F_OK) == 0) device = "cuda";

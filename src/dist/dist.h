@@ -10,12 +10,12 @@
  *     CUDA call, one per GPU, hands them the NCCL id and then each step's plan through pipes;
  *     the CPU backend needs mpirun (it says so).
  * A failing rank stops every rank with a message that names it; a collective that does not
- * complete within the timeout (--comm-timeout, default 300 s) stops them too. Spawned ranks
+ * complete within the timeout (MOESERVE_COMM_TIMEOUT, default 300 s) stops them too. Spawned ranks
  * keep NCCL's NVLink multicast off (NCCL_NVLS_ENABLE=0: multicast can take a shared host's
  * GPUs out of service).
  *
  * Collectives work on backend memory and are counted and timed as ops (backend.h OP_ALL_REDUCE
- * ...), so that diagnosis sees them; --inject-comm-delay-us adds a delay to each. */
+ * ...), so that diagnosis sees them; the test hook MOESERVE_TEST_COMM_DELAY_US adds a delay to each. */
 #ifndef MOESERVE_DIST_H
 #define MOESERVE_DIST_H
 
@@ -50,7 +50,7 @@ struct Dist {
     int world, rank;
     int tp, pp, ep, tp_rank, pp_rank;
     int microbatches;          /* --pp-microbatches */
-    int comm_delay_us;         /* --inject-comm-delay-us */
+    int comm_delay_us;         /* MOESERVE_TEST_COMM_DELAY_US, read once at setup: a collective pays one compare */
     double timeout_s;          /* a collective not done after this stops every rank */
     const DistOps *ops;
     void *impl;

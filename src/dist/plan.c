@@ -32,8 +32,7 @@ int par_opt(int argc, char **argv, int *i, ParOpts *p)
     const char *layers = NULL;
     if (opt_int(argc, argv, i, "--tp", 1, 1024, &p->tp) || opt_int(argc, argv, i, "--pp", 1, PLAN_MAX_STAGES, &p->pp) ||
         opt_int(argc, argv, i, "--ep", 1, 1024, &p->ep) ||
-        opt_int(argc, argv, i, "--pp-microbatches", 1, 1024, &p->microbatches) ||
-        opt_int(argc, argv, i, "--inject-comm-delay-us", 0, 10000000, &p->comm_delay_us))
+        opt_int(argc, argv, i, "--pp-microbatches", 1, 1024, &p->microbatches))
         return 1;
     if (opt_str(argc, argv, i, "--pp-layers", &layers)) {
         parse_layers(layers, p);

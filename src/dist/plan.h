@@ -24,10 +24,9 @@ typedef struct {
     int pp_layers[PLAN_MAX_STAGES];     /* --pp-layers: layers per stage; n_pp_layers 0: even split */
     int n_pp_layers;
     int microbatches;                   /* --pp-microbatches: in flight per step (0: pp) */
-    int comm_delay_us;                  /* --inject-comm-delay-us: added to every collective */
 } ParOpts;
 
-/* "--tp N --pp N --ep N --pp-layers A,B,... --pp-microbatches N --inject-comm-delay-us N":
+/* "--tp N --pp N --ep N --pp-layers A,B,... --pp-microbatches N":
  * consumes one option like the opt_* parsers of cli.h (1 if it was one of these). */
 int par_opt(int argc, char **argv, int *i, ParOpts *p);
 #define PAR_OPTS_USAGE "[--tp N] [--pp N] [--ep N] [--pp-layers A,B,..] [--pp-microbatches N]"

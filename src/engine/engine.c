@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "../base/opt.h"
+#include "../base/test_hooks.h"
 #include "../base/util.h"
 #include "../model/forward.h"
 #include "../diag/gpu.h"
@@ -93,6 +94,7 @@ struct Engine {
     long all_steps, all_tokens;
     double all_wall_ms;
     double p2p_gbps;           /* pipeline transfers (calibrated), to split receive time */
+    int host_delay_us;         /* MOESERVE_TEST_HOST_DELAY_US, read at create: a step pays one compare */
 };
 
 void engine_options_default(EngineOptions *o)
@@ -240,6 +242,7 @@ Engine *engine_create(const Model *m, Backend *be, const EngineOptions *o, const
     e->m = m;
     e->be = be;
     e->o = *o;
+    e->host_delay_us = test_hook_host_delay_us();
     const ModelConfig *c = &m->cfg;
     if (e->o.max_model_len <= 0 || e->o.max_model_len > c->max_position) e->o.max_model_len = c->max_position;
     if (e->o.max_batch_tokens < e->o.max_running) e->o.max_batch_tokens = e->o.max_running;
@@ -625,8 +628,8 @@ static int is_stop(const Engine *e, const Seq *s, int t)
 static void step(Engine *e)
 {
     double t_sched = clock_now();
-    if (e->o.host_delay_us > 0) { /* --inject-host-delay-us: a slow scheduler (diagnosis tests) */
-        struct timespec ts = {e->o.host_delay_us / 1000000, (long)(e->o.host_delay_us % 1000000) * 1000};
+    if (e->host_delay_us > 0) { /* MOESERVE_TEST_HOST_DELAY_US: a slow scheduler (diagnosis tests) */
+        struct timespec ts = {e->host_delay_us / 1000000, (long)(e->host_delay_us % 1000000) * 1000};
         nanosleep(&ts, NULL);
     }
     int S, O, T = build_batch(e, &S, &O);
@@ -803,7 +806,5 @@ void engine_diagnose(Engine *e, const Ceilings *c, const Deployment *layout, Dia
 
 int engine_opt_diag(int argc, char **argv, int *i, EngineOptions *eo)
 {
-    return opt_int(argc, argv, i, "--profile-every", 0, 1 << 20, &eo->profile_every) ||
-           opt_int(argc, argv, i, "--inject-host-delay-us", 0, 10000000, &eo->host_delay_us) ||
-           opt_int(argc, argv, i, "--inject-gemm-repeat", 1, 10000, &backend_gemm_repeat);
+    return opt_int(argc, argv, i, "--profile-every", 0, 1 << 20, &eo->profile_every);
 }

@@ -30,7 +30,6 @@ typedef struct {
     int max_queue;             /* waiting requests accepted before engine_submit refuses (busy) */
     int no_graphs;             /* --disable-cuda-graph: decode steps eager (graphs: GPU backends) */
     int profile_every;         /* --profile-every N: one step in N timed op by op for diagnosis (0: never) */
-    int host_delay_us;         /* --inject-host-delay-us: sleep in the scheduler each step (tests) */
 } EngineOptions;
 
 void engine_options_default(EngineOptions *o);
@@ -117,9 +116,8 @@ void engine_diag(Engine *e, ProfSum *s, Deployment *d, double p2p_gbps);
  * rest of *d is filled from the engine (and the GPU's power and clocks through NVML). */
 void engine_diagnose(Engine *e, const Ceilings *c, const Deployment *layout, Diagnosis *g, Deployment *d);
 
-/* The diagnosis options of an engine on a hand-written command line: --profile-every N, and the
- * test hooks --inject-host-delay-us N, --inject-gemm-repeat N. */
+/* The diagnosis options of an engine on a hand-written command line: --profile-every N. */
 int engine_opt_diag(int argc, char **argv, int *i, EngineOptions *eo);
-#define DIAG_OPTS_USAGE "[--profile-every N] [--inject-host-delay-us N] [--inject-gemm-repeat N] [--inject-comm-delay-us N]"
+#define DIAG_OPTS_USAGE "[--profile-every N]"
 
 #endif

@@ -115,7 +115,7 @@ void moe_ffn(Forward *f, int layer);
  * beside it). Both give the same result within float32 rounding. */
 void mla_expand_init(MlaExpand *x, Backend *be, const ModelConfig *c, int max_tokens, int piece);
 void mla_expand_free(MlaExpand *x, Backend *be);
-/* MOESERVE_MLA_EXPAND_MIN (default 32, at least 1), read once */
+/* MOESERVE_MLA_EXPAND_MIN (knobs.h: default 32, at least 1) */
 int mla_expand_min(void);
 /* 1: run the batch's MLA attention in the expanded form (see mla.c for the rule) */
 int mla_expand_use(const Batch *hb, int min_tokens);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../base/knobs.h"
 #include "../base/util.h"
 #include "../format/config.h"
 #include "model.h"
@@ -317,11 +318,7 @@ static void own(Model *m, void *buf)
  * fused copy is the model's (host memory: the parts' bytes again, on this rank's shard). */
 static void fuse(Model *m, QTensor *fused, QTensor *a, QTensor *b)
 {
-    static int off = -1;
-    if (off < 0) {
-        const char *e = getenv("MOESERVE_FUSE");
-        off = e && !strcmp(e, "0");
-    }
+    const int off = !knob_get(KNOB_FUSE);
     const QTensor *parts[2] = {a, b};
     void *buf;
     if (off || qtensor_rows_concat(parts, 2, fused, &buf)) return;

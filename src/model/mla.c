@@ -12,6 +12,8 @@
 
 #include <stdlib.h>
 
+#include "../base/knobs.h"
+
 void mla_expand_init(MlaExpand *x, Backend *be, const ModelConfig *c, int max_tokens, int piece)
 {
     size_t F4 = sizeof(float), H = c->n_heads;
@@ -29,16 +31,7 @@ void mla_expand_free(MlaExpand *x, Backend *be)
     *x = (MlaExpand){0};
 }
 
-int mla_expand_min(void)
-{
-    static int min = 0;
-    if (!min) {
-        const char *e = getenv("MOESERVE_MLA_EXPAND_MIN");
-        int v = e ? atoi(e) : 32;
-        min = v < 1 ? 1 : v;
-    }
-    return min;
-}
+int mla_expand_min(void) { return (int)knob_get(KNOB_MLA_EXPAND_MIN); }
 
 /* The rule: prompt tokens are those of sequences with more than one token in the batch (a
  * decode step brings one token per sequence). The expanded form runs when the batch has at

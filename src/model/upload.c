@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../backend/backend.h"
+#include "../base/knobs.h"
 #include "../base/util.h"
 #include "model.h"
 
@@ -271,8 +272,7 @@ void model_upload(Model *dst, const Model *src, Backend *be)
     *dst = *src;
     memset(&dst->st, 0, sizeof dst->st); /* the mapping stays src's */
     dst->cfg.kv_dtype = model_kv_dtype(&src->cfg, be->host_memory); /* the cache dtype on this backend */
-    const char *w4 = getenv("MOESERVE_W4");
-    int pack = be->ops->pack_nvfp4 && !(w4 && !strcmp(w4, "0"));
+    int pack = be->ops->pack_nvfp4 && knob_get(KNOB_W4);
     Up u = {.be = be, .pack = pack};
     up_widths(&u, src);
     if (u.moe_fp != u.moe_f || u.dense_fp != u.dense_f)

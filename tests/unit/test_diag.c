@@ -160,15 +160,18 @@ static const char *verdict_of(const char *cmd, double *step_ms, int quiet)
     return verdict;
 }
 
-/* `moeserve diagnose --json` on the glm4moe fixture; returns the verdict (static) or NULL */
-static const char *run_verdict(const char *launch, const char *extra, double *step_ms)
+/* `moeserve diagnose --json` on the glm4moe fixture, started by launch ("" or mpirun ...) with
+ * the test hook hook ("MOESERVE_TEST_...=VALUE", NULL for none) in its environment (and, under
+ * mpirun, passed on to the ranks); returns the verdict (static) or NULL */
+static const char *run_verdict(const char *hook, const char *launch, const char *extra, double *step_ms)
 {
-    char cmd[2048], dir[600];
+    char cmd[2048], dir[600], pass[128] = "";
     snprintf(dir, sizeof dir, "%s/glm4moe-bf16", test_data("golden"));
+    if (hook && *launch) snprintf(pass, sizeof pass, " -x %.*s", (int)strcspn(hook, "="), hook);
     snprintf(cmd, sizeof cmd,
-             "%s '%s' diagnose --model '%s' --device cpu --threads 1 --batch 8 --input-len 16 --output-len 16 --json %s "
-             "</dev/null 2>/dev/null",
-             launch, test_bin(), dir, extra);
+             "%s%s%s%s '%s' diagnose --model '%s' --device cpu --threads 1 --batch 8 --input-len 16 --output-len 16 "
+             "--json %s </dev/null 2>/dev/null",
+             hook ? hook : "", hook ? " " : "", launch, pass, test_bin(), dir, extra);
     return verdict_of(cmd, step_ms, 0);
 }
 
@@ -280,23 +283,26 @@ TEST(diag_json_output_in_one_write)
 /* Open MPI keeps some allocations to the end of the process: no leak report for its ranks */
 #define MPI2 "mpirun --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS=1 -x ASAN_OPTIONS=detect_leaks=0 -np 2"
 
+/* The test hooks (base/test_hooks.h) make each verdict true; they are environment variables, not
+ * options of the command line. */
 TEST(diag_faults_get_their_verdict)
 {
-    const char *v = run_verdict("", "--inject-host-delay-us 50000", NULL); /* 50 ms: more than a step, even under ASan */
+    /* 50 ms: more than a step, even under ASan */
+    const char *v = run_verdict("MOESERVE_TEST_HOST_DELAY_US=50000", "", "", NULL);
     EXPECT(v && !strcmp(v, "host-bound"), "host delay: %s", v ? v : "(none)");
-    v = run_verdict("", "--inject-gemm-repeat 20", NULL);
+    v = run_verdict("MOESERVE_TEST_GEMM_REPEAT=20", "", "", NULL);
     EXPECT(v && (!strcmp(v, "under-tuned-kernels") || !strcmp(v, "compute-bound")), "repeated GEMMs: %s", v ? v : "(none)");
     if (test_run("command -v mpirun >/dev/null 2>&1", NULL) != 0) {
         test_skip("mpirun is not installed: the multi-rank faults are not run");
         return;
     }
-    v = run_verdict(MPI2, "--tp 2 --inject-comm-delay-us 5000", NULL);
+    v = run_verdict("MOESERVE_TEST_COMM_DELAY_US=5000", MPI2, "--tp 2", NULL);
     EXPECT(v && !strcmp(v, "communication-bound"), "comm delay: %s", v ? v : "(none)");
     /* one micro-batch, and the second stage holds three of the four layers with every GEMM run 10
      * times: the first stage waits about 90% of a step. (Two balanced stages of this tiny model
      * wait 1.5 ms a step, less than a loaded machine takes from a rank now and then: their
      * verdict was "host-bound" once both cores were busy.) */
-    v = run_verdict(MPI2, "--pp 2 --pp-microbatches 1 --pp-layers 1,3 --inject-gemm-repeat 10", NULL);
+    v = run_verdict("MOESERVE_TEST_GEMM_REPEAT=10", MPI2, "--pp 2 --pp-microbatches 1 --pp-layers 1,3", NULL);
     EXPECT(v && !strcmp(v, "pipeline-bubble-bound"), "one micro-batch: %s", v ? v : "(none)");
 }
 

@@ -156,7 +156,7 @@ static __global__ void delay_kernel(long long cycles)
     }
 }
 
-/* a kernel that keeps the stream busy for about us microseconds (--inject-comm-delay-us) */
+/* a kernel that keeps the stream busy for about us microseconds (the test hook MOESERVE_TEST_COMM_DELAY_US) */
 extern "C" void cuda_delay_us(Backend *be, int us)
 {
     int khz = 0;

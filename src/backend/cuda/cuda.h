@@ -31,7 +31,7 @@ int cuda_mla_piece_kernel(Backend *be, const ModelConfig *c);
 /* How many times anything has run beside on this backend (be_side_begin; up to the rows of
  * MOESERVE_SHARED_SIDE and MOESERVE_INDEXER_SIDE). */
 long cuda_side_calls(Backend *be);
-/* Keep the stream busy for about us microseconds (--inject-comm-delay-us). */
+/* Keep the stream busy for about us microseconds (the test hook MOESERVE_TEST_COMM_DELAY_US). */
 void cuda_delay_us(Backend *be, int us);
 
 #ifdef __cplusplus
