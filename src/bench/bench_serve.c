@@ -35,9 +35,9 @@
     "    [--num-prompts N] [--random-input-len N] [--random-output-len N] [--random-range-ratio R]\n" \
     "    [--random-range-vllm] [--random-vocab-size N] [--output-len N] [--request-rate R|inf]\n" \
     "    [--max-concurrency N[,N...]] [--warmup-requests N] [--ignore-eos | --disable-ignore-eos]\n" \
-    "    [--temperature T] [--extra-body JSON] [--seed N] [--format sglang|vllm] [--output-file F]\n" \
+    "    [--temperature T] [--extra-request-body JSON] [--seed N] [--format sglang|vllm] [--output-file F]\n" \
     "    [--percentile-metrics ttft,tpot,itl,e2el] [--metric-percentiles 99] [--label S] [--gpus N]\n" \
-    "    [--request-timeout S] [--burstiness B] [--goodput ttft:MS [tpot:MS] [e2el:MS]] [--quiet]"
+    "    [--request-timeout S] [--burstiness B] [--goodput ttft:MS [tpot:MS] [e2el:MS]] [--output-details] [--quiet]"
 
 #define MAX_LEVELS 64
 #define MAX_LINE (16 << 20)   /* one SSE line; a server sending more is broken */
@@ -64,7 +64,7 @@ struct Loop {
     int ep;                    /* epoll fd */
     double timer;              /* libcurl's next timeout, monotonic s (< 0: none) */
     double wake;               /* when epoll_wait last returned */
-    const Tokenizer *tok;      /* borrowed: keep generated text for retokenized counts */
+    int keep_text;             /* keep generated text: retokenized counts (--tokenizer), --output-details */
     float *lag;                /* [n_lag] s: wake -> chunk timed, one per write callback */
     long n_lag, cap_lag;
     long chunks;               /* token chunks received in this run */
@@ -381,7 +381,7 @@ static void slot_line(Slot *sl, const char *p, size_t n, double now)
     r->t_last_token = now;
     r->n_chunks++;
     sl->loop->chunks++;
-    if (sl->loop->tok)
+    if (sl->loop->keep_text)
         for (int i = 0; i < 2; i++)
             if (c.text[i].e > c.text[i].s) text_append(r, c.text[i]);
 }
@@ -847,8 +847,8 @@ int bench_serve_main(int argc, char **argv)
     const char *model = NULL, *tok_path = NULL, *conc_s = NULL, *format = "sglang", *out_file = NULL;
     const char *rate_s = "inf", *pct_s = "99", *pct_metrics = "ttft,tpot,itl,e2el", *label = NULL, *extra_body = NULL;
     DatasetOptions dopt = {.name = "random-ids", .num_prompts = 1000, .input_len = 1024, .output_len = 1024,
-                           .range_ratio = 0.0, .vocab = 8000, .seed = 1, .temperature = -1};
-    int warmup = 1, no_ignore_eos = 0, quiet = 0, help = 0, seed = 1, gpus = 1, timeout_s = 6 * 3600;
+                           .range_ratio = 0.0, .vocab = 8000, .seed = 1, .temperature = 0};
+    int warmup = 1, no_ignore_eos = 0, quiet = 0, help = 0, seed = 1, gpus = 1, timeout_s = 6 * 3600, details = 0;
     int force_eos = 0;
     double burstiness = 1.0, slo[3] = {-1, -1, -1};
     int has_goodput = 0;
@@ -900,6 +900,7 @@ int bench_serve_main(int argc, char **argv)
             opt_int(argc, argv, &i, "--gpus", 1, 1 << 16, &gpus) ||
             opt_int(argc, argv, &i, "--request-timeout", 1, 1 << 30, &timeout_s) ||
             opt_double(argc, argv, &i, "--burstiness", 1e-3, 1e3, &burstiness) ||
+            opt_flag(argv, &i, "--output-details", &details) || opt_flag(argv, &i, "--save-detailed", &details) ||
             opt_flag(argv, &i, "--quiet", &quiet) || opt_flag(argv, &i, "--disable-tqdm", &quiet) ||
             opt_flag(argv, &i, "--help", &help))
             continue;
@@ -911,14 +912,17 @@ int bench_serve_main(int argc, char **argv)
     if (!strcmp(format, "sglang")) base.format = FORMAT_SGLANG;
     else if (!strcmp(format, "vllm")) base.format = FORMAT_VLLM;
     else fatal("bench serve: --format must be sglang or vllm, not '%s'", format);
-    /* the peers' backend names map onto the two APIs */
+    /* the peers' backend names map onto the two APIs (SGLang's native "sglang" goes to
+     * /v1/completions here); the report and the JSON line name the one given */
     if (!strcmp(backend, "openai-completions") || !strcmp(backend, "openai") || !strcmp(backend, "vllm") ||
-        !strcmp(backend, "sglang-oai") || !strcmp(backend, "completions"))
-        dopt.api = API_COMPLETIONS, backend = "openai-completions";
+        !strcmp(backend, "sglang") || !strcmp(backend, "sglang-oai") || !strcmp(backend, "lmdeploy") ||
+        !strcmp(backend, "completions"))
+        dopt.api = API_COMPLETIONS;
     else if (!strcmp(backend, "openai-chat") || !strcmp(backend, "vllm-chat") || !strcmp(backend, "sglang-oai-chat") ||
-             !strcmp(backend, "chat"))
-        dopt.api = API_CHAT, backend = "openai-chat";
-    else fatal("bench serve: --backend must be openai-completions or openai-chat, not '%s'", backend);
+             !strcmp(backend, "lmdeploy-chat") || !strcmp(backend, "chat"))
+        dopt.api = API_CHAT;
+    else fatal("bench serve: --backend must be openai-completions (or openai, vllm, sglang, sglang-oai, lmdeploy) or "
+               "openai-chat (or vllm-chat, sglang-oai-chat, lmdeploy-chat), not '%s'", backend);
     double rate = INFINITY;
     if (strcmp(rate_s, "inf") != 0) {
         char *end;
@@ -986,7 +990,7 @@ int bench_serve_main(int argc, char **argv)
 
     Loop L;
     loop_init(&L, max_conc);
-    L.tok = tok;
+    L.keep_text = tok != NULL || details;
     Slot *slots = xcalloc((size_t)max_conc, sizeof *slots);
     slots_init(slots, max_conc, &L);
     RunConfig rc = {.url = url, .headers = headers, .timeout_ms = (long)timeout_s * 1000, .quiet = quiet};
@@ -1056,6 +1060,7 @@ int bench_serve_main(int argc, char **argv)
         RunInfo *ri = &runs[l];
         *ri = base;
         ri->backend = backend;
+        ri->output_details = details;
         ri->model = model;
         ri->tokenizer = tok_path;
         ri->dataset_name = dopt.name;

@@ -45,7 +45,7 @@ typedef struct {
     ServeApi api;
     const char *model;         /* the "model" field */
     int ignore_eos;
-    double temperature;        /* < 0: not sent */
+    double temperature;        /* "temperature" of every body (0, greedy, as SGLang sends); < 0: not sent */
     const char *extra_body;    /* JSON object merged into every body, or NULL */
     const struct Tokenizer *tok; /* borrowed; NULL when no --tokenizer */
 } DatasetOptions;
@@ -100,8 +100,8 @@ typedef struct {
     long total_input, total_output, total_output_retok; /* retok: -1 without a tokenizer */
     double duration;           /* s */
     double request_throughput, input_throughput, output_throughput, total_throughput; /* per s */
-    double peak_output_throughput; /* tokens in the busiest 1-second bucket */
-    int peak_concurrency;      /* vLLM: sweep-line maximum; SGLang: per 1-second bucket */
+    double peak_output_throughput; /* tokens a second in the busiest 1-second window (sliding) */
+    int peak_concurrency;      /* most requests in flight at one instant (sweep line over [start, end)) */
     double mean_concurrency;   /* sum of E2E latencies / duration (SGLang's "Concurrency") */
     int good;                  /* completed requests within every --goodput limit */
     double request_goodput;    /* good / duration (vLLM's "Request goodput") */
@@ -110,12 +110,14 @@ typedef struct {
     int *reason_count;         /* ... and how many requests failed so */
     int n_reasons;
     ClientOverhead client;
+    struct json_t *details;    /* --output-details: the per-request lists (owned), else NULL */
 } Metrics;
 
 /* The run as configured, echoed in the report and the JSON line. */
 typedef struct {
     ReportFormat format;
-    const char *backend;       /* openai-completions | openai-chat */
+    const char *backend;       /* --backend as the user gave it (sglang, vllm, openai-chat, ...) */
+    int output_details;        /* --output-details: per-request lists in the JSON line */
     const char *model, *tokenizer, *dataset_name, *dataset_path;
     int num_prompts;
     double request_rate;       /* INFINITY: all at once */

@@ -1,18 +1,26 @@
 /* report: the metrics of one `moeserve bench serve` run, computed as the peers compute them
  * (vLLM's calculate_metrics, SGLang's bench_serving.py), and written out in their layouts:
  *   --format sglang  the SGLang print block and JSON keys (python/sglang/bench_serving.py):
- *                    latency = send -> last SSE event, input tokens from the dataset, peak
- *                    concurrency per 1-second bucket, "Concurrency" = sum(E2E) / duration
+ *                    latency = send -> last SSE event, input tokens from the dataset,
+ *                    "Concurrency" = sum(E2E) / duration
  *   --format vllm    the vLLM print block and JSON keys (vllm/benchmarks/serve.py): latency =
  *                    send -> last token chunk, input tokens from usage.prompt_tokens when the
- *                    server sends it, peak concurrency by exact sweep-line
+ *                    server sends it
  * Common to both: output tokens = usage.completion_tokens, else the token chunks counted; TTFT =
  * send -> first chunk carrying a token (non-empty text, content or reasoning_content: SGLang's
  * rule; vLLM's chat client also takes the empty role chunk a server sends first, which makes its
  * TTFT the time to that chunk, not to a token); TPOT = (latency - TTFT)/(out - 1) per request with
  * out > 1, request-weighted; ITL = every gap between token chunks of every request (chunk-
- * weighted); peak output throughput = most token chunks stamped in one 1-second bucket;
- * percentiles interpolate linearly (numpy's default); std is the population std. */
+ * weighted); percentiles interpolate linearly (numpy's default); std is the population std.
+ * Two peaks differ from the peers' on purpose:
+ *   peak concurrent requests: the most requests in flight at one instant, by a sweep line over
+ *     [start, end) (vLLM's way). SGLang counts every request that touched a 1-second bucket, so
+ *     at --max-concurrency 1 a run of short requests showed 7 "concurrent" requests.
+ *   peak output throughput: the most token chunks stamped in any 1-second window, sliding (or
+ *     per second over the whole run when it is shorter than that). Both peers count fixed
+ *     buckets from the first send; a bucket holding the first TTFT, or cut by the run's end,
+ *     put the "peak" below the mean of a steady run. A sliding window is never below a fixed
+ *     bucket, and in a steady run never below the mean. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -78,6 +86,22 @@ static double latency_of(const RequestResult *r, const RunInfo *run)
 
 /* ---- compute ---- */
 
+/* --output-details: one request's entry in each list, as SGLang writes them (a failed request
+ * has output length 0 and TTFT 0 unless a token had come; times in seconds). */
+static void details_add(json_t *d, const RequestResult *r, int in, int out)
+{
+    json_array_append_new(json_object_get(d, "input_lens"), json_integer(in));
+    json_array_append_new(json_object_get(d, "output_lens"), json_integer(out));
+    json_array_append_new(json_object_get(d, "ttfts"), json_real(r->n_chunks ? r->ttft : 0.0));
+    json_t *itl = json_array();
+    for (int j = 0; j < r->n_itl; j++) json_array_append_new(itl, json_real(r->itl[j]));
+    json_array_append_new(json_object_get(d, "itls"), itl);
+    json_t *text = json_stringn(r->text ? r->text : "", r->text_len); /* NULL: not UTF-8 */
+    json_array_append_new(json_object_get(d, "generated_texts"), text ? text : json_null());
+    json_t *err = json_string(r->ok ? "" : r->error);
+    json_array_append_new(json_object_get(d, "errors"), err ? err : json_null());
+}
+
 void report_compute(Metrics *m, const RunInfo *run, const Dataset *ds, const RequestResult *res, int n,
                     double duration, const Tokenizer *tok)
 {
@@ -91,13 +115,19 @@ void report_compute(Metrics *m, const RunInfo *run, const Dataset *ds, const Req
     double *e2e = xmalloc((size_t)(n + 1) * sizeof *e2e), *itl = xmalloc((size_t)(n_itl + 1) * sizeof *itl);
     int n_tpot = 0;
     long k = 0;
-    double min_start = INFINITY, max_end = -INFINITY, sum_lat = 0;
+    double sum_lat = 0;
     m->reasons = xcalloc(MAX_REASONS, sizeof *m->reasons);
     m->reason_count = xcalloc(MAX_REASONS, sizeof *m->reason_count);
+    if (run->output_details) {
+        m->details = json_object();
+        static const char *const keys[] = {"input_lens", "output_lens", "ttfts", "itls", "generated_texts", "errors"};
+        for (size_t q = 0; q < sizeof keys / sizeof keys[0]; q++) json_object_set_new(m->details, keys[q], json_array());
+    }
     for (int i = 0; i < n; i++) {
         const RequestResult *r = &res[i];
         m->retried += r->retries > 0;
         if (!r->ok) {
+            if (m->details) details_add(m->details, r, ds->reqs[i].prompt_len > 0 ? ds->reqs[i].prompt_len : 0, 0);
             m->failed++;
             const char *why = r->error[0] ? r->error : "unknown";
             int j = 0;
@@ -111,6 +141,7 @@ void report_compute(Metrics *m, const RunInfo *run, const Dataset *ds, const Req
         if (r->usage_prompt >= 0 && (run->format == FORMAT_VLLM || !ds->prompt_len_exact || in < 0)) in = r->usage_prompt;
         if (in < 0) in = 0;
         double lat = latency_of(r, run);
+        if (m->details) details_add(m->details, r, in, out);
         m->completed++;
         m->total_input += in;
         m->total_output += out;
@@ -125,8 +156,6 @@ void report_compute(Metrics *m, const RunInfo *run, const Dataset *ds, const Req
             if (run->has_goodput && run->slo_ms[q] >= 0 && ms[q] > run->slo_ms[q]) good = 0;
         m->good += good;
         for (int j = 0; j < r->n_itl; j++) itl[k++] = r->itl[j];
-        if (r->t_start < min_start) min_start = r->t_start;
-        if (r->t_start + lat > max_end) max_end = r->t_start + lat;
         if (tok && r->text_len) {
             int *ids = NULL;
             char err[128];
@@ -143,40 +172,38 @@ void report_compute(Metrics *m, const RunInfo *run, const Dataset *ds, const Req
     m->total_throughput = (m->total_input + m->total_output) / d;
     m->mean_concurrency = sum_lat / d;
 
-    /* peak output throughput and peak concurrency over 1-second buckets from the first start */
+    /* the peaks: a sliding window over every token chunk's time stamp (start + TTFT + the ITLs),
+     * and a sweep line over the requests' [start, end) */
     if (m->completed) {
-        int nb = (int)ceil(max_end - min_start) + 1;
-        double *tokens = xcalloc((size_t)nb, sizeof *tokens);
-        int *conc = xcalloc((size_t)nb, sizeof *conc);
+        double *tt = xmalloc((size_t)(n_itl + m->completed) * sizeof *tt);
         Event *ev = xmalloc((size_t)m->completed * 2 * sizeof *ev);
+        long nt = 0;
         int ne = 0;
         for (int i = 0; i < n; i++) {
             const RequestResult *r = &res[i];
             if (!r->ok) continue;
-            double t = r->t_start + r->ttft, lat = latency_of(r, run);
-            for (int j = -1; j < r->n_itl; j++) {
-                if (j >= 0) t += r->itl[j];
-                int b = (int)(t - min_start);
-                if (b >= 0 && b < nb) tokens[b] += 1;
-            }
-            int s = (int)(r->t_start - min_start), e = (int)(r->t_start + lat - min_start);
-            for (int b = s; b <= e && b < nb; b++) conc[b]++;
+            double t = r->t_start + r->ttft;
+            tt[nt++] = t;
+            for (int j = 0; j < r->n_itl; j++) tt[nt++] = t += r->itl[j];
             ev[ne++] = (Event){r->t_start, +1};
-            ev[ne++] = (Event){r->t_start + lat, -1};
+            ev[ne++] = (Event){r->t_start + latency_of(r, run), -1};
         }
-        for (int b = 0; b < nb; b++) if (tokens[b] > m->peak_output_throughput) m->peak_output_throughput = tokens[b];
-        if (run->format == FORMAT_VLLM) {
-            qsort(ev, (size_t)ne, sizeof *ev, cmp_event);
-            int cur = 0;
-            for (int i = 0; i < ne; i++) {
-                cur += ev[i].d;
-                if (cur > m->peak_concurrency) m->peak_concurrency = cur;
-            }
-        } else {
-            for (int b = 0; b < nb; b++) if (conc[b] > m->peak_concurrency) m->peak_concurrency = conc[b];
+        qsort(tt, (size_t)nt, sizeof *tt, cmp_double);
+        double w = duration > 0 && duration < 1 ? duration : 1;
+        long best = 0;
+        for (long i = 0, j = 0; i < nt; i++) { /* tokens in [tt[i], tt[i] + w) */
+            if (j < i) j = i;
+            while (j < nt && tt[j] < tt[i] + w) j++;
+            if (j - i > best) best = j - i;
         }
-        free(tokens);
-        free(conc);
+        m->peak_output_throughput = best / w;
+        qsort(ev, (size_t)ne, sizeof *ev, cmp_event);
+        int cur = 0;
+        for (int i = 0; i < ne; i++) {
+            cur += ev[i].d;
+            if (cur > m->peak_concurrency) m->peak_concurrency = cur;
+        }
+        free(tt);
         free(ev);
     }
     dist_compute(&m->ttft, ttft, m->completed, run);
@@ -194,6 +221,7 @@ void report_free(Metrics *m)
     for (int i = 0; i < m->n_reasons; i++) free(m->reasons[i]);
     free(m->reasons);
     free(m->reason_count);
+    json_decref(m->details);
     memset(m, 0, sizeof *m);
 }
 
@@ -444,6 +472,7 @@ int report_append_json(const char *path, const Metrics *m, const RunInfo *run)
     set_real(o, "client_cpu_us_per_chunk", m->client.cpu_us_per_chunk);
     set_real(o, "client_cpu_util", m->client.cpu_util);
     if (run->server_info) json_object_set(o, "server_info", run->server_info);
+    if (m->details) json_object_update(o, m->details);
     char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(12));
     json_decref(o);
     FILE *f = fopen(path, "a");
