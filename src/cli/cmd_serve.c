@@ -171,7 +171,7 @@ int cmd_serve(int argc, char **argv)
 
     Metrics metrics;
     metrics_init(&metrics);
-    int max_len = eo.max_model_len <= 0 || eo.max_model_len > m.cfg.max_position ? m.cfg.max_position : eo.max_model_len;
+    int max_len = engine_max_model_len(e);
     char *info = server_info(&mo, &m, &dm, &be, device, &eo, e, max_len);
     Api api = {.engine = e, .text = &mt, .model_name = name, .model_alias = alias[0] ? alias : NULL, .api_key = api_key, .max_model_len = max_len,
                .vocab = m.cfg.vocab, .created = (int64_t)time(NULL), .metrics = &metrics, .script_path = script,

@@ -23,6 +23,7 @@
 #include "../model/kv_cache.h"
 
 #define ENGINE_MAX_EOS 16
+#define ENGINE_HOST_KV_FRACTION 0.5 /* the share of the host's available memory a CPU KV pool may take */
 #define ENGINE_WAIT_PING_S 0.5     /* how often the owners of queued requests are woken (engine.h) */
 
 typedef struct Seq {
@@ -97,8 +98,8 @@ struct Engine {
 
 void engine_options_default(EngineOptions *o)
 {
-    *o = (EngineOptions){.max_running = 64, .max_batch_tokens = 2048, .chunked_prefill = 512, .max_model_len = 4096,
-                         .block_size = 16, .n_blocks = 0, .kv_fraction = 0.9, .decode_steps = 1, .prefix_caching = 1,
+    *o = (EngineOptions){.max_running = 64, .max_batch_tokens = 2048, .chunked_prefill = 512, .max_model_len = 0,
+                         .block_size = 16, .n_blocks = 0, .kv_fraction = 0, .decode_steps = 1, .prefix_caching = 1,
                          .max_queue = 4096, .profile_every = 16};
 }
 
@@ -241,7 +242,9 @@ Engine *engine_create(const Model *m, Backend *be, const EngineOptions *o, const
     e->be = be;
     e->o = *o;
     const ModelConfig *c = &m->cfg;
-    if (e->o.max_model_len <= 0 || e->o.max_model_len > c->max_position) e->o.max_model_len = c->max_position;
+    /* the context: the model's own (config.json) unless --max-model-len asks for less */
+    int len_given = e->o.max_model_len > 0;
+    if (!len_given || e->o.max_model_len > c->max_position) e->o.max_model_len = c->max_position;
     if (e->o.max_batch_tokens < e->o.max_running) e->o.max_batch_tokens = e->o.max_running;
     if (e->o.chunked_prefill <= 0 || e->o.chunked_prefill > e->o.max_batch_tokens) e->o.chunked_prefill = e->o.max_batch_tokens;
     for (int i = 0; i < n_eos && e->n_eos < ENGINE_MAX_EOS; i++) e->eos[e->n_eos++] = eos[i];
@@ -254,11 +257,20 @@ Engine *engine_create(const Model *m, Backend *be, const EngineOptions *o, const
          * under parallelism, the smallest that any rank can hold (its layers, its memory) */
         int from = 0;
         double want = (double)e->o.max_running * e->max_blocks_per_seq;
-        double fit = forward_kv_fit(c, be, bs, e->o.kv_fraction, &from);
+        double fraction = e->o.kv_fraction > 0 ? e->o.kv_fraction : be->host_memory ? ENGINE_HOST_KV_FRACTION : 0.9;
+        double fit = forward_kv_fit(c, be, bs, fraction, &from);
         nb = (int)(fit < want ? fit : want);
         if (from > 0 && fit < want)
             log_info("engine: the KV pool is sized to rank %d, whose free memory and layers hold the fewest blocks (%d)",
                      from, nb);
+    }
+    if (nb < e->max_blocks_per_seq && !len_given && nb > 0) {
+        /* the model's context does not fit one request: serve a shorter one rather than none */
+        log_warn("engine: one request of the model's context, %d tokens, needs %d KV blocks but the cache holds %d: "
+                 "max_model_len is %d (give the cache more memory with --kv-fraction or --num-kv-blocks, or set "
+                 "--max-model-len)", e->o.max_model_len, e->max_blocks_per_seq, nb, nb * bs);
+        e->o.max_model_len = nb * bs;
+        e->max_blocks_per_seq = nb;
     }
     if (nb < e->max_blocks_per_seq)
         fatal("engine: the KV cache holds %d blocks of %d tokens (%.2f MiB each), but one request of --max-model-len "
@@ -302,6 +314,8 @@ Engine *engine_create(const Model *m, Backend *be, const EngineOptions *o, const
     e->stats.kv_blocks_total = nb;
     return e;
 }
+
+int engine_max_model_len(const Engine *e) { return e->o.max_model_len; }
 
 int engine_check(const Engine *e, const RequestParams *p, char *err, size_t errlen)
 {

@@ -1,0 +1,151 @@
+/* test_server_defaults: what `moeserve serve` picks by itself (src/engine/engine.c, src/cli/cmd_serve.c,
+ * src/backend/cpu/cpu.c) and n > 1 choices (src/server/openai.c), over real loopback HTTP
+ * (tests/server_harness.c): the context from config.json, reported as /v1/models max_model_len
+ * and enforced with vLLM's 400; shortened with a warning where one request of it does not fit
+ * the KV pool; the built-in model's resident memory at start (its KV pool is not touched before
+ * use); a taken port failing at once, before the model loads.
+ * Run: make test FILTER=defaults (the n > 1 tests are server_n_*, so they also run under ASan). */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "../test.h"
+
+#include <arpa/inet.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/util.h"
+#include "server/openai.h"
+#include "server_harness.h"
+
+/* A copy of the test model whose config.json says max_position_embeddings = ctx (made once per
+ * ctx and run); its path. */
+static const char *model_with_context(int ctx)
+{
+    static char dir[600];
+    snprintf(dir, sizeof dir, "%s/ctx-%d", test_tmpdir(), ctx);
+    struct stat sb;
+    if (stat(dir, &sb) == 0) return dir;
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", model_dir(), dir);
+    if (test_run(cmd, NULL) != 0) return NULL;
+    char path[700];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_t *c = json_load_file(path, 0, NULL);
+    if (!c) return NULL;
+    json_object_set_new(c, "max_position_embeddings", json_integer(ctx));
+    int rc = json_dump_file(c, path, JSON_INDENT(2));
+    json_decref(c);
+    return rc == 0 ? dir : NULL;
+}
+
+static long long models_max_len(int port)
+{
+    Resp r;
+    if (http(port, "GET", "/v1/models", NULL, NULL, &r) != 0) return -1;
+    json_t *j = body_json(&r);
+    long long v = j && json_is_integer(jget(j, "data.0.max_model_len")) ? jint(j, "data.0.max_model_len") : -1;
+    json_decref(j);
+    resp_free(&r);
+    return v;
+}
+
+/* a completion request of n prompt token ids and max_tokens 1 */
+static void post_ids(int port, int n, Resp *r)
+{
+    ApiBuf b = {0};
+    openai_buf_add(&b, "{\"max_tokens\":1,\"prompt\":[", 26);
+    for (int i = 0; i < n; i++) openai_buf_add(&b, i ? ",17" : "17", i ? 3 : 2);
+    openai_buf_add(&b, "]}", 2);
+    post(port, "/v1/completions", b.p, r);
+    openai_buf_free(&b);
+}
+
+static int log_has(const Srv *s, const char *what)
+{
+    char *t = file_read_all(s->log, NULL);
+    int has = t && strstr(t, what);
+    free(t);
+    return has;
+}
+
+/* The context is config.json's (8192 here, past the old fixed 4096): /v1/models says so, a
+ * 5000-token prompt is served, one past the context is vLLM's 400. */
+TEST(defaults_context_from_config)
+{
+    const char *dir = model_with_context(8192);
+    ASSERT(dir, "the model copy");
+    Srv s;
+    ASSERT(srv_start_model(&s, "ctx8192", dir, "--num-kv-blocks 1024") == 0);
+    EXPECT_EQ_INT(models_max_len(s.port), 8192);
+    EXPECT(log_has(&s, "context 8192 tokens"), "the start-up line names the context");
+    Resp r;
+    post_ids(s.port, 5000, &r);
+    EXPECT(r.status == 200, "a 5000-token prompt under an 8192 context: %d %s", r.status, r.body ? r.body : "");
+    resp_free(&r);
+    post_ids(s.port, 8200, &r);
+    expect_error(__FILE__, __LINE__, "8200 ids", &r, 400, "invalid_request_error", "maximum context length is 8192 tokens",
+                 "prompt");
+    json_t *j = body_json(&r);
+    EXPECT(j && jstr(j, "error.code") && !strcmp(jstr(j, "error.code"), "context_length_exceeded"));
+    json_decref(j);
+    resp_free(&r);
+    EXPECT_EQ_INT(srv_stop(&s, 60), 0);
+}
+
+/* One request of the model's context does not fit the pool: the context is shortened to the pool
+ * with a warning (the server starts); an explicit --max-model-len that does not fit still stops
+ * it with the numbers. */
+TEST(defaults_context_capped_to_kv)
+{
+    const char *dir = model_with_context(8192);
+    ASSERT(dir, "the model copy");
+    Srv s;
+    ASSERT(srv_start_model(&s, "ctx-capped", dir, "--num-kv-blocks 100") == 0, "100 blocks of 16 under an 8192 context");
+    EXPECT_EQ_INT(models_max_len(s.port), 1600);
+    EXPECT(log_has(&s, "max_model_len is 1600"), "the warning says the context served");
+    Resp r;
+    post_ids(s.port, 1700, &r);
+    expect_error(__FILE__, __LINE__, "1700 ids", &r, 400, "invalid_request_error", "maximum context length is 1600 tokens",
+                 "prompt");
+    resp_free(&r);
+    EXPECT_EQ_INT(srv_stop(&s, 60), 0);
+    char cmd[2048], *out = NULL;
+    snprintf(cmd, sizeof cmd, "'%s' serve --model '%s' --device cpu --port 0 --num-kv-blocks 100 --max-model-len 4096 </dev/null",
+             test_bin(), dir);
+    int rc = test_run(cmd, &out);
+    EXPECT(rc != 0 && rc < 128, "an explicit --max-model-len past the pool: exit %d", rc);
+    EXPECT(out && strstr(out, "--max-model-len"), "%s", out ? out : "");
+    free(out);
+}
+
+/* The built-in model (4096 context, 64 running: a 1.5 GiB float32 pool) starts small: its KV
+ * pool is sized to max_model_len x max running requests within the host's memory, and pages are
+ * only resident once written. */
+TEST(defaults_kv_pool_builtin)
+{
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/models/builtin-nvfp4", test_root());
+    Srv s;
+    ASSERT(srv_start_model(&s, "builtin-pool", dir, "") == 0);
+    long rss = srv_rss_kb(&s);
+    Resp r;
+    ASSERT(http(s.port, "GET", "/get_server_info", NULL, NULL, &r) == 0);
+    json_t *j = body_json(&r);
+    long long kv = j ? jint(j, "kv_tokens") : -1, len = j ? jint(j, "max_model_len") : -1;
+    long long running = j ? jint(j, "max_running_requests") : -1;
+    json_decref(j);
+    resp_free(&r);
+    fprintf(stderr, "    builtin: %lld KV tokens, max_model_len %lld x %lld running; RSS %ld kB\n", kv, len, running, rss);
+    EXPECT(kv > 0 && kv <= len * running, "the pool (%lld tokens) past max_model_len x running", kv);
+    EXPECT(rss > 0 && rss < 512 * 1024, "RSS %ld kB at start", rss);
+    /* the memory is there when used: a request still completes */
+    post(s.port, "/v1/completions", "{\"prompt\":\"Hello\",\"max_tokens\":4}", &r);
+    EXPECT(r.status == 200, "%d %s", r.status, r.body ? r.body : "");
+    resp_free(&r);
+    EXPECT_EQ_INT(srv_stop(&s, 60), 0);
+}
