@@ -149,3 +149,38 @@ TEST(defaults_kv_pool_builtin)
     resp_free(&r);
     EXPECT_EQ_INT(srv_stop(&s, 60), 0);
 }
+
+/* 1 when /proc/PID/environ holds the entry "kv" exactly */
+static int environ_has(pid_t pid, const char *kv)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
+    size_t n = 0;
+    char *t = file_read_all(path, &n);
+    int has = 0;
+    for (size_t i = 0; t && i < n; i += strlen(t + i) + 1)
+        if (!strcmp(t + i, kv)) has = 1;
+    free(t);
+    return has;
+}
+
+/* OpenMP threads sleep when idle unless the user chose (OMP_WAIT_POLICY, GOMP_SPINCOUNT); the
+ * CPU thread count is the affinity mask's. */
+TEST(defaults_cpu_threads)
+{
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/models/builtin-nvfp4", test_root());
+    Srv s;
+    ASSERT(srv_start_launched(&s, "omp-default", dir, "env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT", "") == 0);
+    EXPECT(environ_has(s.pid, "OMP_WAIT_POLICY=passive"), "the server's OpenMP wait policy is not passive");
+    EXPECT_EQ_INT(srv_stop(&s, 60), 0);
+    ASSERT(srv_start_launched(&s, "omp-active", dir, "env OMP_WAIT_POLICY=active", "") == 0);
+    EXPECT(environ_has(s.pid, "OMP_WAIT_POLICY=active"), "the user's OMP_WAIT_POLICY was not kept");
+    EXPECT_EQ_INT(srv_stop(&s, 60), 0);
+    char cmd[2048], *out = NULL;
+    snprintf(cmd, sizeof cmd, "taskset -c 0 '%s' logits --model '%s' --tokens 1,2,3 --device cpu --out '%s/l.f32'", test_bin(), dir,
+             test_tmpdir());
+    EXPECT(test_run(cmd, &out) == 0, "%s", out ? out : "");
+    EXPECT(out && strstr(out, " 1 threads"), "one CPU allowed, one thread: %s", out ? out : "");
+    free(out);
+}
