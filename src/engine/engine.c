@@ -38,6 +38,7 @@ typedef struct Seq {
     int n_hashed;              /* leading full blocks registered in the prefix cache */
     uint64_t last_hash;        /* chain hash of block n_hashed - 1 */
     Sampler sampler;
+    uint64_t leader;           /* engine_submit_n's first sample, whose prompt blocks this one shares (0: none) */
     int cached_tokens;         /* prompt tokens taken from the prefix cache */
     /* owner side (under the engine mutex) */
     EngineEvent *ev;
@@ -342,10 +343,9 @@ int engine_check(const Engine *e, const RequestParams *p, char *err, size_t errl
     return 0;
 }
 
-uint64_t engine_submit(Engine *e, const RequestParams *p, EngineNotify notify, void *user, char *err, size_t errlen)
+static Seq *seq_new(Engine *e, const RequestParams *p, int64_t seed, EngineNotify notify, void *user)
 {
     const ModelConfig *c = &e->m->cfg;
-    if (engine_check(e, p, err, errlen)) return 0;
     Seq *s = xcalloc(1, sizeof *s);
     s->cap = p->n_prompt + 16;
     s->tokens = xmalloc(s->cap * sizeof(int));
@@ -364,23 +364,48 @@ uint64_t engine_submit(Engine *e, const RequestParams *p, EngineNotify notify, v
         memcpy(s->forced, p->forced, p->n_forced * sizeof(int));
         s->n_forced = p->n_forced;
     }
-    sampler_init(&s->sampler, &p->sampling, c->vocab, p->prompt, p->n_prompt);
+    SamplingParams sp = p->sampling;
+    sp.seed = seed;
+    sampler_init(&s->sampler, &sp, c->vocab, p->prompt, p->n_prompt);
     s->notify = notify;
     s->user = user;
+    return s;
+}
+
+uint64_t engine_submit(Engine *e, const RequestParams *p, EngineNotify notify, void *user, char *err, size_t errlen)
+{
+    return engine_submit_n(e, p, 1, notify, user, err, errlen);
+}
+
+uint64_t engine_submit_n(Engine *e, const RequestParams *p, int n, EngineNotify notify, void *user, char *err, size_t errlen)
+{
+    if (engine_check(e, p, err, errlen)) return 0;
+    if (n < 1) n = 1;
+    /* one seed stream per sample: seed + i, from the clock when the request gives none (so
+     * that samples drawn at the same instant still differ) */
+    int64_t seed = p->sampling.seed >= 0 ? p->sampling.seed : (int64_t)(clock_now() * 1e9) & INT64_C(0x3fffffffffffffff);
+    Seq **ss = xmalloc(n * sizeof *ss);
+    for (int i = 0; i < n; i++) ss[i] = seq_new(e, p, seed + i, notify, user);
     pthread_mutex_lock(&e->mu);
-    if (e->stopping || e->n_waiting >= e->o.max_queue) {
+    if (e->stopping || e->n_waiting + n > e->o.max_queue) {
         pthread_mutex_unlock(&e->mu);
         errbuf_set(err, errlen, e->stopping ? "the server is shutting down" : "too many requests are waiting");
-        seq_free(s);
+        for (int i = 0; i < n; i++) seq_free(ss[i]);
+        free(ss);
         return 0;
     }
-    s->id = e->next_id++;
-    if (e->n_all == e->cap_all) e->all = xrealloc(e->all, (e->cap_all = e->cap_all ? 2 * e->cap_all : 64) * sizeof(Seq *));
-    e->all[e->n_all++] = s;
-    if (e->n_waiting == e->cap_waiting)
-        e->waiting = xrealloc(e->waiting, (e->cap_waiting = e->cap_waiting ? 2 * e->cap_waiting : 64) * sizeof(Seq *));
-    e->waiting[e->n_waiting++] = s;
-    uint64_t id = s->id;
+    uint64_t id = e->next_id;
+    for (int i = 0; i < n; i++) {
+        Seq *s = ss[i];
+        s->id = e->next_id++;
+        s->leader = i > 0 ? id : 0;
+        if (e->n_all == e->cap_all) e->all = xrealloc(e->all, (e->cap_all = e->cap_all ? 2 * e->cap_all : 64) * sizeof(Seq *));
+        e->all[e->n_all++] = s;
+        if (e->n_waiting == e->cap_waiting)
+            e->waiting = xrealloc(e->waiting, (e->cap_waiting = e->cap_waiting ? 2 * e->cap_waiting : 64) * sizeof(Seq *));
+        e->waiting[e->n_waiting++] = s;
+    }
+    free(ss);
     pthread_cond_signal(&e->cv);
     pthread_mutex_unlock(&e->mu);
     return id;
@@ -569,9 +594,16 @@ static void schedule_admin(Engine *e)
         }
         i++;
     }
-    while (e->n_waiting > 0 && e->n_running < e->o.max_running) {
-        Seq *s = e->waiting[0];
-        memmove(e->waiting, e->waiting + 1, (e->n_waiting - 1) * sizeof(Seq *));
+    for (int i = 0; i < e->n_waiting && e->n_running < e->o.max_running;) {
+        Seq *s = e->waiting[i];
+        if (s->leader && e->o.prefix_caching) {
+            /* a sample of n waits until the first has its prompt in the cache, then shares its
+             * full blocks instead of computing them again */
+            Seq *l = find(e, s->leader);
+            if (l && !l->done && !l->cancelled && l->n_computed < l->n_prompt) { i++; continue; }
+            s->leader = 0;
+        }
+        memmove(e->waiting + i, e->waiting + i + 1, (e->n_waiting - i - 1) * sizeof(Seq *));
         e->n_waiting--;
         admit_prefix(e, s);
         s->running = 1;

@@ -95,6 +95,11 @@ void engine_free(Engine *e);
  * a token outside the vocabulary, sampling out of range, the queue full. Never blocks on the
  * model. */
 uint64_t engine_submit(Engine *e, const RequestParams *p, EngineNotify notify, void *user, char *err, size_t errlen);
+/* n samples of one request (the `n` of the OpenAI API): ids first .. first + n - 1, the first
+ * returned (0 with err set: as engine_submit). Sample i draws from seed + i (a seed from the clock
+ * when p gives none); the others wait until the first has computed the prompt, then share its
+ * KV blocks through the prefix cache (with prefix caching off each computes its own). */
+uint64_t engine_submit_n(Engine *e, const RequestParams *p, int n, EngineNotify notify, void *user, char *err, size_t errlen);
 /* What engine_submit checks of p before it queues it: 0, or -1 with err saying what is wrong
  * with the request (engine_submit's other refusals, a full queue or a stop, are the server's). */
 int engine_check(const Engine *e, const RequestParams *p, char *err, size_t errlen);

@@ -184,3 +184,168 @@ TEST(defaults_cpu_threads)
     EXPECT(out && strstr(out, " 1 threads"), "one CPU allowed, one thread: %s", out ? out : "");
     free(out);
 }
+
+/* ---- n > 1 ---- */
+
+static Srv n_srv;
+
+static void n_srv_atexit(void)
+{
+    if (n_srv.pid) srv_stop(&n_srv, 60);
+}
+
+static Srv *nsrv(void)
+{
+    if (!n_srv.pid) {
+        if (srv_start(&n_srv, "n-choices", "--num-kv-blocks 512") != 0) return NULL;
+        atexit(n_srv_atexit);
+    }
+    return &n_srv;
+}
+
+/* The choices of a non-streaming response: each index 0..n-1 once; texts (chat: contents) into
+ * texts[index] (caller frees), completion tokens from the usage summed over them. */
+static int full_choices(const Resp *r, int chat, int n, char **texts, int *prompt_tokens, int *completion_tokens)
+{
+    json_t *j = body_json(r);
+    if (!j) return -1;
+    json_t *ch = json_object_get(j, "choices");
+    int ok = json_is_array(ch) && (int)json_array_size(ch) == n;
+    for (int i = 0; ok && i < n; i++) {
+        json_t *c = json_array_get(ch, i);
+        json_t *ix = json_object_get(c, "index");
+        int k = json_is_integer(ix) ? (int)json_integer_value(ix) : -1;
+        const char *t = chat ? jstr(c, "message.content") : jstr(c, "text");
+        ok = k >= 0 && k < n && !texts[k] && t && jstr(c, "finish_reason");
+        if (ok) texts[k] = xstrdup(t);
+    }
+    *prompt_tokens = (int)jint(j, "usage.prompt_tokens");
+    *completion_tokens = (int)jint(j, "usage.completion_tokens");
+    ok = ok && jint(j, "usage.total_tokens") == *prompt_tokens + *completion_tokens;
+    json_decref(j);
+    return ok ? 0 : -1;
+}
+
+/* n = 2 and 3, completions and chat: distinct indexes, every choice max_tokens long (ignore_eos),
+ * usage the prompt once and the completions summed; the same seed gives the same choices, and
+ * the choices differ between themselves (seed + i). */
+TEST(server_n_choices)
+{
+    Srv *s = nsrv();
+    ASSERT(s);
+    for (int chat = 0; chat < 2; chat++)
+        for (int n = 2; n <= 3; n++) {
+            char body[512];
+            if (chat)
+                snprintf(body, sizeof body, CHAT_BODY("Tell me a story", ", \"n\": %d, \"max_tokens\": 12, \"ignore_eos\": true, "
+                         "\"temperature\": 1.0, \"seed\": 1234"), n);
+            else
+                snprintf(body, sizeof body, "{\"prompt\": \"Once upon a time\", \"n\": %d, \"max_tokens\": 12, \"ignore_eos\": true, "
+                         "\"temperature\": 1.0, \"seed\": 1234}", n);
+            const char *path = chat ? "/v1/chat/completions" : "/v1/completions";
+            char *t1[3] = {0}, *t2[3] = {0};
+            int p1 = 0, c1 = 0, p2 = 0, c2 = 0;
+            Resp r;
+            post(s->port, path, body, &r);
+            EXPECT(r.status == 200, "%s n=%d: %d %s", path, n, r.status, r.body ? r.body : "");
+            EXPECT(full_choices(&r, chat, n, t1, &p1, &c1) == 0, "%s n=%d: choices: %s", path, n, r.body ? r.body : "");
+            resp_free(&r);
+            int want_p = chat ? chat_tokens("Tell me a story") : prompt_tokens("Once upon a time");
+            EXPECT_EQ_INT(p1, want_p);
+            EXPECT_EQ_INT(c1, 12 * n);
+            post(s->port, path, body, &r);
+            EXPECT(full_choices(&r, chat, n, t2, &p2, &c2) == 0, "%s n=%d again: %s", path, n, r.body ? r.body : "");
+            resp_free(&r);
+            int distinct = 0;
+            for (int i = 0; i < n; i++) {
+                EXPECT(t1[i] && t2[i] && !strcmp(t1[i], t2[i]), "%s n=%d choice %d not reproduced: '%s' vs '%s'", path, n, i,
+                       t1[i] ? t1[i] : "(none)", t2[i] ? t2[i] : "(none)");
+                if (i && t1[i] && t1[0] && strcmp(t1[i], t1[0])) distinct = 1;
+            }
+            EXPECT(distinct, "%s n=%d: every choice is the same text '%s'", path, n, t1[0] ? t1[0] : "");
+            for (int i = 0; i < 3; i++) free(t1[i]), free(t2[i]);
+        }
+}
+
+/* Streaming n = 3: every chunk carries an index in 0..2, each index ends once with a finish
+ * reason, the texts of each index put together equal the non-streaming choices of the same
+ * seed, and the usage chunk sums the completions. */
+TEST(server_n_choices_stream)
+{
+    Srv *s = nsrv();
+    ASSERT(s);
+    for (int chat = 0; chat < 2; chat++) {
+        const char *path = chat ? "/v1/chat/completions" : "/v1/completions";
+        const char *base = chat ? CHAT_BODY("Tell me a story", ", \"n\": 3, \"max_tokens\": 10, \"ignore_eos\": true, \"temperature\": 1.0, "
+                                            "\"seed\": 99%s")
+                                : "{\"prompt\": \"Once upon a time\", \"n\": 3, \"max_tokens\": 10, \"ignore_eos\": true, "
+                                  "\"temperature\": 1.0, \"seed\": 99%s}";
+        char body[512];
+        snprintf(body, sizeof body, base, "");
+        Resp r;
+        post(s->port, path, body, &r);
+        char *full[3] = {0};
+        int pt = 0, ct = 0;
+        EXPECT(full_choices(&r, chat, 3, full, &pt, &ct) == 0, "%s: %s", path, r.body ? r.body : "");
+        resp_free(&r);
+        snprintf(body, sizeof body, base, ", \"stream\": true, \"stream_options\": {\"include_usage\": true}");
+        post(s->port, path, body, &r);
+        EXPECT(r.status == 200, "%s stream: %d", path, r.status);
+        Sse sse;
+        sse_parse(r.body ? r.body : "", &sse);
+        EXPECT(sse.done && !sse.bad, "%s: the stream did not end with [DONE]", path);
+        ApiBuf text[3] = {{0}};
+        int finished[3] = {0}, usage_seen = 0;
+        size_t k;
+        json_t *c;
+        json_array_foreach(sse.chunks, k, c) {
+            json_t *ch = json_object_get(c, "choices");
+            if (json_array_size(ch) == 0) {
+                EXPECT_EQ_INT(jint(c, "usage.completion_tokens"), 30);
+                EXPECT_EQ_INT(jint(c, "usage.prompt_tokens"), pt);
+                usage_seen++;
+                continue;
+            }
+            json_t *x = json_array_get(ch, 0);
+            json_t *ix = json_object_get(x, "index");
+            ASSERT(json_is_integer(ix), "a chunk without an index");
+            int i = (int)json_integer_value(ix);
+            ASSERT(i >= 0 && i < 3, "index %d", i);
+            const char *t = chat ? jstr(x, "delta.content") : jstr(x, "text");
+            if (t) openai_buf_add(&text[i], t, strlen(t));
+            if (json_is_string(json_object_get(x, "finish_reason"))) finished[i]++;
+        }
+        EXPECT_EQ_INT(usage_seen, 1);
+        for (int i = 0; i < 3; i++) {
+            EXPECT_EQ_INT(finished[i], 1);
+            EXPECT(full[i] && text[i].p && !strcmp(full[i], text[i].p), "%s choice %d: streamed '%s', not streamed '%s'", path, i,
+                   text[i].p ? text[i].p : "", full[i] ? full[i] : "");
+            openai_buf_free(&text[i]);
+            free(full[i]);
+        }
+        json_decref(sse.chunks);
+        resp_free(&r);
+    }
+}
+
+/* The samples share the prompt's KV blocks: n = 3 over a prompt of several full blocks finds
+ * them in the prefix cache twice (the first sample computed them). */
+TEST(server_n_shares_prompt)
+{
+    Srv *s = nsrv();
+    ASSERT(s);
+    const char *prompt = "The quick brown fox jumps over the lazy dog while the cat watches from the window and the bird "
+                         "sings in the old oak tree by the river on a quiet summer morning";
+    int np = prompt_tokens(prompt);
+    ASSERT(np >= 33, "the prompt has %d tokens", np);
+    double before = metric(s->port, "moeserve_prefix_cache_hits_total");
+    char body[1024];
+    snprintf(body, sizeof body, "{\"prompt\": \"%s\", \"n\": 3, \"max_tokens\": 2, \"temperature\": 1.0}", prompt);
+    Resp r;
+    post(s->port, "/v1/completions", body, &r);
+    EXPECT(r.status == 200, "%d %s", r.status, r.body ? r.body : "");
+    resp_free(&r);
+    double hits = metric(s->port, "moeserve_prefix_cache_hits_total") - before;
+    int full = (np - 1) / 16 * 16;
+    EXPECT(hits >= 2 * full, "prefix cache hits %.0f, expected at least 2 x %d", hits, full);
+}
