@@ -275,6 +275,14 @@ int openai_get(Api *a, ApiReq *r, const char *url, const char **content_type, Ap
     buf_clear(&r->out);
     r->out_off = 0;
     *content_type = "application/json";
+    if (__atomic_load_n(&a->loading, __ATOMIC_ACQUIRE)) { /* the listener is up before the model */
+        if (r->route == ROUTE_HEALTH) {
+            buf_puts(&r->out, "{\"status\":\"loading\"}");
+            return 503;
+        }
+        errbuf_set(err->msg, sizeof err->msg, "the model is still loading; try again later");
+        return API_EBUSY;
+    }
     switch (r->route) {
     case ROUTE_HEALTH:
         buf_puts(&r->out, a->draining ? "{\"status\":\"draining\"}" : "{\"status\":\"ok\"}");
@@ -1063,6 +1071,10 @@ static void move_out(ApiReq *r, ApiReq *c)
 int openai_start(Api *a, ApiReq *r, const char *body, size_t len, EngineNotify notify, void *user, ApiErr *err)
 {
     r->chat = r->route == ROUTE_CHAT;
+    if (__atomic_load_n(&a->loading, __ATOMIC_ACQUIRE)) {
+        errbuf_set(err->msg, sizeof err->msg, "the model is still loading; try again later");
+        return API_EBUSY;
+    }
     if (len == 0) return bad_field(err, NULL, "the request body is empty: expected a JSON object");
     json_error_t je;
     json_t *root = json_loadb(body, len, JSON_ALLOW_NUL, &je);

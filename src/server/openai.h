@@ -76,6 +76,8 @@ typedef struct {
     Deployment layout;         /* tp, pp, ep, micro-batches */
     const char *server_info;   /* GET /get_server_info's JSON object (device, layout, engine options), or NULL */
     volatile int draining;     /* shutting down: /health says 503, new generations are refused */
+    int loading;               /* the model is not ready (atomic): /health says 503 "loading", every
+                                  other route 503; only the names, api_key, created and metrics are set */
 } Api;
 
 #define API_MAX_STOPS 16           /* stop strings per request */

@@ -349,3 +349,33 @@ TEST(server_n_shares_prompt)
     int full = (np - 1) / 16 * 16;
     EXPECT(hits >= 2 * full, "prefix cache hits %.0f, expected at least 2 x %d", hits, full);
 }
+
+/* ---- start-up ---- */
+
+/* A port that is taken fails serve at once with a clear error, before the model is loaded
+ * (the port is bound first); /health of a server that is up says ok. */
+TEST(defaults_port_taken)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT(fd >= 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof sa;
+    ASSERT(bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(fd, 1) == 0 &&
+           getsockname(fd, (struct sockaddr *)&sa, &sl) == 0);
+    int port = ntohs(sa.sin_port);
+    char cmd[2048], *out = NULL;
+    snprintf(cmd, sizeof cmd, "'%s' serve --model '%s/models/builtin-nvfp4' --device cpu --port %d </dev/null", test_bin(),
+             test_root(), port);
+    int rc = test_run(cmd, &out);
+    close(fd);
+    EXPECT(rc != 0 && rc < 128, "serve on a taken port: exit %d", rc);
+    EXPECT(out && strstr(out, "cannot listen"), "no clear error:\n%s", out ? out : "");
+    EXPECT(out && !strstr(out, "KV cache"), "the model was loaded before the port was tried:\n%s", out ? out : "");
+    free(out);
+    Srv *s = nsrv();
+    ASSERT(s);
+    Resp r;
+    ASSERT(http(s->port, "GET", "/health", NULL, NULL, &r) == 0);
+    EXPECT(r.status == 200 && strstr(r.body, "ok"), "%d %s", r.status, r.body ? r.body : "");
+    resp_free(&r);
+}
