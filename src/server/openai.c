@@ -31,7 +31,7 @@ static void buf_reserve(ApiBuf *b, size_t extra)
 void openai_buf_add(ApiBuf *b, const void *p, size_t n)
 {
     buf_reserve(b, n);
-    memcpy(b->p + b->len, p, n);
+    if (n) memcpy(b->p + b->len, p, n); /* an empty buffer's p may be NULL */
     b->len += n;
     b->p[b->len] = 0;
 }
