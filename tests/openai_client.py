@@ -52,9 +52,14 @@ def main():
         raise AssertionError("an unknown model was accepted")
     except openai.NotFoundError as e:
         assert e.status_code == 404
+    two = client.completions.create(model=model, prompt="x", max_tokens=3, n=2, seed=5, temperature=1.0)
+    assert sorted(c.index for c in two.choices) == [0, 1], two.choices
+    assert 2 <= two.usage.completion_tokens <= 6, two.usage  # both choices counted
+    chat_two = client.chat.completions.create(model=model, messages=messages, max_tokens=3, n=2, seed=5, temperature=1.0)
+    assert sorted(c.index for c in chat_two.choices) == [0, 1], chat_two.choices
     try:
-        client.completions.create(model=model, prompt="x", max_tokens=1, n=2)
-        raise AssertionError("n=2 was accepted")
+        client.completions.create(model=model, prompt="x", max_tokens=1, n=2, best_of=3)
+        raise AssertionError("best_of=3 with n=2 was accepted")
     except openai.BadRequestError as e:
         assert e.status_code == 400
     print("ok", repr(text), usage.prompt_tokens, usage.completion_tokens, n_chunks, "chunks")

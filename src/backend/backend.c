@@ -4,10 +4,12 @@
 #include "backend.h"
 
 #include <math.h>
+#include <sched.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../base/knobs.h"
 #include "../base/test_hooks.h"
@@ -376,12 +378,30 @@ const char *backend_default(void)
     return "cpu";
 }
 
+int backend_cpu_count(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+void backend_omp_passive(char **argv)
+{
+    /* libgomp reads its environment when it is loaded, before main: the policy takes effect
+     * only in a fresh image of this program, so set it and start again (once: it is set then) */
+    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return;
+    if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
+    execv("/proc/self/exe", argv);
+    /* no /proc: the spinning default stays */
+}
+
 void backend_open(Backend *be, const char *device, int threads)
 {
     if (!device) device = backend_default();
     if (!strcmp(device, "cpu")) {
         if (threads <= 0) {
-            threads = omp_get_max_threads();
+            threads = backend_cpu_count(); /* the CPUs this process may run on (taskset, cgroups' cpusets) */
             /* several ranks on this node share its cores, or they starve each other */
             const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
             if (local && atoi(local) > 1) threads = threads / atoi(local) > 1 ? threads / atoi(local) : 1;

@@ -210,7 +210,13 @@ void backend_cpu_init(Backend *be, int n_threads);
  * a GPU is present, else cpu; threads <= 0: the cpu's OpenMP threads (shared by the ranks of a
  * node). A device this build or machine lacks is a fatal error saying why. */
 const char *backend_default(void);
-void backend_open(Backend *be, const char *device, int threads);
+void backend_open(Backend *be, const char *device, int threads);  /* cpu, threads <= 0: backend_cpu_count() */
+/* The CPUs this process may run on (its affinity mask), at least 1. */
+int backend_cpu_count(void);
+/* OpenMP threads that sleep when idle instead of spinning (a spinning pool starves itself and its
+ * neighbours on a busy machine): unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set, sets
+ * OMP_WAIT_POLICY=passive and re-executes the program with argv (call first thing in main). */
+void backend_omp_passive(char **argv);
 /* The device in words for logs and GET /get_server_info: the GPU's name, or "cpu (N threads)". */
 void backend_describe(const Backend *be, const char *device, char *buf, size_t n);
 /* Every GEMM and MoE op of be runs n times from now on, counted once, by a copy of its op table

@@ -10,6 +10,7 @@
  * tensor is copied byte for byte in its dtype and the tensors keep their order. The exclude list
  * is recorded in hf_quant_config.json and config.json quantization_config; the tokenizer and
  * generation config are copied. */
+#include <dirent.h>
 #include <errno.h>
 #include <omp.h>
 #include <stdio.h>
@@ -26,7 +27,7 @@
 
 #define QUANTIZE_USAGE "moeserve quantize --model BF16_DIR|ORG/NAME [--revision R] --out DIR " \
                        "[--exclude PATTERN,PATTERN...] " \
-                       "[--shard-mb N] [--threads N]"
+                       "[--shard-mb N] [--threads N] [--force]"
 
 /* Files beside the weights that travel unchanged. */
 static const char *const copied_files[] = {
@@ -97,18 +98,33 @@ static const char *already_quantized(const SafeTensors *st, char *why, size_t n)
     return NULL;
 }
 
+/* 1 when path does not exist or is an empty directory */
+static int dir_is_empty_or_absent(const char *path)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0) return errno == ENOENT;
+    if (!S_ISDIR(sb.st_mode)) return 0;
+    DIR *d = opendir(path);
+    if (!d) return 0;
+    int empty = 1;
+    for (struct dirent *e; empty && (e = readdir(d));) empty = !strcmp(e->d_name, ".") || !strcmp(e->d_name, "..");
+    closedir(d);
+    return empty;
+}
+
 /* ---- public API ---- */
 
 int cmd_quantize(int argc, char **argv)
 {
     const char *model = NULL, *revision = NULL, *out = NULL, *exclude = NULL;
-    int shard_mb = 4096, threads = 0, help = 0;
+    int shard_mb = 4096, threads = 0, help = 0, force = 0;
     for (int i = 1; i < argc; i++) {
         if (opt_str(argc, argv, &i, "--model", &model) || opt_str(argc, argv, &i, "--revision", &revision) ||
             opt_str(argc, argv, &i, "--out", &out) ||
             opt_str(argc, argv, &i, "--exclude", &exclude) ||
             opt_int(argc, argv, &i, "--shard-mb", 1, 1 << 24, &shard_mb) ||
-            opt_int(argc, argv, &i, "--threads", 1, 4096, &threads) || opt_flag(argv, &i, "--help", &help))
+            opt_int(argc, argv, &i, "--threads", 1, 4096, &threads) || opt_flag(argv, &i, "--force", &force) ||
+            opt_flag(argv, &i, "--help", &help))
             continue;
         opt_unknown("quantize", argv[i], QUANTIZE_USAGE);
     }
@@ -122,6 +138,9 @@ int cmd_quantize(int argc, char **argv)
     char err[1024], rm[4096], ro[4096];
     if (realpath(model, rm) && realpath(out, ro) && !strcmp(rm, ro))
         fatal("quantize: --out %s is the input checkpoint; write the NVFP4 checkpoint elsewhere", out);
+    /* an earlier checkpoint (or anything else) at --out is not overwritten by accident */
+    if (!force && !dir_is_empty_or_absent(out))
+        fatal("quantize: --out %s exists and is not empty; give --force to write over it, or another --out", out);
 
     ModelConfig c;
     if (config_load(&c, model, err, sizeof err)) fatal("quantize: %s", err);

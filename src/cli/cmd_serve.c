@@ -141,6 +141,19 @@ int cmd_serve(int argc, char **argv)
     }
     mo.dir = model_dir_resolve("serve", mo.dir, mo.revision, !mo.dummy);
     device = model_dist_start(&mo, device);
+    /* the port first: a taken one fails now, not after minutes of loading; until the model is
+     * ready /health answers 503 "loading" (rank 0 alone serves) */
+    Metrics metrics;
+    metrics_init(&metrics);
+    Api api = {.model_name = name, .model_alias = alias[0] ? alias : NULL, .api_key = api_key, .created = (int64_t)time(NULL),
+               .metrics = &metrics, .script_path = script, .loading = 1};
+    char err[512];
+    HttpServer *h = NULL;
+    if (!dist_get() || dist_get()->rank == 0) {
+        h = http_start(&ho, &api, err, sizeof err);
+        if (!h) fatal("serve: %s", err);
+        log_info("serve: bound %s:%d; loading the model (/health answers 503 until it is ready)", ho.host, http_port(h));
+    }
     Model m;
     model_open(&m, &mo);
     ModelText mt;
@@ -159,6 +172,7 @@ int cmd_serve(int argc, char **argv)
     Ceilings ceil;
     if (eo.profile_every > 0) calibrate_get(&ceil, &be, dist_get(), 1, 0);
     if (model_worker(&dm, &be)) { /* rank 0 serves; this rank repeats its steps */
+        metrics_free(&metrics);
         model_on_backend_free(&dm, &be);
         backend_free(&be);
         model_text_free(&mt);
@@ -169,18 +183,17 @@ int cmd_serve(int argc, char **argv)
     Engine *e = engine_create(&dm, &be, &eo, mt.eos_ids, mt.n_eos);
     engine_start(e);
 
-    Metrics metrics;
-    metrics_init(&metrics);
-    int max_len = eo.max_model_len <= 0 || eo.max_model_len > m.cfg.max_position ? m.cfg.max_position : eo.max_model_len;
+    int max_len = engine_max_model_len(e);
     char *info = server_info(&mo, &m, &dm, &be, device, &eo, e, max_len);
-    Api api = {.engine = e, .text = &mt, .model_name = name, .model_alias = alias[0] ? alias : NULL, .api_key = api_key, .max_model_len = max_len,
-               .vocab = m.cfg.vocab, .created = (int64_t)time(NULL), .metrics = &metrics, .script_path = script,
-               .ceilings = eo.profile_every > 0 ? &ceil : NULL, .server_info = info,
-               .layout = {.tp = mo.par.tp, .pp = mo.par.pp, .ep = mo.par.ep, .microbatches = mo.par.microbatches}};
+    api.engine = e;
+    api.text = &mt;
+    api.max_model_len = max_len;
+    api.vocab = m.cfg.vocab;
+    api.ceilings = eo.profile_every > 0 ? &ceil : NULL;
+    api.server_info = info;
+    api.layout = (Deployment){.tp = mo.par.tp, .pp = mo.par.pp, .ep = mo.par.ep, .microbatches = mo.par.microbatches};
     if (script) log_warn("serve: --script-output %s: every output is scripted (a test hook), not the model's", script);
-    char err[512];
-    HttpServer *h = http_start(&ho, &api, err, sizeof err);
-    if (!h) fatal("serve: %s", err);
+    __atomic_store_n(&api.loading, 0, __ATOMIC_RELEASE); /* every field above is visible to the HTTP threads first */
     log_info("serve: model %s (%s) as '%s' on %s, context %d tokens%s", mo.dir, m.cfg.architecture, name, be.name, max_len,
              api_key ? ", API key required" : "");
     printf("listening on http://%s:%d\n", ho.host, http_port(h));

@@ -57,6 +57,7 @@ static int help_env(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+    backend_omp_passive(argv);
     knobs_init();
     if (argc >= 3 && !strcmp(argv[1], "help") && !strcmp(argv[2], "env")) return help_env(argc - 2, argv + 2);
     if (argc < 2 || !strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {

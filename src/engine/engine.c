@@ -24,6 +24,7 @@
 #include "../model/kv_cache.h"
 
 #define ENGINE_MAX_EOS 16
+#define ENGINE_HOST_KV_FRACTION 0.5 /* the share of the host's available memory a CPU KV pool may take */
 #define ENGINE_WAIT_PING_S 0.5     /* how often the owners of queued requests are woken (engine.h) */
 
 typedef struct Seq {
@@ -38,6 +39,7 @@ typedef struct Seq {
     int n_hashed;              /* leading full blocks registered in the prefix cache */
     uint64_t last_hash;        /* chain hash of block n_hashed - 1 */
     Sampler sampler;
+    uint64_t leader;           /* engine_submit_n's first sample, whose prompt blocks this one shares (0: none) */
     int cached_tokens;         /* prompt tokens taken from the prefix cache */
     /* owner side (under the engine mutex) */
     EngineEvent *ev;
@@ -99,8 +101,8 @@ struct Engine {
 
 void engine_options_default(EngineOptions *o)
 {
-    *o = (EngineOptions){.max_running = 64, .max_batch_tokens = 2048, .chunked_prefill = 512, .max_model_len = 4096,
-                         .block_size = 16, .n_blocks = 0, .kv_fraction = 0.9, .decode_steps = 1, .prefix_caching = 1,
+    *o = (EngineOptions){.max_running = 64, .max_batch_tokens = 2048, .chunked_prefill = 512, .max_model_len = 0,
+                         .block_size = 16, .n_blocks = 0, .kv_fraction = 0, .decode_steps = 1, .prefix_caching = 1,
                          .max_queue = 4096, .profile_every = 16};
 }
 
@@ -244,7 +246,9 @@ Engine *engine_create(const Model *m, Backend *be, const EngineOptions *o, const
     e->o = *o;
     e->host_delay_us = test_hook_host_delay_us();
     const ModelConfig *c = &m->cfg;
-    if (e->o.max_model_len <= 0 || e->o.max_model_len > c->max_position) e->o.max_model_len = c->max_position;
+    /* the context: the model's own (config.json) unless --max-model-len asks for less */
+    int len_given = e->o.max_model_len > 0;
+    if (!len_given || e->o.max_model_len > c->max_position) e->o.max_model_len = c->max_position;
     if (e->o.max_batch_tokens < e->o.max_running) e->o.max_batch_tokens = e->o.max_running;
     if (e->o.chunked_prefill <= 0 || e->o.chunked_prefill > e->o.max_batch_tokens) e->o.chunked_prefill = e->o.max_batch_tokens;
     for (int i = 0; i < n_eos && e->n_eos < ENGINE_MAX_EOS; i++) e->eos[e->n_eos++] = eos[i];
@@ -257,11 +261,20 @@ Engine *engine_create(const Model *m, Backend *be, const EngineOptions *o, const
          * under parallelism, the smallest that any rank can hold (its layers, its memory) */
         int from = 0;
         double want = (double)e->o.max_running * e->max_blocks_per_seq;
-        double fit = forward_kv_fit(c, be, bs, e->o.kv_fraction, &from);
+        double fraction = e->o.kv_fraction > 0 ? e->o.kv_fraction : be->host_memory ? ENGINE_HOST_KV_FRACTION : 0.9;
+        double fit = forward_kv_fit(c, be, bs, fraction, &from);
         nb = (int)(fit < want ? fit : want);
         if (from > 0 && fit < want)
             log_info("engine: the KV pool is sized to rank %d, whose free memory and layers hold the fewest blocks (%d)",
                      from, nb);
+    }
+    if (nb < e->max_blocks_per_seq && !len_given && nb > 0) {
+        /* the model's context does not fit one request: serve a shorter one rather than none */
+        log_warn("engine: one request of the model's context, %d tokens, needs %d KV blocks but the cache holds %d: "
+                 "max_model_len is %d (give the cache more memory with --kv-fraction or --num-kv-blocks, or set "
+                 "--max-model-len)", e->o.max_model_len, e->max_blocks_per_seq, nb, nb * bs);
+        e->o.max_model_len = nb * bs;
+        e->max_blocks_per_seq = nb;
     }
     if (nb < e->max_blocks_per_seq)
         fatal("engine: the KV cache holds %d blocks of %d tokens (%.2f MiB each), but one request of --max-model-len "
@@ -306,6 +319,8 @@ Engine *engine_create(const Model *m, Backend *be, const EngineOptions *o, const
     return e;
 }
 
+int engine_max_model_len(const Engine *e) { return e->o.max_model_len; }
+
 int engine_check(const Engine *e, const RequestParams *p, char *err, size_t errlen)
 {
     const ModelConfig *c = &e->m->cfg;
@@ -331,10 +346,9 @@ int engine_check(const Engine *e, const RequestParams *p, char *err, size_t errl
     return 0;
 }
 
-uint64_t engine_submit(Engine *e, const RequestParams *p, EngineNotify notify, void *user, char *err, size_t errlen)
+static Seq *seq_new(Engine *e, const RequestParams *p, int64_t seed, EngineNotify notify, void *user)
 {
     const ModelConfig *c = &e->m->cfg;
-    if (engine_check(e, p, err, errlen)) return 0;
     Seq *s = xcalloc(1, sizeof *s);
     s->cap = p->n_prompt + 16;
     s->tokens = xmalloc(s->cap * sizeof(int));
@@ -353,23 +367,48 @@ uint64_t engine_submit(Engine *e, const RequestParams *p, EngineNotify notify, v
         memcpy(s->forced, p->forced, p->n_forced * sizeof(int));
         s->n_forced = p->n_forced;
     }
-    sampler_init(&s->sampler, &p->sampling, c->vocab, p->prompt, p->n_prompt);
+    SamplingParams sp = p->sampling;
+    sp.seed = seed;
+    sampler_init(&s->sampler, &sp, c->vocab, p->prompt, p->n_prompt);
     s->notify = notify;
     s->user = user;
+    return s;
+}
+
+uint64_t engine_submit(Engine *e, const RequestParams *p, EngineNotify notify, void *user, char *err, size_t errlen)
+{
+    return engine_submit_n(e, p, 1, notify, user, err, errlen);
+}
+
+uint64_t engine_submit_n(Engine *e, const RequestParams *p, int n, EngineNotify notify, void *user, char *err, size_t errlen)
+{
+    if (engine_check(e, p, err, errlen)) return 0;
+    if (n < 1) n = 1;
+    /* one seed stream per sample: seed + i, from the clock when the request gives none (so
+     * that samples drawn at the same instant still differ) */
+    int64_t seed = p->sampling.seed >= 0 ? p->sampling.seed : (int64_t)(clock_now() * 1e9) & INT64_C(0x3fffffffffffffff);
+    Seq **ss = xmalloc(n * sizeof *ss);
+    for (int i = 0; i < n; i++) ss[i] = seq_new(e, p, seed + i, notify, user);
     pthread_mutex_lock(&e->mu);
-    if (e->stopping || e->n_waiting >= e->o.max_queue) {
+    if (e->stopping || e->n_waiting + n > e->o.max_queue) {
         pthread_mutex_unlock(&e->mu);
         errbuf_set(err, errlen, e->stopping ? "the server is shutting down" : "too many requests are waiting");
-        seq_free(s);
+        for (int i = 0; i < n; i++) seq_free(ss[i]);
+        free(ss);
         return 0;
     }
-    s->id = e->next_id++;
-    if (e->n_all == e->cap_all) e->all = xrealloc(e->all, (e->cap_all = e->cap_all ? 2 * e->cap_all : 64) * sizeof(Seq *));
-    e->all[e->n_all++] = s;
-    if (e->n_waiting == e->cap_waiting)
-        e->waiting = xrealloc(e->waiting, (e->cap_waiting = e->cap_waiting ? 2 * e->cap_waiting : 64) * sizeof(Seq *));
-    e->waiting[e->n_waiting++] = s;
-    uint64_t id = s->id;
+    uint64_t id = e->next_id;
+    for (int i = 0; i < n; i++) {
+        Seq *s = ss[i];
+        s->id = e->next_id++;
+        s->leader = i > 0 ? id : 0;
+        if (e->n_all == e->cap_all) e->all = xrealloc(e->all, (e->cap_all = e->cap_all ? 2 * e->cap_all : 64) * sizeof(Seq *));
+        e->all[e->n_all++] = s;
+        if (e->n_waiting == e->cap_waiting)
+            e->waiting = xrealloc(e->waiting, (e->cap_waiting = e->cap_waiting ? 2 * e->cap_waiting : 64) * sizeof(Seq *));
+        e->waiting[e->n_waiting++] = s;
+    }
+    free(ss);
     pthread_cond_signal(&e->cv);
     pthread_mutex_unlock(&e->mu);
     return id;
@@ -558,9 +597,16 @@ static void schedule_admin(Engine *e)
         }
         i++;
     }
-    while (e->n_waiting > 0 && e->n_running < e->o.max_running) {
-        Seq *s = e->waiting[0];
-        memmove(e->waiting, e->waiting + 1, (e->n_waiting - 1) * sizeof(Seq *));
+    for (int i = 0; i < e->n_waiting && e->n_running < e->o.max_running;) {
+        Seq *s = e->waiting[i];
+        if (s->leader && e->o.prefix_caching) {
+            /* a sample of n waits until the first has its prompt in the cache, then shares its
+             * full blocks instead of computing them again */
+            Seq *l = find(e, s->leader);
+            if (l && !l->done && !l->cancelled && l->n_computed < l->n_prompt) { i++; continue; }
+            s->leader = 0;
+        }
+        memmove(e->waiting + i, e->waiting + i + 1, (e->n_waiting - i - 1) * sizeof(Seq *));
         e->n_waiting--;
         admit_prefix(e, s);
         s->running = 1;

@@ -21,10 +21,14 @@ typedef struct {
     int max_running;           /* --max-running-requests: sequences in a batch at once */
     int max_batch_tokens;      /* --max-batch-tokens: tokens per forward step */
     int chunked_prefill;       /* --chunked-prefill-size: prompt tokens of one sequence per step */
-    int max_model_len;         /* --max-model-len: prompt + output limit (<= the model's context) */
+    int max_model_len;         /* --max-model-len: prompt + output limit (<= the model's context); 0: the
+                                  model's context (config.json), shortened with a warning to what the
+                                  KV pool holds when one request of it does not fit */
     int block_size;            /* KV block size in tokens (16) */
-    int n_blocks;              /* KV blocks in the pool (0: sized from kv_fraction of free memory) */
-    double kv_fraction;        /* --kv-fraction of the memory left after weights and activations */
+    int n_blocks;              /* KV blocks in the pool (0: max_running requests of max_model_len, at
+                                  most what kv_fraction of the free memory holds) */
+    double kv_fraction;        /* --kv-fraction of the memory left after weights and activations (0:
+                                  0.9 of a GPU's, 0.5 of the host's available memory) */
     int decode_steps;          /* --num-continuous-decode-steps: decode steps per scheduling round */
     int prefix_caching;        /* 1: share full prompt blocks between requests */
     int max_queue;             /* waiting requests accepted before engine_submit refuses (busy) */
@@ -80,6 +84,8 @@ typedef struct Engine Engine;
  * with a clear error (the numbers) when the model and one request do not fit. */
 Engine *engine_create(const Model *m, Backend *be, const EngineOptions *o, const int *eos, int n_eos);
 void engine_start(Engine *e);   /* the engine thread */
+/* The context the engine serves: prompt + output tokens of one request at most. */
+int engine_max_model_len(const Engine *e);
 /* Stop: with drain, wait until every accepted request has finished; else abort them. */
 void engine_stop(Engine *e, int drain);
 void engine_free(Engine *e);
@@ -88,6 +94,11 @@ void engine_free(Engine *e);
  * a token outside the vocabulary, sampling out of range, the queue full. Never blocks on the
  * model. */
 uint64_t engine_submit(Engine *e, const RequestParams *p, EngineNotify notify, void *user, char *err, size_t errlen);
+/* n samples of one request (the `n` of the OpenAI API): ids first .. first + n - 1, the first
+ * returned (0 with err set: as engine_submit). Sample i draws from seed + i (a seed from the clock
+ * when p gives none); the others wait until the first has computed the prompt, then share its
+ * KV blocks through the prefix cache (with prefix caching off each computes its own). */
+uint64_t engine_submit_n(Engine *e, const RequestParams *p, int n, EngineNotify notify, void *user, char *err, size_t errlen);
 /* What engine_submit checks of p before it queues it: 0, or -1 with err saying what is wrong
  * with the request (engine_submit's other refusals, a full queue or a stop, are the server's). */
 int engine_check(const Engine *e, const RequestParams *p, char *err, size_t errlen);

@@ -65,7 +65,9 @@ typedef struct Slot {
     /* shared with the engine thread, under mu */
     pthread_mutex_t mu;
     struct MHD_Connection *conn;
-    uint64_t wake_id;          /* the engine request whose notifications count; 0: none */
+    uint64_t wake_id;          /* the engine requests whose notifications count: wake_id .. + wake_n - 1 (n
+                                  choices); 0: none */
+    int wake_n;
     int suspended;             /* the connection is suspended, waiting for slot_notify */
     int notified;              /* events arrived while the connection was not suspended */
     /* the connection's own thread only */
@@ -367,7 +369,7 @@ static void slot_notify(void *user, uint64_t id)
 {
     Slot *s = user;
     pthread_mutex_lock(&s->mu);
-    if (s->wake_id == id && s->conn) {
+    if (s->wake_id && id >= s->wake_id && id - s->wake_id < (uint64_t)s->wake_n && s->conn) {
         if (s->suspended) {
             s->suspended = 0;
             MHD_resume_connection(s->conn);
@@ -602,6 +604,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (rc < 0) return respond_error(s, rc, &err, NULL);
         pthread_mutex_lock(&s->mu);
         s->wake_id = r->id;
+        s->wake_n = r->n_choices;
         pthread_mutex_unlock(&s->mu);
         if (r->stream) return start_stream(s);
     }
@@ -629,7 +632,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     FinishReason fin = gen ? (vanished ? FINISH_ABORT : r->finish) : FINISH_NONE;
     /* nothing sent: 408 if its headers or body came too late, else nginx's 499 "client closed request" */
     int status = s->status ? s->status : late ? 408 : 499;
-    int completion = vanished ? r->n_gen : r->completion_tokens;
+    int completion = vanished ? r->n_gen : r->total_completion;
     metrics_request(h->api->metrics, s->mroute, status, &r->mr, fin, r->n_prompt, completion);
     if (gen) {
         double now = clock_now();

@@ -31,7 +31,7 @@ static void buf_reserve(ApiBuf *b, size_t extra)
 void openai_buf_add(ApiBuf *b, const void *p, size_t n)
 {
     buf_reserve(b, n);
-    memcpy(b->p + b->len, p, n);
+    if (n) memcpy(b->p + b->len, p, n); /* an empty buffer's p may be NULL */
     b->len += n;
     b->p[b->len] = 0;
 }
@@ -275,6 +275,14 @@ int openai_get(Api *a, ApiReq *r, const char *url, const char **content_type, Ap
     buf_clear(&r->out);
     r->out_off = 0;
     *content_type = "application/json";
+    if (__atomic_load_n(&a->loading, __ATOMIC_ACQUIRE)) { /* the listener is up before the model */
+        if (r->route == ROUTE_HEALTH) {
+            buf_puts(&r->out, "{\"status\":\"loading\"}");
+            return 503;
+        }
+        errbuf_set(err->msg, sizeof err->msg, "the model is still loading; try again later");
+        return API_EBUSY;
+    }
     switch (r->route) {
     case ROUTE_HEALTH:
         buf_puts(&r->out, a->draining ? "{\"status\":\"draining\"}" : "{\"status\":\"ok\"}");
@@ -347,9 +355,20 @@ int openai_get(Api *a, ApiReq *r, const char *url, const char **content_type, Ap
 
 /* ---- request parsing and submission ---- */
 
+/* the choices after the first (n > 1) go with their request */
+static void free_more(ApiReq *r)
+{
+    for (int i = 0; i + 1 < r->n_choices && r->more; i++) openai_req_free(&r->more[i]);
+    free(r->more);
+    r->more = NULL;
+    free(r->prefill);
+    r->prefill = NULL;
+}
+
 void openai_req_reset(ApiReq *r)
 {
     enum { N_KEEP = 8 };
+    free_more(r);
     ApiBuf keep[N_KEEP] = {r->text, r->out, r->lp, r->lp_off, r->head, r->stop_buf, r->reasoning, r->content};
     /* a request that needed a lot should not pin its memory for the slot's lifetime */
     for (int i = 0; i < N_KEEP; i++) {
@@ -370,6 +389,7 @@ void openai_req_reset(ApiReq *r)
     r->content = keep[7];
     r->logprobs = -1;
     r->skip_special = 1;
+    r->n_choices = 1;
 }
 
 void openai_req_free(ApiReq *r)
@@ -386,6 +406,7 @@ void openai_req_free(ApiReq *r)
     json_decref(r->tools);
     json_decref(r->calls);
     r->tools = r->calls = NULL;
+    free_more(r);
 }
 
 static const char *stop_str(const ApiReq *r, int i) { return r->stop_buf.p + r->stop_off[i]; }
@@ -781,10 +802,12 @@ static int chat_prompt(Api *a, ApiReq *r, json_t *root, char **text, size_t *len
     GlmParseOptions po = {.start = glm_parse_start_of(*text), .parse_tools = choice != TOOL_CHOICE_NONE, .tools = r->tools,
                           .known_only = 1, .id_seed = request_serial()};
     glm_parse_init(&r->parser, &po);
+    r->popts = po;
     if (force && po.start == GLM_PARSE_START_AFTER_THINK) {
         ApiBuf pre = {0};
         call_prefill(a, r->tools, kw, *text, *len, r->tool_name[0] ? r->tool_name : NULL, &pre);
         if (pre.len) {
+            r->prefill = xstrdup(pre.p);
             *text = xrealloc(*text, *len + pre.len + 1);
             memcpy(*text + *len, pre.p, pre.len + 1);
             *len += pre.len;
@@ -825,11 +848,17 @@ static int parse_request(Api *a, ApiReq *r, json_t *root, int **ids, int **force
 {
     long long x;
     int rc;
-    /* one choice per request */
+    /* n choices, sampled in parallel from one prompt */
+    r->n_choices = 1;
     if ((rc = field_int(root, "n", 1, INT32_MAX, &x, err)) < 0) return rc;
-    if (rc && x != 1) return bad_field(err, "n", "n = %lld is not supported: only one choice per request (n = 1)", x);
+    if (rc && x > API_MAX_N) return bad_field(err, "n", "n = %lld is more than the %d choices a request may ask for", x, API_MAX_N);
+    if (rc) r->n_choices = (int)x;
     if ((rc = field_int(root, "best_of", 1, INT32_MAX, &x, err)) < 0) return rc;
-    if (rc && x != 1) return bad_field(err, "best_of", "best_of = %lld is not supported (only 1)", x);
+    if (rc && x < r->n_choices)
+        return bad_field(err, "best_of", "best_of = %lld must be at least n = %d", x, r->n_choices);
+    if (rc && x > r->n_choices)
+        return bad_field(err, "best_of", "best_of = %lld is not supported: it must equal n (%d); every sampled choice is returned",
+                         x, r->n_choices);
     if ((rc = field_bool(root, "stream", &r->stream, err)) < 0) return rc;
     json_t *so = json_object_get(root, "stream_options");
     if (so && !json_is_null(so)) {
@@ -983,9 +1012,69 @@ static void emit_chunk_start(ApiReq *r)
     openai_buf_add(&r->out, r->head.p, r->head.len);
 }
 
+/* Choice i of r (i >= 1): r's options, its own engine request (r->id + i), text and parser. */
+static void choice_init(Api *a, const ApiReq *r, ApiReq *c, int i)
+{
+    openai_req_reset(c);
+    c->route = r->route;
+    c->chat = r->chat, c->stream = r->stream, c->echo = r->echo, c->skip_special = r->skip_special;
+    c->include_stop = r->include_stop, c->logprobs = r->logprobs;
+    openai_buf_add(&c->stop_buf, r->stop_buf.p, r->stop_buf.len);
+    memcpy(c->stop_off, r->stop_off, sizeof c->stop_off);
+    memcpy(c->stop_len, r->stop_len, sizeof c->stop_len);
+    c->n_stops = r->n_stops;
+    c->id = r->id + (uint64_t)i;
+    c->index = i;
+    c->n_prompt = r->n_prompt;
+    openai_buf_add(&c->text, r->text.p, r->gen_start); /* the echoed prompt */
+    c->gen_start = r->gen_start;
+    detok_init(&c->dt, a->text->tok, c->chat ? 0 : c->skip_special);
+    openai_buf_add(&c->head, r->head.p, r->head.len);
+    memcpy(c->rid, r->rid, sizeof c->rid);
+    c->created = r->created;
+    if (c->chat) {
+        c->tools = json_incref(r->tools);
+        c->call_required = r->call_required;
+        memcpy(c->tool_name, r->tool_name, sizeof c->tool_name);
+        GlmParseOptions po = r->popts;
+        po.tools = c->tools;
+        po.id_seed = request_serial(); /* call ids differ between choices */
+        glm_parse_init(&c->parser, &po);
+        if (r->prefill) parse_text(c, r->prefill, strlen(r->prefill), 0);
+    }
+}
+
+/* Streaming: a choice's first chunks (chat: the role; completions: the echoed prompt). */
+static void stream_open(ApiReq *r)
+{
+    if (r->stream && r->chat) {
+        emit_chunk_start(r);
+        buf_printf(&r->out, "{\"index\":%d,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,"
+                   "\"finish_reason\":null}]}\n\n", r->index);
+    }
+    if (r->stream && r->gen_start > 0) { /* the echoed prompt */
+        emit_chunk_start(r);
+        buf_printf(&r->out, "{\"index\":%d,\"text\":", r->index);
+        buf_jstr(&r->out, r->text.p, r->gen_start);
+        buf_puts(&r->out, ",\"logprobs\":null,\"finish_reason\":null}]}\n\n");
+        r->sent = r->gen_start;
+    }
+}
+
+/* A choice's new chunks go out with the request's (whole SSE events, in the order made). */
+static void move_out(ApiReq *r, ApiReq *c)
+{
+    openai_buf_add(&r->out, c->out.p, c->out.len);
+    buf_clear(&c->out);
+}
+
 int openai_start(Api *a, ApiReq *r, const char *body, size_t len, EngineNotify notify, void *user, ApiErr *err)
 {
     r->chat = r->route == ROUTE_CHAT;
+    if (__atomic_load_n(&a->loading, __ATOMIC_ACQUIRE)) {
+        errbuf_set(err->msg, sizeof err->msg, "the model is still loading; try again later");
+        return API_EBUSY;
+    }
     if (len == 0) return bad_field(err, NULL, "the request body is empty: expected a JSON object");
     json_error_t je;
     json_t *root = json_loadb(body, len, JSON_ALLOW_NUL, &je);
@@ -1023,24 +1112,19 @@ int openai_start(Api *a, ApiReq *r, const char *body, size_t len, EngineNotify n
         errbuf_set(err->msg, sizeof err->msg, "the request cannot be served: %s", e);
         return API_EINVAL;
     }
-    r->id = engine_submit(a->engine, &rp, notify, user, e, sizeof e);
+    r->id = engine_submit_n(a->engine, &rp, r->n_choices, notify, user, e, sizeof e);
     free(ids);
     free(forced);
     if (!r->id) {
         errbuf_set(err->msg, sizeof err->msg, "the server is overloaded: %s; try again later", e);
         return API_EBUSY;
     }
-    if (r->stream && r->chat) {
-        emit_chunk_start(r);
-        buf_puts(&r->out, "{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n");
+    if (r->n_choices > 1) {
+        r->more = xcalloc(r->n_choices - 1, sizeof *r->more);
+        for (int i = 1; i < r->n_choices; i++) choice_init(a, r, &r->more[i - 1], i);
     }
-    if (r->stream && r->gen_start > 0) { /* the echoed prompt */
-        emit_chunk_start(r);
-        buf_puts(&r->out, "{\"index\":0,\"text\":");
-        buf_jstr(&r->out, r->text.p, r->gen_start);
-        buf_puts(&r->out, ",\"logprobs\":null,\"finish_reason\":null}]}\n\n");
-        r->sent = r->gen_start;
-    }
+    for (int i = 0; i < r->n_choices; i++) stream_open(i ? &r->more[i - 1] : r);
+    for (int i = 1; i < r->n_choices; i++) move_out(r, &r->more[i - 1]);
     return API_OK;
 }
 
@@ -1048,6 +1132,7 @@ void openai_cancel(Api *a, ApiReq *r)
 {
     if (r->id && !r->finished) engine_cancel(a->engine, r->id);
     r->finished = 1;
+    for (int i = 0; i + 1 < r->n_choices && r->more; i++) openai_cancel(a, &r->more[i]);
 }
 
 /* ---- events to text, stop strings and chunks ---- */
@@ -1177,7 +1262,7 @@ static void emit_logprobs(Api *a, ApiReq *r)
 static void emit_usage(ApiReq *r)
 {
     buf_printf(&r->out, "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d}", r->n_prompt,
-               r->completion_tokens, r->n_prompt + r->completion_tokens);
+               r->total_completion, r->n_prompt + r->total_completion);
 }
 
 /* A parsed tool call: {"index" (when index >= 0: a streamed delta), "id", "type", "function"}. */
@@ -1240,11 +1325,11 @@ static void emit_stream_chunk(Api *a, ApiReq *r, size_t upto, int final)
     if (!n && !has_lp && !final) return; /* nothing to say (a character, a stop prefix or markup held back) */
     emit_chunk_start(r);
     if (r->chat) {
-        buf_puts(&r->out, "{\"index\":0,\"delta\":{");
+        buf_printf(&r->out, "{\"index\":%d,\"delta\":{", r->index);
         emit_delta(r);
         buf_puts(&r->out, "}");
     } else {
-        buf_puts(&r->out, "{\"index\":0,\"text\":");
+        buf_printf(&r->out, "{\"index\":%d,\"text\":", r->index);
         buf_jstr(&r->out, r->text.p + r->sent, n);
     }
     buf_puts(&r->out, ",\"logprobs\":");
@@ -1257,17 +1342,14 @@ static void emit_stream_chunk(Api *a, ApiReq *r, size_t upto, int final)
     r->sent = upto;
 }
 
-/* The whole response of a non-streaming request. */
-static void emit_body(Api *a, ApiReq *r)
+/* One choice of a non-streaming response into o. */
+static void emit_choice(Api *a, ApiReq *r, ApiBuf *o)
 {
-    ApiBuf *o = &r->out;
-    buf_printf(o, "{\"id\":\"%s\",\"object\":\"%s\",\"created\":%lld,\"model\":", r->rid,
-               r->chat ? "chat.completion" : "text_completion", (long long)r->created);
-    buf_jstr(o, a->model_name, strlen(a->model_name));
+    buf_printf(o, "{\"index\":%d,", r->index);
     if (r->chat) {
         /* content is null when the reply is only reasoning and tool calls */
         size_t n_calls = json_array_size(r->calls);
-        buf_puts(o, ",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":");
+        buf_puts(o, "\"message\":{\"role\":\"assistant\",\"content\":");
         if (r->content.len || (!r->reasoning.len && !n_calls)) buf_jstr(o, r->content.p ? r->content.p : "", r->content.len);
         else buf_puts(o, "null");
         if (r->reasoning.len) {
@@ -1284,13 +1366,28 @@ static void emit_body(Api *a, ApiReq *r)
         }
         buf_puts(o, ",\"refusal\":null},\"logprobs\":");
     } else {
-        buf_puts(o, ",\"choices\":[{\"index\":0,\"text\":");
+        buf_puts(o, "\"text\":");
         buf_jstr(o, r->text.p, r->text.len);
         buf_puts(o, ",\"logprobs\":");
     }
     if (r->logprobs >= 0) emit_logprobs(a, r);
     else buf_puts(o, "null");
-    buf_printf(o, ",\"finish_reason\":\"%s\"}],", openai_req_finish_name(r));
+    buf_printf(o, ",\"finish_reason\":\"%s\"}", openai_req_finish_name(r));
+}
+
+/* The whole response of a non-streaming request. */
+static void emit_body(Api *a, ApiReq *r)
+{
+    ApiBuf *o = &r->out;
+    buf_printf(o, "{\"id\":\"%s\",\"object\":\"%s\",\"created\":%lld,\"model\":", r->rid,
+               r->chat ? "chat.completion" : "text_completion", (long long)r->created);
+    buf_jstr(o, a->model_name, strlen(a->model_name));
+    buf_puts(o, ",\"choices\":[");
+    for (int i = 0; i < r->n_choices; i++) {
+        if (i) buf_puts(o, ",");
+        emit_choice(a, i ? &r->more[i - 1] : r, o);
+    }
+    buf_puts(o, "],");
     emit_usage(r);
     buf_puts(o, "}");
 }
@@ -1361,7 +1458,34 @@ static void handle_event(Api *a, ApiReq *r, const EngineEvent *ev)
     }
     size_t upto = r->finished || r->stopped ? r->text.len : r->text.len - stop_holdback(r);
     emit_stream_chunk(a, r, upto, r->finished);
-    if (r->finished) {
+}
+
+/* One choice's pending events; 1 once it has finished. */
+static int pump_choice(Api *a, ApiReq *r)
+{
+    EngineEvent ev[API_POLL_EVENTS];
+    while (!r->finished) {
+        int n = engine_poll(a->engine, r->id, ev, API_POLL_EVENTS);
+        for (int i = 0; i < n && !r->finished; i++) handle_event(a, r, &ev[i]);
+        if (n < API_POLL_EVENTS) break;
+    }
+    return r->finished;
+}
+
+int openai_pump(Api *a, ApiReq *r)
+{
+    if (r->done) return 1;
+    int all = pump_choice(a, r);
+    for (int i = 1; i < r->n_choices; i++) {
+        all &= pump_choice(a, &r->more[i - 1]);
+        move_out(r, &r->more[i - 1]);
+    }
+    if (!all) return 0;
+    /* usage as vLLM counts it: the prompt once, the completions of every choice */
+    r->total_completion = 0;
+    for (int i = 0; i < r->n_choices; i++) r->total_completion += (i ? &r->more[i - 1] : r)->completion_tokens;
+    if (!r->stream) emit_body(a, r);
+    else {
         if (r->include_usage) {
             emit_chunk_start(r);
             buf_puts(&r->out, "],");
@@ -1370,19 +1494,6 @@ static void handle_event(Api *a, ApiReq *r, const EngineEvent *ev)
         }
         buf_puts(&r->out, "data: [DONE]\n\n");
     }
-}
-
-int openai_pump(Api *a, ApiReq *r)
-{
-    if (r->done) return 1;
-    EngineEvent ev[API_POLL_EVENTS];
-    while (!r->finished) {
-        int n = engine_poll(a->engine, r->id, ev, API_POLL_EVENTS);
-        for (int i = 0; i < n && !r->finished; i++) handle_event(a, r, &ev[i]);
-        if (n < API_POLL_EVENTS) break;
-    }
-    if (!r->finished) return 0;
-    if (!r->stream) emit_body(a, r);
     r->done = 1;
     return 1;
 }

@@ -76,6 +76,8 @@ typedef struct {
     Deployment layout;         /* tp, pp, ep, micro-batches */
     const char *server_info;   /* GET /get_server_info's JSON object (device, layout, engine options), or NULL */
     volatile int draining;     /* shutting down: /health says 503, new generations are refused */
+    int loading;               /* the model is not ready (atomic): /health says 503 "loading", every
+                                  other route 503; only the names, api_key, created and metrics are set */
 } Api;
 
 #define API_MAX_STOPS 16           /* stop strings per request */
@@ -83,9 +85,12 @@ typedef struct {
 #define API_MAX_STOP_IDS 64        /* stop_token_ids per request */
 #define API_MAX_TOOLS 128          /* tools per request */
 #define API_MAX_TOOL_NAME 64       /* bytes of a function name, as the OpenAI API allows */
+#define API_MAX_N 128              /* choices per request (n) */
 
-/* One request's state; kept by a connection slot and reused (its buffers stay allocated). */
-typedef struct {
+/* One request's state; kept by a connection slot and reused (its buffers stay allocated). With
+ * n > 1 it is also the first choice's, and more[] holds the others' (each its own engine request,
+ * text, stop strings and parser), whose chunks are moved into this one's out. */
+typedef struct ApiReq {
     ApiRoute route;
     /* options */
     int chat, stream, include_usage, echo, skip_special;
@@ -94,7 +99,11 @@ typedef struct {
     ApiBuf stop_buf;              /* the stop strings, back to back */
     int stop_off[API_MAX_STOPS], stop_len[API_MAX_STOPS], n_stops;
     /* generation */
-    uint64_t id;               /* the engine's request id; 0: none */
+    uint64_t id;               /* the engine's request id (choice i's: id + i); 0: none */
+    int n_choices;             /* n: choices asked for (>= 1) */
+    int index;                 /* this choice's index */
+    struct ApiReq *more;       /* [n_choices - 1] choices 1 .. n - 1, or NULL */
+    int total_completion;      /* usage: every choice's completion tokens, at the end */
     int n_prompt, n_gen;       /* prompt tokens; tokens received */
     int finished;              /* the final event was received (the engine has forgotten id) */
     int stopped;               /* a stop string was found: later tokens are ignored */
@@ -112,6 +121,8 @@ typedef struct {
     ApiBuf head;                  /* streaming: the common start of every chunk, up to "choices":[ */
     /* chat: reasoning and tool calls */
     GlmParser parser;          /* the generated text, stop strings cut, goes through it */
+    GlmParseOptions popts;     /* its options, for the other choices' parsers */
+    char *prefill;             /* the call opening fed to the parser first (tool_choice), or NULL */
     int parsed;                /* the parser has seen the end of the text */
     json_t *tools;             /* the request's tools (a reference, for the parser's schemas), or NULL */
     int call_required;         /* tool_choice is "required" or names a function */

@@ -521,6 +521,38 @@ TEST(synth_bad_options)
     EXPECT(!file_exists(d), "a failed command created %s", d);
 }
 
+/* quantize does not write over an existing output: a non-empty --out is refused (one error line,
+   its files untouched) unless --force is given; an empty directory is fine. */
+TEST(quantize_refuses_existing_out)
+{
+    const char *bf = tdir("force-bf16"), *qd = tdir("force-out"), *empty = tdir("force-empty");
+    ASSERT(synth("glm4_moe", "bf16", bf, NULL) == 0, "synth bf16");
+    char path[600], args[2048], *out = NULL;
+    mkdir(qd, 0755);
+    snprintf(path, sizeof path, "%s/keep.txt", qd);
+    FILE *f = fopen(path, "w");
+    ASSERT(f, "%s", path);
+    fputs("an earlier file\n", f);
+    fclose(f);
+    snprintf(args, sizeof args, "'%s' quantize --model '%s' --out '%s'", test_bin(), bf, qd);
+    int rc = test_run(args, &out);
+    EXPECT(rc != 0 && rc < 128, "quantize over a non-empty --out: exit %d", rc);
+    EXPECT(out && strstr(out, "--force"), "the error names --force:\n%s", out ? out : "");
+    EXPECT(error_lines(out) == 1, "%d error lines:\n%s", error_lines(out), out ? out : "");
+    free(out);
+    snprintf(path, sizeof path, "%s/config.json", qd);
+    EXPECT(!file_exists(path), "the refused quantize wrote %s", path);
+    snprintf(path, sizeof path, "%s/keep.txt", qd);
+    EXPECT(file_exists(path), "the refused quantize removed %s", path);
+    snprintf(args, sizeof args, "quantize --model '%s' --out '%s' --force", bf, qd);
+    EXPECT(moeserve(NULL, args, NULL) == 0, "quantize --force over a non-empty --out");
+    snprintf(path, sizeof path, "%s/config.json", qd);
+    EXPECT(file_exists(path), "quantize --force wrote no %s", path);
+    mkdir(empty, 0755);
+    snprintf(args, sizeof args, "quantize --model '%s' --out '%s'", bf, empty);
+    EXPECT(moeserve(NULL, args, NULL) == 0, "quantize into an empty directory");
+}
+
 /* tokenizer.json and tokenizer_config.json are the built-in model's (embedded at build time), and
    config.json's eos and pad are its <|endoftext|>, <|user|>, <|observation|>. */
 TEST(synth_tokenizer)

@@ -2,8 +2,10 @@
 #include "cpu.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "../../base/util.h"
@@ -54,9 +56,27 @@ float cpu_dot(const float *a, const float *b, int64_t n)
     return r + ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
 }
 
+/* Big buffers (the KV pool above all) are anonymous mappings: zero, and resident only once
+ * written, so the process's memory grows with what the cache holds instead of its size. Their
+ * sizes are kept here for munmap (few of them: a list is enough). */
+#define CPU_MAP_MIN ((size_t)16 << 20)
+static pthread_mutex_t maps_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct { void *p; size_t n; } *maps;
+static int n_maps, cap_maps;
+
 static void *cpu_alloc(Backend *be, size_t bytes)
 {
     (void)be;
+    if (bytes >= CPU_MAP_MIN) {
+        void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) die("out of memory mapping %zu bytes", bytes);
+        pthread_mutex_lock(&maps_mu);
+        if (n_maps == cap_maps) maps = xrealloc(maps, (cap_maps = cap_maps ? 2 * cap_maps : 16) * sizeof *maps);
+        maps[n_maps].p = p;
+        maps[n_maps++].n = bytes;
+        pthread_mutex_unlock(&maps_mu);
+        return p;
+    }
     void *p = xmalloc_aligned(bytes);
     memset(p, 0, bytes);
     return p;
@@ -65,6 +85,16 @@ static void *cpu_alloc(Backend *be, size_t bytes)
 static void cpu_free(Backend *be, void *p)
 {
     (void)be;
+    if (!p) return;
+    pthread_mutex_lock(&maps_mu);
+    for (int i = 0; i < n_maps; i++)
+        if (maps[i].p == p) {
+            munmap(p, maps[i].n);
+            maps[i] = maps[--n_maps];
+            pthread_mutex_unlock(&maps_mu);
+            return;
+        }
+    pthread_mutex_unlock(&maps_mu);
     free(p);
 }
 
@@ -75,9 +105,20 @@ static void cpu_to_host(Backend *be, void *dst, const void *src, size_t bytes)
     if (dst != src) memcpy(dst, src, bytes);
 }
 
+/* What the host can give without swapping: MemAvailable (free memory and the page cache that can
+ * be dropped), else the free pages. */
 static size_t cpu_mem_free(Backend *be)
 {
     (void)be;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[256];
+        unsigned long long kb = 0;
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+        fclose(f);
+        if (kb > 0) return (size_t)kb << 10;
+    }
     long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGESIZE);
     return pages > 0 && size > 0 ? (size_t)pages * (size_t)size : (size_t)1 << 30;
 }
