@@ -13,6 +13,7 @@
 
 #include <stddef.h>
 
+#include "../base/opt.h"
 #include "../format/config.h"
 #include "../format/quant.h"
 #include "sample.h"
@@ -211,6 +212,13 @@ void backend_cpu_init(Backend *be, int n_threads);
  * node). A device this build or machine lacks is a fatal error saying why. */
 const char *backend_default(void);
 void backend_open(Backend *be, const char *device, int threads);
+/* Where a command runs, as its command line says: --device cpu|cuda|cuda:N (NULL: a GPU when one
+ * is present), --threads N of the CPU backend (0: every core this rank may use). */
+typedef struct {
+    const char *device;
+    int threads;
+} DeviceOpts;
+OptGroup device_opt_group(DeviceOpts *o);
 /* The device in words for logs and GET /get_server_info: the GPU's name, or "cpu (N threads)". */
 void backend_describe(const Backend *be, const char *device, char *buf, size_t n);
 /* --inject-gemm-repeat N (diagnosis tests): every GEMM and MoE op runs N times (counted once) */
