@@ -907,7 +907,7 @@ int bench_serve_main(int argc, char **argv)
          .def = "1", .lo = 1, .hi = 1 << 16},
         {.names = "--quiet|--disable-tqdm", .type = OPT_FLAG, .dst = &quiet, .help = "no progress line", .def = "off"},
     };
-    const OptGroup groups[] = {OPT_GROUP("server", server_specs), OPT_GROUP("dataset", data_specs),
+    const OptGroup groups[] = {OPT_GROUP("target", server_specs), OPT_GROUP("dataset", data_specs),
                                OPT_GROUP("load", load_specs), OPT_GROUP("report", report_specs)};
     const OptCommand cmd = {.cmd = "bench serve", .synopsis = "[options]",
                             .about = "The serving benchmark against an OpenAI-compatible server, comparable with "
