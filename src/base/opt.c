@@ -14,14 +14,8 @@
 static const void *given[OPT_MAX_GIVEN]; /* dst of every option the command line gave */
 static int n_given;
 
-static void usage_exit(const OptCommand *c) __attribute__((noreturn));
-static void usage_exit(const OptCommand *c)
-{
-    fprintf(stderr, "usage: moeserve %s %s (moeserve %s --help lists the options)\n", c->cmd, c->synopsis, c->cmd);
-    exit(2);
-}
-
-/* Stop with "error: CMD: ..." and the short usage line (exit status 2: a usage error). */
+/* Stop with one line, "error: CMD: ...", and exit status 2 (a usage error): the line names the
+ * option and the rule it broke, never the whole option list. */
 static void opt_fail(const OptCommand *c, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
 static void opt_fail(const OptCommand *c, const char *fmt, ...)
 {
@@ -31,7 +25,7 @@ static void opt_fail(const OptCommand *c, const char *fmt, ...)
     vfprintf(stderr, fmt, ap);
     va_end(ap);
     fputc('\n', stderr);
-    usage_exit(c);
+    exit(2);
 }
 
 /* The i-th spelling of names ("--a|--b|-c") into buf; 0 when there is none. */
@@ -255,7 +249,7 @@ void opt_parse(const OptCommand *c, int argc, char **argv, const char **pos, int
             if (k == 1) opt_fail(c, "unknown option '%s'; did you mean %s?", as, s[0]);
             if (k == 2) opt_fail(c, "unknown option '%s'; did you mean %s or %s?", as, s[0], s[1]);
             if (k == 3) opt_fail(c, "unknown option '%s'; did you mean %s, %s or %s?", as, s[0], s[1], s[2]);
-            opt_fail(c, "unknown option '%s'", as);
+            opt_fail(c, "unknown option '%s' (moeserve %s --help lists the options)", as, c->cmd);
         }
         if (o->type == OPT_FLAG) {
             int on = o->inverse ? 0 : 1, v = neg ? !on : on;

@@ -1,4 +1,4 @@
-/* cmd_serve: `moeserve serve --model DIR [options]` runs the OpenAI-compatible server
+/* cmd_serve: `moeserve serve MODEL [options]` runs the OpenAI-compatible server
  * (src/server/) over the engine (src/engine/): it loads the model, its tokenizer and chat
  * template, starts the engine thread and the HTTP threads, prints "listening on
  * http://HOST:PORT" once requests are accepted, and on SIGINT or SIGTERM stops accepting,
