@@ -325,9 +325,11 @@ const char *backend_default(void)
 OptGroup device_opt_group(DeviceOpts *o)
 {
     OPT_GROUP_RETURN("device",
-        {.names = "--device", .type = OPT_STR, .dst = &o->device, .metavar = "cpu|cuda|cuda:N", .help = "where the model runs",
+        {.names = "--device", .type = OPT_STR, .dst = &o->device, .metavar = "cpu|cuda|cuda:N",
+         .help = "where the model runs",
          .def = "cuda when a GPU is present, else cpu"},
-        {.names = "--threads", .type = OPT_INT, .dst = &o->threads, .metavar = "N", .help = "CPU threads of the cpu backend",
+        {.names = "--threads", .type = OPT_INT, .dst = &o->threads, .metavar = "N",
+         .help = "CPU threads of the cpu backend",
          .def = "every core, shared by the ranks of a machine", .lo = 1, .hi = 4096});
 }
 

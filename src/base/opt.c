@@ -198,7 +198,8 @@ static void take(const OptCommand *c, const OptSpec *o, const char *v, const cha
         errno = 0;
         double x = strtod(v, &end);
         if (errno || end == v || *end || x != x) opt_fail(c, "option %s: '%s' is not a number", as, v);
-        if ((o->lo || o->hi) && (x < o->lo || x > o->hi)) opt_fail(c, "option %s: %g is out of range [%g, %g]", as, x, o->lo, o->hi);
+        if ((o->lo || o->hi) && (x < o->lo || x > o->hi))
+            opt_fail(c, "option %s: %g is out of range [%g, %g]", as, x, o->lo, o->hi);
         *(float *)o->dst = (float)x;
         break;
     }

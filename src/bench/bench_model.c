@@ -55,11 +55,13 @@ int bench_model_main(int argc, char **argv)
          .def = "1,64,256"},
         {.names = "--input-len", .type = OPT_INT, .dst = &in_len, .metavar = "N", .help = "prompt tokens of a sequence",
          .def = "1024", .lo = 1, .hi = 1 << 20},
-        {.names = "--output-len", .type = OPT_INT, .dst = &out_len, .metavar = "N", .help = "decode steps", .def = "128",
+        {.names = "--output-len", .type = OPT_INT, .dst = &out_len, .metavar = "N", .help = "decode steps",
+         .def = "128",
          .lo = 1, .hi = 1 << 20},
         {.names = ENGINE_MAX_BATCH_TOKENS_NAMES, .type = OPT_INT, .dst = &max_bt, .metavar = "N",
          .help = "tokens of one prefill step", .def = "2048", .lo = 1, .hi = 1 << 20},
-        {.names = "--warmup", .type = OPT_INT, .dst = &warmup, .metavar = "N", .help = "untimed passes of each batch size",
+        {.names = "--warmup", .type = OPT_INT, .dst = &warmup, .metavar = "N",
+         .help = "untimed passes of each batch size",
          .def = "1", .lo = 0, .hi = 100},
         {.names = "--roof-gbs", .type = OPT_DOUBLE, .dst = &roof, .metavar = "GB/s",
          .help = "the memory roof the decode bytes are set against", .lo = 0, .hi = 1e7},
@@ -67,9 +69,11 @@ int bench_model_main(int argc, char **argv)
          .help = "run decode steps eagerly, without CUDA graphs", .def = "graphs on a GPU"},
         {.names = "--json", .type = OPT_FLAG, .dst = &as_json, .help = "one JSON line per batch size", .def = "off"},
     };
-    const OptGroup groups[] = {OPT_GROUP("bench model", specs), model_opt_group(&mo, MODEL_OPT_ALL), device_opt_group(&dev)};
+    const OptGroup groups[] = {OPT_GROUP("bench model", specs), model_opt_group(&mo, MODEL_OPT_ALL),
+    device_opt_group(&dev)};
     const OptCommand cmd = {.cmd = "bench model", .synopsis = "MODEL [options]",
-                            .about = "Offline prefill and decode throughput of batches of random prompts, without the server.",
+                            .about = "Offline prefill and decode throughput of batches of random prompts, without "
+                                     "the server.",
                             .groups = groups, .n_groups = 3, .max_pos = 1, .pos_name = "MODEL"};
     const char *pos = NULL;
     int n_pos = 0;

@@ -218,9 +218,11 @@ int bench_plot_main(int argc, char **argv)
     const char *files[MAX_FILES], *out = NULL, *title = NULL;
     int nf = 0, gpus = 0;
     const OptSpec specs[] = {
-        {.names = "--output|-o", .type = OPT_STR, .dst = &out, .metavar = "FILE.svg", .help = "the chart (and a PNG beside it)",
+        {.names = "--output|-o", .type = OPT_STR, .dst = &out, .metavar = "FILE.svg",
+         .help = "the chart (and a PNG beside it)",
          .def = "the first results file's name, .svg"},
-        {.names = "--gpus", .type = OPT_INT, .dst = &gpus, .metavar = "N", .help = "GPUs of the runs, for per-GPU throughput",
+        {.names = "--gpus", .type = OPT_INT, .dst = &gpus, .metavar = "N",
+         .help = "GPUs of the runs, for per-GPU throughput",
          .def = "the results' own", .lo = 1, .hi = 1 << 16},
         {.names = "--title", .type = OPT_STR, .dst = &title, .metavar = "TEXT", .help = "the chart's title"},
     };

@@ -843,23 +843,28 @@ int bench_serve_main(int argc, char **argv)
     double burstiness = 1.0, slo[3] = {-1, -1, -1};
     OptStrs goodput = {0};
     const OptSpec server_specs[] = {
-        {.names = "--base-url", .type = OPT_STR, .dst = &base_url, .metavar = "URL", .help = "the server", .def = base_url},
+        {.names = "--base-url", .type = OPT_STR, .dst = &base_url, .metavar = "URL", .help = "the server",
+         .def = base_url},
         {.names = "--backend", .type = OPT_STR, .dst = &backend, .metavar = "openai-completions|openai-chat",
          .help = "the API (vllm, sglang-oai, ... map onto these)", .def = backend},
         {.names = "--endpoint", .type = OPT_STR, .dst = &endpoint, .metavar = "PATH", .help = "the API's path",
          .def = "the backend's"},
-        {.names = "--model", .type = OPT_STR, .dst = &model, .metavar = "NAME", .help = "the model field of the requests",
+        {.names = "--model", .type = OPT_STR, .dst = &model, .metavar = "NAME",
+         .help = "the model field of the requests",
          .def = "the server's first model"},
         {.names = "--tokenizer", .type = OPT_STR, .dst = &tok_path, .metavar = "PATH",
          .help = "to count prompt and output tokens", .def = "the model's directory, when it is one"},
-        {.names = "--request-timeout", .type = OPT_INT, .dst = &timeout_s, .metavar = "S", .help = "seconds a request may take",
+        {.names = "--request-timeout", .type = OPT_INT, .dst = &timeout_s, .metavar = "S",
+         .help = "seconds a request may take",
          .def = "21600", .lo = 1, .hi = 1 << 30},
     };
     const OptSpec data_specs[] = {
         {.names = "--dataset-name", .type = OPT_STR, .dst = &dopt.name, .metavar = "random|random-ids|sharegpt|jsonl",
          .help = "where the prompts come from", .def = dopt.name},
-        {.names = "--dataset-path", .type = OPT_STR, .dst = &dopt.path, .metavar = "FILE", .help = "the dataset's file"},
-        {.names = "--num-prompts", .type = OPT_INT, .dst = &dopt.num_prompts, .metavar = "N", .help = "requests of a run",
+        {.names = "--dataset-path", .type = OPT_STR, .dst = &dopt.path, .metavar = "FILE",
+         .help = "the dataset's file"},
+        {.names = "--num-prompts", .type = OPT_INT, .dst = &dopt.num_prompts, .metavar = "N",
+         .help = "requests of a run",
          .def = opt_def("%d", dopt.num_prompts), .lo = 1, .hi = 1 << 24},
         {.names = "--random-input-len", .type = OPT_INT, .dst = &dopt.input_len, .metavar = "N",
          .help = "prompt tokens of the random datasets", .def = opt_def("%d", dopt.input_len), .lo = 1, .hi = 1 << 22},
@@ -870,14 +875,16 @@ int bench_serve_main(int argc, char **argv)
         {.names = "--random-range-vllm", .type = OPT_FLAG, .dst = &dopt.range_vllm,
          .help = "lengths drawn from [len (1-R), len (1+R)] (vLLM's)", .def = "off"},
         {.names = "--random-vocab-size", .type = OPT_INT, .dst = &dopt.vocab, .metavar = "N",
-         .help = "token ids of random-ids without a tokenizer", .def = opt_def("%d", dopt.vocab), .lo = 1, .hi = 1 << 24},
+         .help = "token ids of random-ids without a tokenizer", .def = opt_def("%d", dopt.vocab), .lo = 1,
+         .hi = 1 << 24},
         {.names = "--output-len|--sharegpt-output-len", .type = OPT_INT, .dst = &dopt.fixed_output_len, .metavar = "N",
          .help = "output tokens of every request", .def = "the dataset's", .lo = 1, .hi = 1 << 22},
         {.names = "--temperature", .type = OPT_DOUBLE, .dst = &dopt.temperature, .metavar = "T",
          .help = "the requests' temperature", .def = "not sent", .lo = 0, .hi = 100},
         {.names = "--extra-body|--extra-request-body", .type = OPT_STR, .dst = &extra_body, .metavar = "JSON",
          .help = "an object merged into every request"},
-        {.names = "--ignore-eos", .type = OPT_FLAG, .dst = &force_eos, .help = "ask for ignore_eos (the random datasets' default)"},
+        {.names = "--ignore-eos", .type = OPT_FLAG, .dst = &force_eos,
+         .help = "ask for ignore_eos (the random datasets' default)"},
         {.names = "--disable-ignore-eos", .type = OPT_FLAG, .dst = &no_ignore_eos, .help = "let requests end at eos"},
         {.names = "--seed", .type = OPT_INT, .dst = &seed, .metavar = "N", .help = "of the datasets' draws", .def = "1",
          .lo = 0, .hi = 1 << 30},
@@ -895,15 +902,19 @@ int bench_serve_main(int argc, char **argv)
     const OptSpec report_specs[] = {
         {.names = "--format", .type = OPT_STR, .dst = &format, .metavar = "sglang|vllm", .help = "the report's layout",
          .def = format},
-        {.names = "--output-file", .type = OPT_STR, .dst = &out_file, .metavar = "FILE", .help = "append one JSON line per run"},
+        {.names = "--output-file", .type = OPT_STR, .dst = &out_file, .metavar = "FILE",
+         .help = "append one JSON line per run"},
         {.names = "--percentile-metrics", .type = OPT_STR, .dst = &pct_metrics, .metavar = "ttft,tpot,itl,e2el",
          .help = "metrics with percentiles", .def = pct_metrics},
-        {.names = "--metric-percentiles", .type = OPT_STR, .dst = &pct_s, .metavar = "P,P,..", .help = "which percentiles",
+        {.names = "--metric-percentiles", .type = OPT_STR, .dst = &pct_s, .metavar = "P,P,..",
+         .help = "which percentiles",
          .def = pct_s},
         {.names = "--goodput", .type = OPT_STRS, .dst = &goodput, .metavar = "KEY:MS...",
          .help = "SLOs of a good request: ttft:MS tpot:MS e2el:MS"},
-        {.names = "--label", .type = OPT_STR, .dst = &label, .metavar = "TEXT", .help = "the run's name in the results"},
-        {.names = "--gpus", .type = OPT_INT, .dst = &gpus, .metavar = "N", .help = "GPUs of the server, for per-GPU figures",
+        {.names = "--label", .type = OPT_STR, .dst = &label, .metavar = "TEXT",
+         .help = "the run's name in the results"},
+        {.names = "--gpus", .type = OPT_INT, .dst = &gpus, .metavar = "N",
+         .help = "GPUs of the server, for per-GPU figures",
          .def = "1", .lo = 1, .hi = 1 << 16},
         {.names = "--quiet|--disable-tqdm", .type = OPT_FLAG, .dst = &quiet, .help = "no progress line", .def = "off"},
     };
@@ -925,7 +936,8 @@ int bench_serve_main(int argc, char **argv)
             double v = strtod(colon + 1, &end);
             int q = !strcmp(kv, "ttft") ? 0 : !strcmp(kv, "tpot") ? 1 : !strcmp(kv, "e2el") ? 2 : -1;
             if (q < 0) fatal("bench serve: --goodput: '%s' is not one of ttft, tpot, e2el", kv);
-            if (end == colon + 1 || *end || !(v >= 0)) fatal("bench serve: --goodput %s: '%s' is not milliseconds >= 0", kv, colon + 1);
+            if (end == colon + 1 || *end || !(v >= 0)) fatal("bench serve: --goodput %s: '%s' is not milliseconds "
+                                                             ">= 0", kv, colon + 1);
             slo[q] = v;
         }
     }

@@ -33,7 +33,8 @@ int cmd_calibrate(int argc, char **argv)
     };
     const OptGroup groups[] = {OPT_GROUP("calibrate", specs), device_opt_group(&dev), par_opt_group(&mo.par)};
     const OptCommand cmd = {.cmd = "calibrate", .synopsis = "[options]",
-                            .about = "Measure and cache this machine's ceilings: memory bandwidth, tensor rate, collectives "
+                            .about = "Measure and cache this machine's ceilings: memory bandwidth, tensor rate, "
+                                     "collectives "
                                      "(several ranks: --tp/--pp, or under mpirun on the CPU).",
                             .groups = groups, .n_groups = 3};
     opt_parse(&cmd, argc, argv, NULL, NULL);
@@ -255,8 +256,10 @@ int cmd_diagnose(int argc, char **argv)
     Load ld = {.batch = 16, .in_len = 64, .out_len = 32, .requests = 0};
     const char *batch_s = NULL, *report_dir = NULL;
     const OptSpec what_specs[] = {
-        {.names = "--url", .type = OPT_STR, .dst = &url, .metavar = "URL", .help = "a running server's diagnosis (GET /v1/diagnosis)"},
-        {.names = "--sweep", .type = OPT_FLAG, .dst = &sweep, .help = "run each of --layouts and read the scaling across them",
+        {.names = "--url", .type = OPT_STR, .dst = &url, .metavar = "URL",
+         .help = "a running server's diagnosis (GET /v1/diagnosis)"},
+        {.names = "--sweep", .type = OPT_FLAG, .dst = &sweep,
+         .help = "run each of --layouts and read the scaling across them",
          .def = "off"},
         {.names = "--layouts", .type = OPT_STR, .dst = &layouts, .metavar = "tp1,tp2,pp2,ep2,tp2pp2",
          .help = "the layouts of --sweep"},
@@ -267,20 +270,25 @@ int cmd_diagnose(int argc, char **argv)
         {.names = "--json", .type = OPT_FLAG, .dst = &as_json, .help = "JSON instead of text", .def = "off"},
     };
     const OptSpec load_specs[] = {
-        {.names = "--batch", .type = OPT_STR, .dst = &batch_s, .metavar = "N,N,..", .help = "requests running at once, each in turn",
+        {.names = "--batch", .type = OPT_STR, .dst = &batch_s, .metavar = "N,N,..",
+         .help = "requests running at once, each in turn",
          .def = "16"},
-        {.names = "--input-len", .type = OPT_INT, .dst = &ld.in_len, .metavar = "N", .help = "prompt tokens of a request",
+        {.names = "--input-len", .type = OPT_INT, .dst = &ld.in_len, .metavar = "N",
+         .help = "prompt tokens of a request",
          .def = "64", .lo = 1, .hi = 1 << 20},
-        {.names = "--output-len", .type = OPT_INT, .dst = &ld.out_len, .metavar = "N", .help = "generated tokens of a request",
+        {.names = "--output-len", .type = OPT_INT, .dst = &ld.out_len, .metavar = "N",
+         .help = "generated tokens of a request",
          .def = "32", .lo = 1, .hi = 1 << 20},
         {.names = "--requests", .type = OPT_INT, .dst = &ld.requests, .metavar = "N", .help = "requests in all",
          .def = "the batch", .lo = 1, .hi = 1 << 20},
-        {.names = "--report", .type = OPT_STR, .dst = &report_dir, .metavar = "DIR", .help = "a markdown report and SVG charts"},
+        {.names = "--report", .type = OPT_STR, .dst = &report_dir, .metavar = "DIR",
+         .help = "a markdown report and SVG charts"},
     };
     const OptGroup groups[] = {OPT_GROUP("diagnose", what_specs), OPT_GROUP("load", load_specs),
                                model_opt_group(&mo, MODEL_OPT_ALL), par_opt_group(&mo.par), device_opt_group(&dev),
                                engine_opt_group(&eo), engine_diag_group(&eo)};
-    const OptCommand cmd = {.cmd = "diagnose", .synopsis = "(--url URL | MODEL [options] | --sweep --layouts L MODEL [options])",
+    const OptCommand cmd = {.cmd = "diagnose",
+    .synopsis = "(--url URL | MODEL [options] | --sweep --layouts L MODEL [options])",
                             .about = "Where a deployment's step time goes and what to change: a running server's, or a "
                                      "built-in load's on an in-process engine.",
                             .groups = groups, .n_groups = (int)(sizeof groups / sizeof groups[0]), .max_pos = 1,
@@ -295,7 +303,8 @@ int cmd_diagnose(int argc, char **argv)
     for (int i = 1; i < argc;) {
         const OptSpec *o;
         int n = opt_span(&cmd, argc, argv, i, &o);
-        int skip = !o || o->dst == &mo.par.tp || o->dst == &mo.par.pp || o->dst == &mo.par.ep || o->dst == &mo.par.ep_is_tp;
+        int skip = !o || o->dst == &mo.par.tp || o->dst == &mo.par.pp || o->dst == &mo.par.ep ||
+                   o->dst == &mo.par.ep_is_tp;
         for (size_t k = 0; k < sizeof what_specs / sizeof what_specs[0]; k++) skip |= o == &groups[0].specs[k];
         for (int k = i; k < i + n && !skip; k++) {
             size_t off = strlen(pass);

@@ -19,11 +19,13 @@ int cmd_download(int argc, char **argv)
         {.names = "--revision", .type = OPT_STR, .dst = &revision, .metavar = "REV",
          .help = "a branch, tag or commit (also ORG/NAME@REV)", .def = "main"},
         {.names = "--include", .type = OPT_STRS, .dst = &include, .metavar = "GLOB...",
-         .help = "only the files matching these patterns (repeatable)", .def = "config, tokenizer, chat template, safetensors"},
+         .help = "only the files matching these patterns (repeatable)",
+         .def = "config, tokenizer, chat template, safetensors"},
     };
     const OptGroup groups[] = {OPT_GROUP("download", specs)};
     const OptCommand cmd = {.cmd = "download", .synopsis = "ORG/NAME[@REV] [options]",
-                            .about = "Fetch a model of the Hugging Face Hub into its cache (HF_HOME) and print its directory.",
+                            .about = "Fetch a model of the Hugging Face Hub into its cache (HF_HOME) and print its "
+                                     "directory.",
                             .groups = groups, .n_groups = 1, .max_pos = 1, .pos_name = "ORG/NAME"};
     int n_pos = 0;
     opt_parse(&cmd, argc, argv, &repo, &n_pos);

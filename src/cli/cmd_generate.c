@@ -42,7 +42,8 @@ int cmd_generate(int argc, char **argv)
          .help = "continue this text (encoded as is, with the tokenizer's special tokens)"},
         {.names = "--chat", .type = OPT_STR, .dst = &chat, .metavar = "TEXT",
          .help = "answer this user message, through the chat template"},
-        {.names = "--system", .type = OPT_STR, .dst = &system_msg, .metavar = "TEXT", .help = "with --chat: a system message"},
+        {.names = "--system", .type = OPT_STR, .dst = &system_msg, .metavar = "TEXT",
+         .help = "with --chat: a system message"},
         {.names = "--chat-template", .type = OPT_STR, .dst = &chat_template, .metavar = "FILE",
          .help = "a Jinja chat template (a file, or the template itself) instead of the model's", .def = "the model's"},
         {.names = "--max-tokens", .type = OPT_INT, .dst = &max_tokens, .metavar = "N", .help = "new tokens at most",
@@ -58,7 +59,8 @@ int cmd_generate(int argc, char **argv)
         {.names = "--disable-cuda-graph|--enforce-eager|--no-graphs", .type = OPT_FLAG, .dst = &no_graphs,
          .help = "run decode steps eagerly, without CUDA graphs", .def = "graphs on a GPU"},
     };
-    const OptGroup groups[] = {OPT_GROUP("generate", gen_specs), sampling_opt_group(&cli), model_opt_group(&mo, MODEL_OPT_ALL),
+    const OptGroup groups[] = {OPT_GROUP("generate", gen_specs), sampling_opt_group(&cli), model_opt_group(&mo,
+    MODEL_OPT_ALL),
                                par_opt_group(&mo.par), device_opt_group(&dev)};
     const OptCommand cmd = {.cmd = "generate", .synopsis = "MODEL (--prompt TEXT | --chat TEXT) [options]",
                             .about = "Stream a continuation of a prompt, or the answer to a chat message, to stdout.\n"

@@ -621,12 +621,14 @@ int cmd_info(int argc, char **argv)
         {.names = ENGINE_MAX_RUNNING_NAMES, .type = OPT_INT, .dst = &lo.max_running, .metavar = "N",
          .help = "sequences running at once", .def = "64", .lo = 1, .hi = 1 << 16},
         {.names = ENGINE_MAX_MODEL_LEN_NAMES, .type = OPT_INT, .dst = &lo.max_model_len, .metavar = "N",
-         .help = "prompt + output tokens of a request", .def = "the context length, at most 4096", .lo = 2, .hi = 1 << 24},
+         .help = "prompt + output tokens of a request", .def = "the context length, at most 4096", .lo = 2,
+         .hi = 1 << 24},
     };
     const OptGroup groups[] = {OPT_GROUP("info", specs), model_opt_group(&mo, MODEL_OPT_DIR | MODEL_OPT_KV),
                                par_opt_group(&lo.par), OPT_GROUP("memory of a layout", layout_specs)};
     const OptCommand cmd = {.cmd = "info", .synopsis = "MODEL [options]",
-                            .about = "A model's architecture, parameters and precisions; with a layout option, the memory "
+                            .about = "A model's architecture, parameters and precisions; with a layout option, the "
+                                     "memory "
                                      "of each rank.",
                             .groups = groups, .n_groups = (int)(sizeof groups / sizeof groups[0]), .max_pos = 1,
                             .pos_name = "MODEL"};

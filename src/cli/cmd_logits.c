@@ -42,12 +42,14 @@ int cmd_logits(int argc, char **argv)
     const char *tokens_s = NULL, *out_path = NULL;
     int chunk = 0, block_size = 16;
     const OptSpec specs[] = {
-        {.names = "--tokens", .type = OPT_STR, .dst = &tokens_s, .metavar = "ID,ID,...", .help = "the input token ids (required)"},
+        {.names = "--tokens", .type = OPT_STR, .dst = &tokens_s, .metavar = "ID,ID,...",
+         .help = "the input token ids (required)"},
         {.names = "--out", .type = OPT_STR, .dst = &out_path, .metavar = "FILE",
          .help = "where the float32 logits go, [tokens, vocab] row-major (required)"},
         {.names = "--chunk", .type = OPT_INT, .dst = &chunk, .metavar = "N",
          .help = "tokens fed per forward step (1: the decode path)", .def = "all at once", .lo = 1, .hi = 1 << 20},
-        {.names = "--block-size", .type = OPT_INT, .dst = &block_size, .metavar = "N", .help = "KV cache block size in tokens",
+        {.names = "--block-size", .type = OPT_INT, .dst = &block_size, .metavar = "N",
+         .help = "KV cache block size in tokens",
          .def = "16", .lo = 1, .hi = 4096},
     };
     const OptGroup groups[] = {OPT_GROUP("logits", specs), model_opt_group(&mo, MODEL_OPT_ALL), par_opt_group(&mo.par),

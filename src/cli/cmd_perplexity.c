@@ -22,14 +22,19 @@ int cmd_perplexity(int argc, char **argv)
     const char *file = NULL;
     int ctx = 512, max_windows = 0, as_json = 0;
     const OptSpec specs[] = {
-        {.names = "--text-file", .type = OPT_STR, .dst = &file, .metavar = "FILE", .help = "the text to evaluate (required)"},
-        {.names = "--ctx", .type = OPT_INT, .dst = &ctx, .metavar = "N", .help = "tokens of a window", .def = "512", .lo = 2,
+        {.names = "--text-file", .type = OPT_STR, .dst = &file, .metavar = "FILE",
+         .help = "the text to evaluate (required)"},
+        {.names = "--ctx", .type = OPT_INT, .dst = &ctx, .metavar = "N", .help = "tokens of a window", .def = "512",
+         .lo = 2,
          .hi = 1 << 20},
-        {.names = "--max-windows", .type = OPT_INT, .dst = &max_windows, .metavar = "N", .help = "windows at most (0: all)",
+        {.names = "--max-windows", .type = OPT_INT, .dst = &max_windows, .metavar = "N",
+         .help = "windows at most (0: all)",
          .def = "0", .lo = 0, .hi = 1 << 30},
-        {.names = "--json", .type = OPT_FLAG, .dst = &as_json, .help = "one JSON object instead of the text line", .def = "off"},
+        {.names = "--json", .type = OPT_FLAG, .dst = &as_json, .help = "one JSON object instead of the text line",
+         .def = "off"},
     };
-    const OptGroup groups[] = {OPT_GROUP("perplexity", specs), model_opt_group(&mo, MODEL_OPT_ALL), par_opt_group(&mo.par),
+    const OptGroup groups[] = {OPT_GROUP("perplexity", specs), model_opt_group(&mo, MODEL_OPT_ALL),
+    par_opt_group(&mo.par),
                                device_opt_group(&dev)};
     const OptCommand cmd = {.cmd = "perplexity", .synopsis = "MODEL --text-file FILE [options]",
                             .about = "Held-out perplexity of a text, in consecutive windows of --ctx tokens.",

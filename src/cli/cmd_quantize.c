@@ -99,17 +99,20 @@ int cmd_quantize(int argc, char **argv)
     const char *out = NULL, *exclude = NULL;
     int shard_mb = 4096, threads = 0;
     const OptSpec specs[] = {
-        {.names = "--out", .type = OPT_STR, .dst = &out, .metavar = "DIR", .help = "where the NVFP4 checkpoint goes (required)"},
+        {.names = "--out", .type = OPT_STR, .dst = &out, .metavar = "DIR",
+         .help = "where the NVFP4 checkpoint goes (required)"},
         {.names = "--exclude", .type = OPT_STR, .dst = &exclude, .metavar = "PATTERN,...",
          .help = "modules kept in BF16 besides the defaults (router, lm_head, ...)"},
         {.names = "--shard-mb", .type = OPT_INT, .dst = &shard_mb, .metavar = "N", .help = "MB per safetensors shard",
          .def = "4096", .lo = 1, .hi = 1 << 24},
-        {.names = "--threads", .type = OPT_INT, .dst = &threads, .metavar = "N", .help = "CPU threads", .def = "every core",
+        {.names = "--threads", .type = OPT_INT, .dst = &threads, .metavar = "N", .help = "CPU threads",
+         .def = "every core",
          .lo = 1, .hi = 4096},
     };
     const OptGroup groups[] = {OPT_GROUP("quantize", specs), model_opt_group(&mo, MODEL_OPT_DIR)};
     const OptCommand cmd = {.cmd = "quantize", .synopsis = "MODEL --out DIR [options]",
-                            .about = "Write a ModelOpt NVFP4 checkpoint from a BF16 one (MODEL: a directory or a Hub id).",
+                            .about = "Write a ModelOpt NVFP4 checkpoint from a BF16 one (MODEL: a directory or a "
+                                     "Hub id).",
                             .groups = groups, .n_groups = 2, .max_pos = 1, .pos_name = "MODEL"};
     const char *pos = NULL;
     int n_pos = 0;

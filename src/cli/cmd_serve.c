@@ -115,7 +115,8 @@ int cmd_serve(int argc, char **argv)
     ModelText mt;
     model_text_open(&mt, mo.dir, m.cfg.eos_ids, m.cfg.n_eos);
     char err[512];
-    if (ao.chat_template && model_text_use_template(&mt, ao.chat_template, err, sizeof err) < 0) fatal("serve: %s", err);
+    if (ao.chat_template && model_text_use_template(&mt, ao.chat_template, err, sizeof err) < 0) fatal("serve: %s",
+    err);
     if (!mt.chat) log_warn("serve: %s; /v1/chat/completions will answer 400", mt.chat_err);
     if (tokenizer_vocab_size(mt.tok) > m.cfg.vocab) { /* an added token too many: the model has no row for it */
         const char *first = tokenizer_token(mt.tok, m.cfg.vocab);
@@ -148,14 +149,17 @@ int cmd_serve(int argc, char **argv)
                .vocab = m.cfg.vocab, .created = (int64_t)time(NULL), .metrics = &metrics, .script_path = script,
                .ceilings = eo.profile_every > 0 ? &ceil : NULL, .server_info = info,
                .layout = {.tp = mo.par.tp, .pp = mo.par.pp, .ep = mo.par.ep, .microbatches = mo.par.microbatches},
-               .more_names = ao.names.n > 1 ? ao.names.v + 1 : NULL, .n_more_names = ao.names.n > 1 ? ao.names.n - 1 : 0,
+               .more_names = ao.names.n > 1 ? ao.names.v + 1 : NULL,
+               .n_more_names = ao.names.n > 1 ? ao.names.n - 1 : 0,
                .seeded = ao.seed >= 0, .default_seed = ao.seed, .tool_parser = ao.tool_parser};
     const char *markup = openai_template_tool_parser(&api);
     if (ao.tool_parser && !markup)
-        log_info("serve: --tool-call-parser %s: the chat template writes no GLM tool call; calls in the output are parsed "
+        log_info("serve: --tool-call-parser %s: the chat template writes no GLM tool call; calls in the output are "
+                 "parsed "
                  "in either markup", ao.tool_parser);
     else if (ao.tool_parser && strcmp(markup, ao.tool_parser))
-        log_info("serve: --tool-call-parser %s overrides the chat template's markup (%s) where tool_choice forces a call",
+        log_info("serve: --tool-call-parser %s overrides the chat template's markup (%s) where tool_choice forces a "
+                 "call",
                  ao.tool_parser, markup);
     if (script) log_warn("serve: --script-output %s: every output is scripted (a test hook), not the model's", script);
     HttpServer *h = http_start(&ho, &api, err, sizeof err);
@@ -172,7 +176,8 @@ int cmd_serve(int argc, char **argv)
     http_quiesce(h);
     engine_stop(e, 1);
     int left = http_wait_idle(h, ho.drain_timeout_s);
-    if (left) log_warn("serve: %d connections still open after %d s (slow readers): closing them", left, ho.drain_timeout_s);
+    if (left) log_warn("serve: %d connections still open after %d s (slow readers): closing them", left,
+    ho.drain_timeout_s);
     http_stop(h);
     engine_free(e);
     free(info);

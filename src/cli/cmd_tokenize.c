@@ -30,13 +30,16 @@ int cmd_tokenize(int argc, char **argv)
         {.names = "--tokenizer", .type = OPT_STR, .dst = &path, .metavar = "FILE|DIR|ORG/NAME",
          .help = "tokenizer.json, a model directory or a Hub id (required)"},
         {.names = "--text", .type = OPT_STR, .dst = &text, .metavar = "TEXT", .help = "the text to encode"},
-        {.names = "--text-file", .type = OPT_STR, .dst = &text_file, .metavar = "FILE", .help = "the text to encode, from a file"},
+        {.names = "--text-file", .type = OPT_STR, .dst = &text_file, .metavar = "FILE",
+         .help = "the text to encode, from a file"},
         {.names = "--add-special", .type = OPT_FLAG, .dst = &add_special,
          .help = "add the post-processor's special tokens (BOS, ...)", .def = "off"},
     };
     const OptGroup groups[] = {OPT_GROUP("tokenize", specs)};
-    const OptCommand cmd = {.cmd = "tokenize", .synopsis = "--tokenizer PATH (--text TEXT | --text-file FILE) [options]",
-                            .about = "The token ids of a text, as Hugging Face's encode(text, add_special_tokens=False).",
+    const OptCommand cmd = {.cmd = "tokenize",
+    .synopsis = "--tokenizer PATH (--text TEXT | --text-file FILE) [options]",
+                            .about = "The token ids of a text, as Hugging Face's encode(text, "
+                                     "add_special_tokens=False).",
                             .groups = groups, .n_groups = 1};
     opt_parse(&cmd, argc, argv, NULL, NULL);
     if (!path || (!text == !text_file)) {

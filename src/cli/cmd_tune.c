@@ -19,12 +19,14 @@ int cmd_tune(int argc, char **argv)
     int device = 0, iters = 10, no_save = 0, budget_kb = 0, quick = 0;
     const char *cache = NULL;
     const OptSpec specs[] = {
-        {.names = "--device", .type = OPT_INT, .dst = &device, .metavar = "N", .help = "the GPU", .def = "0", .lo = 0, .hi = 64},
+        {.names = "--device", .type = OPT_INT, .dst = &device, .metavar = "N", .help = "the GPU", .def = "0", .lo = 0,
+         .hi = 64},
         {.names = "--iters", .type = OPT_INT, .dst = &iters, .metavar = "N", .help = "timed runs of each configuration",
          .def = "10", .lo = 1, .hi = 1000},
         {.names = "--cache", .type = OPT_STR, .dst = &cache, .metavar = "FILE", .help = "where the winners go",
          .def = "the per-device table the CUDA backend reads"},
-        {.names = "--no-save", .type = OPT_FLAG, .dst = &no_save, .help = "print the table, cache nothing", .def = "off"},
+        {.names = "--no-save", .type = OPT_FLAG, .dst = &no_save, .help = "print the table, cache nothing",
+         .def = "off"},
         {.names = "--smem-budget", .type = OPT_INT, .dst = &budget_kb, .metavar = "KB",
          .help = "shared memory per block of a smaller GPU (simulated; nothing cached)", .def = "this GPU's", .lo = 1,
          .hi = 1 << 20},
@@ -32,7 +34,8 @@ int cmd_tune(int argc, char **argv)
     };
     const OptGroup groups[] = {OPT_GROUP("tune", specs)};
     const OptCommand cmd = {.cmd = "tune", .synopsis = "[options]",
-                            .about = "Time the NVFP4 kernels' tiles on this GPU and cache the winners.", .groups = groups,
+                            .about = "Time the NVFP4 kernels' tiles on this GPU and cache the winners.",
+                            .groups = groups,
                             .n_groups = 1};
     opt_parse(&cmd, argc, argv, NULL, NULL);
 #ifdef MOESERVE_CUDA

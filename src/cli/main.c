@@ -68,7 +68,8 @@ int main(int argc, char **argv)
 {
     knobs_init();
     if (argc >= 3 && !strcmp(argv[1], "help") && !strcmp(argv[2], "env")) return help_env(argc - 2, argv + 2);
-    if (argc >= 2 && (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V") || !strcmp(argv[1], "version"))) return version();
+    if (argc >= 2 && (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V") || !strcmp(argv[1],
+    "version"))) return version();
     if (argc < 2 || !strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

@@ -21,7 +21,8 @@ static int take_layers(const char *s, void *dst, char *err, size_t errlen)
         long v = strtol(q, &end, 10);
         if (end == q || errno || v < 1 || v > MODEL_MAX_LAYERS)
             return errbuf_set(err, errlen, "'%s' is not a comma-separated list of layer counts (each >= 1)", s), -1;
-        if (p->n_pp_layers == PLAN_MAX_STAGES) return errbuf_set(err, errlen, "more than %d stages", PLAN_MAX_STAGES), -1;
+        if (p->n_pp_layers == PLAN_MAX_STAGES) return errbuf_set(err, errlen, "more than %d stages", PLAN_MAX_STAGES),
+        -1;
         p->pp_layers[p->n_pp_layers++] = (int)v;
         q = end;
         if (*q == ',') q++;
@@ -49,11 +50,13 @@ OptGroup par_opt_group(ParOpts *p)
         {.names = PAR_PP_NAMES, .type = OPT_INT, .dst = &p->pp, .metavar = "N", .help = "pipeline stages", .def = "1",
          .lo = 1, .hi = PLAN_MAX_STAGES},
         {.names = PAR_EP_NAMES, .type = OPT_INT, .dst = &p->ep, .metavar = "N",
-         .help = "expert-parallel ranks: whole experts per tensor rank (equal to --tp, or alone it sets --tp)", .def = "1",
+         .help = "expert-parallel ranks: whole experts per tensor rank (equal to --tp, or alone it sets --tp)",
+         .def = "1",
          .lo = 1, .hi = 1024},
         {.names = "--enable-expert-parallel|--enable-ep-moe", .type = OPT_FLAG, .dst = &p->ep_is_tp,
          .help = "expert parallelism over the tensor-parallel ranks (--ep equal to --tp)", .def = "off"},
-        {.names = "--pp-layers", .type = OPT_FN, .dst = p->pp_layers, .metavar = "A,B,..", .help = "layers of each pipeline stage",
+        {.names = "--pp-layers", .type = OPT_FN, .dst = p->pp_layers, .metavar = "A,B,..",
+         .help = "layers of each pipeline stage",
          .def = "an even split", .fn = take_layers},
         {.names = "--pp-microbatches", .type = OPT_INT, .dst = &p->microbatches, .metavar = "N",
          .help = "micro-batches in flight per step under --pp", .def = "--pp", .lo = 1, .hi = 1024},

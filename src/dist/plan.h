@@ -35,7 +35,8 @@ OptGroup par_opt_group(ParOpts *p);
 #define PAR_TP_NAMES "--tp|--tensor-parallel-size|-tp|--tp-size"
 #define PAR_PP_NAMES "--pp|--pipeline-parallel-size|-pp|--pp-size"
 #define PAR_EP_NAMES "--ep|--expert-parallel-size|-ep|--ep-size"
-/* Normalise (--ep E alone implies --tp E; --enable-expert-parallel sets ep to tp) and check the layout against itself; 0 ok, -1 err. */
+/* Normalise (--ep E alone implies --tp E; --enable-expert-parallel sets ep to tp) and check the layout
+ * against itself; 0 ok, -1 err. */
 int par_resolve(ParOpts *p, char *err, size_t errlen);
 int par_world(const ParOpts *p);
 

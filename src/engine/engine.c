@@ -249,7 +249,8 @@ Engine *engine_create(const Model *m, Backend *be, const EngineOptions *o, const
     e->max_blocks_per_seq = (e->o.max_model_len + bs - 1) / bs;
     if (e->o.gpu_fraction > 0) {
         if (be->host_memory)
-            log_info("engine: --gpu-memory-utilization %g does not apply on the %s backend (no GPU memory): the KV pool is "
+            log_info("engine: --gpu-memory-utilization %g does not apply on the %s backend (no GPU memory): the KV "
+                     "pool is "
                      "sized by --kv-fraction %g", e->o.gpu_fraction, be->name, e->o.kv_fraction);
         else e->o.kv_fraction = e->o.gpu_fraction;
     }
@@ -813,7 +814,8 @@ OptGroup engine_opt_group(EngineOptions *o)
         {.names = ENGINE_MAX_RUNNING_NAMES, .type = OPT_INT, .dst = &o->max_running, .metavar = "N",
          .help = "sequences running at once (a batch)", .def = opt_def("%d", o->max_running), .lo = 1, .hi = 1 << 16},
         {.names = ENGINE_MAX_BATCH_TOKENS_NAMES, .type = OPT_INT, .dst = &o->max_batch_tokens, .metavar = "N",
-         .help = "tokens of one forward step (decode tokens and prefill chunks)", .def = opt_def("%d", o->max_batch_tokens),
+         .help = "tokens of one forward step (decode tokens and prefill chunks)",
+         .def = opt_def("%d", o->max_batch_tokens),
          .lo = 1, .hi = 1 << 24},
         {.names = "--chunked-prefill-size", .type = OPT_INT, .dst = &o->chunked_prefill, .metavar = "N",
          .help = "prompt tokens of one sequence per step (-1: up to --max-batch-tokens)", .def = "--max-batch-tokens",
@@ -824,7 +826,8 @@ OptGroup engine_opt_group(EngineOptions *o)
          .help = "the KV cache's share of the memory free after the weights", .def = opt_def("%g", o->kv_fraction),
          .lo = 0.01, .hi = 1},
         {.names = "--gpu-memory-utilization|--mem-fraction-static", .type = OPT_DOUBLE, .dst = &o->gpu_fraction,
-         .metavar = "F", .help = "on a GPU, --kv-fraction (the KV cache's share of the GPU memory free after the weights); "
+         .metavar = "F",
+         .help = "on a GPU, --kv-fraction (the KV cache's share of the GPU memory free after the weights); "
          "the CPU has no GPU memory: noted and ignored", .def = "--kv-fraction", .lo = 0.01, .hi = 1},
         {.names = "--num-kv-blocks|--num-gpu-blocks-override", .type = OPT_INT, .dst = &o->n_blocks, .metavar = "N",
          .help = "KV blocks of 16 tokens in the pool, instead of --kv-fraction", .def = "from --kv-fraction", .lo = 1,
@@ -832,14 +835,17 @@ OptGroup engine_opt_group(EngineOptions *o)
         {.names = "--num-continuous-decode-steps", .type = OPT_INT, .dst = &o->decode_steps, .metavar = "N",
          .help = "decode steps per scheduling round", .def = opt_def("%d", o->decode_steps), .lo = 1, .hi = 1024},
         {.names = "--enable-prefix-caching", .type = OPT_FLAG, .dst = &o->prefix_caching, .negatable = 1,
-         .help = "share the KV blocks of a common prompt prefix between requests", .def = o->prefix_caching ? "on" : "off"},
-        {.names = "--no-prefix-caching|--disable-radix-cache", .type = OPT_FLAG, .dst = &o->prefix_caching, .inverse = 1,
+         .help = "share the KV blocks of a common prompt prefix between requests",
+         .def = o->prefix_caching ? "on" : "off"},
+        {.names = "--no-prefix-caching|--disable-radix-cache", .type = OPT_FLAG, .dst = &o->prefix_caching,
+         .inverse = 1,
          .help = "turn prefix caching off"},
         {.names = "--max-queue", .type = OPT_INT, .dst = &o->max_queue, .metavar = "N",
          .help = "waiting requests accepted before a 503", .def = opt_def("%d", o->max_queue), .lo = 0, .hi = 1 << 24},
         {.names = "--disable-cuda-graph|--enforce-eager|--no-graphs", .type = OPT_FLAG, .dst = &o->no_graphs,
          .help = "run decode steps eagerly, without CUDA graphs", .def = "graphs on a GPU"},
-        {.names = "--enable-chunked-prefill", .type = OPT_NOTE, .help = "prefill is always chunked (--chunked-prefill-size)"},
+        {.names = "--enable-chunked-prefill", .type = OPT_NOTE,
+         .help = "prefill is always chunked (--chunked-prefill-size)"},
         {.names = "--swap-space", .type = OPT_NOTE, .metavar = "GiB",
          .help = "a preempted sequence is recomputed, not swapped to host memory"},
         {.names = "--disable-custom-all-reduce", .type = OPT_NOTE, .help = "the all-reduce is NCCL's (or MPI's)"},

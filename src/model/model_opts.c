@@ -59,7 +59,8 @@ static int take_load_format(const char *v, void *dst, char *err, size_t errlen)
     if (!strcmp(v, "dummy")) *(int *)dst = 1;
     else if (!strcmp(v, "auto") || !strcmp(v, "safetensors")) *(int *)dst = 0;
     else {
-        errbuf_set(err, errlen, "'%s': moeserve reads safetensors checkpoints (auto, safetensors) or makes random weights "
+        errbuf_set(err, errlen,
+        "'%s': moeserve reads safetensors checkpoints (auto, safetensors) or makes random weights "
                    "(dummy)", v);
         return -1;
     }
@@ -80,15 +81,18 @@ OptGroup model_opt_group(ModelOpts *o, int which)
         {.names = "--dummy-quant", .type = OPT_STR, .dst = &o->dummy_quant, .metavar = "nvfp4|fp8|bf16",
          .help = "the format of --dummy-weights", .def = "nvfp4"},
         {.names = "--num-layers", .type = OPT_INT, .dst = &o->num_layers, .metavar = "N",
-         .help = "with --dummy-weights: the first N layers only", .def = "the config's", .lo = 1, .hi = MODEL_MAX_LAYERS},
+         .help = "with --dummy-weights: the first N layers only", .def = "the config's", .lo = 1,
+         .hi = MODEL_MAX_LAYERS},
         {.names = "--quantization|-q", .type = OPT_STR, .dst = &o->quantization, .metavar = "NAME",
-         .help = "the checkpoint's quantization, checked against it: modelopt_fp4, fp8 or none", .def = "the checkpoint's"},
+         .help = "the checkpoint's quantization, checked against it: modelopt_fp4, fp8 or none",
+         .def = "the checkpoint's"},
         {.names = "--trust-remote-code", .type = OPT_NOTE,
          .help = "moeserve runs its own code for the architectures it knows"},
         {.names = "--dtype", .type = OPT_NOTE, .metavar = "TYPE",
          .help = "activations are float32 on the CPU and the kernels' own types on the GPU"},
         {.names = "--kv-cache-dtype", .type = OPT_FN, .dst = &o->kv_dtype, .metavar = "auto|float32|bf16|fp8",
-         .help = "the KV cache's element type (auto: fp8 when the checkpoint asks, else bf16 on a GPU, float32 on the CPU)",
+         .help = "the KV cache's element type (auto: fp8 when the checkpoint asks, else bf16 on a GPU, float32 on "
+                 "the CPU)",
          .def = "auto", .fn = take_kv_dtype},
     };
     static OptSpec kept[sizeof all / sizeof all[0]];
@@ -108,7 +112,8 @@ void model_opt_positional(ModelOpts *o, const char *cmd, const char *pos, int re
     }
     if (pos) o->dir = pos;
     if (!o->dir && required) {
-        fprintf(stderr, "error: %s: a model is required: moeserve %s MODEL (a directory or a Hub id ORG/NAME), or --model\n",
+        fprintf(stderr,
+        "error: %s: a model is required: moeserve %s MODEL (a directory or a Hub id ORG/NAME), or --model\n",
                 cmd, cmd);
         exit(2);
     }
@@ -131,7 +136,8 @@ int model_quant_check(const char *dir, const ModelOpts *o, char *err, size_t err
     if (!want) return 0;
     char k = quant_kind(want);
     if (!k) {
-        errbuf_set(err, errlen, "--quantization %s: moeserve runs ModelOpt NVFP4 (modelopt_fp4), FP8 (fp8) and unquantized "
+        errbuf_set(err, errlen,
+        "--quantization %s: moeserve runs ModelOpt NVFP4 (modelopt_fp4), FP8 (fp8) and unquantized "
                    "(none) checkpoints", want);
         return -1;
     }
@@ -157,11 +163,14 @@ int model_quant_check(const char *dir, const ModelOpts *o, char *err, size_t err
     }
     if (k == have) return 0;
     if (have == '0')
-        errbuf_set(err, errlen, "--quantization %s: %s, and moeserve does not quantize at load time (moeserve quantize writes "
+        errbuf_set(err, errlen,
+        "--quantization %s: %s, and moeserve does not quantize at load time (moeserve quantize writes "
                    "an NVFP4 checkpoint); leave --quantization out", want, what);
     else
-        errbuf_set(err, errlen, "--quantization %s: %s; moeserve runs a checkpoint in the format it was saved in: leave "
-                   "--quantization out, or give %s", want, what, have == 'n' ? "modelopt_fp4" : have == '8' ? "fp8" : "its own");
+        errbuf_set(err, errlen,
+        "--quantization %s: %s; moeserve runs a checkpoint in the format it was saved in: leave "
+                   "--quantization out, or give %s", want, what,
+                   have == 'n' ? "modelopt_fp4" : have == '8' ? "fp8" : "its own");
     return -1;
 }
 

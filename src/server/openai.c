@@ -695,6 +695,15 @@ static int parse_tool_choice(json_t *tc, json_t *tools, ToolChoice *out, char *n
     return bad_field(err, "tool_choice", "'tool_choice' names the function '%s', which is not among the tools", shown(nm, sb, sizeof sb));
 }
 
+/* A conversation whose assistant turn calls the function moeserve_probe: rendered by the chat
+ * template, it shows the template's tool-call markup. */
+static json_t *probe_messages(void)
+{
+    return json_pack("[{s:s, s:s}, {s:s, s:s, s:[{s:s, s:s, s:{s:s, s:{s:s}}}]}]", "role", "user", "content", "?",
+                     "role", "assistant", "content", "", "tool_calls", "id", "call_0", "type", "function", "function",
+                     "name", "moeserve_probe", "arguments", "moeserve_key", "v");
+}
+
 /* The opening of a tool call (of function name, or of any function when name is NULL) to append
  * to prompt, as this template writes calls: read off a probe conversation with one call, the
  * whitespace before <tool_call> (GLM-4.5/4.6: "\n", unless the prompt ends with it; GLM-4.7:
@@ -703,9 +712,7 @@ static int parse_tool_choice(json_t *tc, json_t *tools, ToolChoice *out, char *n
 static void call_prefill(Api *a, json_t *tools, json_t *kwargs, const char *prompt, size_t np, const char *name, ApiBuf *out)
 {
     static const char probe[] = "<tool_call>moeserve_probe";
-    json_t *msgs = json_pack("[{s:s, s:s}, {s:s, s:s, s:[{s:s, s:s, s:{s:s, s:{s:s}}}]}]", "role", "user", "content", "?",
-                             "role", "assistant", "content", "", "tool_calls", "id", "call_0", "type", "function", "function",
-                             "name", "moeserve_probe", "arguments", "moeserve_key", "v");
+    json_t *msgs = probe_messages();
     char *text = NULL, e[256];
     const char *at = NULL;
     if (model_text_render(a->text, msgs, tools, kwargs, 0, &text, e, sizeof e) == 0) at = strstr(text, probe);
@@ -1440,7 +1447,8 @@ void api_options_default(ApiOptions *o) { *o = (ApiOptions){.seed = -1}; }
 static int take_tool_parser(const char *v, void *dst, char *err, size_t errlen)
 {
     if (strcmp(v, "glm45") && strcmp(v, "glm47")) {
-        errbuf_set(err, errlen, "'%s': moeserve parses GLM tool calls: glm45 (GLM-4.5, 4.6) or glm47 (GLM-4.7, GLM-5)", v);
+        errbuf_set(err, errlen, "'%s': moeserve parses GLM tool calls: glm45 (GLM-4.5, 4.6) or glm47 (GLM-4.7, GLM-5)",
+        v);
         return -1;
     }
     *(const char **)dst = v;
@@ -1465,7 +1473,8 @@ OptGroup api_opt_group(ApiOptions *o)
          .def = "--model as given, and its last path component"},
         {.names = "--api-key", .type = OPT_STR, .dst = &o->api_key, .metavar = "KEY",
          .help = "/v1/ requests need 'Authorization: Bearer KEY'", .def = "none"},
-        {.names = "--seed", .type = OPT_FN, .dst = &o->seed, .metavar = "N", .help = "the seed of requests that bring none",
+        {.names = "--seed", .type = OPT_FN, .dst = &o->seed, .metavar = "N",
+         .help = "the seed of requests that bring none",
          .def = "from the clock, per request", .fn = sampling_take_seed},
         {.names = "--chat-template", .type = OPT_STR, .dst = &o->chat_template, .metavar = "FILE",
          .help = "a Jinja chat template (a file, or the template itself) instead of the model's", .def = "the model's"},
@@ -1473,10 +1482,12 @@ OptGroup api_opt_group(ApiOptions *o)
          .help = "GLM tool calls: both markups are parsed; this one is written when tool_choice forces a call",
          .def = "the chat template's", .fn = take_tool_parser},
         {.names = "--reasoning-parser", .type = OPT_FN, .dst = &o->reasoning_parser, .metavar = "glm45",
-         .help = "GLM reasoning (<think>) into reasoning_content: always on", .def = "glm45", .fn = take_reasoning_parser},
+         .help = "GLM reasoning (<think>) into reasoning_content: always on", .def = "glm45",
+         .fn = take_reasoning_parser},
         {.names = "--enable-auto-tool-choice", .type = OPT_NOTE,
          .help = "tool_choice auto is always on (GLM tool calls are parsed when a request has tools)"},
-        {.names = "--disable-log-requests|--disable-log-stats|--enable-metrics|--skip-server-warmup|--disable-fastapi-docs",
+        {.names = "--disable-log-requests|--disable-log-stats|--enable-metrics|"
+                  "--skip-server-warmup|--disable-fastapi-docs",
          .type = OPT_NOTE, .help = "requests are not logged, /metrics is always on and there is no warm-up"},
         {.names = "--uvicorn-log-level|--log-level", .type = OPT_NOTE, .metavar = "LEVEL",
          .help = "moeserve logs at one level"},
@@ -1486,12 +1497,11 @@ OptGroup api_opt_group(ApiOptions *o)
 const char *openai_template_tool_parser(const Api *a)
 {
     static const char probe[] = "<tool_call>moeserve_probe";
-    json_t *msgs = json_pack("[{s:s, s:s}, {s:s, s:s, s:[{s:s, s:s, s:{s:s, s:{s:s}}}]}]", "role", "user", "content", "?",
-                             "role", "assistant", "content", "", "tool_calls", "id", "call_0", "type", "function", "function",
-                             "name", "moeserve_probe", "arguments", "moeserve_key", "v");
+    json_t *msgs = probe_messages();
     char *text = NULL, e[256];
     const char *at = NULL, *r = NULL;
-    if (a->text->chat && model_text_render(a->text, msgs, NULL, NULL, 0, &text, e, sizeof e) == 0) at = strstr(text, probe);
+    if (a->text->chat && model_text_render(a->text, msgs, NULL, NULL, 0, &text, e, sizeof e) == 0) at = strstr(text,
+    probe);
     if (at) r = at[strlen(probe)] == '\n' ? "glm45" : "glm47";
     free(text);
     json_decref(msgs);

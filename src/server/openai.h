@@ -66,7 +66,7 @@ typedef struct {
     const char *model_alias;   /* another name accepted in requests (the model directory's base name), or NULL */
     const char *const *more_names; /* --served-model-name's names after the first: listed and accepted too */
     int n_more_names;
-    int seeded;                /* --seed was given: default_seed seeds the requests that bring no seed (else the clock) */
+    int seeded;                /* --seed was given: default_seed seeds the requests without a seed (else the clock) */
     int64_t default_seed;
     const char *tool_parser;   /* --tool-call-parser glm45|glm47: the markup of a tool_choice prefill; NULL: the
                                   chat template's */

@@ -30,7 +30,8 @@ static void serve_parse(const char *line)
     static char *argv[64];
     snprintf(buf, sizeof buf, "serve %s", line);
     int argc = 0;
-    for (char *save = NULL, *t = strtok_r(buf, " ", &save); t && argc < 63; t = strtok_r(NULL, " ", &save)) argv[argc++] = t;
+    for (char *save = NULL, *t = strtok_r(buf, " ", &save); t && argc < 63; t = strtok_r(NULL, " ",
+    &save)) argv[argc++] = t;
     memset(&MO, 0, sizeof MO);
     memset(&DEV, 0, sizeof DEV);
     engine_options_default(&EO);
@@ -38,7 +39,8 @@ static void serve_parse(const char *line)
     api_options_default(&AO);
     const OptGroup groups[] = {model_opt_group(&MO, MODEL_OPT_ALL), par_opt_group(&MO.par), device_opt_group(&DEV),
                                engine_opt_group(&EO), http_opt_group(&HO), api_opt_group(&AO)};
-    const OptCommand cmd = {.cmd = "serve", .synopsis = "MODEL [options]", .groups = groups, .n_groups = 6, .max_pos = 1,
+    const OptCommand cmd = {.cmd = "serve", .synopsis = "MODEL [options]", .groups = groups, .n_groups = 6,
+    .max_pos = 1,
                             .pos_name = "MODEL"};
     const char *pos = NULL;
     int n = 0;
@@ -73,7 +75,8 @@ TEST(cli_vllm_sglang_spellings)
     const char *fractions[] = {"--gpu-memory-utilization 0.5", "--mem-fraction-static=0.5"};
     for (int k = 0; k < 2; k++) {
         serve_parse(fractions[k]);
-        EXPECT(EO.gpu_fraction == 0.5 && EO.kv_fraction == 0.9, "%s: %g %g", fractions[k], EO.gpu_fraction, EO.kv_fraction);
+        EXPECT(EO.gpu_fraction == 0.5 && EO.kv_fraction == 0.9, "%s: %g %g", fractions[k], EO.gpu_fraction,
+        EO.kv_fraction);
     }
     const char *no_prefix[] = {"--no-prefix-caching", "--disable-radix-cache", "--no-enable-prefix-caching",
                                "--enable-prefix-caching=false"};
@@ -89,7 +92,8 @@ TEST(cli_vllm_sglang_spellings)
         EXPECT_EQ_INT(EO.no_graphs, 1);
     }
     serve_parse("--model-path=/m --kv-cache-dtype=fp8_e4m3 --host 0.0.0.0 --served-model-name a b c --seed=5 "
-                "--tool-call-parser glm47 --reasoning-parser=glm45 --load-format dummy -q modelopt_fp4 --enable-expert-parallel "
+                "--tool-call-parser glm47 --reasoning-parser=glm45 --load-format dummy -q modelopt_fp4 "
+                "--enable-expert-parallel "
                 "--tp 4 --dp 1");
     EXPECT(MO.dir && !strcmp(MO.dir, "/m"));
     EXPECT_EQ_INT(MO.kv_dtype, KV_DTYPE_FP8);
@@ -126,7 +130,8 @@ TEST(cli_flag_equals_value_and_positional_model)
     char a[4400], *o1, *o2, *o3;
     snprintf(a, sizeof a, "info --model '%s' --json --tp 2 --max-num-seqs 8 --kv-cache-dtype fp8", dir);
     ASSERT(run(a, &o1) == 0, "%s", o1);
-    snprintf(a, sizeof a, "info --model='%s' --json --tensor-parallel-size=2 --max-running-requests=8 --kv-cache-dtype=fp8", dir);
+    snprintf(a, sizeof a,
+    "info --model='%s' --json --tensor-parallel-size=2 --max-running-requests=8 --kv-cache-dtype=fp8", dir);
     EXPECT_EQ_INT(run(a, &o2), 0);
     snprintf(a, sizeof a, "info '%s' --json -tp 2 --max-num-seqs=8 --kv-cache-dtype fp8", dir);
     EXPECT_EQ_INT(run(a, &o3), 0);
@@ -153,7 +158,8 @@ TEST(cli_misspelt_option_one_line)
         {"serve m --tensor-paralel-size 2", "error: serve: unknown option '--tensor-paralel-size'; did you mean "
                                             "--tensor-parallel-size"},
         {"generate m --temprature 0", "error: generate: unknown option '--temprature'; did you mean --temperature?\n"},
-        {"bench serve --num-promts 3", "error: bench serve: unknown option '--num-promts'; did you mean --num-prompts?\n"},
+        {"bench serve --num-promts 3",
+         "error: bench serve: unknown option '--num-promts'; did you mean --num-prompts?\n"},
         {"info m --gpu-memory 80", "error: info: unknown option '--gpu-memory'; did you mean --gpu-mem?\n"},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
@@ -205,11 +211,15 @@ TEST(cli_help_from_the_tables)
 {
     char *out;
     ASSERT(run("serve --help", &out) == 0);
-    const char *want[] = {"usage: moeserve serve MODEL [options]", "--port N", "(default: 8000)", "--max-running-requests N",
-                          "(also --max-num-seqs) (default: 64)", "--tp N", "(also --tensor-parallel-size, -tp, --tp-size)",
-                          "--gpu-memory-utilization F", "--served-model-name NAME...", "--kv-cache-dtype auto|float32|bf16|fp8",
+    const char *want[] = {"usage: moeserve serve MODEL [options]", "--port N", "(default: 8000)",
+    "--max-running-requests N",
+                          "(also --max-num-seqs) (default: 64)", "--tp N",
+                          "(also --tensor-parallel-size, -tp, --tp-size)",
+                          "--gpu-memory-utilization F", "--served-model-name NAME...",
+                          "--kv-cache-dtype auto|float32|bf16|fp8",
                           "with no effect here: --trust-remote-code"};
-    for (size_t k = 0; k < sizeof want / sizeof want[0]; k++) EXPECT(strstr(out, want[k]), "no '%s' in:\n%s", want[k], out);
+    for (size_t k = 0; k < sizeof want / sizeof want[0]; k++) EXPECT(strstr(out, want[k]), "no '%s' in:\n%s", want[k],
+    out);
     EXPECT(!strstr(out, "--inject-") && !strstr(out, "--script-output"), "test hooks shown:\n%s", out);
     free(out);
     /* every command's help; every option it names is in docs/USAGE.md */
@@ -271,22 +281,27 @@ TEST(cli_quantization_checked_and_noop_options)
     snprintf(a, sizeof a, "logits '%s/models/builtin-nvfp4' --quantization fp8 --tokens 1,2 --out '%s' --device cpu",
              test_root(), out_file);
     EXPECT_EQ_INT(run(a, &out), 1);
-    EXPECT(strstr(out, "error: --quantization fp8: the checkpoint is NVFP4") && strstr(out, "give modelopt_fp4"), "%s", out);
+    EXPECT(strstr(out, "error: --quantization fp8: the checkpoint is NVFP4") && strstr(out, "give modelopt_fp4"), "%s",
+    out);
     free(out);
-    snprintf(a, sizeof a, "logits '%s/models/builtin' -q fp8 --tokens 1,2 --out '%s' --device cpu", test_root(), out_file);
+    snprintf(a, sizeof a, "logits '%s/models/builtin' -q fp8 --tokens 1,2 --out '%s' --device cpu", test_root(),
+    out_file);
     EXPECT_EQ_INT(run(a, &out), 1);
     EXPECT(strstr(out, "the checkpoint is not quantized, and moeserve does not quantize at load time"), "%s", out);
     free(out);
-    snprintf(a, sizeof a, "logits '%s/models/builtin' --quantization awq --tokens 1,2 --out '%s' --device cpu", test_root(),
+    snprintf(a, sizeof a, "logits '%s/models/builtin' --quantization awq --tokens 1,2 --out '%s' --device cpu",
+    test_root(),
              out_file);
     EXPECT_EQ_INT(run(a, &out), 1);
     EXPECT(strstr(out, "--quantization awq: moeserve runs ModelOpt NVFP4"), "%s", out);
     free(out);
     /* the checkpoint's own format, and options that mean nothing here: accepted, one log line each */
-    snprintf(a, sizeof a, "logits '%s/models/builtin-nvfp4' --quantization=modelopt_fp4 --trust-remote-code --dtype auto "
+    snprintf(a, sizeof a,
+    "logits '%s/models/builtin-nvfp4' --quantization=modelopt_fp4 --trust-remote-code --dtype auto "
              "--tokens=1,2 --out='%s' --device=cpu", test_root(), out_file);
     EXPECT_EQ_INT(run(a, &out), 0);
-    EXPECT(strstr(out, "option --trust-remote-code: moeserve runs its own code") && strstr(out, "option --dtype auto: "),
+    EXPECT(strstr(out, "option --trust-remote-code: moeserve runs its own code") && strstr(out,
+    "option --dtype auto: "),
            "%s", out);
     free(out);
     struct stat st;
@@ -317,7 +332,8 @@ static char *completion(int port, const char *model, const char *seed)
 TEST(server_cli_served_names_and_seed)
 {
     Srv s;
-    ASSERT(srv_start(&s, "cli", "--served-model-name alpha beta gamma --seed 7 --trust-remote-code --disable-log-requests "
+    ASSERT(srv_start(&s, "cli",
+    "--served-model-name alpha beta gamma --seed 7 --trust-remote-code --disable-log-requests "
                                 "--enable-auto-tool-choice --gpu-memory-utilization 0.5 --max-num-seqs 4") == 0);
     Resp r;
     ASSERT(http(s.port, "GET", "/v1/models", NULL, NULL, &r) == 0 && r.status == 200);
@@ -335,7 +351,8 @@ TEST(server_cli_served_names_and_seed)
     EXPECT(r.status == 200 && strstr(r.body, "\"id\":\"gamma\""), "%d %s", r.status, r.body);
     resp_free(&r);
     /* every name is accepted in a request; another is a 404 */
-    char *a = completion(s.port, "beta", NULL), *b = completion(s.port, "gamma", NULL), *c = completion(s.port, "alpha", "7");
+    char *a = completion(s.port, "beta", NULL), *b = completion(s.port, "gamma", NULL), *c = completion(s.port,
+    "alpha", "7");
     EXPECT(a && b && c, "a request under a served name failed");
     /* --seed 7 is the seed of the requests without one: the same text as seed 7 given */
     EXPECT(a && b && c && !strcmp(a, b) && !strcmp(a, c), "'%s' '%s' '%s'", a ? a : "", b ? b : "", c ? c : "");
