@@ -359,7 +359,7 @@ TEST(server_cli_served_names_and_seed)
     /* and sampling is random at all: other seeds give other texts */
     int differ = 0;
     for (int k = 1; k <= 4 && a; k++) {
-        char seed[8];
+        char seed[16];
         snprintf(seed, sizeof seed, "%d", 100 + k);
         char *t = completion(s.port, "alpha", seed);
         differ |= t && strcmp(t, a) != 0;
