@@ -37,6 +37,22 @@ $(BUILD)/libmoeserve.a: $(OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
+# `moeserve --version`: the version, the commit built (with -dirty for local changes; "unknown"
+# outside git) and the GPU code built. version.h is rewritten only when one of them changes.
+VERSION  := 0.1.0
+comma    := ,
+GIT_COMMIT = $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)$(shell git rev-parse HEAD >/dev/null 2>&1 && \
+             ! git diff --quiet HEAD -- 2>/dev/null && echo -dirty)
+CUDA_ARCHS = $(if $(filter 1,$(CUDA)),$(patsubst code=%,%,$(filter code=%,$(subst $(comma), ,$(CUDA_ARCH)))),CPU only)
+$(BUILD)/gen/version.h: FORCE
+	@mkdir -p $(dir $@)
+	@printf '#define MOESERVE_VERSION "%s"\n#define MOESERVE_GIT_COMMIT "%s"\n#define MOESERVE_CUDA_ARCHS "%s"\n' \
+	    '$(VERSION)' '$(GIT_COMMIT)' '$(CUDA_ARCHS)' | cmp -s - $@ || \
+	printf '#define MOESERVE_VERSION "%s"\n#define MOESERVE_GIT_COMMIT "%s"\n#define MOESERVE_CUDA_ARCHS "%s"\n' \
+	    '$(VERSION)' '$(GIT_COMMIT)' '$(CUDA_ARCHS)' > $@
+$(BUILD)/src/cli/main.o: $(BUILD)/gen/version.h
+$(BUILD)/src/cli/main.o: CFLAGS += -I$(BUILD)/gen
+
 $(BUILD)/moeserve: $(BUILD)/src/cli/main.o $(BUILD)/libmoeserve.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
@@ -127,8 +143,14 @@ debug:
 	$(MAKE) $(ASAN_FLAGS) build-debug/moeserve build-debug/test_unit
 	MOESERVE_BIN=$(CURDIR)/build-debug/moeserve ./build-debug/test_unit $(FILTER)
 
+# make install [PREFIX=/usr/local] [DESTDIR=...]: moeserve into PREFIX/bin
+PREFIX  ?= /usr/local
+install: $(BUILD)/moeserve
+	install -d $(DESTDIR)$(PREFIX)/bin
+	install -m 755 $(BUILD)/moeserve $(DESTDIR)$(PREFIX)/bin/moeserve
+
 clean:
 	rm -rf build build-debug build-fuzz
 
-.PHONY: all run test test-server-asan test-cuda test-cuda-memcheck test-dist fuzz fuzz-build debug clean
+.PHONY: all install run test test-server-asan test-cuda test-cuda-memcheck test-dist fuzz fuzz-build debug clean
 -include $(OBJ:.o=.d) $(TESTOBJ:.o=.d) $(CUTESTOBJ:.o=.d) $(BUILD)/src/cli/main.d $(FUZZ_TARGETS:%=$(BUILD)/tests/fuzz/fuzz_%.d)

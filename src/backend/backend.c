@@ -396,6 +396,17 @@ void backend_omp_passive(char **argv)
     /* no /proc: the spinning default stays */
 }
 
+OptGroup device_opt_group(DeviceOpts *o)
+{
+    OPT_GROUP_RETURN("device",
+        {.names = "--device", .type = OPT_STR, .dst = &o->device, .metavar = "cpu|cuda|cuda:N",
+         .help = "where the model runs",
+         .def = "cuda when a GPU is present, else cpu"},
+        {.names = "--threads", .type = OPT_INT, .dst = &o->threads, .metavar = "N",
+         .help = "CPU threads of the cpu backend",
+         .def = "the CPUs this process may use, shared by the ranks of a machine", .lo = 1, .hi = 4096});
+}
+
 void backend_open(Backend *be, const char *device, int threads)
 {
     if (!device) device = backend_default();

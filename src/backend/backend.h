@@ -13,6 +13,7 @@
 
 #include <stddef.h>
 
+#include "../base/opt.h"
 #include "../format/config.h"
 #include "../format/quant.h"
 #include "sample.h"
@@ -217,6 +218,13 @@ int backend_cpu_count(void);
  * neighbours on a busy machine): unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set, sets
  * OMP_WAIT_POLICY=passive and re-executes the program with argv (call first thing in main). */
 void backend_omp_passive(char **argv);
+/* Where a command runs, as its command line says: --device cpu|cuda|cuda:N (NULL: a GPU when one
+ * is present), --threads N of the CPU backend (0: every core this rank may use). */
+typedef struct {
+    const char *device;
+    int threads;
+} DeviceOpts;
+OptGroup device_opt_group(DeviceOpts *o);
 /* The device in words for logs and GET /get_server_info: the GPU's name, or "cpu (N threads)". */
 void backend_describe(const Backend *be, const char *device, char *buf, size_t n);
 /* Every GEMM and MoE op of be runs n times from now on, counted once, by a copy of its op table

@@ -14,14 +14,8 @@
 static const void *given[OPT_MAX_GIVEN]; /* dst of every option the command line gave */
 static int n_given;
 
-static void usage_exit(const OptCommand *c) __attribute__((noreturn));
-static void usage_exit(const OptCommand *c)
-{
-    fprintf(stderr, "usage: moeserve %s %s (moeserve %s --help lists the options)\n", c->cmd, c->synopsis, c->cmd);
-    exit(2);
-}
-
-/* Stop with "error: CMD: ..." and the short usage line (exit status 2: a usage error). */
+/* Stop with one line, "error: CMD: ...", and exit status 2 (a usage error): the line names the
+ * option and the rule it broke, never the whole option list. */
 static void opt_fail(const OptCommand *c, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
 static void opt_fail(const OptCommand *c, const char *fmt, ...)
 {
@@ -31,7 +25,7 @@ static void opt_fail(const OptCommand *c, const char *fmt, ...)
     vfprintf(stderr, fmt, ap);
     va_end(ap);
     fputc('\n', stderr);
-    usage_exit(c);
+    exit(2);
 }
 
 /* The i-th spelling of names ("--a|--b|-c") into buf; 0 when there is none. */
@@ -120,7 +114,7 @@ int opt_suggest(const OptCommand *c, const char *wrong, const char *out[3])
                 const char *u = undash(b);
                 int d = distance(wn, u);
                 /* a word of the wrong name inside a right one (--max-seqs, --max-num-seqs) */
-                if (strlen(wn) >= 4 && (strstr(u, wn) || strstr(wn, u))) d = d < 2 ? d : 2;
+                if (strlen(wn) >= 4 && strlen(u) >= 4 && (strstr(u, wn) || strstr(wn, u))) d = d < 2 ? d : 2;
                 int limit = (int)strlen(wn) / 3 > 2 ? (int)strlen(wn) / 3 : 2;
                 if (d > limit) continue;
                 int dup = 0;
@@ -199,6 +193,16 @@ static void take(const OptCommand *c, const OptSpec *o, const char *v, const cha
         *(double *)o->dst = x;
         break;
     }
+    case OPT_FLOAT: {
+        char *end;
+        errno = 0;
+        double x = strtod(v, &end);
+        if (errno || end == v || *end || x != x) opt_fail(c, "option %s: '%s' is not a number", as, v);
+        if ((o->lo || o->hi) && (x < o->lo || x > o->hi))
+            opt_fail(c, "option %s: %g is out of range [%g, %g]", as, x, o->lo, o->hi);
+        *(float *)o->dst = (float)x;
+        break;
+    }
     case OPT_STR: *(const char **)o->dst = v; break;
     case OPT_STRS: {
         OptStrs *l = o->dst;
@@ -246,14 +250,14 @@ void opt_parse(const OptCommand *c, int argc, char **argv, const char **pos, int
             if (k == 1) opt_fail(c, "unknown option '%s'; did you mean %s?", as, s[0]);
             if (k == 2) opt_fail(c, "unknown option '%s'; did you mean %s or %s?", as, s[0], s[1]);
             if (k == 3) opt_fail(c, "unknown option '%s'; did you mean %s, %s or %s?", as, s[0], s[1], s[2]);
-            opt_fail(c, "unknown option '%s'", as);
+            opt_fail(c, "unknown option '%s' (moeserve %s --help lists the options)", as, c->cmd);
         }
         if (o->type == OPT_FLAG) {
-            int v = !neg;
+            int on = o->inverse ? 0 : 1, v = neg ? !on : on;
             if (eq) {
                 const char *x = eq + 1;
-                if (!strcmp(x, "true") || !strcmp(x, "1") || !strcmp(x, "yes")) v = !neg;
-                else if (!strcmp(x, "false") || !strcmp(x, "0") || !strcmp(x, "no")) v = neg;
+                if (!strcmp(x, "true") || !strcmp(x, "1") || !strcmp(x, "yes")) v = neg ? !on : on;
+                else if (!strcmp(x, "false") || !strcmp(x, "0") || !strcmp(x, "no")) v = neg ? on : !on;
                 else opt_fail(c, "option %s: '%s' is not true or false", as, x);
             }
             mark_given(o->dst);
@@ -317,65 +321,37 @@ void opt_help(const OptCommand *c, FILE *f)
             for (int i = 0; i < c->groups[g].n; i++)
                 if (c->groups[g].specs[i].type == OPT_NOTE) {
                     char b[96];
-                    fprintf(f, " %s", name_of(&c->groups[g].specs[i], b, sizeof b));
+                    for (int k = 0; spelling(c->groups[g].specs[i].names, k, b, sizeof b); k++) fprintf(f, " %s", b);
                 }
         fputc('\n', f);
     }
 }
 
-/* ---- single options matched by hand-written loops (the commands not yet on tables) ---- */
-
-static const char *opt_value(int argc, char **argv, int *i, const char *name)
+int opt_span(const OptCommand *c, int argc, char **argv, int i, const OptSpec **spec)
 {
-    if (strcmp(argv[*i], name) != 0) return NULL;
-    if (*i + 1 >= argc) fatal("option %s needs a value", name);
-    *i += 1;
-    return argv[*i];
+    const char *a = argv[i];
+    *spec = NULL;
+    if (a[0] != '-' || !a[1] || !strcmp(a, "--") || (looks_numeric(a) && !find(c, a, strlen(a), &(int){0}))) return 1;
+    const char *eq = strncmp(a, "--", 2) == 0 ? strchr(a, '=') : NULL;
+    int neg;
+    const OptSpec *o = find(c, a, eq ? (size_t)(eq - a) : strlen(a), &neg);
+    *spec = o;
+    if (!o || eq || o->type == OPT_FLAG || (o->type == OPT_NOTE && !o->metavar)) return 1;
+    int n = i + 1 < argc ? 2 : 1;
+    while (o->type == OPT_STRS && i + n < argc && argv[i + n][0] != '-') n++;
+    return n;
 }
 
-int opt_str(int argc, char **argv, int *i, const char *name, const char **out)
+const char *opt_def(const char *fmt, ...)
 {
-    const char *v = opt_value(argc, argv, i, name);
-    if (!v) return 0;
-    *out = v;
-    return 1;
-}
-
-int opt_int(int argc, char **argv, int *i, const char *name, long lo, long hi, int *out)
-{
-    const char *v = opt_value(argc, argv, i, name);
-    if (!v) return 0;
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || end == v || *end) fatal("option %s: '%s' is not an integer", name, v);
-    if (x < lo || x > hi) fatal("option %s: %ld is out of range [%ld, %ld]", name, x, lo, hi);
-    *out = (int)x;
-    return 1;
-}
-
-int opt_double(int argc, char **argv, int *i, const char *name, double lo, double hi, double *out)
-{
-    const char *v = opt_value(argc, argv, i, name);
-    if (!v) return 0;
-    char *end;
-    errno = 0;
-    double x = strtod(v, &end);
-    if (errno || end == v || *end || x != x) fatal("option %s: '%s' is not a number", name, v);
-    if (x < lo || x > hi) fatal("option %s: %g is out of range [%g, %g]", name, x, lo, hi);
-    *out = x;
-    return 1;
-}
-
-int opt_flag(char **argv, int *i, const char *name, int *out)
-{
-    if (strcmp(argv[*i], name) != 0) return 0;
-    *out = 1;
-    return 1;
-}
-
-void opt_unknown(const char *cmd, const char *arg, const char *usage)
-{
-    fprintf(stderr, "error: %s: unknown option '%s'\nusage: %s\n", cmd, arg, usage);
-    exit(2);
+    static char pool[16384];
+    static size_t used;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(pool + used, sizeof pool - used, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= sizeof pool - used) return "?";
+    const char *r = pool + used;
+    used += (size_t)n + 1;
+    return r;
 }

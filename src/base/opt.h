@@ -16,18 +16,20 @@
 
 #include <stddef.h>
 #include <stdio.h>
+#include <string.h>
 
 typedef enum {
     OPT_FLAG,     /* int *: 1 (and 0 for its --no- form when `negatable`) */
     OPT_INT,      /* int *, within [lo, hi] */
     OPT_DOUBLE,   /* double *, within [lo, hi] */
+    OPT_FLOAT,    /* float *, within [lo, hi] */
     OPT_STR,      /* const char **: the argument itself (not copied) */
     OPT_STRS,     /* OptStrs *: one or more values, up to the next option; repeatable */
     OPT_FN,       /* fn(value, dst, err, errlen) takes it (returns -1 with err to refuse) */
     OPT_NOTE,     /* accepted and ignored: one log line says why (takes a value when metavar is set) */
 } OptType;
 
-#define OPT_STRS_MAX 16
+#define OPT_STRS_MAX 64
 typedef struct {
     const char *v[OPT_STRS_MAX];
     int n;
@@ -42,6 +44,7 @@ typedef struct {
     const char *def;           /* the default as help shows it, or NULL */
     double lo, hi;             /* OPT_INT / OPT_DOUBLE range */
     int negatable;             /* OPT_FLAG: --no-NAME sets 0 */
+    int inverse;               /* OPT_FLAG: the option sets 0 (--disable-radix-cache beside --enable-prefix-caching) */
     int (*fn)(const char *value, void *dst, char *err, size_t errlen);
 } OptSpec;
 
@@ -52,6 +55,17 @@ typedef struct {
 } OptGroup;
 
 #define OPT_GROUP(title, specs) {(title), (specs), (int)(sizeof(specs) / sizeof((specs)[0]))}
+
+/* The body of a function that returns a group whose rows point into a struct the caller passes
+ * (a command's EngineOptions, ModelOpts): the rows are copied into storage of the function that
+ * lives as long as the process, so each such group serves one command line at a time. */
+#define OPT_GROUP_RETURN(title, ...)                                                 \
+    do {                                                                             \
+        const OptSpec rows_[] = {__VA_ARGS__};                                       \
+        static OptSpec kept_[sizeof rows_ / sizeof rows_[0]];                        \
+        memcpy(kept_, rows_, sizeof rows_);                                          \
+        return (OptGroup){(title), kept_, (int)(sizeof rows_ / sizeof rows_[0])};    \
+    } while (0)
 
 typedef struct {
     const char *cmd;           /* "serve", "bench serve" */
@@ -75,14 +89,13 @@ int opt_given(const OptCommand *c, const void *dst);
 /* The closest spellings to a wrong one among c's, for tests: up to 3 into out, returns how many. */
 int opt_suggest(const OptCommand *c, const char *wrong, const char *out[3]);
 
-/* Option parsing: opt_* look at argv[*i]; if it is `--name` they consume its value
- * (argv[*i + 1]), store it and return 1; a missing or malformed value is a fatal error naming
- * the option. */
-int opt_str(int argc, char **argv, int *i, const char *name, const char **out);
-int opt_int(int argc, char **argv, int *i, const char *name, long lo, long hi, int *out);
-int opt_double(int argc, char **argv, int *i, const char *name, double lo, double hi, double *out);
-int opt_flag(char **argv, int *i, const char *name, int *out);
-/* Stop with "error: <cmd>: unknown option 'x'" and the usage line. */
-void opt_unknown(const char *cmd, const char *arg, const char *usage);
+/* How many of argv[i..argc) the option at argv[i] takes (its values included; 1 for a positional
+ * argument) and its spec (NULL for a positional argument or a name that is none of c's), for a
+ * command that passes some of its options on to another run (diagnose --sweep). Call it on a
+ * command line opt_parse has accepted. */
+int opt_span(const OptCommand *c, int argc, char **argv, int i, const OptSpec **spec);
+/* A default for help computed at run time ("%d" of a struct's default): printf into a buffer that
+ * lives as long as the process. */
+const char *opt_def(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #endif

@@ -14,10 +14,6 @@
 #include "../backend/cuda/w4.h"
 #endif
 
-#define BK_USAGE "moeserve bench kernels [--device N] [--tokens 1,8,64,256,512,2048,8192] [--rows 1,2,4,8,16,64,256,4096] " \
-                 "[--routing random,skewed] [--iters N] [--no-moe] [--no-dense] [--v0] [--torch FILE] [--json FILE] " \
-                 "[--tile 0..36] [--splits N] [--warmup-ms N]"
-
 #define BK_MAX_LIST 64
 #define BK_MAX_TILE 36 /* the last W4A16 tile (w4.h's W4_N_TILES - 1) */
 
@@ -41,24 +37,41 @@ static int parse_list(const char *s, int *out)
 
 int bench_kernels_main(int argc, char **argv)
 {
-    int device = 0, iters = 20, no_moe = 0, no_dense = 0, v0 = 0, help = 0, tile = -1, splits = 0, warmup_ms = 0;
+    int device = 0, iters = 20, no_moe = 0, no_dense = 0, v0 = 0, tile = -1, splits = 0, warmup_ms = 0;
     const char *tokens_s = "1,8,64,256,512,2048,8192", *rows_s = "1,2,4,8,16,64,256,4096", *routing_s = "random,skewed";
     const char *torch_path = NULL, *json_path = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (opt_int(argc, argv, &i, "--device", 0, 64, &device) || opt_int(argc, argv, &i, "--iters", 1, 10000, &iters) ||
-            opt_str(argc, argv, &i, "--tokens", &tokens_s) || opt_str(argc, argv, &i, "--rows", &rows_s) ||
-            opt_str(argc, argv, &i, "--routing", &routing_s) || opt_str(argc, argv, &i, "--torch", &torch_path) ||
-            opt_str(argc, argv, &i, "--json", &json_path) || opt_int(argc, argv, &i, "--tile", 0, BK_MAX_TILE, &tile) ||
-            opt_int(argc, argv, &i, "--splits", 0, 64, &splits) || opt_int(argc, argv, &i, "--warmup-ms", 0, 60000, &warmup_ms) ||
-            opt_flag(argv, &i, "--no-moe", &no_moe) ||
-            opt_flag(argv, &i, "--no-dense", &no_dense) || opt_flag(argv, &i, "--v0", &v0) || opt_flag(argv, &i, "--help", &help))
-            continue;
-        opt_unknown("bench kernels", argv[i], BK_USAGE);
-    }
-    if (help) {
-        printf("usage: %s\n", BK_USAGE);
-        return 0;
-    }
+    const OptSpec specs[] = {
+        {.names = "--device", .type = OPT_INT, .dst = &device, .metavar = "N", .help = "the GPU", .def = "0", .lo = 0,
+         .hi = 64},
+        {.names = "--tokens", .type = OPT_STR, .dst = &tokens_s, .metavar = "N,N,..",
+         .help = "token counts of the MoE GEMMs",
+         .def = tokens_s},
+        {.names = "--rows", .type = OPT_STR, .dst = &rows_s, .metavar = "N,N,..", .help = "rows of the dense GEMMs",
+         .def = rows_s},
+        {.names = "--routing", .type = OPT_STR, .dst = &routing_s, .metavar = "random,skewed",
+         .help = "how tokens are routed to experts", .def = routing_s},
+        {.names = "--iters", .type = OPT_INT, .dst = &iters, .metavar = "N", .help = "timed runs of each shape",
+         .def = "20",
+         .lo = 1, .hi = 10000},
+        {.names = "--no-moe", .type = OPT_FLAG, .dst = &no_moe, .help = "skip the MoE GEMMs", .def = "off"},
+        {.names = "--no-dense", .type = OPT_FLAG, .dst = &no_dense, .help = "skip the dense GEMMs", .def = "off"},
+        {.names = "--v0", .type = OPT_FLAG, .dst = &v0, .help = "the first kernels too, for comparison", .def = "off"},
+        {.names = "--torch", .type = OPT_STR, .dst = &torch_path, .metavar = "FILE",
+         .help = "a PyTorch reference's timings to set beside"},
+        {.names = "--json", .type = OPT_STR, .dst = &json_path, .metavar = "FILE", .help = "the results as JSON"},
+        {.names = "--tile", .type = OPT_INT, .dst = &tile, .metavar = "0..36",
+         .help = "one tile instead of the chosen ones",
+         .def = "the selection table's", .lo = 0, .hi = BK_MAX_TILE},
+        {.names = "--splits", .type = OPT_INT, .dst = &splits, .metavar = "N", .help = "split-K factor with --tile",
+         .def = "the tile's", .lo = 0, .hi = 64},
+        {.names = "--warmup-ms", .type = OPT_INT, .dst = &warmup_ms, .metavar = "MS",
+         .help = "keep the GPU busy this long first (clocks up)", .def = "0", .lo = 0, .hi = 60000},
+    };
+    const OptGroup groups[] = {OPT_GROUP("bench kernels", specs)};
+    const OptCommand cmd = {.cmd = "bench kernels", .synopsis = "[options]",
+                            .about = "The NVFP4 kernels against the GPU's measured roofs (needs a CUDA GPU).",
+                            .groups = groups, .n_groups = 1};
+    opt_parse(&cmd, argc, argv, NULL, NULL);
     int tokens[BK_MAX_LIST], rows[BK_MAX_LIST];
     int n_tokens = parse_list(tokens_s, tokens), n_rows = parse_list(rows_s, rows);
     if (n_tokens < 0) fatal("bench kernels: --tokens '%s': expected a list like 1,8,64 (values 1..1048576)", tokens_s);

@@ -17,10 +17,6 @@
 #include "../model/kv_cache.h"
 #include "../model/forward.h"
 
-#define BENCH_MODEL_USAGE "moeserve bench model " MODEL_OPTS_USAGE " [--batch 1,64,256] [--input-len N] " \
-                          "[--output-len N] [--max-batch-tokens N] [--warmup N] [--device cpu|cuda] [--threads N] [--roof-gbs X] " \
-                          "[--no-graphs] [--json]"
-
 static int parse_list(const char *s, int *out, int max)
 {
     int n = 0;
@@ -50,24 +46,41 @@ static double stats_bytes(const Backend *be)
 int bench_model_main(int argc, char **argv)
 {
     ModelOpts mo = {0};
-    const char *batch_s = "1,64,256", *device = NULL;
-    int in_len = 1024, out_len = 128, max_bt = 2048, threads = 0, as_json = 0, help = 0, bs = 16, no_graphs = 0, warmup = 1;
+    DeviceOpts dev = {0};
+    const char *batch_s = "1,64,256";
+    int in_len = 1024, out_len = 128, max_bt = 2048, as_json = 0, bs = 16, no_graphs = 0, warmup = 1;
     double roof = 0;
-    for (int i = 1; i < argc; i++) {
-        if (opt_model(argc, argv, &i, &mo) || opt_str(argc, argv, &i, "--batch", &batch_s) ||
-            opt_str(argc, argv, &i, "--device", &device) || opt_int(argc, argv, &i, "--input-len", 1, 1 << 20, &in_len) ||
-            opt_int(argc, argv, &i, "--output-len", 1, 1 << 20, &out_len) ||
-            opt_int(argc, argv, &i, "--max-batch-tokens", 1, 1 << 20, &max_bt) ||
-            opt_int(argc, argv, &i, "--warmup", 0, 100, &warmup) ||
-            opt_int(argc, argv, &i, "--threads", 1, 4096, &threads) ||
-            opt_double(argc, argv, &i, "--roof-gbs", 0, 1e7, &roof) || opt_flag(argv, &i, "--json", &as_json) ||
-            opt_flag(argv, &i, "--no-graphs", &no_graphs) ||
-            opt_flag(argv, &i, "--help", &help))
-            continue;
-        opt_unknown("bench model", argv[i], BENCH_MODEL_USAGE);
-    }
-    if (help) { printf("usage: %s\n", BENCH_MODEL_USAGE); return 0; }
-    if (!mo.dir) { fprintf(stderr, "error: bench model: --model is required\nusage: %s\n", BENCH_MODEL_USAGE); return 2; }
+    const OptSpec specs[] = {
+        {.names = "--batch", .type = OPT_STR, .dst = &batch_s, .metavar = "B,B,..", .help = "batch sizes, each in turn",
+         .def = "1,64,256"},
+        {.names = "--input-len", .type = OPT_INT, .dst = &in_len, .metavar = "N", .help = "prompt tokens of a sequence",
+         .def = "1024", .lo = 1, .hi = 1 << 20},
+        {.names = "--output-len", .type = OPT_INT, .dst = &out_len, .metavar = "N", .help = "decode steps",
+         .def = "128",
+         .lo = 1, .hi = 1 << 20},
+        {.names = ENGINE_MAX_BATCH_TOKENS_NAMES, .type = OPT_INT, .dst = &max_bt, .metavar = "N",
+         .help = "tokens of one prefill step", .def = "2048", .lo = 1, .hi = 1 << 20},
+        {.names = "--warmup", .type = OPT_INT, .dst = &warmup, .metavar = "N",
+         .help = "untimed passes of each batch size",
+         .def = "1", .lo = 0, .hi = 100},
+        {.names = "--roof-gbs", .type = OPT_DOUBLE, .dst = &roof, .metavar = "GB/s",
+         .help = "the memory roof the decode bytes are set against", .lo = 0, .hi = 1e7},
+        {.names = "--disable-cuda-graph|--enforce-eager|--no-graphs", .type = OPT_FLAG, .dst = &no_graphs,
+         .help = "run decode steps eagerly, without CUDA graphs", .def = "graphs on a GPU"},
+        {.names = "--json", .type = OPT_FLAG, .dst = &as_json, .help = "one JSON line per batch size", .def = "off"},
+    };
+    const OptGroup groups[] = {OPT_GROUP("bench model", specs), model_opt_group(&mo, MODEL_OPT_ALL),
+    device_opt_group(&dev)};
+    const OptCommand cmd = {.cmd = "bench model", .synopsis = "MODEL [options]",
+                            .about = "Offline prefill and decode throughput of batches of random prompts, without "
+                                     "the server.",
+                            .groups = groups, .n_groups = 3, .max_pos = 1, .pos_name = "MODEL"};
+    const char *pos = NULL;
+    int n_pos = 0;
+    opt_parse(&cmd, argc, argv, &pos, &n_pos);
+    model_opt_positional(&mo, "bench model", n_pos ? pos : NULL, 1);
+    const char *device = dev.device;
+    int threads = dev.threads;
     mo.dir = model_dir_resolve("bench model", mo.dir, mo.revision, !mo.dummy);
     int batches[64], nb = parse_list(batch_s, batches, 64), maxB = 0;
     for (int i = 0; i < nb; i++) maxB = batches[i] > maxB ? batches[i] : maxB;

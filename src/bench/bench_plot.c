@@ -18,7 +18,6 @@
 #include "../model/model_opts.h"
 #include "bench_serve.h"
 
-#define BENCH_PLOT_USAGE "moeserve bench plot RESULTS.jsonl [RESULTS.jsonl...] [--gpus N] [--output FILE.svg] [--title TEXT]"
 #define MAX_FILES 16
 #define MAX_SERIES 16
 
@@ -217,17 +216,25 @@ static int have_tool(const char *cmd, const char *needle)
 int bench_plot_main(int argc, char **argv)
 {
     const char *files[MAX_FILES], *out = NULL, *title = NULL;
-    int nf = 0, gpus = 0, help = 0;
-    for (int i = 1; i < argc; i++) {
-        if (opt_int(argc, argv, &i, "--gpus", 1, 1 << 16, &gpus) || opt_str(argc, argv, &i, "--output", &out) ||
-            opt_str(argc, argv, &i, "-o", &out) || opt_str(argc, argv, &i, "--title", &title) || opt_flag(argv, &i, "--help", &help))
-            continue;
-        if (argv[i][0] == '-') opt_unknown("bench plot", argv[i], BENCH_PLOT_USAGE);
-        if (nf == MAX_FILES) fatal("bench plot: more than %d files", MAX_FILES);
-        files[nf++] = argv[i];
+    int nf = 0, gpus = 0;
+    const OptSpec specs[] = {
+        {.names = "--output|-o", .type = OPT_STR, .dst = &out, .metavar = "FILE.svg",
+         .help = "the chart (and a PNG beside it)",
+         .def = "the first results file's name, .svg"},
+        {.names = "--gpus", .type = OPT_INT, .dst = &gpus, .metavar = "N",
+         .help = "GPUs of the runs, for per-GPU throughput",
+         .def = "the results' own", .lo = 1, .hi = 1 << 16},
+        {.names = "--title", .type = OPT_STR, .dst = &title, .metavar = "TEXT", .help = "the chart's title"},
+    };
+    const OptGroup groups[] = {OPT_GROUP("bench plot", specs)};
+    const OptCommand oc = {.cmd = "bench plot", .synopsis = "RESULTS.jsonl [RESULTS.jsonl...] [options]",
+                            .about = "Throughput against per-user speed, an SVG of bench serve's results files.",
+                            .groups = groups, .n_groups = 1, .max_pos = MAX_FILES, .pos_name = "RESULTS.jsonl files"};
+    opt_parse(&oc, argc, argv, files, &nf);
+    if (!nf) {
+        fprintf(stderr, "error: bench plot: a results file is required\n");
+        return 2;
     }
-    if (help) { printf("usage: %s\n", BENCH_PLOT_USAGE); return 0; }
-    if (!nf) { fprintf(stderr, "usage: %s\n", BENCH_PLOT_USAGE); return 2; }
     Series s[MAX_SERIES];
     int ns = 0;
     for (int i = 0; i < nf; i++) read_file(files[i], s, &ns);

@@ -29,16 +29,6 @@
 #include "../format/tokenizer.h"
 #include "bench_serve.h"
 
-#define BENCH_SERVE_USAGE \
-    "moeserve bench serve [--base-url URL] [--backend openai-completions|openai-chat] [--model NAME]\n" \
-    "    [--tokenizer PATH] [--dataset-name random|random-ids|sharegpt|jsonl] [--dataset-path FILE]\n" \
-    "    [--num-prompts N] [--random-input-len N] [--random-output-len N] [--random-range-ratio R]\n" \
-    "    [--random-range-vllm] [--random-vocab-size N] [--output-len N] [--request-rate R|inf]\n" \
-    "    [--max-concurrency N[,N...]] [--warmup-requests N] [--ignore-eos | --disable-ignore-eos]\n" \
-    "    [--temperature T] [--extra-request-body JSON] [--seed N] [--format sglang|vllm] [--output-file F]\n" \
-    "    [--percentile-metrics ttft,tpot,itl,e2el] [--metric-percentiles 99] [--label S] [--gpus N]\n" \
-    "    [--request-timeout S] [--burstiness B] [--goodput ttft:MS [tpot:MS] [e2el:MS]] [--output-details] [--quiet]"
-
 #define MAX_LEVELS 64
 #define MAX_LINE (16 << 20)   /* one SSE line; a server sending more is broken */
 #define MAX_ERRBODY 2048      /* bytes of a non-200 body kept for the failure reason */
@@ -848,65 +838,112 @@ int bench_serve_main(int argc, char **argv)
     const char *rate_s = "inf", *pct_s = "99", *pct_metrics = "ttft,tpot,itl,e2el", *label = NULL, *extra_body = NULL;
     DatasetOptions dopt = {.name = "random-ids", .num_prompts = 1000, .input_len = 1024, .output_len = 1024,
                            .range_ratio = 0.0, .vocab = 8000, .seed = 1, .temperature = 0};
-    int warmup = 1, no_ignore_eos = 0, quiet = 0, help = 0, seed = 1, gpus = 1, timeout_s = 6 * 3600, details = 0;
+    int warmup = 1, no_ignore_eos = 0, quiet = 0, seed = 1, gpus = 1, timeout_s = 6 * 3600, details = 0;
     int force_eos = 0;
     double burstiness = 1.0, slo[3] = {-1, -1, -1};
-    int has_goodput = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--goodput")) { /* vLLM's form: one or more KEY:MS after it (or KEY:MS,KEY:MS) */
-            int took = 0;
-            while (i + 1 < argc && strchr(argv[i + 1], ':') && strncmp(argv[i + 1], "--", 2)) {
-                char buf[256];
-                snprintf(buf, sizeof buf, "%s", argv[++i]);
-                for (char *save = NULL, *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
-                    char *colon = strchr(kv, ':'), *end = NULL;
-                    if (!colon) fatal("bench serve: --goodput: '%s' is not KEY:MS", kv);
-                    *colon = 0;
-                    double v = strtod(colon + 1, &end);
-                    int q = !strcmp(kv, "ttft") ? 0 : !strcmp(kv, "tpot") ? 1 : !strcmp(kv, "e2el") ? 2 : -1;
-                    if (q < 0) fatal("bench serve: --goodput: '%s' is not one of ttft, tpot, e2el", kv);
-                    if (end == colon + 1 || *end || !(v >= 0)) fatal("bench serve: --goodput %s: '%s' is not milliseconds >= 0", kv, colon + 1);
-                    slo[q] = v;
-                    took++;
-                }
-            }
-            if (!took) fatal("bench serve: --goodput needs KEY:MS values (ttft, tpot, e2el), e.g. --goodput ttft:500 tpot:50");
-            has_goodput = 1;
-            continue;
+    OptStrs goodput = {0};
+    const OptSpec server_specs[] = {
+        {.names = "--base-url", .type = OPT_STR, .dst = &base_url, .metavar = "URL", .help = "the server",
+         .def = base_url},
+        {.names = "--backend", .type = OPT_STR, .dst = &backend, .metavar = "openai-completions|openai-chat",
+         .help = "the API (vllm, sglang-oai, ... map onto these)", .def = backend},
+        {.names = "--endpoint", .type = OPT_STR, .dst = &endpoint, .metavar = "PATH", .help = "the API's path",
+         .def = "the backend's"},
+        {.names = "--model", .type = OPT_STR, .dst = &model, .metavar = "NAME",
+         .help = "the model field of the requests",
+         .def = "the server's first model"},
+        {.names = "--tokenizer", .type = OPT_STR, .dst = &tok_path, .metavar = "PATH",
+         .help = "to count prompt and output tokens", .def = "the model's directory, when it is one"},
+        {.names = "--request-timeout", .type = OPT_INT, .dst = &timeout_s, .metavar = "S",
+         .help = "seconds a request may take",
+         .def = "21600", .lo = 1, .hi = 1 << 30},
+    };
+    const OptSpec data_specs[] = {
+        {.names = "--dataset-name", .type = OPT_STR, .dst = &dopt.name, .metavar = "random|random-ids|sharegpt|jsonl",
+         .help = "where the prompts come from", .def = dopt.name},
+        {.names = "--dataset-path", .type = OPT_STR, .dst = &dopt.path, .metavar = "FILE",
+         .help = "the dataset's file"},
+        {.names = "--num-prompts", .type = OPT_INT, .dst = &dopt.num_prompts, .metavar = "N",
+         .help = "requests of a run",
+         .def = opt_def("%d", dopt.num_prompts), .lo = 1, .hi = 1 << 24},
+        {.names = "--random-input-len", .type = OPT_INT, .dst = &dopt.input_len, .metavar = "N",
+         .help = "prompt tokens of the random datasets", .def = opt_def("%d", dopt.input_len), .lo = 1, .hi = 1 << 22},
+        {.names = "--random-output-len", .type = OPT_INT, .dst = &dopt.output_len, .metavar = "N",
+         .help = "output tokens of the random datasets", .def = opt_def("%d", dopt.output_len), .lo = 1, .hi = 1 << 22},
+        {.names = "--random-range-ratio", .type = OPT_DOUBLE, .dst = &dopt.range_ratio, .metavar = "R",
+         .help = "lengths drawn from [len R, len] (SGLang's)", .def = "0", .lo = 0, .hi = 1},
+        {.names = "--random-range-vllm", .type = OPT_FLAG, .dst = &dopt.range_vllm,
+         .help = "lengths drawn from [len (1-R), len (1+R)] (vLLM's)", .def = "off"},
+        {.names = "--random-vocab-size", .type = OPT_INT, .dst = &dopt.vocab, .metavar = "N",
+         .help = "token ids of random-ids without a tokenizer", .def = opt_def("%d", dopt.vocab), .lo = 1,
+         .hi = 1 << 24},
+        {.names = "--output-len|--sharegpt-output-len", .type = OPT_INT, .dst = &dopt.fixed_output_len, .metavar = "N",
+         .help = "output tokens of every request", .def = "the dataset's", .lo = 1, .hi = 1 << 22},
+        {.names = "--temperature", .type = OPT_DOUBLE, .dst = &dopt.temperature, .metavar = "T",
+         .help = "the requests' temperature (sglang.bench_serving's 0)", .def = "0", .lo = 0, .hi = 100},
+        {.names = "--extra-body|--extra-request-body", .type = OPT_STR, .dst = &extra_body, .metavar = "JSON",
+         .help = "an object merged into every request"},
+        {.names = "--ignore-eos", .type = OPT_FLAG, .dst = &force_eos,
+         .help = "ask for ignore_eos (the random datasets' default)"},
+        {.names = "--disable-ignore-eos", .type = OPT_FLAG, .dst = &no_ignore_eos, .help = "let requests end at eos"},
+        {.names = "--seed", .type = OPT_INT, .dst = &seed, .metavar = "N", .help = "of the datasets' draws", .def = "1",
+         .lo = 0, .hi = 1 << 30},
+    };
+    const OptSpec load_specs[] = {
+        {.names = "--request-rate", .type = OPT_STR, .dst = &rate_s, .metavar = "R|inf",
+         .help = "requests per second (Poisson), or all at once", .def = "inf"},
+        {.names = "--burstiness", .type = OPT_DOUBLE, .dst = &burstiness, .metavar = "B",
+         .help = "gamma shape of the arrival gaps (1: Poisson)", .def = "1", .lo = 1e-3, .hi = 1e3},
+        {.names = "--max-concurrency", .type = OPT_STR, .dst = &conc_s, .metavar = "N[,N...]",
+         .help = "requests in flight at most; a list runs each level", .def = "no limit"},
+        {.names = "--warmup-requests|--num-warmups", .type = OPT_INT, .dst = &warmup, .metavar = "N",
+         .help = "untimed requests first", .def = "1", .lo = 0, .hi = 1 << 16},
+    };
+    const OptSpec report_specs[] = {
+        {.names = "--format", .type = OPT_STR, .dst = &format, .metavar = "sglang|vllm", .help = "the report's layout",
+         .def = format},
+        {.names = "--output-file", .type = OPT_STR, .dst = &out_file, .metavar = "FILE",
+         .help = "append one JSON line per run"},
+        {.names = "--percentile-metrics", .type = OPT_STR, .dst = &pct_metrics, .metavar = "ttft,tpot,itl,e2el",
+         .help = "metrics with percentiles", .def = pct_metrics},
+        {.names = "--metric-percentiles", .type = OPT_STR, .dst = &pct_s, .metavar = "P,P,..",
+         .help = "which percentiles",
+         .def = pct_s},
+        {.names = "--goodput", .type = OPT_STRS, .dst = &goodput, .metavar = "KEY:MS...",
+         .help = "SLOs of a good request: ttft:MS tpot:MS e2el:MS"},
+        {.names = "--label", .type = OPT_STR, .dst = &label, .metavar = "TEXT",
+         .help = "the run's name in the results"},
+        {.names = "--gpus", .type = OPT_INT, .dst = &gpus, .metavar = "N",
+         .help = "GPUs of the server, for per-GPU figures",
+         .def = "1", .lo = 1, .hi = 1 << 16},
+        {.names = "--output-details|--save-detailed", .type = OPT_FLAG, .dst = &details,
+         .help = "per-request lists in the JSON line (lengths, TTFTs, ITLs, texts, errors)", .def = "off"},
+        {.names = "--quiet|--disable-tqdm", .type = OPT_FLAG, .dst = &quiet, .help = "no progress line", .def = "off"},
+    };
+    const OptGroup groups[] = {OPT_GROUP("target", server_specs), OPT_GROUP("dataset", data_specs),
+                               OPT_GROUP("load", load_specs), OPT_GROUP("report", report_specs)};
+    const OptCommand cmd = {.cmd = "bench serve", .synopsis = "[options]",
+                            .about = "The serving benchmark against an OpenAI-compatible server, comparable with "
+                                     "sglang.bench_serving and vllm bench serve.",
+                            .groups = groups, .n_groups = 4};
+    opt_parse(&cmd, argc, argv, NULL, NULL);
+    /* --goodput KEY:MS [KEY:MS...] (vLLM's form), or KEY:MS,KEY:MS */
+    for (int g = 0; g < goodput.n; g++) {
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s", goodput.v[g]);
+        for (char *save = NULL, *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
+            char *colon = strchr(kv, ':'), *end = NULL;
+            if (!colon) fatal("bench serve: --goodput: '%s' is not KEY:MS", kv);
+            *colon = 0;
+            double v = strtod(colon + 1, &end);
+            int q = !strcmp(kv, "ttft") ? 0 : !strcmp(kv, "tpot") ? 1 : !strcmp(kv, "e2el") ? 2 : -1;
+            if (q < 0) fatal("bench serve: --goodput: '%s' is not one of ttft, tpot, e2el", kv);
+            if (end == colon + 1 || *end || !(v >= 0)) fatal("bench serve: --goodput %s: '%s' is not milliseconds "
+                                                             ">= 0", kv, colon + 1);
+            slo[q] = v;
         }
-        if (opt_str(argc, argv, &i, "--base-url", &base_url) || opt_str(argc, argv, &i, "--backend", &backend) ||
-            opt_str(argc, argv, &i, "--endpoint", &endpoint) || opt_str(argc, argv, &i, "--model", &model) ||
-            opt_str(argc, argv, &i, "--tokenizer", &tok_path) || opt_str(argc, argv, &i, "--dataset-name", &dopt.name) ||
-            opt_str(argc, argv, &i, "--dataset-path", &dopt.path) ||
-            opt_int(argc, argv, &i, "--num-prompts", 1, 1 << 24, &dopt.num_prompts) ||
-            opt_int(argc, argv, &i, "--random-input-len", 1, 1 << 22, &dopt.input_len) ||
-            opt_int(argc, argv, &i, "--random-output-len", 1, 1 << 22, &dopt.output_len) ||
-            opt_double(argc, argv, &i, "--random-range-ratio", 0, 1, &dopt.range_ratio) ||
-            opt_flag(argv, &i, "--random-range-vllm", &dopt.range_vllm) ||
-            opt_int(argc, argv, &i, "--random-vocab-size", 1, 1 << 24, &dopt.vocab) ||
-            opt_int(argc, argv, &i, "--output-len", 1, 1 << 22, &dopt.fixed_output_len) ||
-            opt_int(argc, argv, &i, "--sharegpt-output-len", 1, 1 << 22, &dopt.fixed_output_len) ||
-            opt_str(argc, argv, &i, "--request-rate", &rate_s) || opt_str(argc, argv, &i, "--max-concurrency", &conc_s) ||
-            opt_int(argc, argv, &i, "--warmup-requests", 0, 1 << 16, &warmup) ||
-            opt_int(argc, argv, &i, "--num-warmups", 0, 1 << 16, &warmup) ||
-            opt_flag(argv, &i, "--ignore-eos", &force_eos) || opt_flag(argv, &i, "--disable-ignore-eos", &no_ignore_eos) ||
-            opt_double(argc, argv, &i, "--temperature", 0, 100, &dopt.temperature) ||
-            opt_str(argc, argv, &i, "--extra-body", &extra_body) ||
-            opt_str(argc, argv, &i, "--extra-request-body", &extra_body) ||
-            opt_int(argc, argv, &i, "--seed", 0, 1 << 30, &seed) || opt_str(argc, argv, &i, "--format", &format) ||
-            opt_str(argc, argv, &i, "--output-file", &out_file) ||
-            opt_str(argc, argv, &i, "--percentile-metrics", &pct_metrics) ||
-            opt_str(argc, argv, &i, "--metric-percentiles", &pct_s) || opt_str(argc, argv, &i, "--label", &label) ||
-            opt_int(argc, argv, &i, "--gpus", 1, 1 << 16, &gpus) ||
-            opt_int(argc, argv, &i, "--request-timeout", 1, 1 << 30, &timeout_s) ||
-            opt_double(argc, argv, &i, "--burstiness", 1e-3, 1e3, &burstiness) ||
-            opt_flag(argv, &i, "--output-details", &details) || opt_flag(argv, &i, "--save-detailed", &details) ||
-            opt_flag(argv, &i, "--quiet", &quiet) || opt_flag(argv, &i, "--disable-tqdm", &quiet) ||
-            opt_flag(argv, &i, "--help", &help))
-            continue;
-        opt_unknown("bench serve", argv[i], BENCH_SERVE_USAGE);
     }
-    if (help) { printf("usage: %s\n", BENCH_SERVE_USAGE); return 0; }
+    int has_goodput = goodput.n > 0;
 
     RunInfo base = {0};
     if (!strcmp(format, "sglang")) base.format = FORMAT_SGLANG;

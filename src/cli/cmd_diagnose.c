@@ -22,27 +22,25 @@
 #include "../dist/dist.h"
 #include "cli.h"
 
-#define CAL_USAGE "moeserve calibrate [--device cpu|cuda] [--threads N] [--quick] [--json] [--tp N --pp N] (several ranks: under mpirun on the CPU)"
-#define DIAG_USAGE "moeserve diagnose (--url URL | " MODEL_OPTS_USAGE " [--device cpu|cuda] [--threads N] [--batch N,N,..] " \
-                   "[--input-len N] [--output-len N] [--requests N] [--report DIR] " DIAG_OPTS_USAGE " [--disable-cuda-graph] | --sweep " \
-                   "--layouts tp1,tp2,pp2,ep2,tp2pp2 --model DIR [--out DIR] [--launcher CMD] [load options]) [--json]"
-
 int cmd_calibrate(int argc, char **argv)
 {
     ModelOpts mo = {0};
-    const char *device = NULL;
-    int threads = 0, quick = 0, as_json = 0, help = 0;
-    for (int i = 1; i < argc; i++) {
-        if (opt_str(argc, argv, &i, "--device", &device) || opt_int(argc, argv, &i, "--threads", 1, 4096, &threads) ||
-            opt_flag(argv, &i, "--quick", &quick) || opt_flag(argv, &i, "--json", &as_json) ||
-            par_opt(argc, argv, &i, &mo.par) || opt_flag(argv, &i, "--help", &help))
-            continue;
-        opt_unknown("calibrate", argv[i], CAL_USAGE);
-    }
-    if (help) { printf("usage: %s\n", CAL_USAGE); return 0; }
-    device = model_dist_start(&mo, device);
+    DeviceOpts dev = {0};
+    int quick = 0, as_json = 0;
+    const OptSpec specs[] = {
+        {.names = "--quick", .type = OPT_FLAG, .dst = &quick, .help = "shorter measurements", .def = "off"},
+        {.names = "--json", .type = OPT_FLAG, .dst = &as_json, .help = "one JSON object", .def = "off"},
+    };
+    const OptGroup groups[] = {OPT_GROUP("calibrate", specs), device_opt_group(&dev), par_opt_group(&mo.par)};
+    const OptCommand cmd = {.cmd = "calibrate", .synopsis = "[options]",
+                            .about = "Measure and cache this machine's ceilings: memory bandwidth, tensor rate, "
+                                     "collectives "
+                                     "(several ranks: --tp/--pp, or under mpirun on the CPU).",
+                            .groups = groups, .n_groups = 3};
+    opt_parse(&cmd, argc, argv, NULL, NULL);
+    const char *device = model_dist_start(&mo, dev.device);
     Backend be;
-    backend_open(&be, device, threads);
+    backend_open(&be, device, dev.threads);
     Ceilings c;
     calibrate_get(&c, &be, dist_get(), quick, 1);
     Dist *d = dist_get();
@@ -249,43 +247,77 @@ static int diagnose_model(ModelOpts *mo, const char *device, int threads, Engine
 int cmd_diagnose(int argc, char **argv)
 {
     ModelOpts mo = {0};
+    DeviceOpts dev = {0};
     EngineOptions eo;
     engine_options_default(&eo);
     eo.profile_every = 4;
-    const char *url = NULL, *device = NULL, *layouts = NULL, *out_dir = "diagnose-sweep", *launcher = NULL;
-    int threads = 0, as_json = 0, help = 0, sweep = 0;
+    const char *url = NULL, *layouts = NULL, *out_dir = "diagnose-sweep", *launcher = NULL;
+    int as_json = 0, sweep = 0;
     Load ld = {.batch = 16, .in_len = 64, .out_len = 32, .requests = 0};
     const char *batch_s = NULL, *report_dir = NULL;
-    /* the options a sweep passes on to each layout's run */
+    const OptSpec what_specs[] = {
+        {.names = "--url", .type = OPT_STR, .dst = &url, .metavar = "URL",
+         .help = "a running server's diagnosis (GET /v1/diagnosis)"},
+        {.names = "--sweep", .type = OPT_FLAG, .dst = &sweep,
+         .help = "run each of --layouts and read the scaling across them",
+         .def = "off"},
+        {.names = "--layouts", .type = OPT_STR, .dst = &layouts, .metavar = "tp1,tp2,pp2,ep2,tp2pp2",
+         .help = "the layouts of --sweep"},
+        {.names = "--out", .type = OPT_STR, .dst = &out_dir, .metavar = "DIR", .help = "the sweep's report and charts",
+         .def = "diagnose-sweep"},
+        {.names = "--launcher", .type = OPT_STR, .dst = &launcher, .metavar = "CMD",
+         .help = "what starts a layout's ranks in a sweep", .def = "mpirun on the CPU"},
+        {.names = "--json", .type = OPT_FLAG, .dst = &as_json, .help = "JSON instead of text", .def = "off"},
+    };
+    const OptSpec load_specs[] = {
+        {.names = "--batch", .type = OPT_STR, .dst = &batch_s, .metavar = "N,N,..",
+         .help = "requests running at once, each in turn",
+         .def = "16"},
+        {.names = "--input-len", .type = OPT_INT, .dst = &ld.in_len, .metavar = "N",
+         .help = "prompt tokens of a request",
+         .def = "64", .lo = 1, .hi = 1 << 20},
+        {.names = "--output-len", .type = OPT_INT, .dst = &ld.out_len, .metavar = "N",
+         .help = "generated tokens of a request",
+         .def = "32", .lo = 1, .hi = 1 << 20},
+        {.names = "--requests", .type = OPT_INT, .dst = &ld.requests, .metavar = "N", .help = "requests in all",
+         .def = "the batch", .lo = 1, .hi = 1 << 20},
+        {.names = "--report", .type = OPT_STR, .dst = &report_dir, .metavar = "DIR",
+         .help = "a markdown report and SVG charts"},
+    };
+    const OptGroup groups[] = {OPT_GROUP("diagnose", what_specs), OPT_GROUP("load", load_specs),
+                               model_opt_group(&mo, MODEL_OPT_ALL), par_opt_group(&mo.par), device_opt_group(&dev),
+                               engine_opt_group(&eo), engine_diag_group(&eo)};
+    const OptCommand cmd = {.cmd = "diagnose",
+    .synopsis = "(--url URL | MODEL [options] | --sweep --layouts L MODEL [options])",
+                            .about = "Where a deployment's step time goes and what to change: a running server's, or a "
+                                     "built-in load's on an in-process engine.",
+                            .groups = groups, .n_groups = (int)(sizeof groups / sizeof groups[0]), .max_pos = 1,
+                            .pos_name = "MODEL"};
+    const char *pos = NULL;
+    int n_pos = 0;
+    opt_parse(&cmd, argc, argv, &pos, &n_pos);
+    model_opt_positional(&mo, "diagnose", n_pos ? pos : NULL, 0);
+    if (opt_given(&cmd, &eo.max_running)) fatal("diagnose: --batch sets the requests running at once");
+    /* the options a sweep passes on to each layout's run: all but the sweep's own and the layout */
     char pass[4096] = "";
-    for (int i = 1; i < argc; i++) {
-        int at = i;
-        if (opt_str(argc, argv, &i, "--url", &url) || opt_str(argc, argv, &i, "--layouts", &layouts) ||
-            opt_str(argc, argv, &i, "--out", &out_dir) || opt_str(argc, argv, &i, "--launcher", &launcher) ||
-            opt_flag(argv, &i, "--sweep", &sweep) || opt_flag(argv, &i, "--json", &as_json) ||
-            opt_flag(argv, &i, "--help", &help))
-            continue;
-        if (opt_model(argc, argv, &i, &mo) || opt_str(argc, argv, &i, "--device", &device) ||
-            opt_int(argc, argv, &i, "--threads", 1, 4096, &threads) ||
-            opt_str(argc, argv, &i, "--batch", &batch_s) || opt_str(argc, argv, &i, "--report", &report_dir) ||
-            opt_int(argc, argv, &i, "--input-len", 1, 1 << 20, &ld.in_len) ||
-            opt_int(argc, argv, &i, "--output-len", 1, 1 << 20, &ld.out_len) ||
-            opt_int(argc, argv, &i, "--requests", 1, 1 << 20, &ld.requests) ||
-            opt_int(argc, argv, &i, "--max-batch-tokens", 1, 1 << 24, &eo.max_batch_tokens) ||
-            opt_flag(argv, &i, "--disable-cuda-graph", &eo.no_graphs) || engine_opt_diag(argc, argv, &i, &eo)) {
-            for (int k = at; k <= i; k++) {
-                if (!strcmp(argv[k], "--tp") || !strcmp(argv[k], "--pp") || !strcmp(argv[k], "--ep")) {
-                    k++; /* a sweep's layouts set these */
-                    continue;
-                }
-                size_t o = strlen(pass);
-                snprintf(pass + o, sizeof pass - o, " '%s'", argv[k]);
-            }
-            continue;
+    for (int i = 1; i < argc;) {
+        const OptSpec *o;
+        int n = opt_span(&cmd, argc, argv, i, &o);
+        int skip = !o || o->dst == &mo.par.tp || o->dst == &mo.par.pp || o->dst == &mo.par.ep ||
+                   o->dst == &mo.par.ep_is_tp;
+        for (size_t k = 0; k < sizeof what_specs / sizeof what_specs[0]; k++) skip |= o == &groups[0].specs[k];
+        for (int k = i; k < i + n && !skip; k++) {
+            size_t off = strlen(pass);
+            snprintf(pass + off, sizeof pass - off, " '%s'", argv[k]);
         }
-        opt_unknown("diagnose", argv[i], DIAG_USAGE);
+        i += n;
     }
-    if (help) { printf("usage: %s\n", DIAG_USAGE); return 0; }
+    if (n_pos) { /* the model as an option, after the positional is gone */
+        size_t off = strlen(pass);
+        snprintf(pass + off, sizeof pass - off, " --model '%s'", mo.dir);
+    }
+    const char *device = dev.device;
+    int threads = dev.threads;
     int batches[16], n_batches = 0;
     for (const char *q = batch_s ? batch_s : "16"; *q && n_batches < 16;) {
         char *end;
@@ -297,7 +329,7 @@ int cmd_diagnose(int argc, char **argv)
     }
     if (url) return diagnose_url(url, as_json);
     if (!mo.dir) {
-        fprintf(stderr, "error: diagnose: --url or --model is required\nusage: %s\n", DIAG_USAGE);
+        fprintf(stderr, "error: diagnose: --url or a model is required\n");
         return 2;
     }
     if (sweep) {

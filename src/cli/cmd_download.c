@@ -11,33 +11,31 @@
 #include "../hub/hub.h"
 #include "cli.h"
 
-#define DOWNLOAD_USAGE "moeserve download ORG/NAME[@REV] [--revision R] [--include GLOB]..."
-#define DOWNLOAD_MAX_INCLUDE 64
-
 int cmd_download(int argc, char **argv)
 {
-    const char *repo = NULL, *revision = NULL, *include[DOWNLOAD_MAX_INCLUDE];
-    int n_include = 0, help = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *g;
-        if (opt_str(argc, argv, &i, "--include", &g)) {
-            if (n_include == DOWNLOAD_MAX_INCLUDE)
-                fatal("download: at most %d --include patterns", DOWNLOAD_MAX_INCLUDE);
-            if (!*g) fatal("download: --include needs a pattern");
-            include[n_include++] = g;
-            continue;
-        }
-        if (opt_str(argc, argv, &i, "--revision", &revision) || opt_flag(argv, &i, "--help", &help)) continue;
-        if (!strcmp(argv[i], "-h")) { help = 1; continue; }
-        if (argv[i][0] != '-' && !repo) { repo = argv[i]; continue; }
-        opt_unknown("download", argv[i], DOWNLOAD_USAGE);
-    }
-    if (help) { printf("usage: %s\n", DOWNLOAD_USAGE); return 0; }
-    if (!repo) {
-        fprintf(stderr, "error: download: a repository id (org/name) is required\nusage: %s\n", DOWNLOAD_USAGE);
+    const char *repo = NULL, *revision = NULL;
+    OptStrs include = {0};
+    const OptSpec specs[] = {
+        {.names = "--revision", .type = OPT_STR, .dst = &revision, .metavar = "REV",
+         .help = "a branch, tag or commit (also ORG/NAME@REV)", .def = "main"},
+        {.names = "--include", .type = OPT_STRS, .dst = &include, .metavar = "GLOB...",
+         .help = "only the files matching these patterns (repeatable)",
+         .def = "config, tokenizer, chat template, safetensors"},
+    };
+    const OptGroup groups[] = {OPT_GROUP("download", specs)};
+    const OptCommand cmd = {.cmd = "download", .synopsis = "ORG/NAME[@REV] [options]",
+                            .about = "Fetch a model of the Hugging Face Hub into its cache (HF_HOME) and print its "
+                                     "directory.",
+                            .groups = groups, .n_groups = 1, .max_pos = 1, .pos_name = "ORG/NAME"};
+    int n_pos = 0;
+    opt_parse(&cmd, argc, argv, &repo, &n_pos);
+    for (int i = 0; i < include.n; i++)
+        if (!*include.v[i]) fatal("download: --include needs a pattern");
+    if (!n_pos) {
+        fprintf(stderr, "error: download: a repository id (org/name) is required\n");
         return 2;
     }
-    HubRequest rq = {.revision = revision, .include = include, .n_include = n_include, .weights = 1, .progress = 1};
+    HubRequest rq = {.revision = revision, .include = include.v, .n_include = include.n, .weights = 1, .progress = 1};
     char dir[4096], err[4096];
     HubResult res;
     if (hub_fetch(repo, &rq, dir, sizeof dir, &res, err, sizeof err)) {

@@ -1,4 +1,4 @@
-/* cmd_generate: `moeserve generate --model DIR (--prompt S | --chat S) [sampling options]`
+/* cmd_generate: `moeserve generate MODEL (--prompt S | --chat S) [sampling options]`
  * streams the continuation to stdout as it is sampled and prints prefill and decode speed to
  * stderr at the end. --chat renders the message through the model's chat template (with an
  * optional --system message); --prompt encodes the text as is, with the tokenizer's special
@@ -16,12 +16,6 @@
 #include "../dist/dist.h"
 #include "cli.h"
 
-#define GEN_USAGE "moeserve generate --model DIR|ORG/NAME [--revision R] (--prompt S | --chat S [--system S]) " \
-                  "[--max-tokens N] " \
-                  "[--temperature T] [--top-k K] [--top-p P] [--min-p P] [--repetition-penalty R] " \
-                  "[--frequency-penalty F] [--presence-penalty P] [--seed N] [--stop S]... [--stop-token-ids ID,...] [--ignore-eos] " \
-                  "[--device cpu|cuda] [--threads N] [--chunk N] [--no-graphs] " KV_DTYPE_USAGE " " PAR_OPTS_USAGE
-#define GEN_MAX_STOPS 8
 
 /* First index where one of the stop strings occurs in text[0..n), or -1. */
 static long find_stop(const char *text, size_t n, const char *const *stops, int n_stops)
@@ -36,57 +30,65 @@ static long find_stop(const char *text, size_t n, const char *const *stops, int 
 
 int cmd_generate(int argc, char **argv)
 {
-    const char *dir = NULL, *revision = NULL, *prompt = NULL, *chat = NULL, *system_msg = NULL, *device = NULL;
-    const char *stops[GEN_MAX_STOPS], *stop_ids_s = NULL;
-    int n_stops = 0, max_tokens = 128, threads = 0, chunk = 256, ignore_eos = 0, help = 0, no_graphs = 0;
-    ParOpts par = {0};
-    double temperature = -1, top_p = -1, min_p = -1, rep = -1, freq = 0, pres = 0;
-    int top_k = -2, seed = -1;
-    KVDtype kv_dtype = KV_DTYPE_AUTO;
-    for (int i = 1; i < argc; i++) {
-        const char *stop;
-        if (opt_str(argc, argv, &i, "--stop", &stop)) {
-            if (n_stops == GEN_MAX_STOPS) fatal("generate: at most %d --stop strings", GEN_MAX_STOPS);
-            if (!*stop) fatal("generate: --stop needs a non-empty string");
-            stops[n_stops++] = stop;
-            continue;
-        }
-        if (opt_str(argc, argv, &i, "--model", &dir) || opt_str(argc, argv, &i, "--revision", &revision) ||
-            opt_str(argc, argv, &i, "--prompt", &prompt) ||
-            opt_str(argc, argv, &i, "--stop-token-ids", &stop_ids_s) ||
-            opt_str(argc, argv, &i, "--chat", &chat) || opt_str(argc, argv, &i, "--system", &system_msg) ||
-            opt_str(argc, argv, &i, "--device", &device) ||
-            opt_int(argc, argv, &i, "--max-tokens", 1, 1 << 20, &max_tokens) ||
-            opt_int(argc, argv, &i, "--threads", 1, 4096, &threads) ||
-            opt_int(argc, argv, &i, "--chunk", 1, 1 << 16, &chunk) ||
-            opt_double(argc, argv, &i, "--temperature", 0, 100, &temperature) ||
-            opt_int(argc, argv, &i, "--top-k", -1, 1 << 30, &top_k) ||
-            opt_double(argc, argv, &i, "--top-p", 1e-9, 1, &top_p) ||
-            opt_double(argc, argv, &i, "--min-p", 0, 1, &min_p) ||
-            opt_double(argc, argv, &i, "--repetition-penalty", 1e-3, 100, &rep) ||
-            opt_double(argc, argv, &i, "--frequency-penalty", -2, 2, &freq) ||
-            opt_double(argc, argv, &i, "--presence-penalty", -2, 2, &pres) ||
-            opt_int(argc, argv, &i, "--seed", 0, 2147483647, &seed) || opt_flag(argv, &i, "--ignore-eos", &ignore_eos) ||
-            opt_flag(argv, &i, "--no-graphs", &no_graphs) || opt_kv_cache_dtype(argc, argv, &i, &kv_dtype) ||
-            opt_flag(argv, &i, "--help", &help) || par_opt(argc, argv, &i, &par))
-            continue;
-        opt_unknown("generate", argv[i], GEN_USAGE);
-    }
-    if (help) { printf("usage: %s\n", GEN_USAGE); return 0; }
-    if (!dir || (!prompt == !chat)) {
-        fprintf(stderr, "error: generate: --model and exactly one of --prompt or --chat are required\nusage: %s\n", GEN_USAGE);
+    ModelOpts mo = {0};
+    DeviceOpts dev = {0};
+    SamplingParams cli;
+    sampling_params_default(&cli);
+    const char *prompt = NULL, *chat = NULL, *system_msg = NULL, *stop_ids_s = NULL, *chat_template = NULL;
+    OptStrs stops = {0};
+    int max_tokens = 128, chunk = 256, ignore_eos = 0, no_graphs = 0;
+    const OptSpec gen_specs[] = {
+        {.names = "--prompt", .type = OPT_STR, .dst = &prompt, .metavar = "TEXT",
+         .help = "continue this text (encoded as is, with the tokenizer's special tokens)"},
+        {.names = "--chat", .type = OPT_STR, .dst = &chat, .metavar = "TEXT",
+         .help = "answer this user message, through the chat template"},
+        {.names = "--system", .type = OPT_STR, .dst = &system_msg, .metavar = "TEXT",
+         .help = "with --chat: a system message"},
+        {.names = "--chat-template", .type = OPT_STR, .dst = &chat_template, .metavar = "FILE",
+         .help = "a Jinja chat template (a file, or the template itself) instead of the model's", .def = "the model's"},
+        {.names = "--max-tokens", .type = OPT_INT, .dst = &max_tokens, .metavar = "N", .help = "new tokens at most",
+         .def = "128", .lo = 1, .hi = 1 << 20},
+        {.names = "--stop", .type = OPT_STRS, .dst = &stops, .metavar = "TEXT...",
+         .help = "end the output where one of these strings begins (repeatable)"},
+        {.names = "--stop-token-ids", .type = OPT_STR, .dst = &stop_ids_s, .metavar = "ID,...",
+         .help = "end the output at one of these token ids"},
+        {.names = "--ignore-eos", .type = OPT_FLAG, .dst = &ignore_eos, .help = "go on past the end-of-sequence token",
+         .def = "off"},
+        {.names = "--chunk", .type = OPT_INT, .dst = &chunk, .metavar = "N", .help = "prompt tokens per forward step",
+         .def = "256", .lo = 1, .hi = 1 << 16},
+        {.names = "--disable-cuda-graph|--enforce-eager|--no-graphs", .type = OPT_FLAG, .dst = &no_graphs,
+         .help = "run decode steps eagerly, without CUDA graphs", .def = "graphs on a GPU"},
+    };
+    const OptGroup groups[] = {OPT_GROUP("generate", gen_specs), sampling_opt_group(&cli), model_opt_group(&mo,
+    MODEL_OPT_ALL),
+                               par_opt_group(&mo.par), device_opt_group(&dev)};
+    const OptCommand cmd = {.cmd = "generate", .synopsis = "MODEL (--prompt TEXT | --chat TEXT) [options]",
+                            .about = "Stream a continuation of a prompt, or the answer to a chat message, to stdout.\n"
+                                     "Sampling defaults come from the model's generation_config.json.",
+                            .groups = groups, .n_groups = (int)(sizeof groups / sizeof groups[0]), .max_pos = 1,
+                            .pos_name = "MODEL"};
+    const char *pos = NULL;
+    int n_pos = 0;
+    opt_parse(&cmd, argc, argv, &pos, &n_pos);
+    model_opt_positional(&mo, "generate", n_pos ? pos : NULL, 1);
+    if (!prompt == !chat) {
+        fprintf(stderr, "error: generate: exactly one of --prompt or --chat is required\n");
         return 2;
     }
     if (system_msg && !chat) fatal("generate: --system goes with --chat");
-    dir = model_dir_resolve("generate", dir, revision, 1);
+    for (int i = 0; i < stops.n; i++)
+        if (!*stops.v[i]) fatal("generate: --stop needs a non-empty string");
+    const char *const *stop_strs = stops.v;
+    int n_stops = stops.n;
+    mo.dir = model_dir_resolve("generate", mo.dir, mo.revision, !mo.dummy);
 
     char err[1024];
-    device = dist_setup(&par, device);
+    const char *device = model_dist_start(&mo, dev.device);
     Model m;
-    model_load_shard(&m, dir, dist_get() ? dist_shard : NULL, &par);
-    m.cfg.kv_dtype = kv_dtype;
+    model_open(&m, &mo);
     ModelText mt;
-    model_text_open(&mt, dir, m.cfg.eos_ids, m.cfg.n_eos);
+    model_text_open(&mt, mo.dir, m.cfg.eos_ids, m.cfg.n_eos);
+    if (chat_template && model_text_use_template(&mt, chat_template, err, sizeof err) < 0) fatal("generate: %s", err);
     const Tokenizer *tok = mt.tok;
     SamplingParams sp = mt.defaults;
     /* stop token ids end the output like an eos, and are not printed (vLLM's stop_token_ids) */
@@ -100,14 +102,15 @@ int cmd_generate(int argc, char **argv)
         q = *end == ',' ? end + 1 : end;
         if (*end && *end != ',') fatal("generate: --stop-token-ids: unexpected '%c'", *end);
     }
-    if (temperature >= 0) sp.temperature = (float)temperature;
-    if (top_p > 0) sp.top_p = (float)top_p;
-    if (top_k >= -1) sp.top_k = top_k;
-    if (min_p >= 0) sp.min_p = (float)min_p;
-    if (rep > 0) sp.repetition_penalty = (float)rep;
-    sp.frequency_penalty = (float)freq;
-    sp.presence_penalty = (float)pres;
-    sp.seed = seed;
+    /* the command line over the model's defaults, field by field */
+    if (opt_given(&cmd, &cli.temperature)) sp.temperature = cli.temperature;
+    if (opt_given(&cmd, &cli.top_p)) sp.top_p = cli.top_p;
+    if (opt_given(&cmd, &cli.top_k)) sp.top_k = cli.top_k;
+    if (opt_given(&cmd, &cli.min_p)) sp.min_p = cli.min_p;
+    if (opt_given(&cmd, &cli.repetition_penalty)) sp.repetition_penalty = cli.repetition_penalty;
+    sp.frequency_penalty = cli.frequency_penalty;
+    sp.presence_penalty = cli.presence_penalty;
+    sp.seed = cli.seed;
     const char *bad = sampling_params_check(&sp);
     if (bad) fatal("generate: %s", bad);
 
@@ -133,7 +136,7 @@ int cmd_generate(int argc, char **argv)
     if (max_ctx > m.cfg.max_position) fatal("generate: %d prompt + %d new tokens exceed the context length %d", n_ids, max_tokens, m.cfg.max_position);
 
     Backend be;
-    backend_open(&be, device, threads);
+    backend_open(&be, device, dev.threads);
     Model dm;
     model_on_backend(&dm, &m, &be);
     if (model_worker(&dm, &be)) { /* rank 0 prints; this rank repeats its steps */
@@ -163,7 +166,7 @@ int cmd_generate(int argc, char **argv)
     /* decode: text is kept until no stop string can still begin in it */
     size_t tcap = 4096, tlen = 0, printed = 0, max_stop = 0;
     char *text = xmalloc(tcap);
-    for (int i = 0; i < n_stops; i++) max_stop = strlen(stops[i]) > max_stop ? strlen(stops[i]) : max_stop;
+    for (int i = 0; i < n_stops; i++) max_stop = strlen(stop_strs[i]) > max_stop ? strlen(stop_strs[i]) : max_stop;
     int n_gen = 0;
     const char *why = "length";
     double t1 = clock_now();
@@ -183,7 +186,7 @@ int cmd_generate(int argc, char **argv)
             memcpy(text + tlen, piece, n);
             tlen += n;
         }
-        long at = find_stop(text, tlen, stops, n_stops);
+        long at = find_stop(text, tlen, stop_strs, n_stops);
         if (at >= 0) {
             fwrite(text + printed, 1, at - printed > 0 ? at - printed : 0, stdout);
             printed = tlen;

@@ -17,13 +17,9 @@
 #include "../backend/backend.h"
 #include "../model/kv_cache.h"
 #include "../model/model.h"
+#include "../engine/engine.h"
 #include "cli.h"
 #include <math.h>
-
-static const char *const usage_line =
-    "moeserve info --model DIR|ORG/NAME [--revision R] [--json] [--tp N] [--pp N] [--ep N] [--pp-layers A,B,..] "
-    "[--gpu-mem GB] "
-    "[--max-batch-tokens N] [--max-running-requests N] [--max-model-len N] [--kv-cache-dtype bf16|fp8|float32]";
 
 /* ---- types ---- */
 
@@ -611,26 +607,42 @@ static void print_layout(const char *dir, const ModelConfig *whole, const QuantC
 
 int cmd_info(int argc, char **argv)
 {
-    const char *dir = NULL, *revision = NULL;
+    ModelOpts mo = {0};
     int as_json = 0;
     Layout lo = {.max_batch_tokens = 2048, .max_running = 64, .max_model_len = 0};
-    int want_layout = 0;
-    for (int i = 1; i < argc; i++) {
-        if (opt_str(argc, argv, &i, "--model", &dir) || opt_str(argc, argv, &i, "--revision", &revision)) continue;
-        if (opt_flag(argv, &i, "--json", &as_json)) continue;
-        if (par_opt(argc, argv, &i, &lo.par) || opt_double(argc, argv, &i, "--gpu-mem", 0.1, 1e6, &lo.gpu_gb) ||
-            opt_int(argc, argv, &i, "--max-batch-tokens", 1, 1 << 24, &lo.max_batch_tokens) ||
-            opt_int(argc, argv, &i, "--max-running-requests", 1, 1 << 16, &lo.max_running) ||
-            opt_int(argc, argv, &i, "--max-model-len", 2, 1 << 24, &lo.max_model_len) ||
-            opt_kv_cache_dtype(argc, argv, &i, &lo.kv_dtype)) {
-            want_layout = 1;
-            continue;
-        }
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { printf("usage: %s\n", usage_line); return 0; }
-        opt_unknown("info", argv[i], usage_line);
-    }
-    if (!dir) { fprintf(stderr, "error: info: --model DIR is required\nusage: %s\n", usage_line); return 2; }
-    dir = model_dir_resolve("info", dir, revision, 1);
+    const OptSpec specs[] = {
+        {.names = "--json", .type = OPT_FLAG, .dst = &as_json, .help = "one JSON object", .def = "off"},
+    };
+    const OptSpec layout_specs[] = {
+        {.names = "--gpu-mem", .type = OPT_DOUBLE, .dst = &lo.gpu_gb, .metavar = "GB",
+         .help = "memory of each GPU: does the layout fit, and how many KV tokens", .lo = 0.1, .hi = 1e6},
+        {.names = ENGINE_MAX_BATCH_TOKENS_NAMES, .type = OPT_INT, .dst = &lo.max_batch_tokens, .metavar = "N",
+         .help = "tokens of one forward step (activations)", .def = "2048", .lo = 1, .hi = 1 << 24},
+        {.names = ENGINE_MAX_RUNNING_NAMES, .type = OPT_INT, .dst = &lo.max_running, .metavar = "N",
+         .help = "sequences running at once", .def = "64", .lo = 1, .hi = 1 << 16},
+        {.names = ENGINE_MAX_MODEL_LEN_NAMES, .type = OPT_INT, .dst = &lo.max_model_len, .metavar = "N",
+         .help = "prompt + output tokens of a request", .def = "the context length, at most 4096", .lo = 2,
+         .hi = 1 << 24},
+    };
+    const OptGroup groups[] = {OPT_GROUP("info", specs), model_opt_group(&mo, MODEL_OPT_DIR | MODEL_OPT_KV),
+                               par_opt_group(&lo.par), OPT_GROUP("memory of a layout", layout_specs)};
+    const OptCommand cmd = {.cmd = "info", .synopsis = "MODEL [options]",
+                            .about = "A model's architecture, parameters and precisions; with a layout option, the "
+                                     "memory "
+                                     "of each rank.",
+                            .groups = groups, .n_groups = (int)(sizeof groups / sizeof groups[0]), .max_pos = 1,
+                            .pos_name = "MODEL"};
+    const char *pos = NULL;
+    int n_pos = 0;
+    opt_parse(&cmd, argc, argv, &pos, &n_pos);
+    model_opt_positional(&mo, "info", n_pos ? pos : NULL, 1);
+    lo.kv_dtype = mo.kv_dtype;
+    /* any layout option asks for the layout's memory */
+    int want_layout = opt_given(&cmd, &mo.kv_dtype);
+    for (int g = 2; g < 4; g++)
+        for (int i = 0; i < groups[g].n; i++) want_layout |= opt_given(&cmd, groups[g].specs[i].dst);
+    const char *dir = mo.dir;
+    dir = model_dir_resolve("info", dir, mo.revision, 1);
     DIR *d = opendir(dir);
     if (!d) { fprintf(stderr, "error: info: %s: not a readable directory\n", dir); return 1; }
     closedir(d);

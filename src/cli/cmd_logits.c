@@ -12,9 +12,6 @@
 #include "../engine/runner.h"
 #include "cli.h"
 
-#define LOGITS_USAGE "moeserve logits " MODEL_OPTS_USAGE " --tokens ID,ID,... [--chunk N] [--device cpu|cuda] " \
-                     "[--threads N] [--block-size N] --out FILE"
-
 /* Parse "5,17,42" into ids, each in [0, vocab). Returns the count. */
 static int parse_tokens(const char *s, int vocab, int **out)
 {
@@ -41,24 +38,36 @@ static int parse_tokens(const char *s, int vocab, int **out)
 int cmd_logits(int argc, char **argv)
 {
     ModelOpts mo = {0};
-    const char *tokens_s = NULL, *out_path = NULL, *device = NULL;
-    int chunk = 0, threads = 0, block_size = 16, help = 0;
-    for (int i = 1; i < argc; i++) {
-        if (opt_model(argc, argv, &i, &mo) || opt_str(argc, argv, &i, "--tokens", &tokens_s) ||
-            opt_str(argc, argv, &i, "--out", &out_path) || opt_str(argc, argv, &i, "--device", &device) ||
-            opt_int(argc, argv, &i, "--chunk", 1, 1 << 20, &chunk) ||
-            opt_int(argc, argv, &i, "--threads", 1, 4096, &threads) ||
-            opt_int(argc, argv, &i, "--block-size", 1, 4096, &block_size) || opt_flag(argv, &i, "--help", &help))
-            continue;
-        opt_unknown("logits", argv[i], LOGITS_USAGE);
-    }
-    if (help) { printf("usage: %s\n", LOGITS_USAGE); return 0; }
-    if (!mo.dir || !tokens_s || !out_path) {
-        fprintf(stderr, "error: logits: --model, --tokens and --out are required\nusage: %s\n", LOGITS_USAGE);
+    DeviceOpts dev = {0};
+    const char *tokens_s = NULL, *out_path = NULL;
+    int chunk = 0, block_size = 16;
+    const OptSpec specs[] = {
+        {.names = "--tokens", .type = OPT_STR, .dst = &tokens_s, .metavar = "ID,ID,...",
+         .help = "the input token ids (required)"},
+        {.names = "--out", .type = OPT_STR, .dst = &out_path, .metavar = "FILE",
+         .help = "where the float32 logits go, [tokens, vocab] row-major (required)"},
+        {.names = "--chunk", .type = OPT_INT, .dst = &chunk, .metavar = "N",
+         .help = "tokens fed per forward step (1: the decode path)", .def = "all at once", .lo = 1, .hi = 1 << 20},
+        {.names = "--block-size", .type = OPT_INT, .dst = &block_size, .metavar = "N",
+         .help = "KV cache block size in tokens",
+         .def = "16", .lo = 1, .hi = 4096},
+    };
+    const OptGroup groups[] = {OPT_GROUP("logits", specs), model_opt_group(&mo, MODEL_OPT_ALL), par_opt_group(&mo.par),
+                               device_opt_group(&dev)};
+    const OptCommand cmd = {.cmd = "logits", .synopsis = "MODEL --tokens ID,ID,... --out FILE [options]",
+                            .about = "One forward pass over the tokens; the logits of every position into FILE.",
+                            .groups = groups, .n_groups = (int)(sizeof groups / sizeof groups[0]), .max_pos = 1,
+                            .pos_name = "MODEL"};
+    const char *pos = NULL;
+    int n_pos = 0;
+    opt_parse(&cmd, argc, argv, &pos, &n_pos);
+    model_opt_positional(&mo, "logits", n_pos ? pos : NULL, 1);
+    if (!tokens_s || !out_path) {
+        fprintf(stderr, "error: logits: --tokens and --out are required\n");
         return 2;
     }
     mo.dir = model_dir_resolve("logits", mo.dir, mo.revision, !mo.dummy);
-    device = model_dist_start(&mo, device);
+    const char *device = model_dist_start(&mo, dev.device);
 
     Model m;
     model_open(&m, &mo);
@@ -69,7 +78,7 @@ int cmd_logits(int argc, char **argv)
     if (chunk <= 0 || chunk > T) chunk = T;
 
     Backend be;
-    backend_open(&be, device, threads);
+    backend_open(&be, device, dev.threads);
     Model dm;
     model_on_backend(&dm, &m, &be);
     if (model_worker(&dm, &be)) { /* rank 0 writes --out */

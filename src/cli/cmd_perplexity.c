@@ -15,40 +15,47 @@
 #include "../dist/dist.h"
 #include "cli.h"
 
-#define PPL_USAGE "moeserve perplexity --model DIR|ORG/NAME [--revision R] --text-file F [--ctx N] [--max-windows N] " \
-                  "[--device cpu|cuda] " \
-                  "[--threads N] [--json] " KV_DTYPE_USAGE " " PAR_OPTS_USAGE
-
 int cmd_perplexity(int argc, char **argv)
 {
-    const char *dir = NULL, *revision = NULL, *file = NULL, *device = NULL;
-    int ctx = 512, max_windows = 0, threads = 0, as_json = 0, help = 0;
-    ParOpts par = {0};
-    KVDtype kv_dtype = KV_DTYPE_AUTO;
-    for (int i = 1; i < argc; i++) {
-        if (opt_str(argc, argv, &i, "--model", &dir) || opt_str(argc, argv, &i, "--revision", &revision) ||
-            opt_str(argc, argv, &i, "--text-file", &file) ||
-            opt_str(argc, argv, &i, "--device", &device) || opt_int(argc, argv, &i, "--ctx", 2, 1 << 20, &ctx) ||
-            opt_int(argc, argv, &i, "--max-windows", 0, 1 << 30, &max_windows) ||
-            opt_int(argc, argv, &i, "--threads", 1, 4096, &threads) || opt_flag(argv, &i, "--json", &as_json) ||
-            opt_kv_cache_dtype(argc, argv, &i, &kv_dtype) || opt_flag(argv, &i, "--help", &help) || par_opt(argc, argv, &i, &par))
-            continue;
-        opt_unknown("perplexity", argv[i], PPL_USAGE);
-    }
-    if (help) { printf("usage: %s\n", PPL_USAGE); return 0; }
-    if (!dir || !file) {
-        fprintf(stderr, "error: perplexity: --model and --text-file are required\nusage: %s\n", PPL_USAGE);
+    ModelOpts mo = {0};
+    DeviceOpts dev = {0};
+    const char *file = NULL;
+    int ctx = 512, max_windows = 0, as_json = 0;
+    const OptSpec specs[] = {
+        {.names = "--text-file", .type = OPT_STR, .dst = &file, .metavar = "FILE",
+         .help = "the text to evaluate (required)"},
+        {.names = "--ctx", .type = OPT_INT, .dst = &ctx, .metavar = "N", .help = "tokens of a window", .def = "512",
+         .lo = 2,
+         .hi = 1 << 20},
+        {.names = "--max-windows", .type = OPT_INT, .dst = &max_windows, .metavar = "N",
+         .help = "windows at most (0: all)",
+         .def = "0", .lo = 0, .hi = 1 << 30},
+        {.names = "--json", .type = OPT_FLAG, .dst = &as_json, .help = "one JSON object instead of the text line",
+         .def = "off"},
+    };
+    const OptGroup groups[] = {OPT_GROUP("perplexity", specs), model_opt_group(&mo, MODEL_OPT_ALL),
+    par_opt_group(&mo.par),
+                               device_opt_group(&dev)};
+    const OptCommand cmd = {.cmd = "perplexity", .synopsis = "MODEL --text-file FILE [options]",
+                            .about = "Held-out perplexity of a text, in consecutive windows of --ctx tokens.",
+                            .groups = groups, .n_groups = (int)(sizeof groups / sizeof groups[0]), .max_pos = 1,
+                            .pos_name = "MODEL"};
+    const char *pos = NULL;
+    int n_pos = 0;
+    opt_parse(&cmd, argc, argv, &pos, &n_pos);
+    model_opt_positional(&mo, "perplexity", n_pos ? pos : NULL, 1);
+    if (!file) {
+        fprintf(stderr, "error: perplexity: --text-file is required\n");
         return 2;
     }
-    dir = model_dir_resolve("perplexity", dir, revision, 1);
+    const char *dir = mo.dir = model_dir_resolve("perplexity", mo.dir, mo.revision, !mo.dummy);
     size_t len;
     char *text = file_read_all(file, &len);
     if (!text) fatal("perplexity: cannot read %s: %s", file, file_read_error(errno));
     char err[1024];
-    device = dist_setup(&par, device);
+    const char *device = model_dist_start(&mo, dev.device);
     Model m;
-    model_load_shard(&m, dir, dist_get() ? dist_shard : NULL, &par);
-    m.cfg.kv_dtype = kv_dtype;
+    model_open(&m, &mo);
     if (ctx > m.cfg.max_position) fatal("perplexity: --ctx %d exceeds the context length %d", ctx, m.cfg.max_position);
     Tokenizer *tok = tokenizer_load(dir, err, sizeof err);
     if (!tok) fatal("%s", err);
@@ -60,7 +67,7 @@ int cmd_perplexity(int argc, char **argv)
         if (ids[i] >= m.cfg.vocab) fatal("perplexity: token %d is outside the model's vocabulary (%d)", ids[i], m.cfg.vocab);
 
     Backend be;
-    backend_open(&be, device, threads);
+    backend_open(&be, device, dev.threads);
     Model dm;
     model_on_backend(&dm, &m, &be);
     if (model_worker(&dm, &be)) { /* rank 0 prints; this rank repeats its steps */

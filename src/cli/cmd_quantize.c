@@ -25,10 +25,6 @@
 #include "../format/safetensors.h"
 #include "cli.h"
 
-#define QUANTIZE_USAGE "moeserve quantize --model BF16_DIR|ORG/NAME [--revision R] --out DIR " \
-                       "[--exclude PATTERN,PATTERN...] " \
-                       "[--shard-mb N] [--threads N] [--force]"
-
 /* Files beside the weights that travel unchanged. */
 static const char *const copied_files[] = {
     "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -116,23 +112,36 @@ static int dir_is_empty_or_absent(const char *path)
 
 int cmd_quantize(int argc, char **argv)
 {
-    const char *model = NULL, *revision = NULL, *out = NULL, *exclude = NULL;
-    int shard_mb = 4096, threads = 0, help = 0, force = 0;
-    for (int i = 1; i < argc; i++) {
-        if (opt_str(argc, argv, &i, "--model", &model) || opt_str(argc, argv, &i, "--revision", &revision) ||
-            opt_str(argc, argv, &i, "--out", &out) ||
-            opt_str(argc, argv, &i, "--exclude", &exclude) ||
-            opt_int(argc, argv, &i, "--shard-mb", 1, 1 << 24, &shard_mb) ||
-            opt_int(argc, argv, &i, "--threads", 1, 4096, &threads) || opt_flag(argv, &i, "--force", &force) ||
-            opt_flag(argv, &i, "--help", &help))
-            continue;
-        opt_unknown("quantize", argv[i], QUANTIZE_USAGE);
-    }
-    if (help) { printf("usage: %s\n", QUANTIZE_USAGE); return 0; }
-    if (!model || !out) {
-        fprintf(stderr, "error: quantize: --model and --out are required\nusage: %s\n", QUANTIZE_USAGE);
+    ModelOpts mo = {0};
+    const char *out = NULL, *exclude = NULL;
+    int shard_mb = 4096, threads = 0, force = 0;
+    const OptSpec specs[] = {
+        {.names = "--out", .type = OPT_STR, .dst = &out, .metavar = "DIR",
+         .help = "where the NVFP4 checkpoint goes (required)"},
+        {.names = "--exclude", .type = OPT_STR, .dst = &exclude, .metavar = "PATTERN,...",
+         .help = "modules kept in BF16 besides the defaults (router, lm_head, ...)"},
+        {.names = "--shard-mb", .type = OPT_INT, .dst = &shard_mb, .metavar = "N", .help = "MB per safetensors shard",
+         .def = "4096", .lo = 1, .hi = 1 << 24},
+        {.names = "--threads", .type = OPT_INT, .dst = &threads, .metavar = "N", .help = "CPU threads",
+         .def = "every core",
+         .lo = 1, .hi = 4096},
+        {.names = "--force", .type = OPT_FLAG, .dst = &force, .help = "write into an --out that is not empty",
+         .def = "off"},
+    };
+    const OptGroup groups[] = {OPT_GROUP("quantize", specs), model_opt_group(&mo, MODEL_OPT_DIR)};
+    const OptCommand cmd = {.cmd = "quantize", .synopsis = "MODEL --out DIR [options]",
+                            .about = "Write a ModelOpt NVFP4 checkpoint from a BF16 one (MODEL: a directory or a "
+                                     "Hub id).",
+                            .groups = groups, .n_groups = 2, .max_pos = 1, .pos_name = "MODEL"};
+    const char *pos = NULL;
+    int n_pos = 0;
+    opt_parse(&cmd, argc, argv, &pos, &n_pos);
+    model_opt_positional(&mo, "quantize", n_pos ? pos : NULL, 1);
+    if (!out) {
+        fprintf(stderr, "error: quantize: --out is required\n");
         return 2;
     }
+    const char *model = mo.dir, *revision = mo.revision;
     if (threads > 0) omp_set_num_threads(threads);
     model = model_dir_resolve("quantize", model, revision, 1);
     char err[1024], rm[4096], ro[4096];

@@ -1,4 +1,4 @@
-/* cmd_serve: `moeserve serve --model DIR [options]` runs the OpenAI-compatible server
+/* cmd_serve: `moeserve serve MODEL [options]` runs the OpenAI-compatible server
  * (src/server/) over the engine (src/engine/): it loads the model, its tokenizer and chat
  * template, starts the engine thread and the HTTP threads, prints "listening on
  * http://HOST:PORT" once requests are accepted, and on SIGINT or SIGTERM stops accepting,
@@ -24,14 +24,6 @@
 #include "../diag/calibrate.h"
 #include "../dist/dist.h"
 #include "cli.h"
-
-#define SERVE_USAGE "moeserve serve " MODEL_OPTS_USAGE " [--host 127.0.0.1] [--port 8000] [--served-model-name NAME] " \
-                    "[--api-key KEY] [--device cpu|cuda] [--threads N] [--max-running-requests N] [--max-batch-tokens N] " \
-                    "[--chunked-prefill-size N] [--max-model-len N] [--kv-fraction F | --num-kv-blocks N] " \
-                    "[--num-continuous-decode-steps N] [--no-prefix-caching] [--max-queue N] [--max-body MB] " \
-                    "[--max-connections N] [--max-connections-per-client N] [--header-timeout S] [--body-min-rate KB] " \
-                    "[--http-threads N] [--drain-timeout S] [--disable-cuda-graph] [--script-output FILE] " \
-                    DIAG_OPTS_USAGE
 
 /* Open files: a connection is a descriptor; raise the soft limit to the hard one. */
 static void raise_fd_limit(int want)
@@ -82,51 +74,28 @@ int cmd_serve(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
 
     ModelOpts mo = {0};
+    DeviceOpts dev = {0};
     HttpOptions ho;
     http_options_default(&ho);
     EngineOptions eo;
     engine_options_default(&eo);
-    const char *name = NULL, *api_key = NULL, *device = NULL, *script = NULL;
-    int threads = 0, help = 0, no_prefix = 0, max_body_mb = (int)(ho.max_body >> 20), drain_s = 60;
-    int body_rate_kb = (int)(ho.body_min_rate >> 10);
-    double kv_fraction = -1;
-    for (int i = 1; i < argc; i++) {
-        if (opt_model(argc, argv, &i, &mo) || opt_str(argc, argv, &i, "--host", &ho.host) ||
-            opt_int(argc, argv, &i, "--port", 0, 65535, &ho.port) ||
-            opt_str(argc, argv, &i, "--served-model-name", &name) || opt_str(argc, argv, &i, "--api-key", &api_key) ||
-            opt_str(argc, argv, &i, "--device", &device) || opt_int(argc, argv, &i, "--threads", 1, 4096, &threads) ||
-            opt_int(argc, argv, &i, "--max-running-requests", 1, 1 << 16, &eo.max_running) ||
-            opt_int(argc, argv, &i, "--max-batch-tokens", 1, 1 << 24, &eo.max_batch_tokens) ||
-            opt_int(argc, argv, &i, "--chunked-prefill-size", 1, 1 << 24, &eo.chunked_prefill) ||
-            opt_int(argc, argv, &i, "--max-model-len", 2, 1 << 24, &eo.max_model_len) ||
-            opt_double(argc, argv, &i, "--kv-fraction", 0.01, 1.0, &kv_fraction) ||
-            opt_int(argc, argv, &i, "--num-kv-blocks", 1, 1 << 30, &eo.n_blocks) ||
-            opt_int(argc, argv, &i, "--num-continuous-decode-steps", 1, 1024, &eo.decode_steps) ||
-            opt_flag(argv, &i, "--no-prefix-caching", &no_prefix) ||
-            opt_int(argc, argv, &i, "--max-queue", 0, 1 << 24, &eo.max_queue) ||
-            opt_int(argc, argv, &i, "--max-body", 1, 1 << 12, &max_body_mb) ||
-            opt_int(argc, argv, &i, "--max-connections", 1, 1 << 16, &ho.max_connections) ||
-            opt_int(argc, argv, &i, "--max-connections-per-client", 0, 1 << 16, &ho.max_per_client) ||
-            opt_int(argc, argv, &i, "--header-timeout", 0, 86400, &ho.header_timeout_s) ||
-            opt_int(argc, argv, &i, "--body-min-rate", 0, 1 << 20, &body_rate_kb) ||
-            opt_int(argc, argv, &i, "--http-threads", 1, 256, &ho.threads) ||
-            opt_int(argc, argv, &i, "--drain-timeout", 0, 86400, &drain_s) ||
-            opt_str(argc, argv, &i, "--script-output", &script) ||
-            opt_flag(argv, &i, "--disable-cuda-graph", &eo.no_graphs) || engine_opt_diag(argc, argv, &i, &eo) ||
-            opt_flag(argv, &i, "--help", &help))
-            continue;
-        opt_unknown("serve", argv[i], SERVE_USAGE);
-    }
-    if (help) { printf("usage: %s\n", SERVE_USAGE); return 0; }
-    if (!mo.dir) {
-        fprintf(stderr, "error: serve: --model is required\nusage: %s\n", SERVE_USAGE);
-        return 2;
-    }
-    if (kv_fraction > 0 && eo.n_blocks > 0) fatal("serve: --kv-fraction and --num-kv-blocks exclude each other");
-    if (kv_fraction > 0) eo.kv_fraction = kv_fraction;
-    if (no_prefix) eo.prefix_caching = 0;
-    ho.max_body = (size_t)max_body_mb << 20;
-    ho.body_min_rate = (size_t)body_rate_kb << 10;
+    ApiOptions ao;
+    api_options_default(&ao);
+    const OptGroup groups[] = {model_opt_group(&mo, MODEL_OPT_ALL), par_opt_group(&mo.par), device_opt_group(&dev),
+                               engine_opt_group(&eo), http_opt_group(&ho), api_opt_group(&ao), engine_diag_group(&eo)};
+    const OptCommand cmd = {.cmd = "serve", .synopsis = "MODEL [options]",
+                            .about = "The OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/models, "
+                                     "/health, /metrics.\nMODEL is a directory or a Hugging Face Hub id (ORG/NAME).",
+                            .groups = groups, .n_groups = (int)(sizeof groups / sizeof groups[0]), .max_pos = 1,
+                            .pos_name = "MODEL"};
+    const char *pos = NULL;
+    int n_pos = 0;
+    opt_parse(&cmd, argc, argv, &pos, &n_pos);
+    model_opt_positional(&mo, "serve", n_pos ? pos : NULL, 1);
+    if (opt_given(&cmd, &eo.kv_fraction) && opt_given(&cmd, &eo.n_blocks))
+        fatal("serve: --kv-fraction and --num-kv-blocks exclude each other");
+    const char *device = dev.device, *api_key = ao.api_key, *script = ao.script_path;
+    const char *name = ao.names.n ? ao.names.v[0] : NULL;
     raise_fd_limit(ho.max_connections);
     /* the model's name: --served-model-name, else --model as given (as vLLM); then its last
      * path component is accepted too */
@@ -146,7 +115,9 @@ int cmd_serve(int argc, char **argv)
     Metrics metrics;
     metrics_init(&metrics);
     Api api = {.model_name = name, .model_alias = alias[0] ? alias : NULL, .api_key = api_key, .created = (int64_t)time(NULL),
-               .metrics = &metrics, .script_path = script, .loading = 1};
+               .metrics = &metrics, .script_path = script, .loading = 1,
+               .more_names = ao.names.n > 1 ? ao.names.v + 1 : NULL, .n_more_names = ao.names.n > 1 ? ao.names.n - 1 : 0,
+               .seeded = ao.seed >= 0, .default_seed = ao.seed, .tool_parser = ao.tool_parser};
     char err[512];
     HttpServer *h = NULL;
     if (!dist_get() || dist_get()->rank == 0) {
@@ -158,6 +129,8 @@ int cmd_serve(int argc, char **argv)
     model_open(&m, &mo);
     ModelText mt;
     model_text_open(&mt, mo.dir, m.cfg.eos_ids, m.cfg.n_eos);
+    if (ao.chat_template && model_text_use_template(&mt, ao.chat_template, err, sizeof err) < 0)
+        fatal("serve: %s", err);
     if (!mt.chat) log_warn("serve: %s; /v1/chat/completions will answer 400", mt.chat_err);
     if (tokenizer_vocab_size(mt.tok) > m.cfg.vocab) { /* an added token too many: the model has no row for it */
         const char *first = tokenizer_token(mt.tok, m.cfg.vocab);
@@ -165,7 +138,7 @@ int cmd_serve(int argc, char **argv)
                  "will be refused (400)", tokenizer_vocab_size(mt.tok), m.cfg.vocab, m.cfg.vocab, first ? first : "?");
     }
     Backend be;
-    backend_open(&be, device, threads);
+    backend_open(&be, device, dev.threads);
     Model dm;
     model_on_backend(&dm, &m, &be);
     /* the roofs the diagnosis compares against (cached per machine; every rank takes part) */
@@ -192,6 +165,13 @@ int cmd_serve(int argc, char **argv)
     api.ceilings = eo.profile_every > 0 ? &ceil : NULL;
     api.server_info = info;
     api.layout = (Deployment){.tp = mo.par.tp, .pp = mo.par.pp, .ep = mo.par.ep, .microbatches = mo.par.microbatches};
+    const char *markup = openai_template_tool_parser(&api);
+    if (ao.tool_parser && !markup)
+        log_info("serve: --tool-call-parser %s: the chat template writes no GLM tool call; calls in the output are "
+                 "parsed in either markup", ao.tool_parser);
+    else if (ao.tool_parser && strcmp(markup, ao.tool_parser))
+        log_info("serve: --tool-call-parser %s overrides the chat template's markup (%s) where tool_choice forces a "
+                 "call", ao.tool_parser, markup);
     if (script) log_warn("serve: --script-output %s: every output is scripted (a test hook), not the model's", script);
     __atomic_store_n(&api.loading, 0, __ATOMIC_RELEASE); /* every field above is visible to the HTTP threads first */
     log_info("serve: model %s (%s) as '%s' on %s, context %d tokens%s", mo.dir, m.cfg.architecture, name, be.name, max_len,
@@ -205,8 +185,9 @@ int cmd_serve(int argc, char **argv)
     api.draining = 1;
     http_quiesce(h);
     engine_stop(e, 1);
-    int left = http_wait_idle(h, drain_s);
-    if (left) log_warn("serve: %d connections still open after %d s (slow readers): closing them", left, drain_s);
+    int left = http_wait_idle(h, ho.drain_timeout_s);
+    if (left) log_warn("serve: %d connections still open after %d s (slow readers): closing them", left,
+    ho.drain_timeout_s);
     http_stop(h);
     engine_free(e);
     free(info);

@@ -22,9 +22,6 @@
 #include "../format/config.h"
 #include "cli.h"
 
-#define SYNTH_USAGE "moeserve synth --arch glm5|glm4_moe --preset tiny|tiny-air|glm5|glm5-layer|glm4.5|glm4.5-air " \
-                    "[--quant bf16|nvfp4] --out DIR [--layers N] [--mtp N] [--seed N] [--shard-mb N] "      \
-                    "[--threads N] [--dry-run]"
 #define SYNTH_TF_VERSION "5.17.0"  /* the transformers whose save_pretrained output is mirrored */
 
 /* ---- types ---- */
@@ -455,23 +452,37 @@ static const Preset *find_preset(const char *name, const char *arch_s)
 int cmd_synth(int argc, char **argv)
 {
     const char *arch_s = NULL, *preset_s = NULL, *quant_s = "bf16", *out = NULL;
-    int layers = 0, mtp = -1, seed = 1, shard_mb = 4096, threads = 0, dry = 0, help = 0;
-    for (int i = 1; i < argc; i++) {
-        if (opt_str(argc, argv, &i, "--arch", &arch_s) || opt_str(argc, argv, &i, "--preset", &preset_s) ||
-            opt_str(argc, argv, &i, "--quant", &quant_s) || opt_str(argc, argv, &i, "--out", &out) ||
-            opt_int(argc, argv, &i, "--layers", 1, MODEL_MAX_LAYERS - 16, &layers) ||
-            opt_int(argc, argv, &i, "--mtp", 0, 16, &mtp) ||
-            opt_int(argc, argv, &i, "--seed", 0, 2147483647L, &seed) ||
-            opt_int(argc, argv, &i, "--shard-mb", 1, 1 << 24, &shard_mb) ||
-            opt_int(argc, argv, &i, "--threads", 1, 4096, &threads) || opt_flag(argv, &i, "--dry-run", &dry) ||
-            opt_flag(argv, &i, "--help", &help))
-            continue;
-        opt_unknown("synth", argv[i], SYNTH_USAGE);
-    }
-    if (help) { printf("usage: %s\n", SYNTH_USAGE); return 0; }
+    int layers = 0, mtp = -1, seed = 1, shard_mb = 4096, threads = 0, dry = 0;
+    const OptSpec specs[] = {
+        {.names = "--preset", .type = OPT_STR, .dst = &preset_s, .metavar = "NAME",
+         .help = "the shape: tiny, tiny-air, glm5, glm5-layer, glm4.5 or glm4.5-air (required)"},
+        {.names = "--arch", .type = OPT_STR, .dst = &arch_s, .metavar = "glm5|glm4_moe",
+         .help = "the architecture, where a preset has both", .def = "the preset's"},
+        {.names = "--quant", .type = OPT_STR, .dst = &quant_s, .metavar = "bf16|nvfp4", .help = "the weights' format",
+         .def = "bf16"},
+        {.names = "--out", .type = OPT_STR, .dst = &out, .metavar = "DIR",
+         .help = "where the checkpoint goes (required)"},
+        {.names = "--layers", .type = OPT_INT, .dst = &layers, .metavar = "N", .help = "layers instead of the preset's",
+         .def = "the preset's", .lo = 1, .hi = MODEL_MAX_LAYERS - 16},
+        {.names = "--mtp", .type = OPT_INT, .dst = &mtp, .metavar = "N", .help = "multi-token-prediction layers",
+         .def = "the preset's", .lo = 0, .hi = 16},
+        {.names = "--seed", .type = OPT_INT, .dst = &seed, .metavar = "N", .help = "of the random weights", .def = "1",
+         .lo = 0,
+         .hi = 2147483647},
+        {.names = "--shard-mb", .type = OPT_INT, .dst = &shard_mb, .metavar = "N", .help = "MB per safetensors shard",
+         .def = "4096", .lo = 1, .hi = 1 << 24},
+        {.names = "--threads", .type = OPT_INT, .dst = &threads, .metavar = "N", .help = "CPU threads",
+         .def = "every core",
+         .lo = 1, .hi = 4096},
+        {.names = "--dry-run", .type = OPT_FLAG, .dst = &dry, .help = "print the plan, write nothing", .def = "off"},
+    };
+    const OptGroup groups[] = {OPT_GROUP("synth", specs)};
+    const OptCommand cmd = {.cmd = "synth", .synopsis = "--preset NAME --out DIR [options]",
+                            .about = "Write a random-weight checkpoint in the real Hugging Face layout.",
+                            .groups = groups, .n_groups = 1};
+    opt_parse(&cmd, argc, argv, NULL, NULL);
     if (!preset_s || (!out && !dry)) {
-        fprintf(stderr, "error: synth: %s is required\nusage: %s\n", !preset_s ? "--preset" : "--out (or --dry-run)",
-                SYNTH_USAGE);
+        fprintf(stderr, "error: synth: %s is required\n", !preset_s ? "--preset" : "--out (or --dry-run)");
         return 2;
     }
     int nvfp4 = !strcmp(quant_s, "nvfp4");

@@ -13,11 +13,6 @@
 #include "../format/tokenizer.h"
 #include "cli.h"
 
-static const char *const tok_usage =
-    "moeserve tokenize --tokenizer FILE_OR_DIR|ORG/NAME (--text S | --text-file F) [--add-special]";
-static const char *const detok_usage =
-    "moeserve detokenize --tokenizer FILE_OR_DIR|ORG/NAME --ids 1,2,3 [--skip-special]";
-
 static Tokenizer *load_or_fail(const char *cmd, const char *path)
 {
     path = model_dir_resolve(cmd, path, NULL, 0); /* a Hub id: its config and tokenizer files */
@@ -31,15 +26,24 @@ int cmd_tokenize(int argc, char **argv)
 {
     const char *path = NULL, *text = NULL, *text_file = NULL;
     int add_special = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { printf("usage: %s\n", tok_usage); return 0; }
-        if (opt_str(argc, argv, &i, "--tokenizer", &path) || opt_str(argc, argv, &i, "--text", &text) ||
-            opt_str(argc, argv, &i, "--text-file", &text_file) || opt_flag(argv, &i, "--add-special", &add_special))
-            continue;
-        opt_unknown("tokenize", argv[i], tok_usage);
-    }
+    const OptSpec specs[] = {
+        {.names = "--tokenizer", .type = OPT_STR, .dst = &path, .metavar = "FILE|DIR|ORG/NAME",
+         .help = "tokenizer.json, a model directory or a Hub id (required)"},
+        {.names = "--text", .type = OPT_STR, .dst = &text, .metavar = "TEXT", .help = "the text to encode"},
+        {.names = "--text-file", .type = OPT_STR, .dst = &text_file, .metavar = "FILE",
+         .help = "the text to encode, from a file"},
+        {.names = "--add-special", .type = OPT_FLAG, .dst = &add_special,
+         .help = "add the post-processor's special tokens (BOS, ...)", .def = "off"},
+    };
+    const OptGroup groups[] = {OPT_GROUP("tokenize", specs)};
+    const OptCommand cmd = {.cmd = "tokenize",
+    .synopsis = "--tokenizer PATH (--text TEXT | --text-file FILE) [options]",
+                            .about = "The token ids of a text, as Hugging Face's encode(text, "
+                                     "add_special_tokens=False).",
+                            .groups = groups, .n_groups = 1};
+    opt_parse(&cmd, argc, argv, NULL, NULL);
     if (!path || (!text == !text_file)) {
-        fprintf(stderr, "error: tokenize: needs --tokenizer and one of --text, --text-file\nusage: %s\n", tok_usage);
+        fprintf(stderr, "error: tokenize: needs --tokenizer and one of --text, --text-file\n");
         return 1;
     }
     char *buf = NULL;
@@ -101,15 +105,19 @@ int cmd_detokenize(int argc, char **argv)
 {
     const char *path = NULL, *ids_s = NULL;
     int skip = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { printf("usage: %s\n", detok_usage); return 0; }
-        if (opt_str(argc, argv, &i, "--tokenizer", &path) || opt_str(argc, argv, &i, "--ids", &ids_s) ||
-            opt_flag(argv, &i, "--skip-special", &skip))
-            continue;
-        opt_unknown("detokenize", argv[i], detok_usage);
-    }
+    const OptSpec specs[] = {
+        {.names = "--tokenizer", .type = OPT_STR, .dst = &path, .metavar = "FILE|DIR|ORG/NAME",
+         .help = "tokenizer.json, a model directory or a Hub id (required)"},
+        {.names = "--ids", .type = OPT_STR, .dst = &ids_s, .metavar = "ID,ID,...", .help = "the token ids (required)"},
+        {.names = "--skip-special", .type = OPT_FLAG, .dst = &skip, .help = "leave special tokens out of the text",
+         .def = "off"},
+    };
+    const OptGroup groups[] = {OPT_GROUP("detokenize", specs)};
+    const OptCommand cmd = {.cmd = "detokenize", .synopsis = "--tokenizer PATH --ids ID,ID,... [options]",
+                            .about = "The text of token ids.", .groups = groups, .n_groups = 1};
+    opt_parse(&cmd, argc, argv, NULL, NULL);
     if (!path || !ids_s) {
-        fprintf(stderr, "error: detokenize: needs --tokenizer and --ids\nusage: %s\n", detok_usage);
+        fprintf(stderr, "error: detokenize: needs --tokenizer and --ids\n");
         return 1;
     }
     Tokenizer *t = load_or_fail("detokenize", path);

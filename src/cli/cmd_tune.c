@@ -14,23 +14,30 @@
 #include "../backend/cuda/w4.h"
 #endif
 
-#define TUNE_USAGE "moeserve tune [--device N] [--iters N] [--cache FILE | --no-save] [--smem-budget KB] [--quick]"
-
 int cmd_tune(int argc, char **argv)
 {
-    int device = 0, iters = 10, no_save = 0, budget_kb = 0, quick = 0, help = 0;
+    int device = 0, iters = 10, no_save = 0, budget_kb = 0, quick = 0;
     const char *cache = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (opt_int(argc, argv, &i, "--device", 0, 64, &device) || opt_int(argc, argv, &i, "--iters", 1, 1000, &iters) ||
-            opt_str(argc, argv, &i, "--cache", &cache) || opt_int(argc, argv, &i, "--smem-budget", 1, 1 << 20, &budget_kb) ||
-            opt_flag(argv, &i, "--no-save", &no_save) || opt_flag(argv, &i, "--quick", &quick) || opt_flag(argv, &i, "--help", &help))
-            continue;
-        opt_unknown("tune", argv[i], TUNE_USAGE);
-    }
-    if (help) {
-        printf("usage: %s\n", TUNE_USAGE);
-        return 0;
-    }
+    const OptSpec specs[] = {
+        {.names = "--device", .type = OPT_INT, .dst = &device, .metavar = "N", .help = "the GPU", .def = "0", .lo = 0,
+         .hi = 64},
+        {.names = "--iters", .type = OPT_INT, .dst = &iters, .metavar = "N", .help = "timed runs of each configuration",
+         .def = "10", .lo = 1, .hi = 1000},
+        {.names = "--cache", .type = OPT_STR, .dst = &cache, .metavar = "FILE", .help = "where the winners go",
+         .def = "the per-device table the CUDA backend reads"},
+        {.names = "--no-save", .type = OPT_FLAG, .dst = &no_save, .help = "print the table, cache nothing",
+         .def = "off"},
+        {.names = "--smem-budget", .type = OPT_INT, .dst = &budget_kb, .metavar = "KB",
+         .help = "shared memory per block of a smaller GPU (simulated; nothing cached)", .def = "this GPU's", .lo = 1,
+         .hi = 1 << 20},
+        {.names = "--quick", .type = OPT_FLAG, .dst = &quick, .help = "fewer shapes", .def = "off"},
+    };
+    const OptGroup groups[] = {OPT_GROUP("tune", specs)};
+    const OptCommand cmd = {.cmd = "tune", .synopsis = "[options]",
+                            .about = "Time the NVFP4 kernels' tiles on this GPU and cache the winners.",
+                            .groups = groups,
+                            .n_groups = 1};
+    opt_parse(&cmd, argc, argv, NULL, NULL);
 #ifdef MOESERVE_CUDA
     if (cuda_device_count() == 0) fatal("tune: no CUDA device is available (the kernels it tunes are the GPU's)");
     char path[4096];

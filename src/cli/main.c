@@ -5,6 +5,7 @@
 
 #include "../base/knobs.h"
 #include "cli.h"
+#include "version.h" /* build/gen/version.h: the Makefile writes it */
 
 typedef struct {
     const char *name;
@@ -26,8 +27,16 @@ static const Command commands[] = {
     {"tokenize", cmd_tokenize, "print the token ids of a text (Hugging Face tokenizer.json)"},
     {"detokenize", cmd_detokenize, "print the text of token ids"},
     {"calibrate", cmd_calibrate, "measure and cache this machine's ceilings (bandwidth, tensor rate, collectives)"},
+    {"version", NULL, "the version, git commit and CUDA architectures of this build (also --version)"},
     {"diagnose", cmd_diagnose, "where a deployment's step time goes and what to change (a server's, or a built-in load's)"},
 };
+
+/* `moeserve --version`: what was built, from what */
+static int version(void)
+{
+    printf("moeserve %s\ngit commit: %s\nCUDA: %s\n", MOESERVE_VERSION, MOESERVE_GIT_COMMIT, MOESERVE_CUDA_ARCHS);
+    return fflush(stdout) ? 1 : 0;
+}
 
 static void usage(FILE *f)
 {
@@ -35,7 +44,7 @@ static void usage(FILE *f)
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].help);
     fprintf(f, "\n`moeserve <command> --help` shows a command's options; `moeserve help env` the MOESERVE_*\n"
-               "environment variables.\n");
+               "environment variables; `moeserve --version` the build.\n");
 }
 
 /* `moeserve help env [--values]`: the knob table (knobs.h) as docs/USAGE.md lists it, or each
@@ -60,6 +69,8 @@ int main(int argc, char **argv)
     backend_omp_passive(argv);
     knobs_init();
     if (argc >= 3 && !strcmp(argv[1], "help") && !strcmp(argv[2], "env")) return help_env(argc - 2, argv + 2);
+    if (argc >= 2 && (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V") || !strcmp(argv[1],
+    "version"))) return version();
     if (argc < 2 || !strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

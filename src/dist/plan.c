@@ -2,14 +2,17 @@
 #include "plan.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../base/util.h"
 #include "../base/opt.h"
 
-static void parse_layers(const char *s, ParOpts *p)
+/* --pp-layers "39,39": the layers of each stage */
+static int take_layers(const char *s, void *dst, char *err, size_t errlen)
 {
+    ParOpts *p = (ParOpts *)((char *)dst - offsetof(ParOpts, pp_layers));
     p->n_pp_layers = 0;
     const char *q = s;
     while (*q) {
@@ -17,28 +20,48 @@ static void parse_layers(const char *s, ParOpts *p)
         errno = 0;
         long v = strtol(q, &end, 10);
         if (end == q || errno || v < 1 || v > MODEL_MAX_LAYERS)
-            fatal("option --pp-layers: '%s' is not a comma-separated list of layer counts (each >= 1)", s);
-        if (p->n_pp_layers == PLAN_MAX_STAGES) fatal("option --pp-layers: more than %d stages", PLAN_MAX_STAGES);
+            return errbuf_set(err, errlen, "'%s' is not a comma-separated list of layer counts (each >= 1)", s), -1;
+        if (p->n_pp_layers == PLAN_MAX_STAGES) return errbuf_set(err, errlen, "more than %d stages", PLAN_MAX_STAGES),
+        -1;
         p->pp_layers[p->n_pp_layers++] = (int)v;
         q = end;
         if (*q == ',') q++;
-        else if (*q) fatal("option --pp-layers: unexpected '%c' in '%s'", *q, s);
+        else if (*q) return errbuf_set(err, errlen, "unexpected '%c' in '%s'", *q, s), -1;
     }
-    if (!p->n_pp_layers) fatal("option --pp-layers is empty");
+    if (!p->n_pp_layers) return errbuf_set(err, errlen, "the list is empty"), -1;
+    return 0;
 }
 
-int par_opt(int argc, char **argv, int *i, ParOpts *p)
+/* --dp N: one engine a process; several of them are several servers */
+static int take_dp(const char *s, void *dst, char *err, size_t errlen)
 {
-    const char *layers = NULL;
-    if (opt_int(argc, argv, i, "--tp", 1, 1024, &p->tp) || opt_int(argc, argv, i, "--pp", 1, PLAN_MAX_STAGES, &p->pp) ||
-        opt_int(argc, argv, i, "--ep", 1, 1024, &p->ep) ||
-        opt_int(argc, argv, i, "--pp-microbatches", 1, 1024, &p->microbatches))
-        return 1;
-    if (opt_str(argc, argv, i, "--pp-layers", &layers)) {
-        parse_layers(layers, p);
-        return 1;
-    }
-    return 0;
+    (void)dst;
+    if (!strcmp(s, "1")) return 0;
+    errbuf_set(err, errlen, "'%s': moeserve runs one data-parallel replica a process; start one server per replica "
+               "(behind a load balancer)", s);
+    return -1;
+}
+
+OptGroup par_opt_group(ParOpts *p)
+{
+    OPT_GROUP_RETURN("parallel layout",
+        {.names = PAR_TP_NAMES, .type = OPT_INT, .dst = &p->tp, .metavar = "N", .help = "tensor-parallel ranks",
+         .def = "1", .lo = 1, .hi = 1024},
+        {.names = PAR_PP_NAMES, .type = OPT_INT, .dst = &p->pp, .metavar = "N", .help = "pipeline stages", .def = "1",
+         .lo = 1, .hi = PLAN_MAX_STAGES},
+        {.names = PAR_EP_NAMES, .type = OPT_INT, .dst = &p->ep, .metavar = "N",
+         .help = "expert-parallel ranks: whole experts per tensor rank (equal to --tp, or alone it sets --tp)",
+         .def = "1",
+         .lo = 1, .hi = 1024},
+        {.names = "--enable-expert-parallel|--enable-ep-moe", .type = OPT_FLAG, .dst = &p->ep_is_tp,
+         .help = "expert parallelism over the tensor-parallel ranks (--ep equal to --tp)", .def = "off"},
+        {.names = "--pp-layers", .type = OPT_FN, .dst = p->pp_layers, .metavar = "A,B,..",
+         .help = "layers of each pipeline stage",
+         .def = "an even split", .fn = take_layers},
+        {.names = "--pp-microbatches", .type = OPT_INT, .dst = &p->microbatches, .metavar = "N",
+         .help = "micro-batches in flight per step under --pp", .def = "--pp", .lo = 1, .hi = 1024},
+        {.names = "--dp|--data-parallel-size|-dp|--dp-size", .type = OPT_FN, .metavar = "1",
+         .help = "data-parallel replicas: 1 (one server a replica)", .def = "1", .fn = take_dp});
 }
 
 int par_resolve(ParOpts *p, char *err, size_t errlen)
@@ -46,6 +69,7 @@ int par_resolve(ParOpts *p, char *err, size_t errlen)
     if (p->tp <= 0) p->tp = 1;
     if (p->pp <= 0) p->pp = 1;
     if (p->ep <= 0) p->ep = 1;
+    if (p->ep_is_tp && p->ep == 1) p->ep = p->tp;
     if (p->ep > 1 && p->tp == 1) p->tp = p->ep; /* --ep E alone implies --tp E (SGLang) */
     if (p->ep > 1 && p->ep != p->tp) {
         errbuf_set(err, errlen, "--ep %d with --tp %d: expert parallelism spans the tensor-parallel group, so --ep must "

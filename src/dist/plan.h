@@ -15,6 +15,7 @@
 
 #include <stddef.h>
 
+#include "../base/opt.h"
 #include "../format/config.h"
 
 #define PLAN_MAX_STAGES 64
@@ -24,13 +25,17 @@ typedef struct {
     int pp_layers[PLAN_MAX_STAGES];     /* --pp-layers: layers per stage; n_pp_layers 0: even split */
     int n_pp_layers;
     int microbatches;                   /* --pp-microbatches: in flight per step (0: pp) */
+    int ep_is_tp;                       /* --enable-expert-parallel (vLLM): ep = tp */
 } ParOpts;
 
-/* "--tp N --pp N --ep N --pp-layers A,B,... --pp-microbatches N":
- * consumes one option like the opt_* parsers of cli.h (1 if it was one of these). */
-int par_opt(int argc, char **argv, int *i, ParOpts *p);
-#define PAR_OPTS_USAGE "[--tp N] [--pp N] [--ep N] [--pp-layers A,B,..] [--pp-microbatches N]"
-/* Normalise (--ep E alone implies --tp E) and check the layout against itself; 0 ok, -1 err. */
+/* The layout options, --tp N (also vLLM's --tensor-parallel-size, SGLang's --tp-size), --pp N,
+ * --ep N, --enable-expert-parallel, --pp-layers A,B,..., --pp-microbatches N, into p. */
+OptGroup par_opt_group(ParOpts *p);
+#define PAR_TP_NAMES "--tp|--tensor-parallel-size|-tp|--tp-size"
+#define PAR_PP_NAMES "--pp|--pipeline-parallel-size|-pp|--pp-size"
+#define PAR_EP_NAMES "--ep|--expert-parallel-size|-ep|--ep-size"
+/* Normalise (--ep E alone implies --tp E; --enable-expert-parallel sets ep to tp) and check the layout
+ * against itself; 0 ok, -1 err. */
 int par_resolve(ParOpts *p, char *err, size_t errlen);
 int par_world(const ParOpts *p);
 

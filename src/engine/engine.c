@@ -254,6 +254,12 @@ Engine *engine_create(const Model *m, Backend *be, const EngineOptions *o, const
     for (int i = 0; i < n_eos && e->n_eos < ENGINE_MAX_EOS; i++) e->eos[e->n_eos++] = eos[i];
     int bs = e->o.block_size;
     e->max_blocks_per_seq = (e->o.max_model_len + bs - 1) / bs;
+    if (e->o.gpu_fraction > 0) {
+        if (be->host_memory)
+            log_info("engine: --gpu-memory-utilization %g does not apply on the %s backend (no GPU memory): the KV "
+                     "pool is sized from the host's memory (--kv-fraction)", e->o.gpu_fraction, be->name);
+        else e->o.kv_fraction = e->o.gpu_fraction;
+    }
     int nb = e->o.n_blocks;
     size_t per_block = kv_cache_block_bytes(c, bs);
     if (nb <= 0) {
@@ -850,7 +856,56 @@ void engine_diagnose(Engine *e, const Ceilings *c, const Deployment *layout, Dia
     diagnose(&s, c, d, g);
 }
 
-int engine_opt_diag(int argc, char **argv, int *i, EngineOptions *eo)
+OptGroup engine_opt_group(EngineOptions *o)
 {
-    return opt_int(argc, argv, i, "--profile-every", 0, 1 << 20, &eo->profile_every);
+    OPT_GROUP_RETURN("engine",
+        {.names = ENGINE_MAX_RUNNING_NAMES, .type = OPT_INT, .dst = &o->max_running, .metavar = "N",
+         .help = "sequences running at once (a batch)", .def = opt_def("%d", o->max_running), .lo = 1, .hi = 1 << 16},
+        {.names = ENGINE_MAX_BATCH_TOKENS_NAMES, .type = OPT_INT, .dst = &o->max_batch_tokens, .metavar = "N",
+         .help = "tokens of one forward step (decode tokens and prefill chunks)",
+         .def = opt_def("%d", o->max_batch_tokens),
+         .lo = 1, .hi = 1 << 24},
+        {.names = "--chunked-prefill-size", .type = OPT_INT, .dst = &o->chunked_prefill, .metavar = "N",
+         .help = "prompt tokens of one sequence per step (-1: up to --max-batch-tokens)", .def = "--max-batch-tokens",
+         .lo = -1, .hi = 1 << 24},
+        {.names = ENGINE_MAX_MODEL_LEN_NAMES, .type = OPT_INT, .dst = &o->max_model_len, .metavar = "N",
+         .help = "prompt + output tokens of a request", .def = "the model's context length", .lo = 2, .hi = 1 << 24},
+        {.names = "--kv-fraction", .type = OPT_DOUBLE, .dst = &o->kv_fraction, .metavar = "F",
+         .help = "the KV cache's share of the memory free after the weights",
+         .def = o->kv_fraction > 0 ? opt_def("%g", o->kv_fraction) : "0.9 of a GPU's, 0.5 of the host's available",
+         .lo = 0.01, .hi = 1},
+        {.names = "--gpu-memory-utilization|--mem-fraction-static", .type = OPT_DOUBLE, .dst = &o->gpu_fraction,
+         .metavar = "F",
+         .help = "on a GPU, --kv-fraction (the KV cache's share of the GPU memory free after the weights); "
+         "the CPU has no GPU memory: noted and ignored", .def = "--kv-fraction", .lo = 0.01, .hi = 1},
+        {.names = "--num-kv-blocks|--num-gpu-blocks-override", .type = OPT_INT, .dst = &o->n_blocks, .metavar = "N",
+         .help = "KV blocks of 16 tokens in the pool, instead of --kv-fraction", .def = "from --kv-fraction", .lo = 1,
+         .hi = 1 << 30},
+        {.names = "--num-continuous-decode-steps", .type = OPT_INT, .dst = &o->decode_steps, .metavar = "N",
+         .help = "decode steps per scheduling round", .def = opt_def("%d", o->decode_steps), .lo = 1, .hi = 1024},
+        {.names = "--enable-prefix-caching", .type = OPT_FLAG, .dst = &o->prefix_caching, .negatable = 1,
+         .help = "share the KV blocks of a common prompt prefix between requests",
+         .def = o->prefix_caching ? "on" : "off"},
+        {.names = "--no-prefix-caching|--disable-radix-cache", .type = OPT_FLAG, .dst = &o->prefix_caching,
+         .inverse = 1,
+         .help = "turn prefix caching off"},
+        {.names = "--max-queue", .type = OPT_INT, .dst = &o->max_queue, .metavar = "N",
+         .help = "waiting requests accepted before a 503", .def = opt_def("%d", o->max_queue), .lo = 0, .hi = 1 << 24},
+        {.names = "--disable-cuda-graph|--enforce-eager|--no-graphs", .type = OPT_FLAG, .dst = &o->no_graphs,
+         .help = "run decode steps eagerly, without CUDA graphs", .def = "graphs on a GPU"},
+        {.names = "--enable-chunked-prefill", .type = OPT_NOTE,
+         .help = "prefill is always chunked (--chunked-prefill-size)"},
+        {.names = "--swap-space", .type = OPT_NOTE, .metavar = "GiB",
+         .help = "a preempted sequence is recomputed, not swapped to host memory"},
+        {.names = "--disable-custom-all-reduce", .type = OPT_NOTE, .help = "the all-reduce is NCCL's (or MPI's)"},
+        {.names = "--cuda-graph-max-bs", .type = OPT_NOTE, .metavar = "N",
+         .help = "a decode graph is captured for each batch size on its first use"});
+}
+
+OptGroup engine_diag_group(EngineOptions *o)
+{
+    OPT_GROUP_RETURN("diagnosis",
+        {.names = "--profile-every", .type = OPT_INT, .dst = &o->profile_every, .metavar = "N",
+         .help = "time one step in N op by op, for the diagnosis (0: never)", .def = opt_def("%d", o->profile_every),
+         .lo = 0, .hi = 1 << 20});
 }

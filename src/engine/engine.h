@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "../backend/backend.h"
+#include "../base/opt.h"
 #include "../diag/verdict.h"
 #include "../model/model.h"
 #include "sampler.h"
@@ -29,6 +30,7 @@ typedef struct {
                                   most what kv_fraction of the free memory holds) */
     double kv_fraction;        /* --kv-fraction of the memory left after weights and activations (0:
                                   0.9 of a GPU's, 0.5 of the host's available memory) */
+    double gpu_fraction;       /* --gpu-memory-utilization: kv_fraction on a GPU backend (0: not given) */
     int decode_steps;          /* --num-continuous-decode-steps: decode steps per scheduling round */
     int prefix_caching;        /* 1: share full prompt blocks between requests */
     int max_queue;             /* waiting requests accepted before engine_submit refuses (busy) */
@@ -127,8 +129,13 @@ void engine_diag(Engine *e, ProfSum *s, Deployment *d, double p2p_gbps);
  * rest of *d is filled from the engine (and the GPU's power and clocks through NVML). */
 void engine_diagnose(Engine *e, const Ceilings *c, const Deployment *layout, Diagnosis *g, Deployment *d);
 
-/* The diagnosis options of an engine on a hand-written command line: --profile-every N. */
-int engine_opt_diag(int argc, char **argv, int *i, EngineOptions *eo);
-#define DIAG_OPTS_USAGE "[--profile-every N]"
+/* The engine's options on a command line (scheduling, the KV pool, graphs) into o, and the
+ * diagnosis options (--profile-every; test hooks). Their defaults, shown by help, are o's. */
+OptGroup engine_opt_group(EngineOptions *o);
+OptGroup engine_diag_group(EngineOptions *o);
+/* the spellings of the options `moeserve info` shares with the engine */
+#define ENGINE_MAX_RUNNING_NAMES "--max-running-requests|--max-num-seqs"
+#define ENGINE_MAX_BATCH_TOKENS_NAMES "--max-batch-tokens|--max-num-batched-tokens|--max-prefill-tokens"
+#define ENGINE_MAX_MODEL_LEN_NAMES "--max-model-len|--context-length"
 
 #endif

@@ -2,6 +2,7 @@
  * (model_text.h). */
 #include "model_text.h"
 
+#include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,6 +76,32 @@ void model_text_open(ModelText *t, const char *dir, const int *cfg_eos, int n_cf
     add_eos(t, eos);
     sampling_params_default(&t->defaults);
     read_generation_config(t, dir);
+}
+
+int model_text_use_template(ModelText *t, const char *arg, char *err, size_t errlen)
+{
+    size_t len;
+    int e = 0;
+    char *text = file_read_all(arg, &len);
+    if (!text) {
+        e = errno;
+        /* vLLM also takes the template itself on the command line */
+        if (!strstr(arg, "{%") && !strstr(arg, "{{")) {
+            errbuf_set(err, errlen, "--chat-template %s: cannot read it: %s", arg, file_read_error(e));
+            return -1;
+        }
+        text = xstrdup(arg);
+    }
+    char why[512];
+    ChatTemplate *c = chat_template_parse(text, why, sizeof why);
+    free(text);
+    if (!c) {
+        errbuf_set(err, errlen, "--chat-template %s: %s", e ? "(the text given)" : arg, why);
+        return -1;
+    }
+    if (t->chat) chat_template_free(t->chat);
+    t->chat = c;
+    return 0;
 }
 
 void model_text_free(ModelText *t)

@@ -28,6 +28,9 @@ typedef struct {
  * fatal (a start-up error); a missing chat template is not (chat is NULL). */
 void model_text_open(ModelText *t, const char *dir, const int *cfg_eos, int n_cfg_eos);
 void model_text_free(ModelText *t);
+/* The chat template of --chat-template instead of the model's: arg is a file, or (holding "{%" or
+ * "{{") the template itself. 0, or -1 with err naming the file and what is wrong with it. */
+int model_text_use_template(ModelText *t, const char *arg, char *err, size_t errlen);
 /* Render messages (and tools, kwargs: NULL or JSON) through the chat template with the
  * generation prompt; returns 0 with *out malloc'ed, or -1 with err set (no template, or the
  * template's own error). */

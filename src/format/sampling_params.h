@@ -6,6 +6,8 @@
 
 #include <stdint.h>
 
+#include "../base/opt.h"
+
 #define SAMPLER_MAX_LOGPROBS 20
 #define SAMPLER_MAX_BIAS 1024   /* logit_bias entries a request may give */
 
@@ -28,5 +30,12 @@ typedef struct {
 void sampling_params_default(SamplingParams *p);
 /* NULL if valid, else a message naming the out-of-range field (for a 400 or a CLI error). */
 const char *sampling_params_check(const SamplingParams *p);
+
+/* The sampling options of a command line (generate's) into p: --temperature, --top-k, --top-p,
+ * --min-p, the penalties, --seed. A caller that starts from a model's defaults overrides only
+ * the fields opt_given says were given. */
+OptGroup sampling_opt_group(SamplingParams *p);
+/* An OPT_FN for a seed (an int64_t, >= 0). */
+int sampling_take_seed(const char *v, void *dst, char *err, size_t errlen);
 
 #endif

@@ -8,8 +8,10 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "../base/util.h"
+#include "../format/config.h"
 #include "../hub/hub.h"
 #include "forward.h"
 
@@ -44,27 +46,140 @@ void model_on_backend_free(Model *dev, Backend *be)
     model_upload_free(dev, be);
 }
 
-int opt_kv_cache_dtype(int argc, char **argv, int *i, KVDtype *out)
+static int take_kv_dtype(const char *v, void *dst, char *err, size_t errlen)
 {
-    const char *v = NULL;
-    if (!opt_str(argc, argv, i, "--kv-cache-dtype", &v)) return 0;
-    if (model_kv_dtype_parse(v, out) < 0) fatal("option --kv-cache-dtype: '%s' is not one of %s", v, MODEL_KV_DTYPES);
-    return 1;
+    if (model_kv_dtype_parse(v, dst) == 0) return 0;
+    errbuf_set(err, errlen, "'%s' is not one of %s", v, MODEL_KV_DTYPES);
+    return -1;
 }
 
-int opt_model(int argc, char **argv, int *i, ModelOpts *o)
+/* vLLM's --load-format: dummy is --dummy-weights; the checkpoints moeserve reads are safetensors */
+static int take_load_format(const char *v, void *dst, char *err, size_t errlen)
 {
-    return opt_str(argc, argv, i, "--model", &o->dir) || opt_str(argc, argv, i, "--revision", &o->revision) ||
-           opt_flag(argv, i, "--dummy-weights", &o->dummy) ||
-           opt_str(argc, argv, i, "--dummy-quant", &o->dummy_quant) ||
-           opt_int(argc, argv, i, "--num-layers", 1, MODEL_MAX_LAYERS, &o->num_layers) ||
-           opt_kv_cache_dtype(argc, argv, i, &o->kv_dtype) || par_opt(argc, argv, i, &o->par);
+    if (!strcmp(v, "dummy")) *(int *)dst = 1;
+    else if (!strcmp(v, "auto") || !strcmp(v, "safetensors")) *(int *)dst = 0;
+    else {
+        errbuf_set(err, errlen,
+        "'%s': moeserve reads safetensors checkpoints (auto, safetensors) or makes random weights "
+                   "(dummy)", v);
+        return -1;
+    }
+    return 0;
+}
+
+OptGroup model_opt_group(ModelOpts *o, int which)
+{
+    const OptSpec all[] = {
+        {.names = "--model|--model-path", .type = OPT_STR, .dst = &o->dir, .metavar = "DIR|ORG/NAME",
+         .help = "the model: a directory, or a Hugging Face Hub id fetched into the cache (or the first argument)"},
+        {.names = "--revision", .type = OPT_STR, .dst = &o->revision, .metavar = "REV",
+         .help = "the Hub revision of ORG/NAME: a branch, tag or commit", .def = "main"},
+        {.names = "--dummy-weights", .type = OPT_FLAG, .dst = &o->dummy,
+         .help = "random weights from the model's config.json alone (for timing)", .def = "off"},
+        {.names = "--load-format", .type = OPT_FN, .dst = &o->dummy, .metavar = "auto|dummy",
+         .help = "dummy is --dummy-weights", .def = "auto", .fn = take_load_format},
+        {.names = "--dummy-quant", .type = OPT_STR, .dst = &o->dummy_quant, .metavar = "nvfp4|fp8|bf16",
+         .help = "the format of --dummy-weights", .def = "nvfp4"},
+        {.names = "--num-layers", .type = OPT_INT, .dst = &o->num_layers, .metavar = "N",
+         .help = "with --dummy-weights: the first N layers only", .def = "the config's", .lo = 1,
+         .hi = MODEL_MAX_LAYERS},
+        {.names = "--quantization|-q", .type = OPT_STR, .dst = &o->quantization, .metavar = "NAME",
+         .help = "the checkpoint's quantization, checked against it: modelopt_fp4, fp8 or none",
+         .def = "the checkpoint's"},
+        {.names = "--trust-remote-code", .type = OPT_NOTE,
+         .help = "moeserve runs its own code for the architectures it knows"},
+        {.names = "--dtype", .type = OPT_NOTE, .metavar = "TYPE",
+         .help = "activations are float32 on the CPU and the kernels' own types on the GPU"},
+        {.names = "--kv-cache-dtype", .type = OPT_FN, .dst = &o->kv_dtype, .metavar = "auto|float32|bf16|fp8",
+         .help = "the KV cache's element type (auto: fp8 when the checkpoint asks, else bf16 on a GPU, float32 on "
+                 "the CPU)",
+         .def = "auto", .fn = take_kv_dtype},
+    };
+    static OptSpec kept[sizeof all / sizeof all[0]];
+    int n = 0;
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        int w = i < 2 ? MODEL_OPT_DIR : i < 9 ? MODEL_OPT_WEIGHTS : MODEL_OPT_KV;
+        if (which & w) kept[n++] = all[i];
+    }
+    return (OptGroup){"model", kept, n};
+}
+
+void model_opt_positional(ModelOpts *o, const char *cmd, const char *pos, int required)
+{
+    if (pos && o->dir) {
+        fprintf(stderr, "error: %s: the model is given twice ('%s' and --model %s)\n", cmd, pos, o->dir);
+        exit(2);
+    }
+    if (pos) o->dir = pos;
+    if (!o->dir && required) {
+        fprintf(stderr,
+        "error: %s: a model is required: moeserve %s MODEL (a directory or a Hub id ORG/NAME), or --model\n",
+                cmd, cmd);
+        exit(2);
+    }
+}
+
+/* what a --quantization names: 'n' NVFP4, '8' FP8, '0' none, 0 unknown */
+static char quant_kind(const char *s)
+{
+    static const char *const nv[] = {"modelopt_fp4", "nvfp4", "modelopt_nvfp4", "fp4"};
+    static const char *const f8[] = {"fp8", "modelopt", "modelopt_fp8"};
+    for (size_t i = 0; i < sizeof nv / sizeof nv[0]; i++) if (!strcasecmp(s, nv[i])) return 'n';
+    for (size_t i = 0; i < sizeof f8 / sizeof f8[0]; i++) if (!strcasecmp(s, f8[i])) return '8';
+    if (!strcasecmp(s, "none") || !strcasecmp(s, "bf16") || !strcasecmp(s, "bfloat16")) return '0';
+    return 0;
+}
+
+int model_quant_check(const char *dir, const ModelOpts *o, char *err, size_t errlen)
+{
+    const char *want = o->quantization;
+    if (!want) return 0;
+    char k = quant_kind(want);
+    if (!k) {
+        errbuf_set(err, errlen,
+        "--quantization %s: moeserve runs ModelOpt NVFP4 (modelopt_fp4), FP8 (fp8) and unquantized "
+                   "(none) checkpoints", want);
+        return -1;
+    }
+    char have = 0;
+    const char *what;
+    char desc[96];
+    if (o->dummy) {
+        const char *q = o->dummy_quant ? o->dummy_quant : "nvfp4";
+        have = !strcmp(q, "nvfp4") ? 'n' : !strcmp(q, "fp8") ? '8' : '0';
+        snprintf(desc, sizeof desc, "--dummy-weights are %s (--dummy-quant)", q);
+        what = desc;
+    } else {
+        QuantConfig q;
+        char e[512];
+        if (quant_config_load(&q, dir, e, sizeof e)) return errbuf_set(err, errlen, "%s", e), -1;
+        have = q.algo == QALGO_NVFP4 || q.algo == QALGO_W4A16_NVFP4 ? 'n'
+               : q.algo == QALGO_FP8 || q.algo == QALGO_FP8_BLOCK ? '8' : q.algo == QALGO_NONE ? '0' : 'm';
+        if (q.algo == QALGO_NONE) snprintf(desc, sizeof desc, "the checkpoint is not quantized");
+        else snprintf(desc, sizeof desc, "the checkpoint is %s (%s)", q.algo_name, q.source);
+        what = desc;
+        quant_config_free(&q);
+        if (have == 'm' && k != '0') return 0; /* mixed precision: NVFP4 and FP8 modules alike */
+    }
+    if (k == have) return 0;
+    if (have == '0')
+        errbuf_set(err, errlen,
+        "--quantization %s: %s, and moeserve does not quantize at load time (moeserve quantize writes "
+                   "an NVFP4 checkpoint); leave --quantization out", want, what);
+    else
+        errbuf_set(err, errlen,
+        "--quantization %s: %s; moeserve runs a checkpoint in the format it was saved in: leave "
+                   "--quantization out, or give %s", want, what,
+                   have == 'n' ? "modelopt_fp4" : have == '8' ? "fp8" : "its own");
+    return -1;
 }
 
 void model_open(Model *m, const ModelOpts *o)
 {
     void (*shard)(ModelConfig *, void *) = dist_get() ? dist_shard : NULL;
     void *par = (void *)&o->par;
+    char err[1024];
+    if (model_quant_check(o->dir, o, err, sizeof err) < 0) fatal("%s", err);
     if (!o->dummy) {
         if (o->dummy_quant || o->num_layers) fatal("--dummy-quant and --num-layers go with --dummy-weights");
         model_load_shard(m, o->dir, shard, par);

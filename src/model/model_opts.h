@@ -23,7 +23,8 @@ void model_on_backend_free(Model *dev, Backend *be);
 /* Where the weights come from: --model DIR (or a Hub id, ORG/NAME [--revision R], made a directory
  * by model_dir_resolve), and --dummy-weights [--dummy-quant nvfp4|fp8|bf16]
  * [--num-layers N] for random weights from DIR's config.json alone (vLLM's --load-format dummy);
- * and the KV cache's element type, --kv-cache-dtype (model.h KVDtype, model_kv_dtype). */
+ * the KV cache's element type, --kv-cache-dtype (model.h KVDtype, model_kv_dtype); the
+ * checkpoint's quantization as the command line expects it (--quantization, checked). */
 typedef struct {
     const char *dir;
     const char *revision;      /* --revision, of a Hugging Face repository id in dir */
@@ -31,13 +32,20 @@ typedef struct {
     const char *dummy_quant;
     int num_layers;
     KVDtype kv_dtype;          /* --kv-cache-dtype; KV_DTYPE_AUTO when not given */
-    ParOpts par;               /* --tp --pp --ep ... (src/dist/plan.h) */
+    const char *quantization;  /* --quantization: NULL, or what the checkpoint must be (model_quant_check) */
+    ParOpts par;               /* --tp --pp --ep ... (src/dist/plan.h): par_opt_group */
 } ModelOpts;
-#define KV_DTYPE_USAGE "[--kv-cache-dtype auto|float32|bf16|fp8]"
-#define MODEL_OPTS_USAGE "--model DIR|ORG/NAME [--revision R] " \
-                         "[--dummy-weights [--dummy-quant nvfp4|fp8|bf16] [--num-layers N]] " KV_DTYPE_USAGE \
-                         " " PAR_OPTS_USAGE
-int opt_model(int argc, char **argv, int *i, ModelOpts *o);
+
+/* Which of the model options a command takes (model_opt_group): the model's directory or Hub id
+ * (--model, --revision), its weights (--dummy-weights, --quantization, ...), --kv-cache-dtype. */
+enum { MODEL_OPT_DIR = 1, MODEL_OPT_WEIGHTS = 2, MODEL_OPT_KV = 4, MODEL_OPT_ALL = 7 };
+OptGroup model_opt_group(ModelOpts *o, int which);
+/* After opt_parse: the positional MODEL (pos, or NULL) into o->dir; both it and --model is a usage
+ * error (exit 2), as is neither when required. */
+void model_opt_positional(ModelOpts *o, const char *cmd, const char *pos, int required);
+/* --quantization want against the checkpoint in dir (or the --dummy-quant of dummy weights): 0,
+ * or -1 with err saying what the checkpoint is and what moeserve would need. */
+int model_quant_check(const char *dir, const ModelOpts *o, char *err, size_t errlen);
 /* Load (or make, --dummy-weights) the model with the command's KV cache dtype in its config;
  * under several ranks (model_dist_start) only this rank's shard. */
 void model_open(Model *m, const ModelOpts *o);
@@ -47,7 +55,4 @@ const char *model_dist_start(ModelOpts *o, const char *device);
 /* After model_on_backend: on a worker rank run rank 0's steps until it is done, then return 1
  * (the command frees what it made and returns 0, printing nothing); on rank 0 or alone 0. */
 int model_worker(const Model *dm, Backend *be);
-/* --kv-cache-dtype VALUE; a value that is none of MODEL_KV_DTYPES is a fatal error listing them. */
-int opt_kv_cache_dtype(int argc, char **argv, int *i, KVDtype *out);
-
 #endif

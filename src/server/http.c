@@ -115,7 +115,57 @@ struct HttpServer {
 void http_options_default(HttpOptions *o)
 {
     *o = (HttpOptions){.host = "127.0.0.1", .port = 8000, .max_body = 4u << 20, .max_connections = 1024, .threads = 2,
-                       .timeout_s = 60, .header_timeout_s = 10, .body_min_rate = 64 * 1024, .max_per_client = 64};
+                       .timeout_s = 60, .header_timeout_s = 10, .body_min_rate = 64 * 1024, .max_per_client = 64,
+                       .drain_timeout_s = 60};
+}
+
+/* --max-body MB and --body-min-rate KB into bytes */
+static int take_scaled(const char *v, size_t *dst, int shift, long lo, long hi, char *err, size_t errlen)
+{
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) {
+        snprintf(err, errlen, "'%s' is not an integer in [%ld, %ld]", v, lo, hi);
+        return -1;
+    }
+    *dst = (size_t)x << shift;
+    return 0;
+}
+static int take_mb(const char *v, void *dst, char *err, size_t errlen) { return take_scaled(v, dst, 20, 1, 4096, err,
+errlen); }
+static int take_kb(const char *v, void *dst, char *err, size_t errlen) { return take_scaled(v, dst, 10, 0, 1 << 20,
+err, errlen); }
+
+OptGroup http_opt_group(HttpOptions *o)
+{
+    OPT_GROUP_RETURN("server",
+        {.names = "--host", .type = OPT_STR, .dst = &o->host, .metavar = "ADDR", .help = "the address to listen on",
+         .def = o->host},
+        {.names = "--port", .type = OPT_INT, .dst = &o->port, .metavar = "N", .help = "the port (0: any free one)",
+         .def = opt_def("%d", o->port), .lo = 0, .hi = 65535},
+        {.names = "--max-body", .type = OPT_FN, .dst = &o->max_body, .metavar = "MB",
+         .help = "the largest request body",
+         .def = opt_def("%zu", o->max_body >> 20), .fn = take_mb},
+        {.names = "--max-connections", .type = OPT_INT, .dst = &o->max_connections, .metavar = "N",
+         .help = "connections open at once", .def = opt_def("%d", o->max_connections), .lo = 1, .hi = 1 << 16},
+        {.names = "--max-connections-per-client", .type = OPT_INT, .dst = &o->max_per_client, .metavar = "N",
+         .help = "connections one client address may hold waiting (0: no limit)",
+         .def = opt_def("%d", o->max_per_client),
+         .lo = 0, .hi = 1 << 16},
+        {.names = "--header-timeout", .type = OPT_INT, .dst = &o->header_timeout_s, .metavar = "S",
+         .help = "seconds for a request's headers to arrive (0: no limit)", .def = opt_def("%d", o->header_timeout_s),
+         .lo = 0, .hi = 86400},
+        {.names = "--body-min-rate", .type = OPT_FN, .dst = &o->body_min_rate, .metavar = "KB",
+         .help = "KB/s a request body must arrive at, after --header-timeout (0: no limit)",
+         .def = opt_def("%zu", o->body_min_rate >> 10), .fn = take_kb},
+        {.names = "--http-threads", .type = OPT_INT, .dst = &o->threads, .metavar = "N",
+         .help = "threads polling connections",
+         .def = opt_def("%d", o->threads), .lo = 1, .hi = 256},
+        {.names = "--drain-timeout", .type = OPT_INT, .dst = &o->drain_timeout_s, .metavar = "S",
+         .help = "at SIGINT or SIGTERM, seconds the accepted requests get to finish",
+         .def = opt_def("%d", o->drain_timeout_s),
+         .lo = 0, .hi = 86400});
 }
 
 /* ---- the slot pool ---- */

@@ -29,9 +29,12 @@ typedef struct {
                                 * headers' end (a chunked one: of what has come so far); 0: no deadline */
     int max_per_client;        /* connections one client address may hold waiting for it (slow or idle; http.c
                                   over_client_cap); 0: no limit */
+    int drain_timeout_s;       /* at a stop, how long accepted requests may take to finish (the caller's wait) */
 } HttpOptions;
 
 void http_options_default(HttpOptions *o);
+/* The server's options on a command line (--host, --port, the connection limits) into o. */
+OptGroup http_opt_group(HttpOptions *o);
 
 typedef struct HttpServer HttpServer;
 

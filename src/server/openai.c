@@ -247,19 +247,25 @@ int openai_auth(const Api *a, ApiRoute route, const char *authorization, ApiErr 
     return API_EAUTH;
 }
 
-static void model_object(const Api *a, ApiBuf *o)
+/* the model as /v1/models lists it under one of its names (root: the first) */
+static void model_object(const Api *a, const char *name, ApiBuf *o)
 {
     buf_puts(o, "{\"id\":");
-    buf_jstr(o, a->model_name, strlen(a->model_name));
+    buf_jstr(o, name, strlen(name));
     buf_printf(o, ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"moeserve\",\"root\":", (long long)a->created);
     buf_jstr(o, a->model_name, strlen(a->model_name));
     buf_printf(o, ",\"parent\":null,\"max_model_len\":%d}", a->max_model_len);
 }
 
-static int model_known(const Api *a, const char *name, size_t n)
+static int same(const char *name, size_t n, const char *s) { return s && n == strlen(s) && !memcmp(name, s, n); }
+
+/* the served name that name[0..n) is, or NULL */
+static const char *model_known(const Api *a, const char *name, size_t n)
 {
-    return (n == strlen(a->model_name) && !memcmp(name, a->model_name, n)) ||
-           (a->model_alias && n == strlen(a->model_alias) && !memcmp(name, a->model_alias, n));
+    if (same(name, n, a->model_name)) return a->model_name;
+    for (int i = 0; i < a->n_more_names; i++)
+        if (same(name, n, a->more_names[i])) return a->more_names[i];
+    return same(name, n, a->model_alias) ? a->model_alias : NULL;
 }
 
 static int no_model(const char *name, ApiErr *err)
@@ -289,14 +295,19 @@ int openai_get(Api *a, ApiReq *r, const char *url, const char **content_type, Ap
         return a->draining ? 503 : 200;
     case ROUTE_MODELS:
         buf_puts(&r->out, "{\"object\":\"list\",\"data\":[");
-        model_object(a, &r->out);
+        model_object(a, a->model_name, &r->out);
+        for (int i = 0; i < a->n_more_names; i++) {
+            buf_puts(&r->out, ",");
+            model_object(a, a->more_names[i], &r->out);
+        }
         buf_puts(&r->out, "]}");
         return 200;
-    case ROUTE_MODEL:
-        if (!model_known(a, url + strlen("/v1/models/"), strlen(url + strlen("/v1/models/"))))
-            return no_model(url + strlen("/v1/models/"), err);
-        model_object(a, &r->out);
+    case ROUTE_MODEL: {
+        const char *name = model_known(a, url + strlen("/v1/models/"), strlen(url + strlen("/v1/models/")));
+        if (!name) return no_model(url + strlen("/v1/models/"), err);
+        model_object(a, name, &r->out);
         return 200;
+    }
     case ROUTE_METRICS: {
         size_t n;
         char *text = metrics_render(a->metrics, a->engine, &n);
@@ -705,6 +716,15 @@ static int parse_tool_choice(json_t *tc, json_t *tools, ToolChoice *out, char *n
     return bad_field(err, "tool_choice", "'tool_choice' names the function '%s', which is not among the tools", shown(nm, sb, sizeof sb));
 }
 
+/* A conversation whose assistant turn calls the function moeserve_probe: rendered by the chat
+ * template, it shows the template's tool-call markup. */
+static json_t *probe_messages(void)
+{
+    return json_pack("[{s:s, s:s}, {s:s, s:s, s:[{s:s, s:s, s:{s:s, s:{s:s}}}]}]", "role", "user", "content", "?",
+                     "role", "assistant", "content", "", "tool_calls", "id", "call_0", "type", "function", "function",
+                     "name", "moeserve_probe", "arguments", "moeserve_key", "v");
+}
+
 /* The opening of a tool call (of function name, or of any function when name is NULL) to append
  * to prompt, as this template writes calls: read off a probe conversation with one call, the
  * whitespace before <tool_call> (GLM-4.5/4.6: "\n", unless the prompt ends with it; GLM-4.7:
@@ -713,9 +733,7 @@ static int parse_tool_choice(json_t *tc, json_t *tools, ToolChoice *out, char *n
 static void call_prefill(Api *a, json_t *tools, json_t *kwargs, const char *prompt, size_t np, const char *name, ApiBuf *out)
 {
     static const char probe[] = "<tool_call>moeserve_probe";
-    json_t *msgs = json_pack("[{s:s, s:s}, {s:s, s:s, s:[{s:s, s:s, s:{s:s, s:{s:s}}}]}]", "role", "user", "content", "?",
-                             "role", "assistant", "content", "", "tool_calls", "id", "call_0", "type", "function", "function",
-                             "name", "moeserve_probe", "arguments", "moeserve_key", "v");
+    json_t *msgs = probe_messages();
     char *text = NULL, e[256];
     const char *at = NULL;
     if (model_text_render(a->text, msgs, tools, kwargs, 0, &text, e, sizeof e) == 0) at = strstr(text, probe);
@@ -723,6 +741,11 @@ static void call_prefill(Api *a, json_t *tools, json_t *kwargs, const char *prom
         const char *lead = at, *sep = at + strlen(probe), *sep_end = sep;
         while (lead > text && is_space(lead[-1])) lead--;
         while (is_space(*sep_end)) sep_end++;
+        /* --tool-call-parser over the template's own markup: GLM-4.5's newline after the name, or 4.7's none */
+        if (a->tool_parser) {
+            sep = !strcmp(a->tool_parser, "glm45") ? "\n" : "";
+            sep_end = sep + strlen(sep);
+        }
         size_t nl = (size_t)(at - lead);
         if (np < nl || memcmp(prompt + np - nl, lead, nl) != 0) openai_buf_add(out, lead, nl);
         buf_puts(out, "<tool_call>");
@@ -894,7 +917,8 @@ static int parse_request(Api *a, ApiReq *r, json_t *root, int **ids, int **force
     if ((rc = field_int(root, "top_k", -1, INT32_MAX, &x, err)) < 0) return rc;
     if (rc) sp.top_k = (int)x;
     if ((rc = field_int(root, "seed", INT64_MIN, INT64_MAX, &x, err)) < 0) return rc;
-    sp.seed = rc ? (int64_t)((uint64_t)x & (uint64_t)INT64_MAX) : -1; /* any int64 seeds; < 0 means the clock */
+    /* any int64 seeds; without one, serve's --seed, else the clock (< 0) */
+    sp.seed = rc ? (int64_t)((uint64_t)x & (uint64_t)INT64_MAX) : a->seeded ? a->default_seed : -1;
     sp.logprobs = -1;
     if (r->chat) {
         int lp = 0;
@@ -1525,4 +1549,72 @@ int openai_error(int rc, const ApiErr *err, ApiBuf *out)
     else buf_puts(out, "null");
     buf_puts(out, "}}");
     return status;
+}
+
+/* ---- serve's command line ---- */
+
+void api_options_default(ApiOptions *o) { *o = (ApiOptions){.seed = -1}; }
+
+static int take_tool_parser(const char *v, void *dst, char *err, size_t errlen)
+{
+    if (strcmp(v, "glm45") && strcmp(v, "glm47")) {
+        errbuf_set(err, errlen, "'%s': moeserve parses GLM tool calls: glm45 (GLM-4.5, 4.6) or glm47 (GLM-4.7, GLM-5)",
+        v);
+        return -1;
+    }
+    *(const char **)dst = v;
+    return 0;
+}
+
+static int take_reasoning_parser(const char *v, void *dst, char *err, size_t errlen)
+{
+    if (strcmp(v, "glm45")) {
+        errbuf_set(err, errlen, "'%s': moeserve splits GLM reasoning (<think>): glm45", v);
+        return -1;
+    }
+    *(const char **)dst = v;
+    return 0;
+}
+
+OptGroup api_opt_group(ApiOptions *o)
+{
+    OPT_GROUP_RETURN("API",
+        {.names = "--served-model-name", .type = OPT_STRS, .dst = &o->names, .metavar = "NAME...",
+         .help = "the names /v1/models lists and requests may give; responses carry the first",
+         .def = "--model as given, and its last path component"},
+        {.names = "--api-key", .type = OPT_STR, .dst = &o->api_key, .metavar = "KEY",
+         .help = "/v1/ requests need 'Authorization: Bearer KEY'", .def = "none"},
+        {.names = "--seed", .type = OPT_FN, .dst = &o->seed, .metavar = "N",
+         .help = "the seed of requests that bring none",
+         .def = "from the clock, per request", .fn = sampling_take_seed},
+        {.names = "--chat-template", .type = OPT_STR, .dst = &o->chat_template, .metavar = "FILE",
+         .help = "a Jinja chat template (a file, or the template itself) instead of the model's", .def = "the model's"},
+        {.names = "--tool-call-parser", .type = OPT_FN, .dst = &o->tool_parser, .metavar = "glm45|glm47",
+         .help = "GLM tool calls: both markups are parsed; this one is written when tool_choice forces a call",
+         .def = "the chat template's", .fn = take_tool_parser},
+        {.names = "--reasoning-parser", .type = OPT_FN, .dst = &o->reasoning_parser, .metavar = "glm45",
+         .help = "GLM reasoning (<think>) into reasoning_content: always on", .def = "glm45",
+         .fn = take_reasoning_parser},
+        {.names = "--enable-auto-tool-choice", .type = OPT_NOTE,
+         .help = "tool_choice auto is always on (GLM tool calls are parsed when a request has tools)"},
+        {.names = "--disable-log-requests|--disable-log-stats|--enable-metrics|"
+                  "--skip-server-warmup|--disable-fastapi-docs",
+         .type = OPT_NOTE, .help = "requests are not logged, /metrics is always on and there is no warm-up"},
+        {.names = "--uvicorn-log-level|--log-level", .type = OPT_NOTE, .metavar = "LEVEL",
+         .help = "moeserve logs at one level"},
+        {.names = "--script-output", .type = OPT_STR, .dst = &o->script_path, .metavar = "FILE"});
+}
+
+const char *openai_template_tool_parser(const Api *a)
+{
+    static const char probe[] = "<tool_call>moeserve_probe";
+    json_t *msgs = probe_messages();
+    char *text = NULL, e[256];
+    const char *at = NULL, *r = NULL;
+    if (a->text->chat && model_text_render(a->text, msgs, NULL, NULL, 0, &text, e, sizeof e) == 0) at = strstr(text,
+    probe);
+    if (at) r = at[strlen(probe)] == '\n' ? "glm45" : "glm47";
+    free(text);
+    json_decref(msgs);
+    return r;
 }

@@ -64,6 +64,12 @@ typedef struct {
     const ModelText *text;     /* borrowed: tokenizer, chat template, eos ids, sampling defaults */
     const char *model_name;    /* --served-model-name, as /v1/models lists it */
     const char *model_alias;   /* another name accepted in requests (the model directory's base name), or NULL */
+    const char *const *more_names; /* --served-model-name's names after the first: listed and accepted too */
+    int n_more_names;
+    int seeded;                /* --seed was given: default_seed seeds the requests without a seed (else the clock) */
+    int64_t default_seed;
+    const char *tool_parser;   /* --tool-call-parser glm45|glm47: the markup of a tool_choice prefill; NULL: the
+                                  chat template's */
     const char *api_key;       /* NULL: no authentication */
     const char *script_path;   /* serve --script-output FILE, a test hook, else NULL: every
                                   completion is the tokenization of FILE's text (read at each
@@ -79,6 +85,22 @@ typedef struct {
     int loading;               /* the model is not ready (atomic): /health says 503 "loading", every
                                   other route 503; only the names, api_key, created and metrics are set */
 } Api;
+
+/* The API's options on serve's command line (api_opt_group). */
+typedef struct {
+    OptStrs names;             /* --served-model-name: the first is the one responses carry */
+    const char *api_key;       /* --api-key */
+    int64_t seed;              /* --seed (-1: none) */
+    const char *tool_parser;   /* --tool-call-parser glm45|glm47, or NULL */
+    const char *reasoning_parser; /* --reasoning-parser glm45, or NULL */
+    const char *chat_template; /* --chat-template FILE (or the template's text), or NULL */
+    const char *script_path;   /* --script-output FILE: a test hook (Api.script_path) */
+} ApiOptions;
+void api_options_default(ApiOptions *o);
+OptGroup api_opt_group(ApiOptions *o);
+/* The tool-call markup the chat template writes: "glm45" (a newline after the function name),
+ * "glm47" (none), or NULL when it writes no GLM tool call. */
+const char *openai_template_tool_parser(const Api *a);
 
 #define API_MAX_STOPS 16           /* stop strings per request */
 #define API_MAX_STOP_LEN 512       /* bytes per stop string */

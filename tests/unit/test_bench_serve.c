@@ -863,7 +863,7 @@ TEST(bench_serve_goodput_burstiness)
     EXPECT(test_run(cmd, &out) != 0 && strstr(out, "ttft, tpot, e2el"), "%s", out);
     free(out);
     snprintf(cmd, sizeof cmd, "%s bench serve --base-url http://127.0.0.1:%d --goodput --num-prompts 1", test_bin(), f.port);
-    EXPECT(test_run(cmd, &out) != 0 && strstr(out, "needs KEY:MS"), "%s", out);
+    EXPECT(test_run(cmd, &out) == 2 && strstr(out, "option --goodput needs a value (KEY:MS...)"), "%s", out);
     free(out);
     fake_stop(&f);
 }
