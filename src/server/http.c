@@ -304,17 +304,30 @@ static void conn_wait_body(HttpServer *h, Slot *s, size_t bytes)
  * that sends its requests promptly can have as many answered at once as it likes (a benchmark
  * streaming 256 requests from one machine), one that trickles or idles holds at most N. Once the
  * server's connections are three quarters taken, every waiting one counts, young or not, so that
- * a burst cannot fill the rest. Under conn_mu. */
-static int over_client_cap(const HttpServer *h, const unsigned char *addr, double now)
+ * a burst cannot fill the rest. At the cap, the client's longest idle kept-alive connections
+ * (between requests, holding nothing) are closed to make room, as a keep-alive timeout would
+ * close them: a client with a pool of idle connections (a benchmark after its run) still gets
+ * its new one answered; one whose connections trickle requests does not. Under conn_mu. */
+static int over_client_cap(HttpServer *h, const unsigned char *addr, double now)
 {
     int cap = h->o.max_per_client;
     if (cap <= 0) return 0;
-    int crowded = 4 * h->n_conns >= 3 * h->o.max_connections, n = 0;
-    for (const Conn *k = h->conns; k; k = k->next)
-        if (k->waiting != CONN_IDLE && !k->expired && !memcmp(k->addr, addr, sizeof k->addr) &&
-            (crowded || now - k->since >= HTTP_SLOW_S) && ++n >= cap)
-            return 1;
-    return 0;
+    int crowded = 4 * h->n_conns >= 3 * h->o.max_connections;
+    for (;;) {
+        int n = 0;
+        Conn *idle = NULL;
+        for (Conn *k = h->conns; k; k = k->next)
+            if (k->waiting != CONN_IDLE && !k->expired && !memcmp(k->addr, addr, sizeof k->addr) &&
+                (crowded || now - k->since >= HTTP_SLOW_S)) {
+                n++;
+                if (k->waiting == CONN_NEXT && (!idle || k->since < idle->since)) idle = k;
+            }
+        if (n < cap) return 0;
+        if (!idle) return 1;
+        shutdown(idle->fd, SHUT_RDWR); /* MHD reads the end of input and closes it */
+        idle->expired = 1;
+        idle->deadline = 0;
+    }
 }
 
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode code)

@@ -316,3 +316,61 @@ TEST(server_limits_2_upload_memory)
     resp_free(&r);
     EXPECT_EQ_INT(srv_stop(&s, 60), 0);
 }
+
+/* ---- a client's pool of idle kept-alive connections ---- */
+
+/* GET /health on a kept-alive connection and read its one answer (headers, then Content-Length
+ * bytes); the status, or 0 if the connection closed or timed out first. */
+static int health_keepalive(int fd)
+{
+    static const char req[] = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+    if (send(fd, req, sizeof req - 1, MSG_NOSIGNAL) != (ssize_t)(sizeof req - 1)) return 0;
+    char b[4096];
+    size_t n = 0;
+    char *end = NULL;
+    while (!end) {
+        if (n == sizeof b - 1) return 0;
+        ssize_t r = recv(fd, b + n, sizeof b - 1 - n, 0);
+        if (r <= 0) return 0;
+        n += (size_t)r;
+        b[n] = 0;
+        end = strstr(b, "\r\n\r\n");
+    }
+    const char *cl = strcasestr(b, "Content-Length:");
+    size_t body = cl && cl < end ? (size_t)strtoul(cl + 15, NULL, 10) : 0, have = n - (size_t)(end + 4 - b);
+    while (have < body) {
+        ssize_t r = recv(fd, b, sizeof b, 0);
+        if (r <= 0) return 0;
+        have += (size_t)r;
+    }
+    int status = 0;
+    sscanf(b, "HTTP/1.%*d %d", &status);
+    return status;
+}
+
+/* A client at its --max-connections-per-client whose connections all sit idle between requests
+ * (a benchmark's pool after its run) opens one more: the server closes its longest idle one to
+ * make room and answers the new one; the other idle ones stay usable. */
+TEST(server_limits_3_idle_pool)
+{
+    enum { CAP = 4 };
+    Srv s;
+    ASSERT(srv_start(&s, "idlepool", "--max-connections-per-client 4 --header-timeout 60") == 0);
+    int fd[CAP + 1];
+    for (int i = 0; i < CAP; i++) {
+        fd[i] = connect_from("127.0.0.3", s.port, 30);
+        ASSERT(fd[i] >= 0);
+        EXPECT_EQ_INT(health_keepalive(fd[i]), 200);
+        usleep(50000); /* the first is the longest idle */
+    }
+    usleep(1500000); /* every one now waits for its client past the server's 1 s: each counts */
+    fd[CAP] = connect_from("127.0.0.3", s.port, 30);
+    ASSERT(fd[CAP] >= 0);
+    EXPECT(health_keepalive(fd[CAP]) == 200, "a new connection of a client whose %d others idle was not answered", CAP);
+    int closed = 0;
+    for (int t = 0; t < 100 && !(closed = peer_closed(fd[0])); t++) usleep(100000);
+    EXPECT(closed, "the longest idle connection was not closed to make room");
+    for (int i = 1; i <= CAP; i++) EXPECT(health_keepalive(fd[i]) == 200, "idle connection %d no longer answered", i);
+    for (int i = 0; i <= CAP; i++) close(fd[i]);
+    EXPECT_EQ_INT(srv_stop(&s, 60), 0);
+}
