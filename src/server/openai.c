@@ -1,5 +1,5 @@
 /* openai: routes, request validation and the response shapes of the OpenAI API (openai.h).
- * Sections: buffers and JSON writing -> field readers -> routing, auth and GET routes ->
+ * Sections (JSON writing is apibuf.c, the command line openai_opts.c): field readers -> routing, auth and GET routes ->
  * request parsing and submission -> events to text, stop strings and chunks -> errors. */
 #include "openai.h"
 
@@ -14,108 +14,9 @@
 #include <unistd.h>
 
 #include "../base/util.h"
+#include "apibuf.h"
 
 #define API_POLL_EVENTS 16         /* events moved per engine_poll */
-
-/* ---- buffers and JSON writing ---- */
-
-static void buf_reserve(ApiBuf *b, size_t extra)
-{
-    if (b->len + extra + 1 <= b->cap) return;
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap < b->len + extra + 1) cap *= 2;
-    b->p = xrealloc(b->p, cap);
-    b->cap = cap;
-}
-
-void openai_buf_add(ApiBuf *b, const void *p, size_t n)
-{
-    buf_reserve(b, n);
-    if (n) memcpy(b->p + b->len, p, n); /* an empty buffer's p may be NULL */
-    b->len += n;
-    b->p[b->len] = 0;
-}
-
-static void buf_puts(ApiBuf *b, const char *s) { openai_buf_add(b, s, strlen(s)); }
-
-static void buf_printf(ApiBuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void buf_printf(ApiBuf *b, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    buf_reserve(b, (size_t)n);
-    va_start(ap, fmt);
-    vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    b->len += (size_t)n;
-}
-
-static void buf_clear(ApiBuf *b)
-{
-    b->len = 0;
-    if (b->p) b->p[0] = 0;
-}
-
-void openai_buf_free(ApiBuf *b)
-{
-    free(b->p);
-    memset(b, 0, sizeof *b);
-}
-
-/* Length of the valid UTF-8 character at s[0..n), or 0 if it is not one (RFC 3629). */
-static int utf8_char_len(const unsigned char *s, size_t n)
-{
-    unsigned c = s[0];
-    int len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
-    if (!len || (size_t)len > n) return 0;
-    for (int i = 1; i < len; i++)
-        if ((s[i] & 0xC0) != 0x80) return 0;
-    unsigned cp = len == 1 ? c : len == 2 ? c & 0x1F : len == 3 ? c & 0x0F : c & 0x07;
-    for (int i = 1; i < len; i++) cp = (cp << 6) | (s[i] & 0x3F);
-    static const unsigned min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < min_cp[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
-    return len;
-}
-
-/* A JSON string: quotes, escapes, and U+FFFD for any byte that is not valid UTF-8. */
-static void buf_jstr(ApiBuf *b, const char *s, size_t n)
-{
-    buf_reserve(b, n + 2);
-    b->p[b->len++] = '"';
-    const unsigned char *u = (const unsigned char *)s;
-    for (size_t i = 0; i < n;) {
-        unsigned c = u[i];
-        if (c >= 0x20 && c < 0x80 && c != '"' && c != '\\') {
-            size_t j = i + 1; /* a run of plain ASCII */
-            while (j < n && u[j] >= 0x20 && u[j] < 0x80 && u[j] != '"' && u[j] != '\\') j++;
-            openai_buf_add(b, s + i, j - i);
-            i = j;
-            continue;
-        }
-        if (c < 0x80) {
-            char e[8];
-            const char *esc = c == '"' ? "\\\"" : c == '\\' ? "\\\\" : c == '\n' ? "\\n" : c == '\r' ? "\\r" : c == '\t' ? "\\t"
-                            : c == '\b' ? "\\b" : c == '\f' ? "\\f" : NULL;
-            if (!esc) { snprintf(e, sizeof e, "\\u%04x", c); esc = e; }
-            buf_puts(b, esc);
-            i++;
-            continue;
-        }
-        int len = utf8_char_len(u + i, n - i);
-        if (len) { openai_buf_add(b, s + i, (size_t)len); i += (size_t)len; }
-        else { buf_puts(b, "\xEF\xBF\xBD"); i++; }
-    }
-    openai_buf_add(b, "\"", 1);
-}
-
-/* A log-probability as JSON: finite, and -9999.0 for "very unlikely" as the OpenAI API does. */
-static void buf_logprob(ApiBuf *b, float lp)
-{
-    if (!isfinite(lp) || lp < -9999.0f) buf_puts(b, "-9999.0");
-    else buf_printf(b, "%.8g", (double)lp);
-}
 
 /* ---- field readers: 1 present, 0 absent or null, API_EINVAL wrong type (err set) ---- */
 
@@ -250,11 +151,11 @@ int openai_auth(const Api *a, ApiRoute route, const char *authorization, ApiErr 
 /* the model as /v1/models lists it under one of its names (root: the first) */
 static void model_object(const Api *a, const char *name, ApiBuf *o)
 {
-    buf_puts(o, "{\"id\":");
-    buf_jstr(o, name, strlen(name));
-    buf_printf(o, ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"moeserve\",\"root\":", (long long)a->created);
-    buf_jstr(o, a->model_name, strlen(a->model_name));
-    buf_printf(o, ",\"parent\":null,\"max_model_len\":%d}", a->max_model_len);
+    apibuf_puts(o, "{\"id\":");
+    apibuf_jstr(o, name, strlen(name));
+    apibuf_printf(o, ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"moeserve\",\"root\":", (long long)a->created);
+    apibuf_jstr(o, a->model_name, strlen(a->model_name));
+    apibuf_printf(o, ",\"parent\":null,\"max_model_len\":%d}", a->max_model_len);
 }
 
 static int same(const char *name, size_t n, const char *s) { return s && n == strlen(s) && !memcmp(name, s, n); }
@@ -278,12 +179,12 @@ static int no_model(const char *name, ApiErr *err)
 
 int openai_get(Api *a, ApiReq *r, const char *url, const char **content_type, ApiErr *err)
 {
-    buf_clear(&r->out);
+    apibuf_clear(&r->out);
     r->out_off = 0;
     *content_type = "application/json";
     if (__atomic_load_n(&a->loading, __ATOMIC_ACQUIRE)) { /* the listener is up before the model */
         if (r->route == ROUTE_HEALTH) {
-            buf_puts(&r->out, "{\"status\":\"loading\"}");
+            apibuf_puts(&r->out, "{\"status\":\"loading\"}");
             return 503;
         }
         errbuf_set(err->msg, sizeof err->msg, "the model is still loading; try again later");
@@ -291,16 +192,16 @@ int openai_get(Api *a, ApiReq *r, const char *url, const char **content_type, Ap
     }
     switch (r->route) {
     case ROUTE_HEALTH:
-        buf_puts(&r->out, a->draining ? "{\"status\":\"draining\"}" : "{\"status\":\"ok\"}");
+        apibuf_puts(&r->out, a->draining ? "{\"status\":\"draining\"}" : "{\"status\":\"ok\"}");
         return a->draining ? 503 : 200;
     case ROUTE_MODELS:
-        buf_puts(&r->out, "{\"object\":\"list\",\"data\":[");
+        apibuf_puts(&r->out, "{\"object\":\"list\",\"data\":[");
         model_object(a, a->model_name, &r->out);
         for (int i = 0; i < a->n_more_names; i++) {
-            buf_puts(&r->out, ",");
+            apibuf_puts(&r->out, ",");
             model_object(a, a->more_names[i], &r->out);
         }
-        buf_puts(&r->out, "]}");
+        apibuf_puts(&r->out, "]}");
         return 200;
     case ROUTE_MODEL: {
         const char *name = model_known(a, url + strlen("/v1/models/"), strlen(url + strlen("/v1/models/")));
@@ -331,11 +232,11 @@ int openai_get(Api *a, ApiReq *r, const char *url, const char **content_type, Ap
         size_t n = a->server_info ? strlen(a->server_info) : 0;
         if (n > 2 && a->server_info[n - 1] == '}') {
             openai_buf_add(&r->out, a->server_info, n - 1);
-            buf_puts(&r->out, ",");
+            apibuf_puts(&r->out, ",");
         } else {
-            buf_puts(&r->out, "{");
+            apibuf_puts(&r->out, "{");
         }
-        buf_printf(&r->out, "\"engine\":{\"running\":%d,\"waiting\":%d,\"peak_running\":%d,\"kv_blocks_total\":%d,"
+        apibuf_printf(&r->out, "\"engine\":{\"running\":%d,\"waiting\":%d,\"peak_running\":%d,\"kv_blocks_total\":%d,"
                    "\"kv_blocks_used\":%d,\"preemptions\":%llu,\"steps\":%llu,\"prompt_tokens\":%llu,"
                    "\"generation_tokens\":%llu}}", st.running, st.waiting, st.peak_running, st.kv_blocks_total,
                    st.kv_blocks_used, (unsigned long long)st.preemptions, (unsigned long long)st.steps,
@@ -354,7 +255,7 @@ int openai_get(Api *a, ApiReq *r, const char *url, const char **content_type, Ap
         char *s = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(6));
         json_decref(o);
         if (!s) return API_EINTERNAL;
-        buf_puts(&r->out, s);
+        apibuf_puts(&r->out, s);
         free(s);
         return 200;
     }
@@ -384,7 +285,7 @@ void openai_req_reset(ApiReq *r)
     /* a request that needed a lot should not pin its memory for the slot's lifetime */
     for (int i = 0; i < N_KEEP; i++) {
         if (keep[i].cap > (1u << 20)) openai_buf_free(&keep[i]);
-        buf_clear(&keep[i]);
+        apibuf_clear(&keep[i]);
     }
     glm_parse_free(&r->parser);
     json_decref(r->tools);
@@ -571,7 +472,7 @@ static int parse_messages(json_t *m, json_t **out, ApiErr *err)
         if (json_is_string(c)) continue;
         if (!json_is_array(c)) return bad_field(err, "messages", "messages[%zu].content must be a string or an array of parts", i);
         ApiBuf joined = {0};
-        buf_puts(&joined, "");
+        apibuf_puts(&joined, "");
         for (size_t k = 0; k < json_array_size(c); k++) {
             json_t *part = json_array_get(c, k), *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
             if (!json_is_object(part) || !json_is_string(type)) {
@@ -621,11 +522,11 @@ static void begin_response(Api *a, ApiReq *r)
     snprintf(r->rid, sizeof r->rid, "%s-%016llx%08x", r->chat ? "chatcmpl" : "cmpl", (unsigned long long)request_serial(),
              (unsigned)(request_serial() & 0xffffffffu));
     r->created = (int64_t)time(NULL);
-    buf_clear(&r->head);
-    buf_printf(&r->head, "{\"id\":\"%s\",\"object\":\"%s\",\"created\":%lld,\"model\":", r->rid,
+    apibuf_clear(&r->head);
+    apibuf_printf(&r->head, "{\"id\":\"%s\",\"object\":\"%s\",\"created\":%lld,\"model\":", r->rid,
                r->chat ? "chat.completion.chunk" : "text_completion", (long long)r->created);
-    buf_jstr(&r->head, a->model_name, strlen(a->model_name));
-    buf_puts(&r->head, ",\"choices\":[");
+    apibuf_jstr(&r->head, a->model_name, strlen(a->model_name));
+    apibuf_puts(&r->head, ",\"choices\":[");
 }
 
 /* ---- chat: tools, tool_choice, reasoning ---- */
@@ -748,9 +649,9 @@ static void call_prefill(Api *a, json_t *tools, json_t *kwargs, const char *prom
         }
         size_t nl = (size_t)(at - lead);
         if (np < nl || memcmp(prompt + np - nl, lead, nl) != 0) openai_buf_add(out, lead, nl);
-        buf_puts(out, "<tool_call>");
+        apibuf_puts(out, "<tool_call>");
         if (name) {
-            buf_puts(out, name);
+            apibuf_puts(out, name);
             openai_buf_add(out, sep, (size_t)(sep_end - sep));
         }
     }
@@ -1032,7 +933,7 @@ static int parse_request(Api *a, ApiReq *r, json_t *root, int **ids, int **force
 
 static void emit_chunk_start(ApiReq *r)
 {
-    buf_puts(&r->out, "data: ");
+    apibuf_puts(&r->out, "data: ");
     openai_buf_add(&r->out, r->head.p, r->head.len);
 }
 
@@ -1073,14 +974,14 @@ static void stream_open(ApiReq *r)
 {
     if (r->stream && r->chat) {
         emit_chunk_start(r);
-        buf_printf(&r->out, "{\"index\":%d,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,"
+        apibuf_printf(&r->out, "{\"index\":%d,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,"
                    "\"finish_reason\":null}]}\n\n", r->index);
     }
     if (r->stream && r->gen_start > 0) { /* the echoed prompt */
         emit_chunk_start(r);
-        buf_printf(&r->out, "{\"index\":%d,\"text\":", r->index);
-        buf_jstr(&r->out, r->text.p, r->gen_start);
-        buf_puts(&r->out, ",\"logprobs\":null,\"finish_reason\":null}]}\n\n");
+        apibuf_printf(&r->out, "{\"index\":%d,\"text\":", r->index);
+        apibuf_jstr(&r->out, r->text.p, r->gen_start);
+        apibuf_puts(&r->out, ",\"logprobs\":null,\"finish_reason\":null}]}\n\n");
         r->sent = r->gen_start;
     }
 }
@@ -1089,7 +990,7 @@ static void stream_open(ApiReq *r)
 static void move_out(ApiReq *r, ApiReq *c)
 {
     openai_buf_add(&r->out, c->out.p, c->out.len);
-    buf_clear(&c->out);
+    apibuf_clear(&c->out);
 }
 
 int openai_start(Api *a, ApiReq *r, const char *body, size_t len, EngineNotify notify, void *user, ApiErr *err)
@@ -1205,11 +1106,11 @@ static void token_json(Api *a, ApiBuf *o, int id, int with_bytes)
     char *s;
     size_t n;
     tokenizer_decode(a->text->tok, &id, 1, 0, &s, &n);
-    buf_jstr(o, s, n);
+    apibuf_jstr(o, s, n);
     if (with_bytes) {
-        buf_puts(o, ",\"bytes\":[");
-        for (size_t i = 0; i < n; i++) buf_printf(o, "%s%u", i ? "," : "", (unsigned char)s[i]);
-        buf_puts(o, "]");
+        apibuf_puts(o, ",\"bytes\":[");
+        for (size_t i = 0; i < n; i++) apibuf_printf(o, "%s%u", i ? "," : "", (unsigned char)s[i]);
+        apibuf_puts(o, "]");
     }
     free(s);
 }
@@ -1222,39 +1123,39 @@ static void emit_logprobs(Api *a, ApiReq *r)
     size_t n = r->lp.len / sizeof(EngineEvent);
     ApiBuf *o = &r->out;
     if (r->chat) {
-        buf_puts(o, "{\"content\":[");
+        apibuf_puts(o, "{\"content\":[");
         for (size_t i = 0; i < n; i++) {
-            buf_puts(o, i ? ",{\"token\":" : "{\"token\":");
+            apibuf_puts(o, i ? ",{\"token\":" : "{\"token\":");
             token_json(a, o, ev[i].token, 1);
-            buf_puts(o, ",\"logprob\":");
-            buf_logprob(o, ev[i].logprob);
-            buf_puts(o, ",\"top_logprobs\":[");
+            apibuf_puts(o, ",\"logprob\":");
+            apibuf_logprob(o, ev[i].logprob);
+            apibuf_puts(o, ",\"top_logprobs\":[");
             for (int k = 0; k < ev[i].n_top; k++) {
-                buf_puts(o, k ? ",{\"token\":" : "{\"token\":");
+                apibuf_puts(o, k ? ",{\"token\":" : "{\"token\":");
                 token_json(a, o, ev[i].top_ids[k], 1);
-                buf_puts(o, ",\"logprob\":");
-                buf_logprob(o, ev[i].top_logprobs[k]);
-                buf_puts(o, "}");
+                apibuf_puts(o, ",\"logprob\":");
+                apibuf_logprob(o, ev[i].top_logprobs[k]);
+                apibuf_puts(o, "}");
             }
-            buf_puts(o, "]}");
+            apibuf_puts(o, "]}");
         }
-        buf_puts(o, "]}");
+        apibuf_puts(o, "]}");
         return;
     }
-    buf_puts(o, "{\"tokens\":[");
+    apibuf_puts(o, "{\"tokens\":[");
     for (size_t i = 0; i < n; i++) {
-        if (i) buf_puts(o, ",");
+        if (i) apibuf_puts(o, ",");
         token_json(a, o, ev[i].token, 0);
     }
-    buf_puts(o, "],\"token_logprobs\":[");
+    apibuf_puts(o, "],\"token_logprobs\":[");
     for (size_t i = 0; i < n; i++) {
-        if (i) buf_puts(o, ",");
-        buf_logprob(o, ev[i].logprob);
+        if (i) apibuf_puts(o, ",");
+        apibuf_logprob(o, ev[i].logprob);
     }
-    buf_puts(o, "],\"top_logprobs\":[");
+    apibuf_puts(o, "],\"top_logprobs\":[");
     for (size_t i = 0; i < n; i++) {
         /* a dict keyed by token text: the first of equal texts wins (keys must be unique) */
-        buf_puts(o, i ? ",{" : "{");
+        apibuf_puts(o, i ? ",{" : "{");
         int ids[SAMPLER_MAX_LOGPROBS];
         int nk = 0;
         for (int k = 0; k < ev[i].n_top; k++) {
@@ -1268,24 +1169,24 @@ static void emit_logprobs(Api *a, ApiReq *r)
                 free(t);
             }
             if (!dup) {
-                if (nk) buf_puts(o, ",");
-                buf_jstr(o, s, sl);
-                buf_puts(o, ":");
-                buf_logprob(o, ev[i].top_logprobs[k]);
+                if (nk) apibuf_puts(o, ",");
+                apibuf_jstr(o, s, sl);
+                apibuf_puts(o, ":");
+                apibuf_logprob(o, ev[i].top_logprobs[k]);
                 ids[nk++] = ev[i].top_ids[k];
             }
             free(s);
         }
-        buf_puts(o, "}");
+        apibuf_puts(o, "}");
     }
-    buf_puts(o, "],\"text_offset\":[");
-    for (size_t i = 0; i < n; i++) buf_printf(o, "%s%zu", i ? "," : "", off[i]);
-    buf_puts(o, "]}");
+    apibuf_puts(o, "],\"text_offset\":[");
+    for (size_t i = 0; i < n; i++) apibuf_printf(o, "%s%zu", i ? "," : "", off[i]);
+    apibuf_puts(o, "]}");
 }
 
 static void emit_usage(ApiReq *r)
 {
-    buf_printf(&r->out, "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d}", r->n_prompt,
+    apibuf_printf(&r->out, "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d}", r->n_prompt,
                r->total_completion, r->n_prompt + r->total_completion);
 }
 
@@ -1294,15 +1195,15 @@ static void emit_call(ApiBuf *o, json_t *c, long index)
 {
     json_t *id = json_object_get(c, "id"), *f = json_object_get(c, "function");
     json_t *name = json_object_get(f, "name"), *args = json_object_get(f, "arguments");
-    buf_puts(o, "{");
-    if (index >= 0) buf_printf(o, "\"index\":%ld,", index);
-    buf_puts(o, "\"id\":");
-    buf_jstr(o, json_string_value(id), json_string_length(id));
-    buf_puts(o, ",\"type\":\"function\",\"function\":{\"name\":");
-    buf_jstr(o, json_string_value(name), json_string_length(name));
-    buf_puts(o, ",\"arguments\":");
-    buf_jstr(o, json_string_value(args), json_string_length(args));
-    buf_puts(o, "}}");
+    apibuf_puts(o, "{");
+    if (index >= 0) apibuf_printf(o, "\"index\":%ld,", index);
+    apibuf_puts(o, "\"id\":");
+    apibuf_jstr(o, json_string_value(id), json_string_length(id));
+    apibuf_puts(o, ",\"type\":\"function\",\"function\":{\"name\":");
+    apibuf_jstr(o, json_string_value(name), json_string_length(name));
+    apibuf_puts(o, ",\"arguments\":");
+    apibuf_jstr(o, json_string_value(args), json_string_length(args));
+    apibuf_puts(o, "}}");
 }
 
 /* The fields of a chat delta, in the shape of glm_parse_delta_json: the parsed reasoning and
@@ -1311,26 +1212,26 @@ static void emit_delta(ApiReq *r)
 {
     const char *sep = "";
     if (r->reasoning.len) {
-        buf_puts(&r->out, "\"reasoning_content\":");
-        buf_jstr(&r->out, r->reasoning.p, r->reasoning.len);
+        apibuf_puts(&r->out, "\"reasoning_content\":");
+        apibuf_jstr(&r->out, r->reasoning.p, r->reasoning.len);
         sep = ",";
     }
     if (r->content.len) {
-        buf_printf(&r->out, "%s\"content\":", sep);
-        buf_jstr(&r->out, r->content.p, r->content.len);
+        apibuf_printf(&r->out, "%s\"content\":", sep);
+        apibuf_jstr(&r->out, r->content.p, r->content.len);
         sep = ",";
     }
     size_t n_calls = json_array_size(r->calls);
     if (n_calls > r->calls_sent) {
-        buf_printf(&r->out, "%s\"tool_calls\":[", sep);
+        apibuf_printf(&r->out, "%s\"tool_calls\":[", sep);
         for (size_t i = r->calls_sent; i < n_calls; i++) {
-            if (i > r->calls_sent) buf_puts(&r->out, ",");
+            if (i > r->calls_sent) apibuf_puts(&r->out, ",");
             emit_call(&r->out, json_array_get(r->calls, i), (long)i);
         }
-        buf_puts(&r->out, "]");
+        apibuf_puts(&r->out, "]");
     }
-    buf_clear(&r->reasoning);
-    buf_clear(&r->content);
+    apibuf_clear(&r->reasoning);
+    apibuf_clear(&r->content);
     r->calls_sent = n_calls;
 }
 
@@ -1349,71 +1250,71 @@ static void emit_stream_chunk(Api *a, ApiReq *r, size_t upto, int final)
     if (!n && !has_lp && !final) return; /* nothing to say (a character, a stop prefix or markup held back) */
     emit_chunk_start(r);
     if (r->chat) {
-        buf_printf(&r->out, "{\"index\":%d,\"delta\":{", r->index);
+        apibuf_printf(&r->out, "{\"index\":%d,\"delta\":{", r->index);
         emit_delta(r);
-        buf_puts(&r->out, "}");
+        apibuf_puts(&r->out, "}");
     } else {
-        buf_printf(&r->out, "{\"index\":%d,\"text\":", r->index);
-        buf_jstr(&r->out, r->text.p + r->sent, n);
+        apibuf_printf(&r->out, "{\"index\":%d,\"text\":", r->index);
+        apibuf_jstr(&r->out, r->text.p + r->sent, n);
     }
-    buf_puts(&r->out, ",\"logprobs\":");
+    apibuf_puts(&r->out, ",\"logprobs\":");
     if (has_lp) emit_logprobs(a, r);
-    else buf_puts(&r->out, "null");
-    buf_clear(&r->lp);
-    buf_clear(&r->lp_off);
-    if (final) buf_printf(&r->out, ",\"finish_reason\":\"%s\"}]}\n\n", openai_req_finish_name(r));
-    else buf_puts(&r->out, ",\"finish_reason\":null}]}\n\n");
+    else apibuf_puts(&r->out, "null");
+    apibuf_clear(&r->lp);
+    apibuf_clear(&r->lp_off);
+    if (final) apibuf_printf(&r->out, ",\"finish_reason\":\"%s\"}]}\n\n", openai_req_finish_name(r));
+    else apibuf_puts(&r->out, ",\"finish_reason\":null}]}\n\n");
     r->sent = upto;
 }
 
 /* One choice of a non-streaming response into o. */
 static void emit_choice(Api *a, ApiReq *r, ApiBuf *o)
 {
-    buf_printf(o, "{\"index\":%d,", r->index);
+    apibuf_printf(o, "{\"index\":%d,", r->index);
     if (r->chat) {
         /* content is null when the reply is only reasoning and tool calls */
         size_t n_calls = json_array_size(r->calls);
-        buf_puts(o, "\"message\":{\"role\":\"assistant\",\"content\":");
-        if (r->content.len || (!r->reasoning.len && !n_calls)) buf_jstr(o, r->content.p ? r->content.p : "", r->content.len);
-        else buf_puts(o, "null");
+        apibuf_puts(o, "\"message\":{\"role\":\"assistant\",\"content\":");
+        if (r->content.len || (!r->reasoning.len && !n_calls)) apibuf_jstr(o, r->content.p ? r->content.p : "", r->content.len);
+        else apibuf_puts(o, "null");
         if (r->reasoning.len) {
-            buf_puts(o, ",\"reasoning_content\":");
-            buf_jstr(o, r->reasoning.p, r->reasoning.len);
+            apibuf_puts(o, ",\"reasoning_content\":");
+            apibuf_jstr(o, r->reasoning.p, r->reasoning.len);
         }
         if (n_calls) {
-            buf_puts(o, ",\"tool_calls\":[");
+            apibuf_puts(o, ",\"tool_calls\":[");
             for (size_t i = 0; i < n_calls; i++) {
-                if (i) buf_puts(o, ",");
+                if (i) apibuf_puts(o, ",");
                 emit_call(o, json_array_get(r->calls, i), -1);
             }
-            buf_puts(o, "]");
+            apibuf_puts(o, "]");
         }
-        buf_puts(o, ",\"refusal\":null},\"logprobs\":");
+        apibuf_puts(o, ",\"refusal\":null},\"logprobs\":");
     } else {
-        buf_puts(o, "\"text\":");
-        buf_jstr(o, r->text.p, r->text.len);
-        buf_puts(o, ",\"logprobs\":");
+        apibuf_puts(o, "\"text\":");
+        apibuf_jstr(o, r->text.p, r->text.len);
+        apibuf_puts(o, ",\"logprobs\":");
     }
     if (r->logprobs >= 0) emit_logprobs(a, r);
-    else buf_puts(o, "null");
-    buf_printf(o, ",\"finish_reason\":\"%s\"}", openai_req_finish_name(r));
+    else apibuf_puts(o, "null");
+    apibuf_printf(o, ",\"finish_reason\":\"%s\"}", openai_req_finish_name(r));
 }
 
 /* The whole response of a non-streaming request. */
 static void emit_body(Api *a, ApiReq *r)
 {
     ApiBuf *o = &r->out;
-    buf_printf(o, "{\"id\":\"%s\",\"object\":\"%s\",\"created\":%lld,\"model\":", r->rid,
+    apibuf_printf(o, "{\"id\":\"%s\",\"object\":\"%s\",\"created\":%lld,\"model\":", r->rid,
                r->chat ? "chat.completion" : "text_completion", (long long)r->created);
-    buf_jstr(o, a->model_name, strlen(a->model_name));
-    buf_puts(o, ",\"choices\":[");
+    apibuf_jstr(o, a->model_name, strlen(a->model_name));
+    apibuf_puts(o, ",\"choices\":[");
     for (int i = 0; i < r->n_choices; i++) {
-        if (i) buf_puts(o, ",");
+        if (i) apibuf_puts(o, ",");
         emit_choice(a, i ? &r->more[i - 1] : r, o);
     }
-    buf_puts(o, "],");
+    apibuf_puts(o, "],");
     emit_usage(r);
-    buf_puts(o, "}");
+    apibuf_puts(o, "}");
 }
 
 static void text_append(ApiReq *r, const char *s, size_t n)
@@ -1512,11 +1413,11 @@ int openai_pump(Api *a, ApiReq *r)
     else {
         if (r->include_usage) {
             emit_chunk_start(r);
-            buf_puts(&r->out, "],");
+            apibuf_puts(&r->out, "],");
             emit_usage(r);
-            buf_puts(&r->out, "}\n\n");
+            apibuf_puts(&r->out, "}\n\n");
         }
-        buf_puts(&r->out, "data: [DONE]\n\n");
+        apibuf_puts(&r->out, "data: [DONE]\n\n");
     }
     r->done = 1;
     return 1;
@@ -1537,72 +1438,18 @@ int openai_error(int rc, const ApiErr *err, ApiBuf *out)
     const char *type = "server_error";
     for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
         if (map[i].rc == rc) { status = map[i].status; type = map[i].type; }
-    buf_clear(out);
-    buf_puts(out, "{\"error\":{\"message\":");
+    apibuf_clear(out);
+    apibuf_puts(out, "{\"error\":{\"message\":");
     const char *msg = err && err->msg[0] ? err->msg : "internal error";
-    buf_jstr(out, msg, strlen(msg));
-    buf_printf(out, ",\"type\":\"%s\",\"param\":", type);
-    if (err && err->param) buf_jstr(out, err->param, strlen(err->param));
-    else buf_puts(out, "null");
-    buf_puts(out, ",\"code\":");
-    if (err && err->code) buf_jstr(out, err->code, strlen(err->code));
-    else buf_puts(out, "null");
-    buf_puts(out, "}}");
+    apibuf_jstr(out, msg, strlen(msg));
+    apibuf_printf(out, ",\"type\":\"%s\",\"param\":", type);
+    if (err && err->param) apibuf_jstr(out, err->param, strlen(err->param));
+    else apibuf_puts(out, "null");
+    apibuf_puts(out, ",\"code\":");
+    if (err && err->code) apibuf_jstr(out, err->code, strlen(err->code));
+    else apibuf_puts(out, "null");
+    apibuf_puts(out, "}}");
     return status;
-}
-
-/* ---- serve's command line ---- */
-
-void api_options_default(ApiOptions *o) { *o = (ApiOptions){.seed = -1}; }
-
-static int take_tool_parser(const char *v, void *dst, char *err, size_t errlen)
-{
-    if (strcmp(v, "glm45") && strcmp(v, "glm47")) {
-        errbuf_set(err, errlen, "'%s': moeserve parses GLM tool calls: glm45 (GLM-4.5, 4.6) or glm47 (GLM-4.7, GLM-5)",
-        v);
-        return -1;
-    }
-    *(const char **)dst = v;
-    return 0;
-}
-
-static int take_reasoning_parser(const char *v, void *dst, char *err, size_t errlen)
-{
-    if (strcmp(v, "glm45")) {
-        errbuf_set(err, errlen, "'%s': moeserve splits GLM reasoning (<think>): glm45", v);
-        return -1;
-    }
-    *(const char **)dst = v;
-    return 0;
-}
-
-OptGroup api_opt_group(ApiOptions *o)
-{
-    OPT_GROUP_RETURN("API",
-        {.names = "--served-model-name", .type = OPT_STRS, .dst = &o->names, .metavar = "NAME...",
-         .help = "the names /v1/models lists and requests may give; responses carry the first",
-         .def = "--model as given, and its last path component"},
-        {.names = "--api-key", .type = OPT_STR, .dst = &o->api_key, .metavar = "KEY",
-         .help = "/v1/ requests need 'Authorization: Bearer KEY'", .def = "none"},
-        {.names = "--seed", .type = OPT_FN, .dst = &o->seed, .metavar = "N",
-         .help = "the seed of requests that bring none",
-         .def = "from the clock, per request", .fn = sampling_take_seed},
-        {.names = "--chat-template", .type = OPT_STR, .dst = &o->chat_template, .metavar = "FILE",
-         .help = "a Jinja chat template (a file, or the template itself) instead of the model's", .def = "the model's"},
-        {.names = "--tool-call-parser", .type = OPT_FN, .dst = &o->tool_parser, .metavar = "glm45|glm47",
-         .help = "GLM tool calls: both markups are parsed; this one is written when tool_choice forces a call",
-         .def = "the chat template's", .fn = take_tool_parser},
-        {.names = "--reasoning-parser", .type = OPT_FN, .dst = &o->reasoning_parser, .metavar = "glm45",
-         .help = "GLM reasoning (<think>) into reasoning_content: always on", .def = "glm45",
-         .fn = take_reasoning_parser},
-        {.names = "--enable-auto-tool-choice", .type = OPT_NOTE,
-         .help = "tool_choice auto is always on (GLM tool calls are parsed when a request has tools)"},
-        {.names = "--disable-log-requests|--disable-log-stats|--enable-metrics|"
-                  "--skip-server-warmup|--disable-fastapi-docs",
-         .type = OPT_NOTE, .help = "requests are not logged, /metrics is always on and there is no warm-up"},
-        {.names = "--uvicorn-log-level|--log-level", .type = OPT_NOTE, .metavar = "LEVEL",
-         .help = "moeserve logs at one level"},
-        {.names = "--script-output", .type = OPT_STR, .dst = &o->script_path, .metavar = "FILE"});
 }
 
 const char *openai_template_tool_parser(const Api *a)

@@ -22,9 +22,9 @@
 #include <stdint.h>
 
 #include "../engine/engine.h"
-#include "../engine/engine.h"
 #include "../format/glm_parse.h"
 #include "../format/model_text.h"
+#include "apibuf.h"
 #include "metrics.h"
 
 typedef enum {
@@ -46,13 +46,6 @@ typedef struct {
     const char *code;          /* a machine-readable code, or NULL */
 } ApiErr;
 
-typedef struct {
-    char *p;
-    size_t len, cap;
-} ApiBuf;
-
-void openai_buf_add(ApiBuf *b, const void *p, size_t n); /* grows as needed; keeps a NUL after the end */
-void openai_buf_free(ApiBuf *b);
 
 typedef enum {
     ROUTE_NONE, ROUTE_COMPLETIONS, ROUTE_CHAT, ROUTE_MODELS, ROUTE_MODEL, ROUTE_HEALTH, ROUTE_METRICS, ROUTE_DIAGNOSIS,
