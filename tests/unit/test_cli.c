@@ -275,6 +275,28 @@ TEST(cli_version)
     free(out);
 }
 
+/* make install PREFIX=DIR puts this build's moeserve in DIR/bin, and it runs from there. */
+TEST(cli_make_install)
+{
+    char bin[4096], cmd[12800], *out = NULL;
+    snprintf(bin, sizeof bin, "%s", test_bin());
+    char *slash = strrchr(bin, '/');
+    ASSERT(slash && slash > bin);
+    *slash = 0; /* the build directory */
+    const char *root = test_root();
+    size_t nr = strlen(root);
+    /* BUILD as the Makefile names it: relative to the checkout when the binary is inside it */
+    const char *build = !strncmp(bin, root, nr) && bin[nr] == '/' ? bin + nr + 1 : bin;
+    snprintf(cmd, sizeof cmd, "make -s -C '%s' -o '%s/moeserve' install BUILD='%s' PREFIX='%s/prefix' 2>&1", root, build,
+             build, test_tmpdir());
+    EXPECT(test_run(cmd, &out) == 0, "%s: %s", cmd, out ? out : "");
+    free(out);
+    out = NULL;
+    snprintf(cmd, sizeof cmd, "'%s/prefix/bin/moeserve' --version", test_tmpdir());
+    EXPECT(test_run(cmd, &out) == 0 && out && !strncmp(out, "moeserve ", 9), "%s: %s", cmd, out ? out : "");
+    free(out);
+}
+
 TEST(cli_quantization_checked_and_noop_options)
 {
     char a[9000], out_file[4300], *out;
