@@ -261,11 +261,18 @@ TEST(cli_version)
     char *out, *git = NULL;
     EXPECT_EQ_INT(run("--version", &out), 0);
     EXPECT(!strncmp(out, "moeserve ", 9) && strstr(out, "\ngit commit: ") && strstr(out, "\nCUDA: "), "%s", out);
-    char cmd[4400];
-    snprintf(cmd, sizeof cmd, "git -C '%s' rev-parse --short=12 HEAD 2>/dev/null", test_root());
-    if (test_run(cmd, &git) == 0 && strlen(git) > 12) { /* built in this checkout: its commit */
-        git[12] = 0;
-        EXPECT(strstr(out, git), "not commit %s: %s", git, out);
+    /* built in a git checkout: the commit it names is one of this checkout's (HEAD may have moved
+     * on since the build) */
+    char cmd[4400], commit[64] = "";
+    const char *at = strstr(out, "\ngit commit: ");
+    if (at) sscanf(at + 13, "%40[0-9a-f]", commit);
+    snprintf(cmd, sizeof cmd, "git -C '%s' rev-parse --git-dir >/dev/null 2>&1", test_root());
+    if (test_run(cmd, &git) == 0) {
+        EXPECT(strlen(commit) >= 7, "no commit id: %s", out);
+        free(git);
+        git = NULL;
+        snprintf(cmd, sizeof cmd, "git -C '%s' cat-file -e '%s^{commit}' 2>&1", test_root(), commit);
+        EXPECT(test_run(cmd, &git) == 0, "commit '%s' is not in this checkout: %s", commit, out);
     }
     free(git);
     char *again;
