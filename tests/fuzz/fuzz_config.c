@@ -8,6 +8,7 @@
 
 #include "base/util.h"
 #include "format/config.h"
+#include "model/model.h"
 
 static char dir_cfg[64], dir_hf[64];
 
