@@ -26,6 +26,8 @@
 #define ENGINE_MAX_EOS 16
 #define ENGINE_HOST_KV_FRACTION 0.5 /* the share of the host's available memory a CPU KV pool may take */
 #define ENGINE_WAIT_PING_S 0.5     /* how often the owners of queued requests are woken (engine.h) */
+#define ENGINE_DIAG_WINDOW_S 30.0  /* the diagnosis window's bucket: long enough to hold many profiled steps of a
+                                      slow GPU step (250 ms x 16), short enough to follow a change of load */
 
 typedef struct Seq {
     uint64_t id;
@@ -103,7 +105,7 @@ void engine_options_default(EngineOptions *o)
 {
     *o = (EngineOptions){.max_running = 64, .max_batch_tokens = 2048, .chunked_prefill = 512, .max_model_len = 0,
                          .block_size = 16, .n_blocks = 0, .kv_fraction = 0, .decode_steps = 1, .prefix_caching = 1,
-                         .max_queue = 4096, .profile_every = 16};
+                         .max_queue = 4096, .profile_every = 16, .diag_window_s = ENGINE_DIAG_WINDOW_S};
 }
 
 /* ---- the prefix map ---- */
@@ -251,6 +253,7 @@ Engine *engine_create(const Model *m, Backend *be, const EngineOptions *o, const
     if (!len_given || e->o.max_model_len > c->max_position) e->o.max_model_len = c->max_position;
     if (e->o.max_batch_tokens < e->o.max_running) e->o.max_batch_tokens = e->o.max_running;
     if (e->o.chunked_prefill <= 0 || e->o.chunked_prefill > e->o.max_batch_tokens) e->o.chunked_prefill = e->o.max_batch_tokens;
+    if (!(e->o.diag_window_s > 0)) e->o.diag_window_s = ENGINE_DIAG_WINDOW_S;
     for (int i = 0; i < n_eos && e->n_eos < ENGINE_MAX_EOS; i++) e->eos[e->n_eos++] = eos[i];
     int bs = e->o.block_size;
     e->max_blocks_per_seq = (e->o.max_model_len + bs - 1) / bs;
@@ -907,5 +910,8 @@ OptGroup engine_diag_group(EngineOptions *o)
     OPT_GROUP_RETURN("diagnosis",
         {.names = "--profile-every", .type = OPT_INT, .dst = &o->profile_every, .metavar = "N",
          .help = "time one step in N op by op, for the diagnosis (0: never)", .def = opt_def("%d", o->profile_every),
-         .lo = 0, .hi = 1 << 20});
+         .lo = 0, .hi = 1 << 20},
+        {.names = "--diagnosis-window", .type = OPT_DOUBLE, .dst = &o->diag_window_s, .metavar = "S",
+         .help = "the diagnosis covers the steps of the last S to 2 S seconds (an idle server: its last load's)",
+         .def = opt_def("%g", o->diag_window_s), .lo = 0.01, .hi = 86400});
 }
