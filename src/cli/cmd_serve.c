@@ -45,7 +45,7 @@ static char *server_info(const ModelOpts *mo, const Model *m, const Model *dm, c
     backend_describe(be, device, dev, sizeof dev);
     EngineStats st;
     engine_stats(e, &st);
-    json_t *o = json_pack("{s:s, s:s, s:s, s:b, s:i, s:s, s:{s:i, s:i, s:i}, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:i, s:b, s:b}",
+    json_t *o = json_pack("{s:s, s:s, s:s, s:b, s:i, s:s, s:{s:i, s:i, s:i}, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:i, s:f, s:b, s:b}",
                           "device", dev, "model_path", mo->dir, "architecture", m->cfg.architecture,
                           "dummy_weights", mo->dummy, "num_layers", m->cfg.n_layers,
                           "kv_cache_dtype", model_kv_dtype_name(dm->cfg.kv_dtype),
@@ -55,6 +55,7 @@ static char *server_info(const ModelOpts *mo, const Model *m, const Model *dm, c
                           "chunked_prefill_size", eo->chunked_prefill, "max_model_len", max_len,
                           "num_continuous_decode_steps", eo->decode_steps, "kv_block_size", eo->block_size,
                           "kv_tokens", (json_int_t)st.kv_blocks_total * eo->block_size, "profile_every", eo->profile_every,
+                          "diagnosis_window_s", eo->diag_window_s,
                           "cuda_graph", !eo->no_graphs && strcmp(be->name, "cpu") != 0, "prefix_caching", eo->prefix_caching);
     if (mo->dummy) json_object_set_new(o, "dummy_quant", json_string(mo->dummy_quant ? mo->dummy_quant : "nvfp4"));
     char *s = json_dumps(o, JSON_COMPACT);

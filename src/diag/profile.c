@@ -147,3 +147,16 @@ void profile_end_step(Prof *p, Backend *be, ProfSum *s, double sched_ms, int tok
     s->steps++;
     s->tokens += tokens;
 }
+
+void prof_sum_add(ProfSum *dst, const ProfSum *src)
+{
+    dst->steps += src->steps;
+    dst->tokens += src->tokens;
+    dst->wall_ms += src->wall_ms;
+    for (int k = 0; k < SC_COUNT; k++) {
+        dst->ms[k] += src->ms[k];
+        dst->flops[k] += src->flops[k];
+        dst->bytes[k] += src->bytes[k];
+    }
+    for (int k = 0; k < OP_COUNT; k++) dst->op_ms[k] += src->op_ms[k];
+}

@@ -51,5 +51,7 @@ void profile_end_step(Prof *p, Backend *be, ProfSum *s, double sched_ms, int tok
 /* the step's work is done (its wall time ends here; profile_end_step may come later, e.g.
  * after waiting for a lock) */
 void profile_stop(Prof *p, Backend *be);
+/* dst += src (the buckets of a window of steps) */
+void prof_sum_add(ProfSum *dst, const ProfSum *src);
 
 #endif

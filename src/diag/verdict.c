@@ -10,6 +10,8 @@ static const char *const vnames[V_COUNT] = {
     "host-bound", "kv-capacity-bound", "no-load",
 };
 
+#define DIAG_IDLE_NOTE_S 1.0 /* idle this long: the evidence says the figures are the last load's */
+
 const char *verdict_name(Verdict v) { return (unsigned)v < V_COUNT ? vnames[v] : "?"; }
 
 static void line(char (*arr)[320], int *n, const char *fmt, ...)
@@ -40,9 +42,18 @@ void diagnose(const ProfSum *s, const Ceilings *c, const Deployment *d, Diagnosi
 {
     memset(g, 0, sizeof *g);
     g->tok_per_s = d->steps_wall_ms > 0 ? d->tokens / (d->steps_wall_ms / 1e3) : 0;
+    g->profiled_steps = s->steps;
+    g->window_s = d->window_s;
+    g->idle_s = d->idle_s;
+    /* an idle server's figures are its last load's: say so first, so that nobody reads them as now
+     * (not for a pause between two requests, nor right after a load of `diagnose --model`) */
+    if (d->idle_s >= DIAG_IDLE_NOTE_S && d->steps > 0)
+        EVID("idle for %.1f s (no request in the engine): these figures are the last %.1f s of load before that",
+             d->idle_s, d->window_s);
     if (s->steps == 0 || d->steps == 0) {
         g->verdict = V_NONE;
-        EVID("no step has been profiled yet (no load)");
+        if (d->steps > 0) EVID("none of the last %ld steps has been profiled yet (one in --profile-every is)", d->steps);
+        else EVID("no step has been profiled yet (no load)");
         ADV("send requests (or run `moeserve diagnose --model DIR`, which brings its own load)");
         return;
     }
@@ -80,8 +91,11 @@ void diagnose(const ProfSum *s, const Ceilings *c, const Deployment *d, Diagnosi
     double compute = 0;
     for (int k = 0; k <= SC_SAMPLE; k++) compute += g->share[k];
 
-    EVID("a step takes %.2f ms (%ld steps, %.1f tokens/s): compute %.0f%%, communication %.0f%%, pipeline wait "
-         "%.0f%%, host %.0f%%", g->step_ms, d->steps, g->tok_per_s, 100 * compute, 100 * comm, 100 * bubble, 100 * host);
+    char over[64] = "";
+    if (d->window_s > 0) snprintf(over, sizeof over, " in %.1f s", d->window_s);
+    EVID("a step takes %.2f ms (%ld steps%s, %.1f tokens/s): compute %.0f%%, communication %.0f%%, pipeline wait "
+         "%.0f%%, host %.0f%%", g->step_ms, d->steps, over, g->tok_per_s, 100 * compute, 100 * comm, 100 * bubble,
+         100 * host);
     EVID("%s takes %.0f%% of the step at %.1f%% of the %s roof (%.4g TFLOP/s) and %.1f%% of copy bandwidth (%.0f GB/s)",
          step_cat_title(dom), 100 * g->share[dom], g->tflops_pct[dom], c->gpu ? "BF16 tensor" : "float32 FMA",
          c->bf16_tflops, g->gbps_pct[dom], c->copy_gbps);
@@ -173,12 +187,17 @@ json_t *diagnosis_json(const Diagnosis *g, const Deployment *d, const Ceilings *
     json_object_set_new(o, "advice", ad);
     json_object_set_new(o, "step_ms", json_real(g->step_ms));
     json_object_set_new(o, "tokens_per_s", json_real(g->tok_per_s));
+    json_object_set_new(o, "window", json_pack("{s:f, s:I, s:I, s:I, s:f, s:f}", "seconds", d->window_s, "steps",
+                                               (json_int_t)d->steps, "profiled_steps", (json_int_t)g->profiled_steps,
+                                               "tokens", (json_int_t)d->tokens, "wall_ms", d->steps_wall_ms, "idle_s",
+                                               d->idle_s));
     json_object_set_new(o, "deployment",
-                        json_pack("{s:i, s:i, s:i, s:i, s:b, s:b, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:f, s:f}", "tp", d->tp,
+                        json_pack("{s:i, s:i, s:i, s:i, s:b, s:b, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:I, s:f, s:f}", "tp", d->tp,
                                   "pp", d->pp, "ep", d->ep, "microbatches", d->microbatches, "gpu", d->gpu, "cuda_graphs",
                                   d->graphs, "running", d->running, "waiting", d->waiting, "max_running", d->max_running,
                                   "kv_blocks_total", d->kv_blocks_total, "kv_blocks_used", d->kv_blocks_used, "preemptions",
-                                  (json_int_t)d->preemptions, "steps", (json_int_t)d->steps, "power_w", d->power_w,
+                                  (json_int_t)d->preemptions, "steps", (json_int_t)d->steps, "steps_total",
+                                  (json_int_t)d->steps_total, "power_w", d->power_w,
                                   "power_limit_w", d->power_limit_w));
     if (c) json_object_set_new(o, "ceilings", ceilings_json(c));
     return o;
@@ -212,5 +231,10 @@ void diagnosis_prometheus(const Diagnosis *g, char *buf, size_t n)
     for (int k = 0; k < SC_COUNT; k++) P("moeserve_step_ms{category=\"%s\"} %.6f\n", step_cat_name(k), g->ms[k]);
     P("# HELP moeserve_verdict The diagnosis (1 for the current verdict).\n# TYPE moeserve_verdict gauge\n");
     for (int v = 0; v < V_COUNT; v++) P("moeserve_verdict{verdict=\"%s\"} %d\n", verdict_name(v), g->verdict == (Verdict)v);
+    P("# HELP moeserve_diagnosis_window_seconds Seconds of recent steps the diagnosis gauges cover.\n"
+      "# TYPE moeserve_diagnosis_window_seconds gauge\nmoeserve_diagnosis_window_seconds %.3f\n", g->window_s);
+    P("# HELP moeserve_diagnosis_idle_seconds Seconds since the last step while no request is in the engine (the "
+      "diagnosis gauges then hold the last load's figures); 0 while busy.\n"
+      "# TYPE moeserve_diagnosis_idle_seconds gauge\nmoeserve_diagnosis_idle_seconds %.3f\n", g->idle_s);
 #undef P
 }

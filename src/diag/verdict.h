@@ -21,9 +21,13 @@ typedef struct {
     int running, waiting, max_running;
     int kv_blocks_total, kv_blocks_used;
     long preemptions;
-    long steps;                    /* every step since the start (profiled or not) */
+    long steps;                    /* the steps of the window diagnosed (profiled or not) */
     double steps_wall_ms;          /* their wall time */
     long tokens;                   /* tokens they computed */
+    long steps_total;              /* every step since the start */
+    double window_s;               /* the span of the window's steps (0: not known) */
+    double idle_s;                 /* no request in the engine: seconds since its last step (the window then
+                                      holds the last load's steps); 0 while busy */
     double power_w, power_limit_w; /* GPU (NVML), 0: unknown */
     int sm_clock_mhz, sm_clock_max_mhz;
 } Deployment;
@@ -33,6 +37,8 @@ typedef struct {
     Verdict verdict;
     double step_ms;                /* mean wall time of a step */
     double tok_per_s;
+    long profiled_steps;           /* the profiled steps behind ms[] */
+    double window_s, idle_s;       /* Deployment's */
     double ms[SC_COUNT], share[SC_COUNT], tflops_pct[SC_COUNT], gbps_pct[SC_COUNT];
     int n_evidence, n_advice;
     char evidence[DIAG_MAX_LINES][320];
@@ -41,7 +47,8 @@ typedef struct {
 
 void diagnose(const ProfSum *s, const Ceilings *c, const Deployment *d, Diagnosis *out);
 /* {"verdict", "evidence", "breakdown": {category: {ms, share, tflops_pct, gbps_pct}}, "advice",
- *  "step_ms", "tokens_per_s", "deployment", "ceilings"} */
+ *  "step_ms", "tokens_per_s", "window": {seconds, steps, profiled_steps, tokens, wall_ms, idle_s},
+ *  "deployment", "ceilings"} */
 json_t *diagnosis_json(const Diagnosis *g, const Deployment *d, const Ceilings *c);
 void diagnosis_print(FILE *f, const Diagnosis *g, const Deployment *d, const Ceilings *c);
 /* Prometheus gauges (text format) appended to buf */

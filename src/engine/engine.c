@@ -26,6 +26,8 @@
 #define ENGINE_MAX_EOS 16
 #define ENGINE_HOST_KV_FRACTION 0.5 /* the share of the host's available memory a CPU KV pool may take */
 #define ENGINE_WAIT_PING_S 0.5     /* how often the owners of queued requests are woken (engine.h) */
+#define ENGINE_DIAG_WINDOW_S 30.0  /* the diagnosis window's bucket: long enough to hold many profiled steps of a
+                                      slow GPU step (250 ms x 16), short enough to follow a change of load */
 
 typedef struct Seq {
     uint64_t id;
@@ -49,6 +51,14 @@ typedef struct Seq {
     int cancelled, stop_requested, done; /* done: the final event is queued */
     int running;
 } Seq;
+
+/* One bucket of the diagnosis window: the steps of about diag_window_s seconds. */
+typedef struct {
+    ProfSum ps;                /* its profiled steps */
+    long steps, tokens;        /* every step */
+    double wall_ms;
+    double t0;                 /* when its first step began (s, clock_now) */
+} DiagBucket;
 
 /* prefix cache: chain hash of a full block -> block id; the cache holds one reference */
 typedef struct {
@@ -90,11 +100,12 @@ struct Engine {
     int *d_ids, *h_ids;        /* [max_running] argmax or sampled ids: backend memory, host copy */
     SampleRow *d_rows, *h_rows; /* [max_running] the sample op's parameters: backend memory, host */
     EngineStats stats;
-    /* diagnosis (diag/): one step in profile_every timed op by op; every step's wall time */
+    /* diagnosis (diag/): one step in profile_every timed op by op; every step's wall time and
+     * tokens. A diagnosis describes the recent steps: win[0] fills, win[1] is the bucket before it,
+     * the report is both (diag_window_s to twice that). Cumulative counts are stats'. */
     Prof prof;
-    ProfSum psum;
-    long all_steps, all_tokens;
-    double all_wall_ms;
+    DiagBucket win[2];
+    double t_last_step;        /* when the last step ended (s, clock_now; 0: none yet) */
     double p2p_gbps;           /* pipeline transfers (calibrated), to split receive time */
     int host_delay_us;         /* MOESERVE_TEST_HOST_DELAY_US, read at create: a step pays one compare */
 };
@@ -103,7 +114,7 @@ void engine_options_default(EngineOptions *o)
 {
     *o = (EngineOptions){.max_running = 64, .max_batch_tokens = 2048, .chunked_prefill = 512, .max_model_len = 0,
                          .block_size = 16, .n_blocks = 0, .kv_fraction = 0, .decode_steps = 1, .prefix_caching = 1,
-                         .max_queue = 4096, .profile_every = 16};
+                         .max_queue = 4096, .profile_every = 16, .diag_window_s = ENGINE_DIAG_WINDOW_S};
 }
 
 /* ---- the prefix map ---- */
@@ -251,6 +262,7 @@ Engine *engine_create(const Model *m, Backend *be, const EngineOptions *o, const
     if (!len_given || e->o.max_model_len > c->max_position) e->o.max_model_len = c->max_position;
     if (e->o.max_batch_tokens < e->o.max_running) e->o.max_batch_tokens = e->o.max_running;
     if (e->o.chunked_prefill <= 0 || e->o.chunked_prefill > e->o.max_batch_tokens) e->o.chunked_prefill = e->o.max_batch_tokens;
+    if (!(e->o.diag_window_s > 0)) e->o.diag_window_s = ENGINE_DIAG_WINDOW_S;
     for (int i = 0; i < n_eos && e->n_eos < ENGINE_MAX_EOS; i++) e->eos[e->n_eos++] = eos[i];
     int bs = e->o.block_size;
     e->max_blocks_per_seq = (e->o.max_model_len + bs - 1) / bs;
@@ -462,16 +474,22 @@ void engine_diag(Engine *e, ProfSum *s, Deployment *d, double p2p_gbps)
 {
     pthread_mutex_lock(&e->mu);
     e->p2p_gbps = p2p_gbps;
-    *s = e->psum;
+    const DiagBucket *cur = &e->win[0], *prev = &e->win[1];
+    *s = cur->ps;
+    prof_sum_add(s, &prev->ps);
+    d->steps = cur->steps + prev->steps;
+    d->steps_wall_ms = cur->wall_ms + prev->wall_ms;
+    d->tokens = cur->tokens + prev->tokens;
+    d->steps_total = (long)e->stats.steps;
+    d->window_s = d->steps > 0 ? e->t_last_step - (prev->steps > 0 ? prev->t0 : cur->t0) : 0;
+    /* nothing to run: the window keeps the last load's steps until the next load (window_roll) */
+    d->idle_s = e->n_running == 0 && e->n_waiting == 0 && e->t_last_step > 0 ? clock_now() - e->t_last_step : 0;
     d->running = e->n_running;
     d->waiting = e->n_waiting;
     d->max_running = e->o.max_running;
     d->kv_blocks_total = e->kv.n_blocks;
     d->kv_blocks_used = e->kv.n_blocks - e->kv.n_free;
     d->preemptions = (long)e->stats.preemptions;
-    d->steps = e->all_steps;
-    d->steps_wall_ms = e->all_wall_ms;
-    d->tokens = e->all_tokens;
     d->graphs = !e->o.no_graphs && !e->be->host_memory;
     d->gpu = !e->be->host_memory;
     pthread_mutex_unlock(&e->mu);
@@ -676,6 +694,24 @@ static int is_stop(const Engine *e, const Seq *s, int t)
     return 0;
 }
 
+/* Before a step's figures go in (t_start: when it began). A step after an idle spell of a window
+ * or more starts a new window: the last load's figures stay on show while idle, and go when a new
+ * load comes. Else the filling bucket, once a window old, becomes the previous one (dropping the
+ * one before) -- but only when it holds a profiled step, so that however slow the steps the
+ * report has a breakdown. */
+static void window_roll(Engine *e, double t_start)
+{
+    double w = e->o.diag_window_s;
+    if (e->t_last_step <= 0 || t_start - e->t_last_step >= w) {
+        memset(e->win, 0, sizeof e->win);
+        e->win[0].t0 = t_start;
+    } else if (t_start - e->win[0].t0 >= w && (e->win[0].ps.steps > 0 || e->o.profile_every <= 0)) {
+        e->win[1] = e->win[0];
+        memset(&e->win[0], 0, sizeof e->win[0]);
+        e->win[0].t0 = t_start;
+    }
+}
+
 /* One step. Called with the mutex held; the forward runs without it. */
 static void step(Engine *e)
 {
@@ -688,7 +724,7 @@ static void step(Engine *e)
     if (T == 0) return;
     double sched_ms = (clock_now() - t_sched) * 1e3;
     /* one step in profile_every, never the first (it pays for first touches, every rank's too) */
-    int profiled = e->o.profile_every > 0 && (e->all_steps + 1) % e->o.profile_every == 0;
+    int profiled = e->o.profile_every > 0 && (e->stats.steps + 1) % e->o.profile_every == 0;
     int V = e->m->cfg.vocab;
     Batch b = {.n_tokens = T, .tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq, .slot = e->b_slot,
                .n_seqs = S, .seq_start = e->b_start, .seq_ntok = e->b_ntok, .ctx_len = e->b_ctx,
@@ -720,17 +756,13 @@ static void step(Engine *e)
     double wall_ms = (clock_now() - t0) * 1e3;
     if (profiled) profile_stop(&e->prof, e->be);
     pthread_mutex_lock(&e->mu);
-    if (profiled) profile_end_step(&e->prof, e->be, &e->psum, sched_ms, T, e->p2p_gbps);
-    e->all_steps++;
-    e->all_tokens += T;
-    e->all_wall_ms += wall_ms + sched_ms;
-    if (e->psum.steps >= 256) { /* a window over the recent steps: halve the old weight */
-        ProfSum *p = &e->psum;
-        p->steps /= 2; p->tokens /= 2; p->wall_ms /= 2;
-        for (int k = 0; k < SC_COUNT; k++) p->ms[k] /= 2, p->flops[k] /= 2, p->bytes[k] /= 2;
-        for (int k = 0; k < OP_COUNT; k++) p->op_ms[k] /= 2;
-        e->all_steps /= 2; e->all_tokens /= 2; e->all_wall_ms /= 2;
-    }
+    window_roll(e, t_sched);
+    DiagBucket *wb = &e->win[0];
+    if (profiled) profile_end_step(&e->prof, e->be, &wb->ps, sched_ms, T, e->p2p_gbps);
+    wb->steps++;
+    wb->tokens += T;
+    wb->wall_ms += wall_ms + sched_ms;
+    e->t_last_step = clock_now();
     e->stats.steps++;
     for (int i = 0; i < S; i++) {
         Seq *s = e->b_seqs[i];
@@ -907,5 +939,8 @@ OptGroup engine_diag_group(EngineOptions *o)
     OPT_GROUP_RETURN("diagnosis",
         {.names = "--profile-every", .type = OPT_INT, .dst = &o->profile_every, .metavar = "N",
          .help = "time one step in N op by op, for the diagnosis (0: never)", .def = opt_def("%d", o->profile_every),
-         .lo = 0, .hi = 1 << 20});
+         .lo = 0, .hi = 1 << 20},
+        {.names = "--diagnosis-window", .type = OPT_DOUBLE, .dst = &o->diag_window_s, .metavar = "S",
+         .help = "the diagnosis covers the steps of the last S to 2 S seconds (an idle server: its last load's)",
+         .def = opt_def("%g", o->diag_window_s), .lo = 0.01, .hi = 86400});
 }

@@ -36,6 +36,8 @@ typedef struct {
     int max_queue;             /* waiting requests accepted before engine_submit refuses (busy) */
     int no_graphs;             /* --disable-cuda-graph: decode steps eager (graphs: GPU backends) */
     int profile_every;         /* --profile-every N: one step in N timed op by op for diagnosis (0: never) */
+    double diag_window_s;      /* --diagnosis-window S: the diagnosis covers the steps of the last S to 2 S
+                                  seconds (two buckets of S seconds), not the whole run */
 } EngineOptions;
 
 void engine_options_default(EngineOptions *o);

@@ -3,6 +3,7 @@
  * where the layout has several ranks), the sweep writes its report and charts, a server answers
  * GET /v1/diagnosis and exports the gauges, `calibrate --json` gives the ceilings. */
 #include <fcntl.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -129,6 +130,8 @@ TEST(diag_json_shape)
     diagnosis_prometheus(&g, prom, sizeof prom);
     EXPECT(strstr(prom, "moeserve_step_share{category=\"moe_gemm\"} 0.75"), "%s", prom);
     EXPECT(strstr(prom, "moeserve_verdict{verdict=\"") != NULL);
+    EXPECT(strstr(prom, "moeserve_diagnosis_window_seconds ") && strstr(prom, "moeserve_diagnosis_idle_seconds "), "%s", prom);
+    EXPECT(json_is_object(json_object_get(o, "window")) && json_is_integer(jget(o, "deployment.steps_total")));
     json_decref(o);
     int tp, pp, ep;
     EXPECT(report_parse_layout("tp2pp4", &tp, &pp, &ep) == 0 && tp == 2 && pp == 4 && ep == 1);
@@ -372,6 +375,142 @@ TEST(diag_server_endpoint)
     snprintf(cmd, sizeof cmd, "'%s' diagnose --url http://127.0.0.1:%d", test_bin(), s.port);
     EXPECT(test_run(cmd, &out) == 0 && out && strstr(out, "verdict: ") && strstr(out, "advice:"), "%s", out ? out : "");
     free(out);
+    srv_stop(&s, 30);
+}
+
+/* GET /v1/diagnosis as JSON (NULL if it does not answer 200 with one) */
+static json_t *get_diagnosis(int port)
+{
+    Resp r;
+    json_t *j = NULL;
+    if (http(port, "GET", "/v1/diagnosis", NULL, NULL, &r) == 0 && r.status == 200) j = json_loads(r.body, 0, NULL);
+    resp_free(&r);
+    return j;
+}
+
+/* the first step (counted from the server's start, 0-based) that the diagnosis window holds */
+static long long window_first(json_t *j)
+{
+    return jint(j, "deployment.steps_total") - jint(j, "window.steps");
+}
+
+#define WIN_B 8 /* load B: requests at once */
+
+/* A server's diagnosis describes its recent steps (--diagnosis-window), not its whole life:
+ * after load A (one request at a time) then load B (WIN_B at once) kept up past the window, the
+ * window holds B's steps only (every one WIN_B decode tokens, the tokens/s theirs); once idle
+ * the last load's figures stay, said to be idle; a new load after that starts a new window. */
+TEST(diag_server_window)
+{
+    Srv s;
+    char extra[128];
+    snprintf(extra, sizeof extra, "--profile-every 2 --diagnosis-window 0.3 --max-running-requests %d", WIN_B);
+    ASSERT(srv_start(&s, "diagwin", extra) == 0);
+    for (int i = 0; i < 4; i++) { /* A */
+        Resp r;
+        post(s.port, "/v1/completions", "{\"prompt\":\"hello\",\"max_tokens\":24,\"ignore_eos\":true}", &r);
+        EXPECT_EQ_INT(r.status, 200);
+        resp_free(&r);
+    }
+    json_t *j = get_diagnosis(s.port);
+    ASSERT(j && json_is_integer(jget(j, "deployment.steps_total")) && json_is_object(jget(j, "window")),
+           "no window in the diagnosis");
+    long long a_steps = jint(j, "deployment.steps_total");
+    json_decref(j);
+    EXPECT(a_steps >= 4 * 24, "load A ran %lld steps", a_steps);
+    /* B: long requests (the whole context), dropped once seen */
+    const char *body = "{\"prompt\":\"Tell me everything.\",\"max_tokens\":4000,\"ignore_eos\":true}";
+    int fds[WIN_B];
+    for (int i = 0; i < WIN_B; i++) {
+        fds[i] = hc_connect(s.port, 0);
+        ASSERT(fds[i] >= 0);
+        ASSERT(hc_send_request(fds[i], "POST", "/v1/completions", NULL, body, strlen(body)) == 0);
+    }
+    /* all of B running: the steps after the one in flight decode WIN_B tokens each */
+    long long b0 = -1;
+    double t0 = clock_now();
+    while (b0 < 0 && clock_now() - t0 < 120) {
+        j = get_diagnosis(s.port);
+        if (j && jint(j, "deployment.running") == WIN_B && jint(j, "deployment.waiting") == 0)
+            b0 = jint(j, "deployment.steps_total") + 1;
+        json_decref(j);
+        if (b0 < 0) usleep(20000);
+    }
+    ASSERT(b0 > a_steps, "load B never ran %d at once", WIN_B);
+    /* wait (no deadline a busy machine can miss: B lasts thousands of steps) for a window of B's
+     * decode steps alone, B still running */
+    json_t *w = NULL;
+    t0 = clock_now();
+    while (!w && clock_now() - t0 < 300) {
+        j = get_diagnosis(s.port);
+        ASSERT(j);
+        if (jint(j, "deployment.running") != WIN_B || jint(j, "deployment.waiting") != 0) {
+            char *d = json_dumps(j, 0);
+            fprintf(stderr, "    load B ended before the window left its start: %s\n", d ? d : "");
+            free(d);
+            json_decref(j);
+            break;
+        }
+        if (jint(j, "window.profiled_steps") > 0 && window_first(j) > b0) w = j;
+        else json_decref(j), usleep(20000);
+    }
+    ASSERT(w, "the diagnosis window never held load B's steps alone");
+    long long steps = jint(w, "window.steps"), tokens = jint(w, "window.tokens"), total = jint(w, "deployment.steps_total");
+    double wall_ms = json_number_value(jget(w, "window.wall_ms")), tps = json_number_value(jget(w, "tokens_per_s"));
+    EXPECT(steps > 0 && steps < total - a_steps, "window %lld of %lld steps (A %lld)", steps, total, a_steps);
+    EXPECT(jint(w, "deployment.steps") == steps);
+    EXPECT(tokens == WIN_B * steps, "window: %lld tokens in %lld steps", tokens, steps);
+    /* the same figures (the server writes 6 significant digits) */
+    EXPECT(wall_ms > 0 && fabs(tps - tokens / (wall_ms / 1e3)) <= 1e-4 * tps, "%g tokens/s, %lld tokens in %g ms", tps,
+           tokens, wall_ms);
+    EXPECT(jint(w, "window.profiled_steps") <= steps);
+    EXPECT(jint(w, "deployment.preemptions") == 0, "preemptions change B's steps");
+    EXPECT(json_number_value(jget(w, "window.seconds")) > 0);
+    EXPECT(json_number_value(jget(w, "window.idle_s")) == 0);
+    const char *v = jstr(w, "verdict");
+    EXPECT(v && strcmp(v, "no-load"), "%s", v ? v : "");
+    const char *ev = jstr(w, "evidence.0");
+    EXPECT(ev && strstr(ev, "a step takes") && !strstr(ev, "idle"), "%s", ev ? ev : "");
+    json_decref(w);
+    /* B gone: idle, the figures still its own */
+    for (int i = 0; i < WIN_B; i++) {
+        struct linger lg = {.l_onoff = 1, .l_linger = 0};
+        setsockopt(fds[i], SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+        close(fds[i]);
+    }
+    j = NULL;
+    t0 = clock_now();
+    while (clock_now() - t0 < 60) {
+        j = get_diagnosis(s.port);
+        ASSERT(j);
+        if (jint(j, "deployment.running") == 0 && jint(j, "deployment.waiting") == 0) break;
+        json_decref(j);
+        j = NULL;
+        usleep(50000);
+    }
+    ASSERT(j, "load B was not dropped");
+    long long b_end = jint(j, "deployment.steps_total");
+    json_decref(j);
+    usleep(1200000); /* past two windows (an empty window would say nothing), and long enough to be called idle */
+    j = get_diagnosis(s.port);
+    ASSERT(j);
+    EXPECT(jint(j, "deployment.steps_total") == b_end);
+    EXPECT(jint(j, "window.steps") > 0 && window_first(j) > b0, "window %lld steps from %lld", jint(j, "window.steps"),
+           window_first(j));
+    EXPECT(json_number_value(jget(j, "window.idle_s")) > 1.0, "idle %g s", json_number_value(jget(j, "window.idle_s")));
+    ev = jstr(j, "evidence.0");
+    EXPECT(ev && strstr(ev, "idle for"), "%s", ev ? ev : "");
+    json_decref(j);
+    /* and a new load (one request) is a new window, without B's steps */
+    Resp r;
+    post(s.port, "/v1/completions", "{\"prompt\":\"hello\",\"max_tokens\":8,\"ignore_eos\":true}", &r);
+    EXPECT_EQ_INT(r.status, 200);
+    resp_free(&r);
+    j = get_diagnosis(s.port);
+    ASSERT(j);
+    EXPECT(jint(j, "window.steps") > 0 && window_first(j) >= b_end, "window %lld steps from %lld, B ended at %lld",
+           jint(j, "window.steps"), window_first(j), b_end);
+    json_decref(j);
     srv_stop(&s, 30);
 }
 
