@@ -7,7 +7,7 @@
 #include "util.h"
 
 void progress_start_with(Progress *p, const char *what, uint64_t total, const char *unit, double (*clock)(void),
-                         void (*sink)(const char *line, void *ctx), void *sink_ctx)
+                         void (*sink)(int level, const char *line, void *ctx), void *sink_ctx)
 {
     p->what = what;
     p->unit = unit ? unit : "";
@@ -69,10 +69,10 @@ static void rate(const Progress *p, double per_s, char *buf, size_t n)
     }
 }
 
-static void emit(const Progress *p, const char *line)
+static void emit(const Progress *p, int level, const char *line)
 {
-    if (p->sink) p->sink(line, p->sink_ctx);
-    else log_info("%s", line);
+    if (p->sink) p->sink(level, line, p->sink_ctx);
+    else log_msg(level, "%s", line);
 }
 
 static int tenth_of(const Progress *p, uint64_t done)
@@ -98,7 +98,7 @@ void progress_add(Progress *p, uint64_t n)
                      (int)(100.0 * done / p->total), r, (p->total - done) / per_s);
         else
             snprintf(line, sizeof line, "%s: %s, %s", p->what, a, r);
-        emit(p, line);
+        emit(p, LOG_INFO, line);
         p->last = now;
         p->last_tenth = tenth;
         p->lines++;
@@ -118,5 +118,7 @@ void progress_end(Progress *p)
     } else {
         snprintf(line, sizeof line, "%s: %s in %.1f s", p->what, a, t);
     }
-    emit(p, line);
+    /* a quick job's final line is a debug one: the commands that load the built-in model in a
+     * blink keep their stderr as it was (scripts read it with 2>&1) */
+    emit(p, p->lines || t >= PROGRESS_MIN_GAP ? LOG_INFO : LOG_DEBUG, line);
 }

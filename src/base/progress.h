@@ -9,7 +9,9 @@
  * big job shows life and a small one stays quiet: none in the first PROGRESS_MIN_GAP seconds;
  * then one when a new tenth of the total is reached, at least PROGRESS_MIN_GAP seconds after the
  * previous line, or PROGRESS_MAX_GAP seconds after it whatever the count (a slow tenth). A job
- * that ends within PROGRESS_MIN_GAP (the built-in model's load) prints the final line alone.
+ * that ends within PROGRESS_MIN_GAP (the built-in model's load) prints the final line alone, and
+ * that one at the debug level (MOESERVE_LOG=3): the output of a command that took a blink stays
+ * what it was.
  *
  * progress_add may be called from many threads at once (an OpenMP loop): the count is atomic and
  * one thread at a time decides and prints while the others go on. Add per chunk of work, not per
@@ -34,19 +36,20 @@ typedef struct {
     int last_tenth;             /* the tenth of total the last line reached */
     int lines;                  /* progress lines printed, the final one not counted */
     double (*clock)(void);      /* monotonic seconds: clock_now */
-    void (*sink)(const char *line, void *ctx); /* NULL: log_info */
+    void (*sink)(int level, const char *line, void *ctx); /* NULL: log_msg */
     void *sink_ctx;
 } Progress;
 
 void progress_start(Progress *p, const char *what, uint64_t total, const char *unit);
-/* progress_start with a clock and a sink of lines of the caller's (tests: a clock they set, the
- * lines collected); NULL for either: clock_now, log_info. */
+/* progress_start with a clock and a sink of lines (and their log level) of the caller's (tests: a
+ * clock they set, the lines collected); NULL for either: clock_now, log_msg. */
 void progress_start_with(Progress *p, const char *what, uint64_t total, const char *unit, double (*clock)(void),
-                         void (*sink)(const char *line, void *ctx), void *sink_ctx);
+                         void (*sink)(int level, const char *line, void *ctx), void *sink_ctx);
 /* n more units done; may print a line (see above). Thread safe. */
 void progress_add(Progress *p, uint64_t n);
 /* The final line: the count, the time since progress_start and the rate ("12 of 92 layers" when
- * the job stopped short of its total). Call once, after every progress_add has returned. */
+ * the job stopped short of its total); a debug line after a quick job (above). Call once, after
+ * every progress_add has returned. */
 void progress_end(Progress *p);
 
 #endif

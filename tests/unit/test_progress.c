@@ -1,9 +1,10 @@
 /* test_progress: the progress lines of long jobs (src/base/progress.c) on a clock the test sets:
  * adds within PROGRESS_MIN_GAP print nothing, a tenth reached after it prints one line, a slow
  * tenth prints after PROGRESS_MAX_GAP, the final line is always printed (with the count, the time
- * and the rate), adds from an OpenMP loop count every unit and print from one thread at a time;
- * and `moeserve synth` / `quantize` / `logits` (its load, dummy weights) / `bench model` on a tiny
- * model print their final lines and no other. No sleeps: the clock is the test's.
+ * and the rate; a debug line after a quick job), adds from an OpenMP loop count every unit and
+ * print from one thread at a time; and `moeserve synth` / `quantize` / `logits` (its load, dummy
+ * weights) / `bench model` on a tiny model print their final lines and no other, at the debug
+ * level (none at the default one). No sleeps: the clock is the test's.
  * Run: make test FILTER=progress. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -26,35 +27,42 @@ static double fake_clock(void) { return fake_now; }
 
 typedef struct {
     char lines[64][320], last[320]; /* the first 64 lines, the last one */
+    int level[64];                  /* their log levels */
     int n;
     atomic_int inside; /* sinks running at once: never above 1 */
     int overlap;
 } Sink;
 
-static void sink(const char *line, void *ctx)
+static void sink(int level, const char *line, void *ctx)
 {
     Sink *s = ctx;
     if (atomic_fetch_add(&s->inside, 1) != 0) s->overlap = 1;
-    if (s->n < 64) snprintf(s->lines[s->n], sizeof s->lines[0], "%s", line);
+    if (s->n < 64) {
+        snprintf(s->lines[s->n], sizeof s->lines[0], "%s", line);
+        s->level[s->n] = level;
+    }
     snprintf(s->last, sizeof s->last, "%s", line);
     s->n++;
     atomic_fetch_sub(&s->inside, 1);
 }
 
-/* lines of out that start with prefix */
+/* lines of out that start with prefix, as information or as a debug line ("debug: " before it) */
 static int count_lines(const char *out, const char *prefix)
 {
     int n = 0;
     size_t k = strlen(prefix);
-    for (const char *p = out; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
-        if (!strncmp(p, prefix, k)) n++;
+    for (const char *p = out; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
+        const char *q = strncmp(p, "debug: ", 7) ? p : p + 7;
+        if (!strncmp(q, prefix, k)) n++;
+    }
     return n;
 }
 
+/* "moeserve args" at the debug level (MOESERVE_LOG=3, which shows a quick job's final line) */
 static int moeserve(const char *args, char **out)
 {
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "'%s' %s", test_bin(), args);
+    snprintf(cmd, sizeof cmd, "MOESERVE_LOG=3 '%s' %s", test_bin(), args);
     int rc = test_run(cmd, out);
     if (rc != 0) fprintf(stderr, "    $ %s\n    -> exit %d:\n%s", cmd, rc, *out ? *out : "");
     return rc;
@@ -104,6 +112,7 @@ TEST(progress_rate_limited)
     progress_end(&p);
     ASSERT(s.n == 4, "%d lines", s.n);
     EXPECT(!strcmp(s.lines[3], "load: 100 layers in 50.0 s (2.0 layers/s)"), "%s", s.lines[3]);
+    for (int i = 0; i < 4; i++) EXPECT_EQ_INT(s.level[i], LOG_INFO);
 }
 
 TEST(progress_fast_job_final_line_only)
@@ -121,6 +130,15 @@ TEST(progress_fast_job_final_line_only)
     progress_end(&p);
     ASSERT(s.n == 1, "%d lines", s.n);
     EXPECT(!strcmp(s.lines[0], "upload: 3.2 GB in 1.8 s (1.8 GB/s)"), "%s", s.lines[0]);
+    EXPECT_EQ_INT(s.level[0], LOG_DEBUG); /* a blink: the final line is a debug one */
+    /* a job of PROGRESS_MIN_GAP, even without a progress line, ends on an information line */
+    progress_start_with(&p, "load", 4, "layers", fake_clock, sink, &s);
+    fake_now += PROGRESS_MIN_GAP;
+    progress_add(&p, 4);
+    progress_end(&p);
+    ASSERT(s.n == 2, "%d lines", s.n);
+    EXPECT(!strcmp(s.lines[1], "load: 4 layers in 2.0 s (2.0 layers/s)"), "%s", s.lines[1]);
+    EXPECT_EQ_INT(s.level[1], LOG_INFO);
 }
 
 TEST(progress_bytes_and_short_stop)
@@ -139,6 +157,8 @@ TEST(progress_bytes_and_short_stop)
     progress_end(&p);
     ASSERT(s.n == 2, "%d lines", s.n);
     EXPECT(!strcmp(s.lines[1], "synth: 12.3 of 69.1 GB in 10.0 s (1.2 GB/s)"), "%s", s.lines[1]);
+    EXPECT_EQ_INT(s.level[0], LOG_INFO);
+    EXPECT_EQ_INT(s.level[1], LOG_INFO);
     /* an unknown total: no percentage, no time left; small amounts in their own unit */
     s.n = 0;
     fake_now = 0;
@@ -156,6 +176,7 @@ TEST(progress_bytes_and_short_stop)
     progress_end(&p);
     ASSERT(s.n == 1, "%d lines", s.n);
     EXPECT(!strcmp(s.lines[0], "upload: 512 B in 1.0 s (512 B/s)"), "%s", s.lines[0]);
+    EXPECT_EQ_INT(s.level[0], LOG_DEBUG);
 }
 
 /* Many threads adding at once: every unit counted, and a line printed by one thread at a time
@@ -213,15 +234,26 @@ TEST(progress_commands_final_lines)
     /* loading it: the final line of load alone (the CPU reads the host weights: no upload) */
     snprintf(args, sizeof args, "logits --model '%s' --tokens 1,2,3 --out /dev/null", qdir);
     ASSERT(moeserve(args, &out) == 0);
-    EXPECT_EQ_INT(count_lines(out, "load: "), 1);
     EXPECT_EQ_INT(count_lines(out, "load: 4 layers in "), 1);
+    EXPECT(!strstr(out, "s left"), "%s", out);
+    free(out);
+    out = NULL;
+    /* at the default level a load as quick as this one (microseconds of work) prints nothing: a
+     * line there must say it took PROGRESS_MIN_GAP at least */
+    char cmd[2600];
+    snprintf(cmd, sizeof cmd, "'%s' %s", test_bin(), args);
+    ASSERT(test_run(cmd, &out) == 0, "%s", out ? out : "");
+    const char *ld = strstr(out, "load: ");
+    double took = 0;
+    EXPECT(!ld || (sscanf(ld, "load: 4 layers in %lf s", &took) == 1 && took >= PROGRESS_MIN_GAP), "%s", out);
+    EXPECT(!strstr(out, "debug: "), "%s", out);
     free(out);
     out = NULL;
     /* dummy weights: made on the backend, counted in bytes */
     snprintf(args, sizeof args, "logits --model '%s' --dummy-weights --tokens 1,2,3 --out /dev/null", qdir);
     ASSERT(moeserve(args, &out) == 0);
     EXPECT_EQ_INT(count_lines(out, "dummy weights: 4.8 MB in "), 1);
-    EXPECT_EQ_INT(count_lines(out, "load: "), 0); /* skeletons: nothing is read */
+    EXPECT_EQ_INT(count_lines(out, "load: 4 layers"), 0); /* skeletons: nothing is read */
     free(out);
     out = NULL;
     /* bench model counts its forward steps: B 1 (prefill 64 tokens in 2 steps of 32), B 4 (8 steps);
@@ -240,7 +272,6 @@ TEST(progress_commands_final_lines)
     /* MOESERVE_LOG=1 silences it */
     snprintf(args, sizeof args, "synth --arch glm4_moe --preset tiny --quant bf16 --seed 3 --out '%s/progress/quiet'",
              test_tmpdir());
-    char cmd[2600];
     snprintf(cmd, sizeof cmd, "MOESERVE_LOG=1 '%s' %s", test_bin(), args);
     ASSERT(test_run(cmd, &out) == 0, "%s", out ? out : "");
     EXPECT(!strstr(out, "synth tiny: "), "%s", out);
