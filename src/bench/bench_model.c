@@ -12,6 +12,7 @@
 #include "../base/util.h"
 #include "../backend/backend.h"
 #include "../base/opt.h"
+#include "../base/progress.h"
 #include "../engine/engine.h"
 #include "../model/model_opts.h"
 #include "../model/kv_cache.h"
@@ -28,6 +29,19 @@ static int parse_list(const char *s, int *out, int max)
         out[n++] = (int)v;
         p = *end == ',' ? end + 1 : end;
         if (*end && *end != ',') fatal("bench model: --batch: unexpected '%c'", *end);
+    }
+    return n;
+}
+
+/* The forward steps of the whole run: for each batch size, warmup untimed passes and a timed one,
+ * each its prefill (B prompts packed into steps of max_bt tokens) then its decode steps (up to 4
+ * in an untimed pass). */
+static uint64_t run_steps(const int *batches, int nb, int warmup, int in_len, int out_len, int max_bt)
+{
+    uint64_t n = 0;
+    for (int bi = 0; bi < nb; bi++) {
+        uint64_t prefill = ((uint64_t)batches[bi] * in_len + max_bt - 1) / max_bt;
+        n += (uint64_t)warmup * (prefill + (out_len < 4 ? out_len : 4)) + prefill + out_len;
     }
     return n;
 }
@@ -119,6 +133,8 @@ int bench_model_main(int argc, char **argv)
     /* each batch size runs `warmup` times untimed first (its prefill whole, up to 4 decode steps):
      * the first calls of a shape pay one-time costs (kernels loaded, scratch grown, the decode
      * graphs captured) that are not the engine's throughput */
+    Progress pg;
+    progress_start(&pg, "bench model", run_steps(batches, nb, warmup, in_len, out_len, max_bt), "steps");
     for (int bi = 0, rep = 0; bi < nb; rep < warmup ? rep++ : (rep = 0, bi++)) {
         int B = batches[bi], timed = rep == warmup, steps = timed || out_len < 4 ? out_len : 4;
         for (int s = 0; s < B; s++) {
@@ -153,6 +169,7 @@ int bench_model_main(int argc, char **argv)
                        .bt_stride = per_seq, .n_out = n_out, .out_idx = bb.out_idx};
             for (int k = 0; k < S; k++) b.max_ctx = bb.ctx[k] > b.max_ctx ? bb.ctx[k] : b.max_ctx;
             forward_run(&f, &b, &kv, NULL);
+            progress_add(&pg, 1);
         }
         be_to_host(&be, next, f.logits, sizeof(int)); /* synchronise */
         double t_pre = clock_now() - t0;
@@ -180,6 +197,7 @@ int bench_model_main(int argc, char **argv)
             forward_run(&f, &b, &kv, NULL);
             be_argmax(&be, d_next, f.logits, B, V);
             be_to_host(&be, next, d_next, B * sizeof(int));
+            progress_add(&pg, 1);
         }
         double t_dec = clock_now() - t1, gbs = stats_bytes(&be) / t_dec / 1e9;
         if (!timed) {
@@ -200,6 +218,7 @@ int bench_model_main(int argc, char **argv)
         fflush(stdout);
         for (int k = 0; k < B; k++) block_table_release(&bt[k], &kv);
     }
+    progress_end(&pg);
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) free(*fields[i]);
     free(table); free(next); free(prompts); free(bt);
     be_free(&be, d_next);

@@ -21,6 +21,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "../base/progress.h"
 #include "../base/util.h"
 
 #define CKPT_CHUNK_BYTES (64u << 20)   /* plain tensors are fetched and written in row blocks of this size */
@@ -578,6 +579,8 @@ int ckpt_write(const CkptPlan *p, const char *dir, uint64_t shard_bytes, CkptFet
     CHECK(pthread_create(&w.io.th, NULL, io_main, &w.io) == 0, "ckpt: cannot start the I/O thread");
     int rc = 0;
     double t0 = clock_now(), done = 0;
+    Progress pg;
+    progress_start(&pg, label, total, PROGRESS_BYTES);
     for (int s = 0, i0 = 0; s < n_shards && rc == 0; s++) {
         if (n_shards == 1) snprintf(fname[s], sizeof fname[s], "model.safetensors");
         else snprintf(fname[s], sizeof fname[s], "model-%05d-of-%05d.safetensors", s + 1, n_shards);
@@ -594,13 +597,14 @@ int ckpt_write(const CkptPlan *p, const char *dir, uint64_t shard_bytes, CkptFet
         for (int i = i0; i < i1 && rc == 0; i++) {
             rc = p->e[i].nvfp4 ? write_nvfp4(&w, &sw, i, err, errlen) : write_plain(&w, &sw, i, err, errlen);
             done += (double)entry_out_bytes(&p->e[i]);
+            progress_add(&pg, entry_out_bytes(&p->e[i]));
         }
         if (io_wait(&w, rc ? e2 : err, rc ? sizeof e2 : errlen)) rc = -1;
         if (stw_close(&sw, rc ? e2 : err, rc ? sizeof e2 : errlen)) rc = -1;
         if (rc == 0 && n_shards > 1) {
             char b1[32], b2[32];
             double t = clock_now() - t0;
-            log_info("%s: %s written (%s of %s, %.0f s, %.2f GB/s)", label, fname[s],
+            log_debug("%s: %s written (%s of %s, %.0f s, %.2f GB/s)", label, fname[s], /* progress says it */
                      ckpt_fmt_bytes(done, b1, sizeof b1), ckpt_fmt_bytes((double)total, b2, sizeof b2), t,
                      t > 0 ? done / t / 1e9 : 0.0);
         }
@@ -616,6 +620,7 @@ int ckpt_write(const CkptPlan *p, const char *dir, uint64_t shard_bytes, CkptFet
     pthread_mutex_destroy(&w.io.mu);
     pthread_cond_destroy(&w.io.cv);
     if (rc != 0) remove_old_weights(dir); /* a failed write leaves no partial checkpoint behind */
+    if (rc == 0) progress_end(&pg);
     if (rc == 0)
         log_info("%s: %.1f s: data %.1f s, amax %.1f s, quantize %.1f s; writing %.1f s, %.1f s of it not "
                  "overlapped (%d threads)", label, clock_now() - t0, w.t_fetch, w.t_amax, w.t_quant, w.io.t_busy,

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "../base/knobs.h"
+#include "../base/progress.h"
 #include "../base/util.h"
 #include "../format/config.h"
 #include "model.h"
@@ -580,7 +581,16 @@ static void load_all(Loader *ld)
     }
     if (!first) m->embed = (QTensor){0};
     m->layers = xcalloc(c->n_layers, sizeof(LayerWeights));
-    for (int l = c->layer_begin; l < c->layer_end; l++) load_layer(ld, l);
+    /* a real checkpoint's layers: their scales scanned, vectors decoded, pairs fused (minutes on a
+     * big model, its pages read from disk); dummy skeletons are instant, their weights are made at
+     * upload (which counts them) */
+    Progress pg;
+    if (ld->dummy == QF_COUNT) progress_start(&pg, "load", (uint64_t)(c->layer_end - c->layer_begin), "layers");
+    for (int l = c->layer_begin; l < c->layer_end; l++) {
+        load_layer(ld, l);
+        if (ld->dummy == QF_COUNT) progress_add(&pg, 1);
+    }
+    if (ld->dummy == QF_COUNT) progress_end(&pg);
     account_model(m);
     if (m->n_fused) log_debug("load: %d pairs of linears that read the same input run as one GEMM each", m->n_fused);
 }

@@ -8,6 +8,7 @@
 
 #include "../backend/backend.h"
 #include "../base/knobs.h"
+#include "../base/progress.h"
 #include "../base/util.h"
 #include "model.h"
 
@@ -24,14 +25,31 @@ typedef struct {
     int n_packed;       /* tensors packed (copy pass) */
     int64_t moe_f, moe_fp;   /* the experts' width F padded to moe_fp (up_widths; equal: none) */
     int64_t dense_f, dense_fp; /* the dense MLP's */
+    Progress *pg;       /* copy pass: the bytes placed so far */
 } Up;
+
+static size_t up_aligned(size_t n) { return (n + UP_ALIGN - 1) / UP_ALIGN * UP_ALIGN; }
+
+/* n bytes of backend memory reserved at u->off (both passes) */
+static size_t up_take(Up *u, size_t n)
+{
+    size_t at = u->off;
+    u->off += up_aligned(n);
+    return at;
+}
+
+/* the n bytes reserved by an up_take placed (copy pass): their share of the total counted */
+static void up_placed(Up *u, size_t n)
+{
+    if (u->pg) progress_add(u->pg, up_aligned(n));
+}
 
 static void *up_bytes(Up *u, const void *src, size_t n)
 {
-    size_t at = u->off;
-    u->off += (n + UP_ALIGN - 1) / UP_ALIGN * UP_ALIGN;
+    size_t at = up_take(u, n);
     if (!u->base) return NULL;
     if (n) be_to_device(u->be, u->base + at, src, n);
+    up_placed(u, n);
     return u->base + at;
 }
 
@@ -54,11 +72,11 @@ static size_t row_bytes(const QTensor *w)
 /* n elements of a dummy tensor, filled on the backend (model_load_dummy's skeletons) */
 static void *up_fill(Up *u, size_t bytes, size_t n, FillKind kind, float a, float b)
 {
-    size_t at = u->off;
-    u->off += (bytes + UP_ALIGN - 1) / UP_ALIGN * UP_ALIGN;
+    size_t at = up_take(u, bytes);
     if (!u->base) return NULL;
     u->seed = u->seed * 6364136223846793005ull + 1442695040888963407ull;
     be_fill(u->be, u->base + at, n, kind, a, b, u->seed);
+    up_placed(u, bytes);
     return u->base + at;
 }
 
@@ -79,8 +97,7 @@ static void up_nvfp4_packed(Up *u, QTensor *dst, const QTensor *src, int halves,
     int64_t R = (int64_t)halves * rows_p;
     size_t n = (size_t)R * cols_p, bytes = n / 2 + n / 16;
     if (bytes > u->stage_need) u->stage_need = bytes;
-    size_t at = u->off;
-    u->off += (bytes + UP_ALIGN - 1) / UP_ALIGN * UP_ALIGN;
+    size_t at = up_take(u, bytes);
     if (!u->base) return;
     uint8_t *codes = u->stage, *scales = u->stage + n / 2;
     if (!src->data) {
@@ -102,6 +119,7 @@ static void up_nvfp4_packed(Up *u, QTensor *dst, const QTensor *src, int halves,
         free(h);
     }
     u->be->ops->pack_nvfp4(u->be, u->base + at, codes, scales, R, cols_p);
+    up_placed(u, bytes);
     u->n_packed++;
     dst->data = u->base + at;
     dst->scale = NULL;
@@ -290,10 +308,17 @@ void model_upload(Model *dst, const Model *src, Backend *be)
     log_info("upload: %.2f GiB of weights to %s (%.2f GiB free)", total / 1073741824.0, be->name, avail / 1073741824.0);
     dst->dev_buffer = be_alloc(be, total - stage);
     dst->layers = xcalloc(src->cfg.n_layers, sizeof(LayerWeights));
+    /* dummy weights are made here, on the backend: the same walk, so the same count */
+    Progress pg;
+    progress_start(&pg, src->dummy ? "dummy weights" : "upload", total - stage, PROGRESS_BYTES);
     u = (Up){.be = be, .base = dst->dev_buffer, .seed = 20261202, .pack = pack, .stage = stage ? be_alloc(be, stage) : NULL,
-             .moe_f = u.moe_f, .moe_fp = u.moe_fp, .dense_f = u.dense_f, .dense_fp = u.dense_fp};
+             .moe_f = u.moe_f, .moe_fp = u.moe_fp, .dense_f = u.dense_f, .dense_fp = u.dense_fp, .pg = &pg};
     up_model(&u, dst, src);
     if (u.stage) be_free(be, u.stage);
+    /* dummy weights' fills may still be queued on the backend: the final line waits for them */
+    uint8_t one;
+    if (total > stage) be_to_host(be, &one, dst->dev_buffer, 1);
+    progress_end(&pg);
     if (u.n_packed) log_info("upload: %d NVFP4 tensors repacked for the W4A16 kernels", u.n_packed);
 }
 
