@@ -183,8 +183,10 @@ static int stream(Conn *c, json_t *req, int chat, double t0)
                  chat ? "chat.completion.chunk" : "text_completion", pt, n, pt + n);
         if (send_event(c, ev)) return -1;
     }
-    if (send_event(c, "[DONE]") || write_all(c->fd, "0\r\n\r\n", 5)) return -1;
+    /* the end stamped before its last bytes go out: the client cannot start its next request
+     * before them, so a thread woken late here cannot make two of a client's streams overlap */
     rec.done = now_s();
+    if (send_event(c, "[DONE]") || write_all(c->fd, "0\r\n\r\n", 5)) return -1;
     if (f->record_lag > 0) usleep((useconds_t)(f->record_lag * 1e6));
     pthread_mutex_lock(&f->mu);
     if (f->n_recs < FAKE_MAX_RECS) f->recs[f->n_recs++] = rec;
@@ -979,13 +981,21 @@ static int free_port(void)
     return port;
 }
 
-static int port_open(int port)
+/* The server answers GET /health with 200: up and its model loaded (it listens before). */
+static int server_ready(int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    int ok = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    struct timeval tv = {.tv_sec = 10};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char b[64] = "";
+    static const char req[] = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0 && write(fd, req, sizeof req - 1) == (ssize_t)(sizeof req - 1)) {
+        ssize_t n = read(fd, b, sizeof b - 1);
+        b[n > 0 ? n : 0] = 0;
+    }
     close(fd);
-    return ok;
+    return !strncmp(b, "HTTP/1.1 200", 12);
 }
 
 TEST(bench_serve_moeserve)
@@ -1015,7 +1025,7 @@ TEST(bench_serve_moeserve)
     }
     int up = 0;
     for (int i = 0; i < 300 && !up; i++) {   /* up to 30 s to load */
-        up = port_open(port);
+        up = server_ready(port);
         if (!up) usleep(100000);
     }
     if (up) {
