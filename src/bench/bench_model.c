@@ -89,10 +89,7 @@ int bench_model_main(int argc, char **argv)
                             .about = "Offline prefill and decode throughput of batches of random prompts, without "
                                      "the server.",
                             .groups = groups, .n_groups = 3, .max_pos = 1, .pos_name = "MODEL"};
-    const char *pos = NULL;
-    int n_pos = 0;
-    opt_parse(&cmd, argc, argv, &pos, &n_pos);
-    model_opt_positional(&mo, "bench model", n_pos ? pos : NULL, 1);
+    model_opt_parse(&cmd, argc, argv, &mo, 1);
     const char *device = dev.device;
     int threads = dev.threads;
     mo.dir = model_dir_resolve("bench model", mo.dir, mo.revision, !mo.dummy);

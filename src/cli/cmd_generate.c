@@ -67,10 +67,7 @@ int cmd_generate(int argc, char **argv)
                                      "Sampling defaults come from the model's generation_config.json.",
                             .groups = groups, .n_groups = (int)(sizeof groups / sizeof groups[0]), .max_pos = 1,
                             .pos_name = "MODEL"};
-    const char *pos = NULL;
-    int n_pos = 0;
-    opt_parse(&cmd, argc, argv, &pos, &n_pos);
-    model_opt_positional(&mo, "generate", n_pos ? pos : NULL, 1);
+    model_opt_parse(&cmd, argc, argv, &mo, 1);
     if (!prompt == !chat) {
         fprintf(stderr, "error: generate: exactly one of --prompt or --chat is required\n");
         return 2;

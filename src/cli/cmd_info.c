@@ -632,10 +632,7 @@ int cmd_info(int argc, char **argv)
                                      "of each rank.",
                             .groups = groups, .n_groups = (int)(sizeof groups / sizeof groups[0]), .max_pos = 1,
                             .pos_name = "MODEL"};
-    const char *pos = NULL;
-    int n_pos = 0;
-    opt_parse(&cmd, argc, argv, &pos, &n_pos);
-    model_opt_positional(&mo, "info", n_pos ? pos : NULL, 1);
+    model_opt_parse(&cmd, argc, argv, &mo, 1);
     lo.kv_dtype = mo.kv_dtype;
     /* any layout option asks for the layout's memory */
     int want_layout = opt_given(&cmd, &mo.kv_dtype);

@@ -58,10 +58,7 @@ int cmd_logits(int argc, char **argv)
                             .about = "One forward pass over the tokens; the logits of every position into FILE.",
                             .groups = groups, .n_groups = (int)(sizeof groups / sizeof groups[0]), .max_pos = 1,
                             .pos_name = "MODEL"};
-    const char *pos = NULL;
-    int n_pos = 0;
-    opt_parse(&cmd, argc, argv, &pos, &n_pos);
-    model_opt_positional(&mo, "logits", n_pos ? pos : NULL, 1);
+    model_opt_parse(&cmd, argc, argv, &mo, 1);
     if (!tokens_s || !out_path) {
         fprintf(stderr, "error: logits: --tokens and --out are required\n");
         return 2;

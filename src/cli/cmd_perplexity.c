@@ -40,10 +40,7 @@ int cmd_perplexity(int argc, char **argv)
                             .about = "Held-out perplexity of a text, in consecutive windows of --ctx tokens.",
                             .groups = groups, .n_groups = (int)(sizeof groups / sizeof groups[0]), .max_pos = 1,
                             .pos_name = "MODEL"};
-    const char *pos = NULL;
-    int n_pos = 0;
-    opt_parse(&cmd, argc, argv, &pos, &n_pos);
-    model_opt_positional(&mo, "perplexity", n_pos ? pos : NULL, 1);
+    model_opt_parse(&cmd, argc, argv, &mo, 1);
     if (!file) {
         fprintf(stderr, "error: perplexity: --text-file is required\n");
         return 2;

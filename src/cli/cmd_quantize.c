@@ -133,10 +133,7 @@ int cmd_quantize(int argc, char **argv)
                             .about = "Write a ModelOpt NVFP4 checkpoint from a BF16 one (MODEL: a directory or a "
                                      "Hub id).",
                             .groups = groups, .n_groups = 2, .max_pos = 1, .pos_name = "MODEL"};
-    const char *pos = NULL;
-    int n_pos = 0;
-    opt_parse(&cmd, argc, argv, &pos, &n_pos);
-    model_opt_positional(&mo, "quantize", n_pos ? pos : NULL, 1);
+    model_opt_parse(&cmd, argc, argv, &mo, 1);
     if (!out) {
         fprintf(stderr, "error: quantize: --out is required\n");
         return 2;

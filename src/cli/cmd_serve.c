@@ -89,10 +89,7 @@ int cmd_serve(int argc, char **argv)
                                      "/health, /metrics.\nMODEL is a directory or a Hugging Face Hub id (ORG/NAME).",
                             .groups = groups, .n_groups = (int)(sizeof groups / sizeof groups[0]), .max_pos = 1,
                             .pos_name = "MODEL"};
-    const char *pos = NULL;
-    int n_pos = 0;
-    opt_parse(&cmd, argc, argv, &pos, &n_pos);
-    model_opt_positional(&mo, "serve", n_pos ? pos : NULL, 1);
+    model_opt_parse(&cmd, argc, argv, &mo, 1);
     if (opt_given(&cmd, &eo.kv_fraction) && opt_given(&cmd, &eo.n_blocks))
         fatal("serve: --kv-fraction and --num-kv-blocks exclude each other");
     const char *device = dev.device, *api_key = ao.api_key, *script = ao.script_path;

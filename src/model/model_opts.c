@@ -209,3 +209,11 @@ int model_worker(const Model *dm, Backend *be)
     forward_worker(dm, be);
     return 1;
 }
+
+void model_opt_parse(const OptCommand *c, int argc, char **argv, ModelOpts *o, int required)
+{
+    const char *pos = NULL;
+    int n_pos = 0;
+    opt_parse(c, argc, argv, &pos, &n_pos);
+    model_opt_positional(o, c->cmd, n_pos ? pos : NULL, required);
+}

@@ -43,6 +43,9 @@ OptGroup model_opt_group(ModelOpts *o, int which);
 /* After opt_parse: the positional MODEL (pos, or NULL) into o->dir; both it and --model is a usage
  * error (exit 2), as is neither when required. */
 void model_opt_positional(ModelOpts *o, const char *cmd, const char *pos, int required);
+/* opt_parse of a command whose one positional argument is MODEL (c->max_pos 1), then
+ * model_opt_positional with it under the command's name. */
+void model_opt_parse(const OptCommand *c, int argc, char **argv, ModelOpts *o, int required);
 /* --quantization want against the checkpoint in dir (or the --dummy-quant of dummy weights): 0,
  * or -1 with err saying what the checkpoint is and what moeserve would need. */
 int model_quant_check(const char *dir, const ModelOpts *o, char *err, size_t errlen);

@@ -1,8 +1,8 @@
 /* w4_select: the W4A16 kernels' tile configurations by name, what shared memory each needs, the
  * built-in choice as one table (w4_rules, each row with the measurement that put it there), the
  * MoE's expert classes (w4_class_rules), the thresholds the launches follow, and the tuned table's
- * file. Plain C: tested without a GPU (tests/unit/test_w4_tiles.c). The measurements are in
- * docs/log (the kernel diary); "session N" names its entry, "H200" the card. */
+ * file. Plain C: tested without a GPU (tests/unit/test_w4_tiles.c). Each reason gives the card and
+ * the figure; how and when it was measured is in docs/log/2026-12-02-w4a16-kernels-sessions-1-26.md. */
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -139,19 +139,19 @@ int w4_tile_runs(W4Tile t, int wg, char *why, size_t n)
 const W4Rule w4_rules[] = {
     /* dense: decode on stream-K where the call suits it (w4_streamk.cu says when), then split-K wgmma */
     {W4_RULE_DENSE, W4_ANY, W4_ANY, 0, 8, {W4T_DENSE_STREAMK_8, END},
-     "H200, session 9: GLM-5 gate/up at 1 row in a chain 14.2 us BF16 against mma_8_k4's 20.7, split 16.8-17.8 against "
+     "H200: GLM-5 gate/up at 1 row in a chain 14.2 us BF16 against mma_8_k4's 20.7, split 16.8-17.8 against "
      "dense_mma_8_k4_r3's 26.6-27.2"},
     {W4_RULE_DENSE, W4_ANY, W4_ANY, 0, 16, {W4T_DENSE_STREAMK_16, END},
-     "H200, session 11: 16 rows GLM-4.5 q_proj 25.1 -> 19.1 us, GLM-5 q_b 17.1 -> 10.9 BF16 against mma_16_s2"},
+     "H200: 16 rows GLM-4.5 q_proj 25.1 -> 19.1 us, GLM-5 q_b 17.1 -> 10.9 BF16 against mma_16_s2"},
     {W4_RULE_DENSE, W4_ANY, W4_ANY, 0, INF, {W4T_DENSE_WG_SPLITK, END},
-     "H200, sessions 15, 19, 22: GLM-5 o_proj at 24 rows 67 -> 30 us BF16 (98 -> 38 split), 64 rows 114 -> 45 (189 -> "
+     "H200: GLM-5 o_proj at 24 rows 67 -> 30 us BF16 (98 -> 38 split), 64 rows 114 -> 45 (189 -> "
      "63), 128 rows 304 -> 87 (679 -> 130) against the mma.sync tiles"},
     /* dense on mma.sync, where the tiles above do not suit the call or do not run */
     {W4_RULE_DENSE_MMA, W4_ANY, W4_YES, 0, 8, {W4T_DENSE_MMA_8_K4_R3, W4T_MMA_8_K4, W4T_MMA_8_L1, END},
-     "H200, session 8: split activations 13-28% faster than mma_8_k4 on the large GLM shapes (o_proj 1 row 39.3 "
+     "H200: split activations 13-28% faster than mma_8_k4 on the large GLM shapes (o_proj 1 row 39.3 "
      "against 47.1 us, gate/up 8 rows 37.9 against 52.6)"},
     {W4_RULE_DENSE_MMA, W4_ANY, W4_NO, 0, 8, {W4T_MMA_8_K4, W4T_MMA_8_L1, END},
-     "H200, session 8: with BF16 activations the weight ring is no faster than mma_8_k4"},
+     "H200: with BF16 activations the weight ring is no faster than mma_8_k4"},
     {W4_RULE_DENSE_MMA, W4_ANY, W4_ANY, 0, 16, {W4T_MMA_16_S2, W4T_MMA_8_L1, END},
      "H200, `moeserve tune`: 16 rows, two staged groups of 16 tokens"},
     {W4_RULE_DENSE_MMA, W4_ANY, W4_ANY, 0, 64, {W4T_MMA_32_S2, W4T_MMA_16_S2, W4T_MMA_8_L1, END},
@@ -161,28 +161,28 @@ const W4Rule w4_rules[] = {
     /* MoE, by pairs an expert: decode on mma.sync (gate and up on two warps), then the wgmma ring
      * tiles of 32, 64 and 128 tokens; without wgmma the mma.sync and block GEMM tiles */
     {W4_RULE_MOE, W4_ANY, W4_ANY, 0, 6, {W4T_MOE_MMA_8_GU, W4T_MMA_8_L1, END},
-     "H200, session 4: 1-7% faster than mma_8_l1 from 1 to 256 tokens"},
+     "H200: 1-7% faster than mma_8_l1 from 1 to 256 tokens"},
     {W4_RULE_MOE, W4_YES, W4_NO, 0, 11, {W4T_MOE_MMA_16_GU, W4T_MOE_MMA_8_GU, W4T_MMA_8_L1, END},
-     "H200, session 13: 256 tokens 1.73-1.75 ms against moe_mma_8_gu's 1.98-2.04 and the 32-token ring's 2.00-2.02 "
+     "H200: 256 tokens 1.73-1.75 ms against moe_mma_8_gu's 1.98-2.04 and the 32-token ring's 2.00-2.02 "
      "(with split activations the slowest: not there)"},
     {W4_RULE_MOE, W4_YES, W4_NO, 0, 24, {RING_32, END},
-     "H200, session 12: 24 pairs 2.34 ms against the 64-token ring's 2.52; session 8: 3% faster than "
+     "H200: 24 pairs 2.34 ms against the 64-token ring's 2.52; also 3% faster than "
      "moe_wgmma_32_s4_r4 at 8-16 pairs"},
     {W4_RULE_MOE, W4_YES, W4_YES, 0, 36, {RING_32, END},
-     "H200, session 12: split activations, 32 pairs 3.79 ms against the 64-token ring's 4.03"},
+     "H200: split activations, 32 pairs 3.79 ms against the 64-token ring's 4.03"},
     {W4_RULE_MOE, W4_YES, W4_ANY, 0, 128, {W4T_MOE_WGMMA_64_S3_R3, WGMMA_FALLBACK, END},
-     "H200, session 14: 2048 tokens (64 pairs) BF16 random 3.52-3.61 ms against the 128-token ring's 3.78-3.85, "
+     "H200: 2048 tokens (64 pairs) BF16 random 3.52-3.61 ms against the 128-token ring's 3.78-3.85, "
      "skewed 3.88-3.97 against 4.33-4.35; split random 5% faster"},
     {W4_RULE_MOE, W4_YES, W4_ANY, 0, INF, {W4T_MOE_WGMMA_128_S4_R3, WGMMA_FALLBACK, END},
-     "H200, session 7: 256 pairs 12.56 ms against moe_wgmma_128_s6's 14.99, split 19.77 against 21.38"},
+     "H200: 256 pairs 12.56 ms against moe_wgmma_128_s6's 14.99, split 19.77 against 21.38"},
     {W4_RULE_MOE, W4_NO, W4_ANY, 0, 8, {W4T_MOE_MMA_8_GU, W4T_MMA_8_L1, END},
-     "H200, session 4: 1-7% faster than mma_8_l1 from 1 to 256 tokens"},
+     "H200: 1-7% faster than mma_8_l1 from 1 to 256 tokens"},
     {W4_RULE_MOE, W4_NO, W4_ANY, 0, 24, {W4T_MMA_32_S2, W4T_MMA_16_S2, W4T_MMA_8_L1, END},
      "H200, `moeserve tune`: up to 24 pairs, 32 tokens a block"},
     {W4_RULE_MOE, W4_NO, W4_ANY, 48, INF,
      {W4T_MOE_BLOCK_64_S3, W4T_MOE_BLOCK_64_S2, W4T_MOE_BLOCK_32_S3, W4T_MMA_64_S2, W4T_MMA_32_S2, W4T_MMA_16_S2,
       W4T_MMA_8_L1, END},
-     "H200, session 4: from 48 pairs the block GEMM (moe_block_64_s2 fits 99 KB, moe_block_32_s3 101 KB)"},
+     "H200: from 48 pairs the block GEMM (moe_block_64_s2 fits 99 KB, moe_block_32_s3 101 KB)"},
     {W4_RULE_MOE, W4_NO, W4_ANY, 0, INF, {W4T_MMA_64_S2, W4T_MMA_32_S2, W4T_MMA_16_S2, W4T_MMA_8_L1, END},
      "H200, `moeserve tune`: 25-47 pairs, 64 tokens a block"},
 };
@@ -231,16 +231,16 @@ int w4_default_tile(W4Kind kind, double rows, size_t budget, int wg, int split)
  * into one MMA: 4 pairs with split activations). */
 const W4ClassRule w4_class_rules[] = {
     {W4T_MOE_WGMMA_64_S3_R3, 64, {0, 0}, {8, 4}, 0,
-     "H200, session 14: hot above 64 pairs 5-10% faster than above 128 at 2048 tokens; session 16: small BF16 skewed 512 "
+     "H200: hot above 64 pairs 5-10% faster than above 128 at 2048 tokens; also small BF16 skewed 512 "
      "tokens -12%, split skewed 256 -13% (at 8 pairs split random 256 was 6% slower)"},
     {W4T_MOE_WGMMA_32_S6_R3_C2, 64, {0, 0}, {8, 4}, 0,
-     "H200, sessions 13 and 16: as the 64-token ring; session 17: the hot class beside it mixed (384 tokens random BF16 +3%)"},
-    {W4T_MOE_MMA_16_GU, 32, {0, 0}, {6, 4}, 0, "H200, session 16: small up to 6 pairs, 256 tokens -3% random, -7% skewed"},
+     "H200: as the 64-token ring; also the hot class beside it mixed (384 tokens random BF16 +3%)"},
+    {W4T_MOE_MMA_16_GU, 32, {0, 0}, {6, 4}, 0, "H200: small up to 6 pairs, 256 tokens -3% random, -7% skewed"},
     {W4T_MOE_MMA_8_GU, 16, {128, 64}, {0, 0}, 1,
-     "H200, session 16: skewed 128-192 tokens 8-14% faster BF16, 13-20% split; at 64 tokens BF16 3% slower, from 8 pairs "
-     "split random 128 4% slower (a few experts of 9-12 pairs make a latency-bound launch); session 17: beside it on a "
+     "H200: skewed 128-192 tokens 8-14% faster BF16, 13-20% split; at 64 tokens BF16 3% slower, from 8 pairs "
+     "split random 128 4% slower (a few experts of 9-12 pairs make a latency-bound launch); also beside it on a "
      "stream of its own, 192 tokens random -2 to -8%, skewed 128-192 -2 to -6%"},
-    {W4T_MOE_WGMMA_128_S4_R3, 0, {0, 0}, {8, 4}, 0, "H200, session 16: as the 64-token ring"},
+    {W4T_MOE_WGMMA_128_S4_R3, 0, {0, 0}, {8, 4}, 0, "H200: as the 64-token ring"},
 };
 const int w4_n_class_rules = (int)(sizeof w4_class_rules / sizeof w4_class_rules[0]);
 
@@ -268,18 +268,18 @@ int w4_moe_hot_beside(int tile)
 
 /* ---- the thresholds of the launches ---- */
 
-/* H200, session 22: the split-K wgmma tile in token tiles of 64 costs ~0.36 us a row on GLM-5
+/* H200: the split-K wgmma tile in token tiles of 64 costs ~0.36 us a row on GLM-5
  * gate/up (BF16; 0.55 split), the BF16 + cuBLASLt route ~200 us (decoding W and cuBLASLt's start)
  * plus 0.23 a row (0.40 split): even at 1536 rows (517 against 522 us BF16), the route ahead from
  * 2048. The mma.sync tiles (N % 128 != 0: kv_a, q_a+kv_a) lose to the route 2-4x from 256 rows. */
 int w4_lt_rows_default(int dense_wg) { return dense_wg ? 1536 : 256; }
 
-/* H200, session 11: clusters of 2 blocks (a TPC's two SMs) stage the rows together: GLM-5 o_proj
+/* H200: clusters of 2 blocks (a TPC's two SMs) stage the rows together: GLM-5 o_proj
  * 4 rows 23.0 -> 21.5 us BF16, GLM-4.5 o_proj 8 rows 22.4 -> 19.7; small stagings lose the
  * cluster barrier's 0.1-0.3 us, and clusters of 4 leave SMs of the wave idle. */
 int w4_sk_cluster_default(long staged) { return staged >= 24576 ? 2 : 1; }
 
-/* H200, session 17: where the launch with K whole cannot run up to 8 rows, 4 parts: GLM-5 shared
+/* H200: where the launch with K whole cannot run up to 8 rows, 4 parts: GLM-5 shared
  * gate/up 2048 x 6144 at 1-8 rows 9.0-10.4 -> 7.3-8.1 us BF16, o_proj 8 rows 28.0 -> 23.1; where K
  * whole runs, the cluster's start and two barriers cost 1-3 us at 1 row. */
 int w4_sk_ksplit_default(int n8, int fits) { return fits || n8 > 1 ? 1 : 4; }

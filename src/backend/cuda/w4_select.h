@@ -203,7 +203,7 @@ int w4_sk_cluster_default(long staged);
 int w4_sk_ksplit_default(int n8, int fits);
 /* Dense at up to 8 rows where stream-K does not suit the call: the split-K wgmma tile for weights
  * of at least this many rows, the mma.sync K-split tile below (its K split into items of 2 record
- * groups over fewer than 32 row blocks; H200, session 15: GLM-5 q_a at 1 row 8.7 us against 10.1) */
+ * groups over fewer than 32 row blocks; H200: GLM-5 q_a at 1 row 8.7 us against 10.1) */
 #define W4_DENSE_WG_MIN_N (32 * 128)
 /* K splits of a dense mma.sync launch of T rows of an N x K weight on tile (n8, kwarps): about 16
  * warps an SM stream weights, at most 16 splits and at most the record groups; forced > 0: that. */
