@@ -62,17 +62,34 @@ static double comm_share(json_t *d)
     return share_of(d, SC_ALL_REDUCE) + share_of(d, SC_ALL_TO_ALL) + share_of(d, SC_PP_SEND);
 }
 
-void report_scaling(const SweepRun *r, int n, char *buf, size_t len)
+int report_scaling(const SweepRun *r, int n, char *buf, size_t len)
 {
     size_t o = 0;
 #define W(...) do { if (o < len) o += snprintf(buf + o, len - o, __VA_ARGS__); } while (0)
     buf[0] = 0;
+    /* ranks that take turns on the same cores measure the sharing, not the layout: no reading */
+    int shared = 0;
+    for (int i = 0; i < n; i++) {
+        json_t *pl = r[i].diag ? json_object_get(r[i].diag, "placement") : NULL;
+        if (!json_is_true(json_object_get(pl, "shares_cores"))) continue;
+        W("%s%s (%s)", shared++ ? "; " : "", r[i].name, json_string_value(json_object_get(pl, "why")));
+    }
+    if (shared) {
+        char which[2048];
+        snprintf(which, sizeof which, "%s", buf);
+        o = 0;
+        W("The sweep is not meaningful here: ranks share cores in %s. Their throughput measures how the ranks take "
+          "turns on the cores (and the rest of the machine's load), not the layout, so no scaling is read from it. "
+          "Give each rank cores of its own to compare layouts: mpirun binds a rank to a core when there are cores "
+          "enough, and --threads times the ranks of a host should not pass its cores.", which);
+        return 0;
+    }
     int best = -1;
     for (int i = 0; i < n; i++)
         if (r[i].diag && (best < 0 || jnum(r[i].diag, "tokens_per_s") > jnum(r[best].diag, "tokens_per_s"))) best = i;
     if (best < 0) {
         W("no layout produced a diagnosis.");
-        return;
+        return 0;
     }
     W("Fastest: %s at %.1f tokens/s (%s). ", r[best].name, jnum(r[best].diag, "tokens_per_s"),
       json_string_value(json_object_get(r[best].diag, "verdict")));
@@ -106,6 +123,7 @@ void report_scaling(const SweepRun *r, int n, char *buf, size_t len)
               (double)r[i].world / r[j].world, ratio < 0.8 * r[i].world / r[j].world ? " (sub-linear: see the communication share)" : "");
         }
 #undef W
+    return 1;
 }
 
 /* ---- SVG ---- */
@@ -311,7 +329,7 @@ int report_sweep(const char *layouts, const char *pass, const char *device, cons
     }
     if (report_write(runs, n, out_dir, "moeserve diagnose --sweep") != 0) fatal("diagnose --sweep: cannot write %s", out_dir);
     char scal[4096];
-    report_scaling(runs, n, scal, sizeof scal);
+    int meaningful = report_scaling(runs, n, scal, sizeof scal);
     if (as_json) {
         json_t *o = json_object(), *arr = json_array();
         for (int i = 0; i < n; i++)
@@ -319,6 +337,7 @@ int report_sweep(const char *layouts, const char *pass, const char *device, cons
                                                  runs[i].pp, "ep", runs[i].ep, "diagnosis", runs[i].diag));
         json_object_set_new(o, "runs", arr);
         json_object_set_new(o, "scaling", json_string(scal));
+        json_object_set_new(o, "scaling_meaningful", json_boolean(meaningful));
         json_object_set_new(o, "report", json_string(out_dir));
         out_json(o, JSON_COMPACT | JSON_REAL_PRECISION(6));
         json_decref(o);
