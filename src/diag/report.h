@@ -1,7 +1,8 @@
 /* report: diagnoses as text, and the sweep over parallel layouts (issue #9): each layout run as
  * its own `moeserve diagnose --json`, their throughput and breakdowns side by side, the scaling
  * signature read from them, a markdown report with SVG charts (stacked step time per layout, a
- * roofline with each op category as a point). */
+ * roofline with each op category as a point and each layout's roof), their labels placed by
+ * base/svg.h so that none covers another or leaves the picture. */
 #ifndef MOESERVE_REPORT_H
 #define MOESERVE_REPORT_H
 

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "base/svg.h"
 #include "base/util.h"
 #include "diag/placement.h"
 #include "diag/report.h"
@@ -291,6 +292,168 @@ TEST(diag_scaling_not_meaningful_when_cores_shared)
     EXPECT(md && strstr(md, "## Scaling\n\nThe sweep is not meaningful here"), "%s", md ? md : path);
     free(md);
     for (int i = 0; i < 3; i++) json_decref(r[i].diag);
+}
+
+/* ---- the charts, read back ---- */
+
+typedef struct {
+    char text[256];
+    SvgBox box;
+} SvgLabel;
+
+/* an attribute's value in the tag [p, end), or NULL */
+static const char *svg_attr(const char *p, const char *end, const char *name, char *out, size_t n)
+{
+    char key[64];
+    snprintf(key, sizeof key, " %s=\"", name);
+    const char *a = strstr(p, key);
+    if (!a || a >= end) return NULL;
+    a += strlen(key);
+    const char *q = strchr(a, '"');
+    if (!q || q > end) return NULL;
+    snprintf(out, n, "%.*s", (int)(q - a), a);
+    return out;
+}
+
+/* Every <text> of an SVG with the box it covers (base/svg.h's estimate; a title turned a
+ * quarter anticlockwise covers the box turned with it), and the picture's size (the viewBox's,
+ * else the width and height). The font size and anchor a <text> lacks are the root's, or 16 px
+ * and start as SVG says. Returns how many, or -1 when a <text> lacks its position. */
+static int svg_labels(const char *svg, SvgLabel *out, int max, double *vw, double *vh)
+{
+    *vw = *vh = -1;
+    char v[128], root_px[32] = "16";
+    const char *root = strstr(svg, "<svg");
+    const char *root_end = root ? strchr(root, '>') : NULL;
+    if (root_end && svg_attr(root, root_end, "viewBox", v, sizeof v))
+        sscanf(v, "0 0 %lf %lf", vw, vh);
+    else if (root_end && svg_attr(root, root_end, "width", v, sizeof v) && (*vw = atof(v)) > 0 &&
+             svg_attr(root, root_end, "height", v, sizeof v))
+        *vh = atof(v);
+    if (root_end) svg_attr(root, root_end, "font-size", root_px, sizeof root_px);
+    int n = 0;
+    for (const char *p = strstr(svg, "<text"); p && n < max; p = strstr(p + 1, "<text")) {
+        const char *end = strchr(p, '>'), *close = end ? strstr(end, "</text>") : NULL;
+        if (!close) return -1;
+        char xs[32], ys[32], fs[32], an[32], tr[96];
+        if (!svg_attr(p, end, "x", xs, sizeof xs) || !svg_attr(p, end, "y", ys, sizeof ys)) return -1;
+        if (!svg_attr(p, end, "font-size", fs, sizeof fs)) snprintf(fs, sizeof fs, "%s", root_px);
+        if (!svg_attr(p, end, "text-anchor", an, sizeof an)) snprintf(an, sizeof an, "start");
+        SvgLabel *l = &out[n++];
+        snprintf(l->text, sizeof l->text, "%.*s", (int)(close - end - 1), end + 1);
+        double x = atof(xs), y = atof(ys), px = atof(fs);
+        SvgAnchor a = !strcmp(an, "middle") ? SVG_MIDDLE : !strcmp(an, "end") ? SVG_END : SVG_START;
+        l->box = svg_text_box(l->text, x, y, px, a);
+        if (svg_attr(p, end, "transform", tr, sizeof tr)) {
+            double cx, cy;
+            if (sscanf(tr, "rotate(-90 %lf %lf)", &cx, &cy) != 2) return -1;
+            /* about (cx, cy): x' = cx + (y - cy), y' = cy - (x - cx) */
+            SvgBox b = l->box;
+            l->box = (SvgBox){cx + (b.y0 - cy), cy - (b.x1 - cx), cx + (b.y1 - cy), cy - (b.x0 - cx)};
+        }
+    }
+    return n;
+}
+
+static int has_label(const SvgLabel *l, int n, const char *text)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++) k += !strcmp(l[i].text, text);
+    return k;
+}
+
+/* The labels of one chart: titles present, none past the picture, no two overlapping; the
+ * legend holds a category if and only if present[k]. */
+static void check_chart(const char *path, const char *const *titles, int n_titles, const int *present, int n_cats)
+{
+    char *svg = file_read_all(path, NULL);
+    ASSERT(svg, "%s", path);
+    static SvgLabel l[1024];
+    double vw, vh;
+    int n = svg_labels(svg, l, 1024, &vw, &vh);
+    ASSERT(n > 0 && vw > 0 && vh > 0, "%s: %d labels, viewBox %g x %g", path, n, vw, vh);
+    for (int t = 0; t < n_titles; t++) EXPECT(has_label(l, n, titles[t]) == 1, "%s: the title \"%s\"", path, titles[t]);
+    for (int k = 0; k < n_cats; k++)
+        EXPECT(has_label(l, n, step_cat_title(k)) == present[k], "%s: legend entry \"%s\" %s", path, step_cat_title(k),
+               present[k] ? "missing" : "for an absent category");
+    for (int i = 0; i < n; i++) {
+        const SvgBox *b = &l[i].box;
+        EXPECT(b->x0 >= 0 && b->y0 >= 0 && b->x1 <= vw && b->y1 <= vh,
+               "%s: \"%s\" [%.0f,%.0f]-[%.0f,%.0f] leaves the %g x %g picture", path, l[i].text, b->x0, b->y0, b->x1,
+               b->y1, vw, vh);
+        for (int j = 0; j < i; j++)
+            EXPECT(!svg_overlap(&l[i].box, &l[j].box), "%s: \"%s\" overlaps \"%s\"", path, l[i].text, l[j].text);
+    }
+    free(svg);
+}
+
+/* diagnose's charts: axis titles with units, a legend of the categories present only, one roof a
+ * layout (those of equal ceilings share one), labels that neither collide nor clip: a sweep of
+ * three layouts, and one of sixteen with long names and every category. */
+TEST(diag_charts_readable)
+{
+    double ms[3][SC_COUNT] = {{[SC_DENSE_GEMM] = 2, [SC_MOE_GEMM] = 3.5, [SC_ATTENTION] = 0.5, [SC_HOST_GAP] = 0.2},
+                              {[SC_DENSE_GEMM] = 1, [SC_MOE_GEMM] = 2, [SC_ALL_REDUCE] = 1.5},
+                              {[SC_DENSE_GEMM] = 1.1, [SC_MOE_GEMM] = 1.9, [SC_PP_WAIT] = 2.5, [SC_ATTENTION] = 0.3}};
+    SweepRun r[16];
+    memset(r, 0, sizeof r);
+    const char *names[3] = {"tp1", "tp2", "pp2"};
+    double peaks[3] = {800, 790, 800}, copies[3] = {4000, 3900, 4000}; /* pp2's roof is tp1's */
+    for (int i = 0; i < 3; i++) {
+        snprintf(r[i].name, sizeof r[i].name, "%s", names[i]);
+        r[i].diag = fake_diag(ms[i], peaks[i], copies[i], 1000 * (i + 1), 0);
+    }
+    char dir[700], path[800];
+    snprintf(dir, sizeof dir, "%s/charts", test_tmpdir());
+    ASSERT(report_write(r, 3, dir, "charts") == 0);
+    int bd[SC_COUNT] = {0}, rl[SC_COUNT] = {0};
+    for (int i = 0; i < 3; i++)
+        for (int k = 0; k < SC_COUNT; k++) {
+            bd[k] |= ms[i][k] > 0;
+            rl[k] |= ms[i][k] > 0 && k <= SC_SAMPLE;
+        }
+    const char *bt[] = {"Step time by category", "time per step (ms)", "layout"};
+    snprintf(path, sizeof path, "%s/breakdown.svg", dir);
+    check_chart(path, bt, 3, bd, SC_COUNT);
+    const char *rt[] = {"arithmetic intensity (FLOP per byte)",
+                        "achieved TFLOP/s",
+                        "tp1",
+                        "tp2",
+                        "pp2",
+                        "roof of tp1, pp2: 800 TFLOP/s, 4000 GB/s",
+                        "roof of tp2: 790 TFLOP/s, 3900 GB/s"};
+    snprintf(path, sizeof path, "%s/roofline.svg", dir);
+    check_chart(path, rt, 7, rl, SC_COUNT);
+    char *svg = file_read_all(path, NULL);
+    int roofs = 0;
+    for (const char *p = svg; (p = strstr(p, "<polyline")); p++) roofs++;
+    EXPECT(roofs == 2, "%d roof lines, 2 expected (tp1 and pp2 share one)", roofs);
+    free(svg);
+    for (int i = 0; i < 3; i++) json_decref(r[i].diag);
+
+    /* sixteen runs, long names, every category, each its own roof; a CPU's rates */
+    double all[SC_COUNT];
+    for (int k = 0; k < SC_COUNT; k++) all[k] = 0.05 + 0.01 * k;
+    for (int i = 0; i < 16; i++) {
+        snprintf(r[i].name, sizeof r[i].name, "tp%dpp%dep%d", 1 << (i % 4), 1 + i, 1 << (i / 4));
+        all[SC_MOE_GEMM] = 0.1 * (i + 1) * (i + 1); /* step times over two orders of magnitude */
+        r[i].diag = fake_diag(all, 0.05 + 0.001 * i, 20 + i, 50.0 * (i + 1), 0);
+    }
+    snprintf(dir, sizeof dir, "%s/charts16", test_tmpdir());
+    ASSERT(report_write(r, 16, dir, "charts") == 0);
+    int every[SC_COUNT], compute[SC_COUNT];
+    for (int k = 0; k < SC_COUNT; k++) every[k] = 1, compute[k] = k <= SC_SAMPLE;
+    snprintf(path, sizeof path, "%s/breakdown.svg", dir);
+    check_chart(path, bt, 3, every, SC_COUNT);
+    const char *rt16[] = {"arithmetic intensity (FLOP per byte)", "achieved GFLOP/s"};
+    snprintf(path, sizeof path, "%s/roofline.svg", dir);
+    check_chart(path, rt16, 2, compute, SC_COUNT);
+    svg = file_read_all(path, NULL);
+    roofs = 0;
+    for (const char *p = svg; (p = strstr(p, "<polyline")); p++) roofs++;
+    EXPECT(roofs == 16, "%d roof lines, one a layout expected", roofs);
+    free(svg);
+    for (int i = 0; i < 16; i++) json_decref(r[i].diag);
 }
 
 /* The verdict of a `diagnose --json` command (its logs sent to /dev/null): its stdout must be the
