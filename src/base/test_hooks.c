@@ -10,7 +10,7 @@
 
 /* The integer hooks: 0 when unset (or set to a bad value), the floor of their range being the
  * value that changes nothing. */
-enum { HOOK_HOST_DELAY, HOOK_GEMM_REPEAT, HOOK_COMM_DELAY, HOOK_COUNT };
+enum { HOOK_HOST_DELAY, HOOK_GEMM_REPEAT, HOOK_COMM_DELAY, HOOK_CALIBRATE_BUSY, HOOK_COUNT };
 
 static const struct {
     const char *var;
@@ -24,6 +24,9 @@ static const struct {
     [HOOK_COMM_DELAY] = {"MOESERVE_TEST_COMM_DELAY_US", 0, 10000000,
                          "every collective waits this many microseconds first, on the stream where the ranks run "
                          "on GPUs (a slow link)"},
+    [HOOK_CALIBRATE_BUSY] = {"MOESERVE_TEST_CALIBRATE_BUSY", 0, 2,
+                             "calibrate takes the machine as quiet (1) or busy (2) instead of judging it by its "
+                             "measurement (0)"},
 };
 
 static const char *fault_meaning = "rank R exits (exit:R) or stops answering (hang:R) at the start of its first "
@@ -82,6 +85,7 @@ TestFault test_hook_fault(int rank)
 int test_hook_host_delay_us(void) { return (int)hook(HOOK_HOST_DELAY); }
 int test_hook_gemm_repeat(void) { return (int)hook(HOOK_GEMM_REPEAT); }
 int test_hook_comm_delay_us(void) { return (int)hook(HOOK_COMM_DELAY); }
+int test_hook_calibrate_busy(void) { return (int)hook(HOOK_CALIBRATE_BUSY); }
 
 void test_hooks_print(FILE *f)
 {

@@ -19,6 +19,8 @@ int test_hook_host_delay_us(void);
 int test_hook_gemm_repeat(void);
 /* MOESERVE_TEST_COMM_DELAY_US: microseconds added to every collective (0: none). */
 int test_hook_comm_delay_us(void);
+/* MOESERVE_TEST_CALIBRATE_BUSY: 0 calibrate judges the machine's load itself, 1 quiet, 2 busy. */
+int test_hook_calibrate_busy(void);
 /* The hooks as a Markdown list (docs/USAGE.md). */
 void test_hooks_print(FILE *f);
 

@@ -14,6 +14,7 @@
 #include "../base/util.h"
 #include "../backend/backend.h"
 #include "../base/opt.h"
+#include "../base/svg.h"
 #include "../engine/engine.h"
 #include "../model/model_opts.h"
 #include "bench_serve.h"
@@ -273,7 +274,8 @@ int bench_plot_main(int argc, char **argv)
     const int W = 1160, H = 520;
     fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
                "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", W, H, W, H);
-    if (title) fprintf(f, "<text x=\"%d\" y=\"22\" text-anchor=\"middle\" font-size=\"17\">%s</text>\n", W / 2, title);
+    /* the title and the series' names are the user's text: escaped, or one "&" or "<" breaks the file */
+    if (title) svg_text(f, W / 2, 22, 17, SVG_MIDDLE, NULL, title);
     Axes a1 = {.x0 = 90, .y0 = 60, .w = 440, .h = 360}, a2 = {.x0 = 680, .y0 = 60, .w = 440, .h = 360};
     range_of(&a1, cmin, cmax, tmax, 1);
     range_of(&a2, umin, umax, gmax, 0);
@@ -300,7 +302,7 @@ int bench_plot_main(int argc, char **argv)
         series_draw(f, &a2, xyt, k, col);
         free(xyt);
         fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"14\" height=\"4\" fill=\"%s\"/>\n", 90 + 260 * (i % 4), H - 42 + 18 * (i / 4), col);
-        fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"12\">%s</text>\n", 110 + 260 * (i % 4), H - 36 + 18 * (i / 4), s[i].name);
+        svg_text(f, 110 + 260 * (i % 4), H - 36 + 18 * (i / 4), 12, SVG_START, NULL, s[i].name);
     }
     fprintf(f, "</svg>\n");
     if (fclose(f)) fatal("bench plot: cannot write %s", svg);

@@ -18,6 +18,7 @@
 
 #include "../base/util.h"
 #include "../engine/engine.h"
+#include "../diag/placement.h"
 #include "../diag/report.h"
 #include "../dist/dist.h"
 #include "cli.h"
@@ -26,10 +27,13 @@ int cmd_calibrate(int argc, char **argv)
 {
     ModelOpts mo = {0};
     DeviceOpts dev = {0};
-    int quick = 0, as_json = 0;
+    int quick = 0, as_json = 0, force = 0;
     const OptSpec specs[] = {
         {.names = "--quick", .type = OPT_FLAG, .dst = &quick, .help = "shorter measurements", .def = "off"},
         {.names = "--json", .type = OPT_FLAG, .dst = &as_json, .help = "one JSON object", .def = "off"},
+        {.names = "--force", .type = OPT_FLAG, .dst = &force,
+         .help = "cache the figures even when the machine is busy (else a quiet machine's cached ones stay)",
+         .def = "off"},
     };
     const OptGroup groups[] = {OPT_GROUP("calibrate", specs), device_opt_group(&dev), par_opt_group(&mo.par)};
     const OptCommand cmd = {.cmd = "calibrate", .synopsis = "[options]",
@@ -42,15 +46,19 @@ int cmd_calibrate(int argc, char **argv)
     Backend be;
     backend_open(&be, device, dev.threads);
     Ceilings c;
-    calibrate_get(&c, &be, dist_get(), quick, 1);
+    CalResult res = calibrate_get(&c, &be, dist_get(), quick, force ? CAL_FORCE : CAL_MEASURE);
     Dist *d = dist_get();
     if (!d || d->rank == 0) {
         if (as_json) {
             json_t *o = ceilings_json(&c);
+            json_object_set_new(o, "cached", json_boolean(res == CAL_SAVED));
             out_json(o, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
             json_decref(o);
         } else {
             ceilings_print(&c);
+            if (res == CAL_KEPT_CACHE)
+                printf("not cached: the machine was busy; the profile of a quiet machine stays "
+                       "(--force replaces it)\n");
         }
     }
     backend_free(&be);
@@ -164,8 +172,8 @@ typedef struct {
 } Load;
 
 /* one load on a fresh engine (after a warm-up engine's capture and first touches); its diagnosis */
-static json_t *diagnose_load(const Model *dm, const Model *m, Backend *be, EngineOptions eo, const Load *ld, const Ceilings *ceil,
-                             const ModelOpts *mo, int as_json)
+static json_t *diagnose_load(const Model *dm, const Model *m, Backend *be, EngineOptions eo, const Load *ld,
+                             const Ceilings *ceil, const Placement *pl, const ModelOpts *mo, int as_json)
 {
     eo.max_running = ld->batch;
     if (eo.max_batch_tokens < ld->batch) eo.max_batch_tokens = ld->batch;
@@ -183,9 +191,18 @@ static json_t *diagnose_load(const Model *dm, const Model *m, Backend *be, Engin
     Diagnosis g;
     Deployment d;
     engine_diagnose(e, ceil, &layout, &g, &d);
+    if (pl->shares_cores) {
+        char ev[320];
+        snprintf(ev, sizeof ev,
+                 "the ranks share cores, so every figure here includes their taking turns on them: %.200s", pl->why);
+        diagnosis_note(&g, ev,
+                       "give each rank cores of its own (mpirun binds a rank to a core when there are cores "
+                       "enough; --threads times the ranks of a host at most its cores)");
+    }
     log_info("diagnose: %d requests of %d + %d tokens, %d at a time, in %.1f s", ld->requests, ld->in_len, ld->out_len,
              ld->batch, clock_now() - t0);
     json_t *o = diagnosis_json(&g, &d, ceil);
+    json_object_set_new(o, "placement", placement_json(pl));
     json_object_set_new(o, "load", json_pack("{s:i, s:i, s:i, s:i}", "batch", ld->batch, "input_len", ld->in_len,
                                              "output_len", ld->out_len, "requests", ld->requests));
     if (as_json) {
@@ -212,7 +229,9 @@ static int diagnose_model(ModelOpts *mo, const char *device, int threads, Engine
     Model dm;
     model_on_backend(&dm, &m, &be);
     Ceilings ceil;
-    calibrate_get(&ceil, &be, dist_get(), 1, 0);
+    calibrate_get(&ceil, &be, dist_get(), 1, CAL_CACHED);
+    Placement pl; /* every rank takes part */
+    placement_get(&pl, &be, dist_get());
     if (model_worker(&dm, &be)) {
         model_on_backend_free(&dm, &be);
         backend_free(&be);
@@ -230,7 +249,7 @@ static int diagnose_model(ModelOpts *mo, const char *device, int threads, Engine
         memset(r, 0, sizeof *r);
         snprintf(r->name, sizeof r->name, "batch%d", ld.batch);
         r->tp = mo->par.tp, r->pp = mo->par.pp, r->ep = mo->par.ep, r->world = r->tp * r->pp;
-        r->diag = diagnose_load(&dm, &m, &be, *eo, &ld, &ceil, mo, as_json);
+        r->diag = diagnose_load(&dm, &m, &be, *eo, &ld, &ceil, &pl, mo, as_json);
     }
     if (out_dir && n > 0) {
         if (report_write(runs, n, out_dir, "moeserve diagnose") != 0) log_error("diagnose: cannot write the report to %s", out_dir);

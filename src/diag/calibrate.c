@@ -3,6 +3,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <math.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -14,6 +15,7 @@
 
 #include "../backend/cpu/cpu.h"
 #include "../base/knobs.h"
+#include "../base/test_hooks.h"
 #include "../base/util.h"
 #include "gpu.h"
 #ifdef MOESERVE_CUDA
@@ -23,8 +25,21 @@ void cuda_ceilings(Backend *be, int quick, double *copy, double *read, double *b
 
 /* ---- the CPU: memory and float32 FMA ---- */
 
-static void cpu_ceilings(Ceilings *c, int threads, int quick)
+/* the CPU time of every thread of this process, in seconds */
+static double cpu_seconds(void)
 {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+
+/* *share: the CPU time its threads had over threads x the wall time of the timed loops (1: the
+ * cores were theirs throughout; the setup and the frees between them are not counted, since a
+ * lone thread runs those while the others sleep) */
+static void cpu_ceilings(Ceilings *c, int threads, int quick, double *share)
+{
+    double cpu_s = 0, wall_s = 0;
+#define TIMED(t0, c0) (wall_s += clock_now() - (t0), cpu_s += cpu_seconds() - (c0))
     size_t n = (size_t)(quick ? 64 : 256) << 20; /* bytes per buffer: well past the caches */
     float *a = xmalloc_aligned(n), *b = xmalloc_aligned(n);
     size_t m = n / sizeof(float);
@@ -33,7 +48,7 @@ static void cpu_ceilings(Ceilings *c, int threads, int quick)
     double best_copy = 1e30, best_read = 1e30;
     volatile float sink = 0;
     for (int r = 0; r < (quick ? 3 : 6); r++) {
-        double t0 = clock_now();
+        double c0 = cpu_seconds(), t0 = clock_now();
 #pragma omp parallel for num_threads(threads)
         for (size_t i = 0; i < m; i++) b[i] = a[i];
         double t1 = clock_now();
@@ -43,6 +58,7 @@ static void cpu_ceilings(Ceilings *c, int threads, int quick)
 #pragma omp parallel for num_threads(threads) reduction(^ : s)
         for (size_t i = 0; i < n / 8; i++) s ^= u[i];
         double t2 = clock_now();
+        TIMED(t0, c0);
         sink += (float)(s & 1);
         if (t1 - t0 < best_copy) best_copy = t1 - t0;
         if (t2 - t1 < best_read) best_read = t2 - t1;
@@ -56,7 +72,7 @@ static void cpu_ceilings(Ceilings *c, int threads, int quick)
     long reps = quick ? 4000 : 16000;
     double best = 1e30;
     for (int r = 0; r < 3; r++) {
-        double t0 = clock_now();
+        double c0 = cpu_seconds(), t0 = clock_now();
 #pragma omp parallel num_threads(threads)
         {
             float *x = xmalloc_aligned(2 * DOT * sizeof(float)), *y = x + DOT, s = 0;
@@ -69,10 +85,13 @@ static void cpu_ceilings(Ceilings *c, int threads, int quick)
             free(x);
         }
         double t = clock_now() - t0;
+        TIMED(t0, c0);
         if (t < best) best = t;
     }
+#undef TIMED
     c->bf16_tflops = 2.0 * DOT * reps * threads / best / 1e12;
     c->fp8_tflops = c->fp4_tflops = 0;
+    *share = wall_s > 0 ? cpu_s / (wall_s * threads) : 1;
     (void)sink;
 }
 
@@ -164,11 +183,12 @@ static void mkdirs(const char *path)
 
 json_t *ceilings_json(const Ceilings *c)
 {
-    return json_pack("{s:s, s:s, s:b, s:f, s:f, s:f, s:f, s:f, s:i, s:i, s:i, s:f, s:f, s:f, s:s, s:s, s:s, s:s}", "key", c->key,
-                     "device", c->device, "gpu", c->gpu, "copy_gbps", c->copy_gbps, "read_gbps", c->read_gbps,
-                     "bf16_tflops", c->bf16_tflops, "fp8_tflops", c->fp8_tflops, "fp4_tflops", c->fp4_tflops, "ranks",
-                     c->ranks, "tp", c->tp, "pp", c->pp, "allreduce_gbps", c->allreduce_gbps, "allreduce_us",
-                     c->allreduce_us, "p2p_gbps", c->p2p_gbps, "comm", c->comm, "link", c->link, "measured", c->when, "p2p", c->p2p);
+    return json_pack("{s:s, s:s, s:b, s:f, s:f, s:f, s:f, s:f, s:i, s:i, s:i, s:f, s:f, s:f, s:s, s:s, s:s, s:s, s:s?}",
+                     "key", c->key, "device", c->device, "gpu", c->gpu, "copy_gbps", c->copy_gbps, "read_gbps",
+                     c->read_gbps, "bf16_tflops", c->bf16_tflops, "fp8_tflops", c->fp8_tflops, "fp4_tflops",
+                     c->fp4_tflops, "ranks", c->ranks, "tp", c->tp, "pp", c->pp, "allreduce_gbps", c->allreduce_gbps,
+                     "allreduce_us", c->allreduce_us, "p2p_gbps", c->p2p_gbps, "comm", c->comm, "link", c->link,
+                     "measured", c->when, "p2p", c->p2p, "busy", c->busy[0] ? c->busy : NULL);
 }
 
 static int ceilings_from_json(Ceilings *c, json_t *o)
@@ -183,10 +203,33 @@ static int ceilings_from_json(Ceilings *c, json_t *o)
     snprintf(c->p2p, sizeof c->p2p, "%s", pp ? pp : "");
     const char *w = json_string_value(json_object_get(o, "measured"));
     snprintf(c->when, sizeof c->when, "%s", w ? w : "");
+    const char *b = json_string_value(json_object_get(o, "busy")); /* null or absent: a quiet machine's */
+    snprintf(c->busy, sizeof c->busy, "%s", b ? b : "");
     return c->copy_gbps > 0 && c->bf16_tflops > 0 ? 0 : -1;
 }
 
-void calibrate_get(Ceilings *c, Backend *be, Dist *d, int quick, int force)
+/* Was the machine busy while c was measured (cpu_share: the CPU measurement's, or < 0; gpu_spread:
+ * how far the GPU's two measurements differ, or < 0)? The reason into c->busy, "" when quiet. */
+static void judge_busy(Ceilings *c, int threads, double cpu_share, double gpu_spread)
+{
+    c->busy[0] = 0;
+    int hook = test_hook_calibrate_busy();
+    if (hook) {
+        if (hook == 2) snprintf(c->busy, sizeof c->busy, "MOESERVE_TEST_CALIBRATE_BUSY=2");
+        return;
+    }
+    if (cpu_share >= 0 && cpu_share < CAL_MIN_CPU_SHARE) {
+        int cpus = backend_cpu_count();
+        snprintf(c->busy, sizeof c->busy, "its %d thread%s ran %.0f%% of the time measured%s", threads,
+                 threads == 1 ? "" : "s", 100 * cpu_share,
+                 threads > cpus ? ", more threads than the CPUs it may use" : ": other work took the CPUs");
+    } else if (gpu_spread > CAL_MAX_DISAGREE) {
+        snprintf(c->busy, sizeof c->busy, "two measurements differ by %.0f%%: other work shares the GPU",
+                 100 * gpu_spread);
+    }
+}
+
+CalResult calibrate_get(Ceilings *c, Backend *be, Dist *d, int quick, CalMode mode)
 {
     *c = (Ceilings){.gpu = !be->host_memory};
     int ranks = d ? d->world : 1;
@@ -209,26 +252,40 @@ void calibrate_get(Ceilings *c, Backend *be, Dist *d, int quick, int force)
     snprintf(c->key, sizeof c->key, "%.16s-%.200s-tp%d-pp%d-r%d", be->name, c->device, d ? d->tp : 1, d ? d->pp : 1, ranks);
     char path[1200];
     cache_path(c, path, sizeof path);
+    /* the profile cached now (rank 0 reads it; every rank decides alike), and whether it is a quiet
+     * machine's: a cache that cannot be read counts as none */
+    Ceilings old = *c;
     int cached = 0;
-    if (!force) { /* every rank decides alike: rank 0 reads, then tells */
-        char why[400]; /* a cache that cannot be read is measured again */
+    {
+        char why[400];
         json_t *o = (!d || d->rank == 0) ? file_read_json(path, 0, why, sizeof why) : NULL;
-        cached = o && ceilings_from_json(c, o) == 0;
+        cached = o && ceilings_from_json(&old, o) == 0;
         if (o) json_decref(o);
-        if (d && d->world > 1) {
-            dist_bcast_host(d, &cached, sizeof cached);
-            if (cached) dist_bcast_host(d, c, sizeof *c);
-        }
+        if (d && d->world > 1) dist_bcast_host(d, &cached, sizeof cached);
     }
-    if (cached) {
+    if (cached && mode == CAL_CACHED) {
+        if (d && d->world > 1) dist_bcast_host(d, &old, sizeof old);
+        *c = old;
         c->ranks = ranks;
         c->tp = d ? d->tp : 1;
         c->pp = d ? d->pp : 1;
-        return;
+        return CAL_READ;
     }
     log_info("calibrate: measuring the ceilings of %s%s", c->device, quick ? " (quick)" : "");
+    double cpu_share = -1, gpu_spread = -1;
 #ifdef MOESERVE_CUDA
-    if (c->gpu) cuda_ceilings(be, quick, &c->copy_gbps, &c->read_gbps, &c->bf16_tflops, &c->fp8_tflops);
+    if (c->gpu) {
+        /* twice: where another process shares the GPU the two differ (the better of each is kept) */
+        double m[2][4];
+        for (int k = 0; k < 2; k++) cuda_ceilings(be, quick, &m[k][0], &m[k][1], &m[k][2], &m[k][3]);
+        double *dst[4] = {&c->copy_gbps, &c->read_gbps, &c->bf16_tflops, &c->fp8_tflops};
+        gpu_spread = 0;
+        for (int j = 0; j < 4; j++) {
+            double hi = fmax(m[0][j], m[1][j]), lo = fmin(m[0][j], m[1][j]);
+            *dst[j] = hi;
+            if (j != 3 && hi > 0 && 1 - lo / hi > gpu_spread) gpu_spread = 1 - lo / hi; /* FP8 may be absent */
+        }
+    }
 #endif
     if (c->gpu) {
         c->copy_gbps /= 1e9;
@@ -236,8 +293,10 @@ void calibrate_get(Ceilings *c, Backend *be, Dist *d, int quick, int force)
         c->bf16_tflops /= 1e12;
         c->fp8_tflops /= 1e12;
     } else {
-        cpu_ceilings(c, be->n_threads, quick);
+        cpu_ceilings(c, be->n_threads, quick, &cpu_share);
     }
+    judge_busy(c, be->n_threads, cpu_share, gpu_spread);
+    if (d && d->world > 1) dist_bcast_host(d, c->busy, sizeof c->busy); /* rank 0's judgement for all */
     comm_ceilings(c, be, d);
 #ifdef MOESERVE_CUDA
     if (c->gpu) {
@@ -249,13 +308,29 @@ void calibrate_get(Ceilings *c, Backend *be, Dist *d, int quick, int force)
 #endif
     time_t now = time(NULL);
     strftime(c->when, sizeof c->when, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
-    if (!d || d->rank == 0) {
-        mkdirs(path);
-        json_t *o = ceilings_json(c);
-        if (json_dump_file(o, path, JSON_INDENT(2)) != 0) log_warn("calibrate: cannot write %s: %s", path, strerror(errno));
-        else log_info("calibrate: cached in %s", path);
-        json_decref(o);
+    if (d && d->rank != 0) return CAL_SAVED; /* rank 0 writes */
+    if (c->busy[0] && mode != CAL_FORCE && cached && !old.busy[0]) {
+        log_warn("calibrate: the machine is busy (%s): these figures are not cached; the profile measured %s on a "
+                 "quiet machine stays in %s (calibrate --force replaces it)", c->busy, old.when, path);
+        return CAL_KEPT_CACHE;
     }
+    if (c->busy[0]) {
+        const char *why = mode == CAL_FORCE ? "--force"
+                          : cached          ? "the cached profile was a busy one too"
+                                            : "none was cached";
+        log_warn("calibrate: the machine is busy (%s): cached all the same (%s), marked busy until a quiet measurement "
+                 "replaces it", c->busy, why);
+    }
+    mkdirs(path);
+    json_t *o = ceilings_json(c);
+    int bad = json_dump_file(o, path, JSON_INDENT(2)) != 0, err = errno;
+    json_decref(o);
+    if (bad) {
+        log_warn("calibrate: cannot write %s: %s", path, strerror(err));
+        return CAL_NOT_SAVED;
+    }
+    log_info("calibrate: cached in %s", path);
+    return CAL_SAVED;
 }
 
 void ceilings_print(const Ceilings *c)
@@ -274,5 +349,5 @@ void ceilings_print(const Ceilings *c)
     else
         printf("collectives: one rank (none)\n");
     if (c->p2p[0]) printf("GPUs: %s\n", c->p2p);
-    printf("measured: %s\n", c->when);
+    printf("measured: %s%s%s\n", c->when, c->busy[0] ? " on a busy machine: " : "", c->busy);
 }

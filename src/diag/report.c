@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../base/svg.h"
 #include "../base/util.h"
 #include "profile.h"
 
@@ -62,17 +63,34 @@ static double comm_share(json_t *d)
     return share_of(d, SC_ALL_REDUCE) + share_of(d, SC_ALL_TO_ALL) + share_of(d, SC_PP_SEND);
 }
 
-void report_scaling(const SweepRun *r, int n, char *buf, size_t len)
+int report_scaling(const SweepRun *r, int n, char *buf, size_t len)
 {
     size_t o = 0;
 #define W(...) do { if (o < len) o += snprintf(buf + o, len - o, __VA_ARGS__); } while (0)
     buf[0] = 0;
+    /* ranks that take turns on the same cores measure the sharing, not the layout: no reading */
+    int shared = 0;
+    for (int i = 0; i < n; i++) {
+        json_t *pl = r[i].diag ? json_object_get(r[i].diag, "placement") : NULL;
+        if (!json_is_true(json_object_get(pl, "shares_cores"))) continue;
+        W("%s%s (%s)", shared++ ? "; " : "", r[i].name, json_string_value(json_object_get(pl, "why")));
+    }
+    if (shared) {
+        char which[2048];
+        snprintf(which, sizeof which, "%s", buf);
+        o = 0;
+        W("The sweep is not meaningful here: ranks share cores in %s. Their throughput measures how the ranks take "
+          "turns on the cores (and the rest of the machine's load), not the layout, so no scaling is read from it. "
+          "Give each rank cores of its own to compare layouts: mpirun binds a rank to a core when there are cores "
+          "enough, and --threads times the ranks of a host should not pass its cores.", which);
+        return 0;
+    }
     int best = -1;
     for (int i = 0; i < n; i++)
         if (r[i].diag && (best < 0 || jnum(r[i].diag, "tokens_per_s") > jnum(r[best].diag, "tokens_per_s"))) best = i;
     if (best < 0) {
         W("no layout produced a diagnosis.");
-        return;
+        return 0;
     }
     W("Fastest: %s at %.1f tokens/s (%s). ", r[best].name, jnum(r[best].diag, "tokens_per_s"),
       json_string_value(json_object_get(r[best].diag, "verdict")));
@@ -106,6 +124,7 @@ void report_scaling(const SweepRun *r, int n, char *buf, size_t len)
               (double)r[i].world / r[j].world, ratio < 0.8 * r[i].world / r[j].world ? " (sub-linear: see the communication share)" : "");
         }
 #undef W
+    return 1;
 }
 
 /* ---- SVG ---- */
@@ -115,92 +134,365 @@ static const char *const colors[SC_COUNT] = {
     "#ff9da7", "#9c755f", "#bab0ac", "#d37295", "#8cd17d", "#499894",
 };
 
-static int write_breakdown_svg(const SweepRun *r, int n, const char *path)
+#define CHART_PAD 12.0
+
+/* A chart's text goes through its placer (svg.h): a label is drawn at the first of its spots
+ * that is inside the picture and clear of every label before it, or left out (a tick label
+ * that would touch its neighbour). The picture's height is known at the end: the body is
+ * written to memory first, and bottom is how far down anything reaches. */
+typedef struct {
+    FILE *f;
+    char *buf;
+    size_t len;
+    SvgPlacer pl;
+    double bottom;
+} Chart;
+
+static void chart_open(Chart *c, double w)
 {
+    memset(c, 0, sizeof *c);
+    c->f = open_memstream(&c->buf, &c->len);
+    if (!c->f) fatal("report: out of memory");
+    svg_placer_init(&c->pl, w, 1e9);
+}
+
+static void chart_reach(Chart *c, double y)
+{
+    if (y > c->bottom) c->bottom = y;
+}
+
+static int chart_text(Chart *c, double x, double y, double px, SvgAnchor a, const char *text)
+{
+    if (svg_place(&c->pl, text, px, &x, &y, &a, 1) < 0) return 0;
+    svg_text(c->f, x, y, px, a, NULL, text);
+    chart_reach(c, y + 0.25 * px);
+    return 1;
+}
+
+/* a title up the left side, turned a quarter anticlockwise about its middle (x, y) */
+static void chart_text_up(Chart *c, double x, double y, double px, const char *text)
+{
+    double w = svg_text_width(text, px);
+    svg_placer_block(&c->pl, (SvgBox){x - 0.8 * px, y - w / 2, x + 0.25 * px, y + w / 2});
+    char rot[64];
+    snprintf(rot, sizeof rot, "transform=\"rotate(-90 %.1f %.1f)\"", x, y);
+    svg_text(c->f, x, y, px, SVG_MIDDLE, rot, text);
+    chart_reach(c, y + w / 2);
+}
+
+static int chart_close(Chart *c, const char *path)
+{
+    fclose(c->f);
     FILE *f = fopen(path, "w");
-    if (!f) return -1;
-    int W = 760, H = 80 + 40 * n + 30 * ((SC_COUNT + 2) / 3), left = 110, barw = 560;
-    double maxms = 0;
-    for (int i = 0; i < n; i++)
-        if (r[i].diag && jnum(r[i].diag, "step_ms") > maxms) maxms = jnum(r[i].diag, "step_ms");
-    if (maxms <= 0) maxms = 1;
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" font-size=\"12\">\n", W, H);
-    fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
-    fprintf(f, "<text x=\"%d\" y=\"20\" font-size=\"14\">Step time by category (ms per step)</text>\n", left);
-    for (int i = 0; i < n; i++) {
-        int y = 40 + 40 * i;
-        fprintf(f, "<text x=\"5\" y=\"%d\">%s</text>\n", y + 18, r[i].name);
-        if (!r[i].diag) continue;
-        double x = left;
-        json_t *br = json_object_get(r[i].diag, "breakdown");
-        for (int k = 0; k < SC_COUNT; k++) {
-            double ms = jnum(json_object_get(br, step_cat_name(k)), "ms"), w = ms / maxms * barw;
-            if (w <= 0) continue;
-            fprintf(f, "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"26\" fill=\"%s\"><title>%s %.3f ms</title></rect>\n", x, y,
-                    w, colors[k], step_cat_title(k), ms);
-            x += w;
-        }
-        fprintf(f, "<text x=\"%.1f\" y=\"%d\">%.2f ms, %.0f tok/s</text>\n", x + 4, y + 18, jnum(r[i].diag, "step_ms"),
-                jnum(r[i].diag, "tokens_per_s"));
+    if (!f) {
+        free(c->buf);
+        return -1;
     }
-    for (int k = 0; k < SC_COUNT; k++) {
-        int x = left + (k % 3) * 200, y = 60 + 40 * n + 24 * (k / 3);
-        fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"12\" height=\"12\" fill=\"%s\"/><text x=\"%d\" y=\"%d\">%s</text>\n", x, y,
-                colors[k], x + 16, y + 11, step_cat_title(k));
-    }
-    fprintf(f, "</svg>\n");
+    svg_begin(f, c->pl.w, ceil(c->bottom + CHART_PAD));
+    fwrite(c->buf, 1, c->len, f);
+    fputs("</svg>\n", f);
+    free(c->buf);
     return fclose(f);
 }
 
-/* log-log roofline: x FLOP per byte, y achieved TFLOP/s; the roofs from the first run's ceilings */
-static int write_roofline_svg(const SweepRun *r, int n, const char *path)
+/* A legend: a swatch (drawn by the caller at x, y - 10, 12 x 12) and a label an entry, left to
+ * right, a new row where the next would pass the right edge. */
+typedef struct {
+    double x0, x1, x, y;
+} Flow;
+
+static void flow_entry(Chart *c, Flow *fl, const char *text, int swatch, double *sx, double *sy)
 {
-    json_t *cl = NULL;
-    for (int i = 0; i < n && !cl; i++)
-        if (r[i].diag) cl = json_object_get(r[i].diag, "ceilings");
-    if (!cl) return -1;
-    double peak = jnum(cl, "bf16_tflops"), bw = jnum(cl, "copy_gbps") / 1e3; /* TB/s */
-    FILE *f = fopen(path, "w");
-    if (!f) return -1;
-    int W = 640, H = 420, x0 = 60, y0 = 370, pw = 540, ph = 330;
-    double lx0 = -2, lx1 = 4, ly1 = ceil(log10(peak)) + 0.5, ly0 = ly1 - 5;
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" font-size=\"12\">\n", W, H);
-    fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
-    fprintf(f, "<text x=\"%d\" y=\"20\" font-size=\"14\">Roofline: each op category of each layout (TFLOP/s vs FLOP/byte)</text>\n", x0);
-#define PX(l) (x0 + ((l) - lx0) / (lx1 - lx0) * pw)
-#define PY(l) (y0 - ((l) - ly0) / (ly1 - ly0) * ph)
-    fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#888\"/>\n", x0, y0 - ph, pw, ph);
-    for (int e = (int)lx0; e <= (int)lx1; e++)
-        fprintf(f, "<text x=\"%.0f\" y=\"%d\" text-anchor=\"middle\">1e%d</text>\n", PX(e), y0 + 16, e);
-    for (int e = (int)ceil(ly0); e <= (int)ly1; e++)
-        fprintf(f, "<text x=\"%d\" y=\"%.0f\" text-anchor=\"end\">1e%d</text>\n", x0 - 4, PY(e) + 4, e);
-    /* the roof: min(peak, bw * ai) */
-    fprintf(f, "<polyline fill=\"none\" stroke=\"black\" stroke-width=\"2\" points=\"");
-    for (double l = lx0; l <= lx1 + 1e-9; l += 0.05) {
-        double y = log10(fmin(peak, bw * pow(10, l)));
-        if (y < ly0) y = ly0;
-        fprintf(f, "%.1f,%.1f ", PX(l), PY(y));
+    double px = 12, room = fl->x1 - fl->x0 - (swatch ? 18 : 0);
+    char cut[400];
+    if (svg_text_width(text, px) > room) { /* longer than a row: as much as fits, then "..." */
+        size_t k = strlen(text) < sizeof cut - 4 ? strlen(text) : sizeof cut - 4;
+        memcpy(cut, text, k);
+        do {
+            while (k > 0 && (cut[k - 1] & 0xC0) == 0x80) k--; /* not inside a UTF-8 character */
+            if (k > 0) k--;
+            memcpy(cut + k, "...", 4);
+        } while (k > 0 && svg_text_width(cut, px) > room);
+        text = cut;
     }
-    fprintf(f, "\"/>\n");
+    double need = (swatch ? 18 : 0) + svg_text_width(text, px);
+    if (fl->x > fl->x0 && fl->x + need > fl->x1) fl->x = fl->x0, fl->y += 22;
+    *sx = fl->x;
+    *sy = fl->y - 10;
+    chart_text(c, fl->x + (swatch ? 18 : 0), fl->y, px, SVG_START, text);
+    chart_reach(c, fl->y + 4);
+    fl->x += need + 20;
+}
+
+static void flow_break(Flow *fl)
+{
+    if (fl->x > fl->x0) fl->x = fl->x0, fl->y += 22;
+}
+
+/* the rows' title: the runs of `diagnose --batch` are loads, a sweep's are layouts */
+static const char *rows_title(const SweepRun *r, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (strncmp(r[i].name, "batch", 5)) return "layout";
+    return "load";
+}
+
+/* Stacked step time a run a row: the categories' ms per step, an x axis in ms, a legend of the
+ * categories some run has. */
+static int write_breakdown_svg(const SweepRun *r, int n, const char *path)
+{
+    const double title_px = 15, px = 12, tick_px = 11, row = 34, barh = 24, barw = 520, top = 58;
+    double maxms = 0;
+    int present[SC_COUNT] = {0};
     for (int i = 0; i < n; i++) {
         if (!r[i].diag) continue;
+        if (jnum(r[i].diag, "step_ms") > maxms) maxms = jnum(r[i].diag, "step_ms");
+        json_t *br = json_object_get(r[i].diag, "breakdown");
+        for (int k = 0; k < SC_COUNT; k++) present[k] |= jnum(json_object_get(br, step_cat_name(k)), "ms") > 0;
+    }
+    if (maxms <= 0) maxms = 1;
+    const char *ytitle = rows_title(r, n), *title = "Step time by category";
+    /* the widths: names on the left, each bar's figures after its end */
+    double namew = svg_text_width(ytitle, px);
+    for (int i = 0; i < n; i++) namew = fmax(namew, svg_text_width(r[i].name, px));
+    double left = CHART_PAD + namew + 12, right = left + barw;
+    char (*ends)[96] = xcalloc((size_t)(n ? n : 1), sizeof *ends);
+    for (int i = 0; i < n; i++) {
+        double end = left;
+        if (r[i].diag) {
+            snprintf(ends[i], sizeof ends[i], "%.3g ms, %.0f tok/s", jnum(r[i].diag, "step_ms"),
+                     jnum(r[i].diag, "tokens_per_s"));
+            end += jnum(r[i].diag, "step_ms") / maxms * barw;
+        } else {
+            snprintf(ends[i], sizeof ends[i], "failed");
+        }
+        right = fmax(right, end + 6 + svg_text_width(ends[i], px));
+    }
+    double W = fmax(fmax(right, CHART_PAD + svg_text_width(title, title_px)), 480) + CHART_PAD;
+    Chart c;
+    chart_open(&c, W);
+    chart_text(&c, CHART_PAD, 24, title_px, SVG_START, title);
+    chart_text(&c, CHART_PAD, top - 8, px, SVG_START, ytitle);
+    for (int i = 0; i < n; i++) {
+        double y = top + row * i, x = left;
+        chart_text(&c, CHART_PAD, y + barh / 2 + 4, px, SVG_START, r[i].name);
+        json_t *br = r[i].diag ? json_object_get(r[i].diag, "breakdown") : NULL;
+        for (int k = 0; br && k < SC_COUNT; k++) {
+            double ms = jnum(json_object_get(br, step_cat_name(k)), "ms"), w = ms / maxms * barw;
+            if (w <= 0) continue;
+            fprintf(c.f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.0f\" fill=\"%s\"><title>", x, y, w,
+                    barh, colors[k]);
+            fprintf(c.f, "%s %.3f ms</title></rect>\n", step_cat_title(k), ms);
+            x += w;
+        }
+        chart_text(&c, x + 6, y + barh / 2 + 4, px, SVG_START, ends[i]);
+    }
+    free(ends);
+    /* the x axis: ms per step */
+    double ya = top + row * n + 2, step = svg_nice_step(maxms);
+    fprintf(c.f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333\"/>\n", left, ya, left + barw,
+            ya);
+    for (double v = 0; v <= maxms * (1 + 1e-9); v += step) {
+        double x = left + v / maxms * barw;
+        char t[32];
+        snprintf(t, sizeof t, "%g", v);
+        fprintf(c.f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333\"/>\n", x, ya, x, ya + 4);
+        chart_text(&c, x, ya + 17, tick_px, SVG_MIDDLE, t);
+    }
+    chart_text(&c, left + barw / 2, ya + 38, px, SVG_MIDDLE, "time per step (ms)");
+    /* the legend: the categories present */
+    Flow fl = {.x0 = CHART_PAD, .x1 = W - CHART_PAD, .x = CHART_PAD, .y = ya + 66};
+    for (int k = 0; k < SC_COUNT; k++) {
+        if (!present[k]) continue;
+        double sx, sy;
+        flow_entry(&c, &fl, step_cat_title(k), 1, &sx, &sy);
+        fprintf(c.f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"12\" height=\"12\" fill=\"%s\"/>\n", sx, sy, colors[k]);
+    }
+    return chart_close(&c, path);
+}
+
+/* a run's mark on the roofline: its shape tells the run, its colour the category */
+static void marker(FILE *f, int shape, double x, double y, const char *fill, const char *stroke)
+{
+    const char *st = stroke ? stroke : "none";
+    switch (shape % 5) {
+    case 0: fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"5\" fill=\"%s\" stroke=\"%s\">", x, y, fill, st); return;
+    case 1:
+        fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"9\" height=\"9\" fill=\"%s\" stroke=\"%s\">", x - 4.5, y - 4.5,
+                fill, st);
+        return;
+    case 2:
+        fprintf(f, "<polygon points=\"%.1f,%.1f %.1f,%.1f %.1f,%.1f\" fill=\"%s\" stroke=\"%s\">", x, y - 6, x + 5.5,
+                y + 4, x - 5.5, y + 4, fill, st);
+        return;
+    case 3:
+        fprintf(f, "<polygon points=\"%.1f,%.1f %.1f,%.1f %.1f,%.1f %.1f,%.1f\" fill=\"%s\" stroke=\"%s\">", x, y - 6,
+                x + 6, y, x, y + 6, x - 6, y, fill, st);
+        return;
+    default:
+        fprintf(f, "<polygon points=\"%.1f,%.1f %.1f,%.1f %.1f,%.1f\" fill=\"%s\" stroke=\"%s\">", x, y + 6, x + 5.5,
+                y - 4, x - 5.5, y - 4, fill, st);
+        return;
+    }
+}
+static const char *const marker_end[5] = {"</circle>", "</rect>", "</polygon>", "</polygon>", "</polygon>"};
+
+static const char *const dashes[] = {"", "8 4", "3 3", "10 3 3 3", "1 4"};
+
+static void decade_label(char *b, size_t n, int e)
+{
+    if (e >= -4 && e <= 5) snprintf(b, n, "%g", pow(10, e));
+    else snprintf(b, n, "1e%d", e);
+}
+
+/* Log-log roofline: x FLOP per byte, y the rate achieved; each compute category of each run a
+ * mark (colour: the category, shape: the run), each run's roof from its own ceilings (runs whose
+ * ceilings are the same share one). */
+static int write_roofline_svg(const SweepRun *r, int n, const char *path)
+{
+    double peak[32], bw[32]; /* TFLOP/s, TB/s per run (0: none) */
+    int any = 0;
+    if (n > 32) n = 32;
+    double maxpeak = 0;
+    for (int i = 0; i < n; i++) {
+        json_t *cl = r[i].diag ? json_object_get(r[i].diag, "ceilings") : NULL;
+        peak[i] = cl ? jnum(cl, "bf16_tflops") : 0;
+        bw[i] = cl ? jnum(cl, "copy_gbps") / 1e3 : 0;
+        if (peak[i] > 0 && bw[i] > 0) any = 1, maxpeak = fmax(maxpeak, peak[i]);
+        else peak[i] = bw[i] = 0;
+    }
+    if (!any) return -1;
+    /* a CPU's rates read better in GFLOP/s */
+    double unit = maxpeak >= 1 ? 1 : 1e3;
+    const char *yunit = maxpeak >= 1 ? "TFLOP/s" : "GFLOP/s";
+    /* the ranges, in decades: every mark and every ridge point, at least three decades each way */
+    double lxmin = INFINITY, lxmax = -INFINITY, lymin = INFINITY;
+    int present[SC_COUNT] = {0};
+    for (int i = 0; i < n; i++) {
+        if (!peak[i]) continue;
+        double ridge = log10(peak[i] / bw[i]);
+        lxmin = fmin(lxmin, ridge - 1), lxmax = fmax(lxmax, ridge + 1);
         json_t *br = json_object_get(r[i].diag, "breakdown");
         for (int k = 0; k <= SC_SAMPLE; k++) {
-            json_t *c = json_object_get(br, step_cat_name(k));
-            double tf = jnum(c, "tflops_pct") / 100 * peak, gb = jnum(c, "gbps_pct") / 100 * bw;
+            json_t *cat = json_object_get(br, step_cat_name(k));
+            double tf = jnum(cat, "tflops_pct") / 100 * peak[i], gb = jnum(cat, "gbps_pct") / 100 * bw[i];
             if (tf <= 0 || gb <= 0) continue;
-            double ai = tf / gb; /* TFLOP/s over TB/s = FLOP per byte */
-            double lx = fmin(fmax(log10(ai), lx0), lx1), ly = fmin(fmax(log10(tf), ly0), ly1);
-            fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"5\" fill=\"%s\"><title>%s %s: %.3g TFLOP/s at %.3g FLOP/B</title></circle>\n",
-                    PX(lx), PY(ly), colors[k], r[i].name, step_cat_title(k), tf, ai);
-            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"9\">%s %s</text>\n", PX(lx) + 6, PY(ly) - 4, r[i].name,
-                    step_cat_name(k));
+            present[k] = 1;
+            lxmin = fmin(lxmin, log10(tf / gb)), lxmax = fmax(lxmax, log10(tf / gb));
+            lymin = fmin(lymin, log10(tf * unit));
+        }
+    }
+    double lx0 = floor(lxmin), lx1 = ceil(lxmax), ly1 = ceil(log10(maxpeak * unit) + 0.15);
+    double ly0 = isfinite(lymin) ? floor(lymin) : ly1 - 4;
+    if (lx1 - lx0 < 3) lx0 -= 1, lx1 = lx0 + 4;
+    if (lx1 - lx0 > 9) lx0 = lx1 - 9;
+    if (ly1 - ly0 < 3) ly0 = ly1 - 3;
+    if (ly1 - ly0 > 8) ly0 = ly1 - 8;
+    const double title_px = 15, px = 12, tick_px = 11, x0 = 88, top = 44, pw = 520, ph = 300;
+    const char *title = "Roofline: each op category of each run";
+    double W = x0 + pw + 24;
+    Chart c;
+    chart_open(&c, W);
+    chart_text(&c, CHART_PAD, 24, title_px, SVG_START, title);
+#define PX(l) (x0 + ((l) - lx0) / (lx1 - lx0) * pw)
+#define PY(l) (top + ph - ((l) - ly0) / (ly1 - ly0) * ph)
+    fprintf(c.f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"#888\"/>\n", x0,
+            top, pw, ph);
+    for (int e = (int)lx0; e <= (int)lx1; e++) {
+        char t[32];
+        decade_label(t, sizeof t, e);
+        if (e > lx0 && e < lx1)
+            fprintf(c.f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#eee\"/>\n", PX(e), top, PX(e),
+                    top + ph);
+        chart_text(&c, PX(e), top + ph + 17, tick_px, SVG_MIDDLE, t);
+    }
+    for (int e = (int)ly0; e <= (int)ly1; e++) {
+        char t[32];
+        decade_label(t, sizeof t, e);
+        if (e > ly0 && e < ly1)
+            fprintf(c.f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#eee\"/>\n", x0, PY(e),
+                    x0 + pw, PY(e));
+        chart_text(&c, x0 - 6, PY(e) + 4, tick_px, SVG_END, t);
+    }
+    chart_text(&c, x0 + pw / 2, top + ph + 38, px, SVG_MIDDLE, "arithmetic intensity (FLOP per byte)");
+    char ytitle[64];
+    snprintf(ytitle, sizeof ytitle, "achieved %s", yunit);
+    chart_text_up(&c, 20, top + ph / 2, px, ytitle);
+    /* the roofs, min(peak, bandwidth x intensity): one a set of equal ceilings */
+    int roof_of[32], n_roofs = 0, first_of[32];
+    for (int i = 0; i < n; i++) {
+        roof_of[i] = -1;
+        if (!peak[i]) continue;
+        for (int j = 0; j < n_roofs && roof_of[i] < 0; j++) {
+            int f = first_of[j];
+            if (fabs(peak[f] - peak[i]) <= 1e-9 * peak[i] && fabs(bw[f] - bw[i]) <= 1e-9 * bw[i]) roof_of[i] = j;
+        }
+        if (roof_of[i] < 0) first_of[n_roofs] = i, roof_of[i] = n_roofs++;
+    }
+    for (int j = 0; j < n_roofs; j++) {
+        int f = first_of[j];
+        fprintf(c.f, "<polyline fill=\"none\" stroke=\"#333\" stroke-width=\"2\" stroke-dasharray=\"%s\" points=\"",
+                dashes[j % 5]);
+        for (double l = lx0; l <= lx1 + 1e-9; l += 0.02) {
+            double y = log10(fmin(peak[f], bw[f] * pow(10, l)) * unit);
+            if (y >= ly0 && y <= ly1) fprintf(c.f, "%.1f,%.1f ", PX(l), PY(y));
+        }
+        fprintf(c.f, "\"/>\n");
+    }
+    for (int i = 0; i < n; i++) {
+        if (!peak[i]) continue;
+        json_t *br = json_object_get(r[i].diag, "breakdown");
+        for (int k = 0; k <= SC_SAMPLE; k++) {
+            json_t *cat = json_object_get(br, step_cat_name(k));
+            double tf = jnum(cat, "tflops_pct") / 100 * peak[i], gb = jnum(cat, "gbps_pct") / 100 * bw[i];
+            if (tf <= 0 || gb <= 0) continue;
+            double ai = tf / gb;
+            double lx = fmin(fmax(log10(ai), lx0), lx1), ly = fmin(fmax(log10(tf * unit), ly0), ly1);
+            marker(c.f, n > 1 ? i : 0, PX(lx), PY(ly), colors[k], NULL);
+            fprintf(c.f, "<title>");
+            svg_escape(c.f, r[i].name);
+            fprintf(c.f, " %s: %.4g %s at %.3g FLOP/byte</title>%s\n", step_cat_title(k), tf * unit, yunit, ai,
+                    marker_end[(n > 1 ? i : 0) % 5]);
         }
     }
 #undef PX
 #undef PY
-    fprintf(f, "</svg>\n");
-    return fclose(f);
+    /* the legend: the categories marked, the runs' shapes, the roofs */
+    Flow fl = {.x0 = CHART_PAD, .x1 = W - CHART_PAD, .x = CHART_PAD, .y = top + ph + 66};
+    double sx, sy;
+    for (int k = 0; k <= SC_SAMPLE; k++) {
+        if (!present[k]) continue;
+        flow_entry(&c, &fl, step_cat_title(k), 1, &sx, &sy);
+        marker(c.f, 0, sx + 6, sy + 6, colors[k], NULL);
+        fprintf(c.f, "%s\n", marker_end[0]);
+    }
+    if (n > 1) {
+        flow_break(&fl);
+        for (int i = 0; i < n; i++) {
+            if (!peak[i]) continue;
+            flow_entry(&c, &fl, r[i].name, 1, &sx, &sy);
+            marker(c.f, i, sx + 6, sy + 6, "white", "#333");
+            fprintf(c.f, "%s\n", marker_end[i % 5]);
+        }
+    }
+    flow_break(&fl);
+    for (int j = 0; j < n_roofs; j++) {
+        char names[256] = "", t[400];
+        size_t o = 0;
+        for (int i = 0; i < n; i++)
+            if (roof_of[i] == j && o < sizeof names)
+                o += snprintf(names + o, sizeof names - o, "%s%s", o ? ", " : "", r[i].name);
+        int f = first_of[j];
+        snprintf(t, sizeof t, "roof of %s: %.4g %s, %.4g GB/s", names, peak[f] * unit, yunit, bw[f] * 1e3);
+        if (n == 1) snprintf(t, sizeof t, "roof: %.4g %s, %.4g GB/s", peak[f] * unit, yunit, bw[f] * 1e3);
+        flow_entry(&c, &fl, t, 1, &sx, &sy);
+        /* a roof's swatch: its line, 14 px long, between the entry's swatch spot and its label */
+        fprintf(c.f,
+                "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333\" stroke-width=\"2\" "
+                "stroke-dasharray=\"%s\"/>\n",
+                sx, sy + 6, sx + 14, sy + 6, dashes[j % 5]);
+    }
+    return chart_close(&c, path);
 }
 
 int report_write(const SweepRun *r, int n, const char *dir, const char *title)
@@ -311,7 +603,7 @@ int report_sweep(const char *layouts, const char *pass, const char *device, cons
     }
     if (report_write(runs, n, out_dir, "moeserve diagnose --sweep") != 0) fatal("diagnose --sweep: cannot write %s", out_dir);
     char scal[4096];
-    report_scaling(runs, n, scal, sizeof scal);
+    int meaningful = report_scaling(runs, n, scal, sizeof scal);
     if (as_json) {
         json_t *o = json_object(), *arr = json_array();
         for (int i = 0; i < n; i++)
@@ -319,6 +611,7 @@ int report_sweep(const char *layouts, const char *pass, const char *device, cons
                                                  runs[i].pp, "ep", runs[i].ep, "diagnosis", runs[i].diag));
         json_object_set_new(o, "runs", arr);
         json_object_set_new(o, "scaling", json_string(scal));
+        json_object_set_new(o, "scaling_meaningful", json_boolean(meaningful));
         json_object_set_new(o, "report", json_string(out_dir));
         out_json(o, JSON_COMPACT | JSON_REAL_PRECISION(6));
         json_decref(o);

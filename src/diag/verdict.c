@@ -27,10 +27,15 @@ static void line(char (*arr)[320], int *n, const char *fmt, ...)
 
 static int is_compute(int c) { return c <= SC_SAMPLE; }
 
-/* the dominant op is far below its roof: what can be done about that op */
-static void advise_kernel(Diagnosis *g, int dom, double pct, const char *roof)
+/* the dominant op is far below its roof: what can be done about that op. `moeserve tune` times the
+ * GPU's NVFP4 tiles; the CPU backend is the float32 reference, with no tiles to tune. */
+static void advise_kernel(Diagnosis *g, const Deployment *d, int dom, double pct, const char *roof)
 {
-    if (dom == SC_MOE_GEMM || dom == SC_DENSE_GEMM)
+    if (!d->gpu)
+        ADV("%s reaches %.1f%% of the %s roof on the CPU backend, the float32 reference, which has no tuning knob: "
+            "more --threads (up to the cores this rank may use) is what speeds it up",
+            step_cat_title(dom), pct, roof);
+    else if (dom == SC_MOE_GEMM || dom == SC_DENSE_GEMM)
         ADV("%s reaches %.1f%% of the %s roof: run `moeserve tune` for this GPU (the NVFP4 tiles) and compare with "
             "`moeserve bench kernels`", step_cat_title(dom), pct, roof);
     else
@@ -99,6 +104,10 @@ void diagnose(const ProfSum *s, const Ceilings *c, const Deployment *d, Diagnosi
     EVID("%s takes %.0f%% of the step at %.1f%% of the %s roof (%.4g TFLOP/s) and %.1f%% of copy bandwidth (%.0f GB/s)",
          step_cat_title(dom), 100 * g->share[dom], g->tflops_pct[dom], c->gpu ? "BF16 tensor" : "float32 FMA",
          c->bf16_tflops, g->gbps_pct[dom], c->copy_gbps);
+    if (c->busy[0])
+        EVID("the roofs were measured while the machine was busy (%s)%s%s: they may be low and the percentages of them "
+             "high; `moeserve calibrate` on a quiet machine measures them again",
+             c->busy, c->when[0] ? ", at " : "", c->when);
     if (d->gpu && d->power_limit_w > 0)
         EVID("the GPU draws %.0f W of %.0f W, SM clock %d of %d MHz", d->power_w, d->power_limit_w, d->sm_clock_mhz,
              d->sm_clock_max_mhz);
@@ -113,7 +122,9 @@ void diagnose(const ProfSum *s, const Ceilings *c, const Deployment *d, Diagnosi
         EVID("%d requests wait while %d of %d batch slots run: the KV cache is full (%.0f%%)", d->waiting, d->running,
              d->max_running, 100 * kv_used);
         ADV("give the KV cache more room: --kv-cache-dtype fp8, a higher --kv-fraction, a lower --max-model-len");
-        ADV("or more GPUs for the cache: raise --tp (MLA keeps the latent cache on every TP rank: prefer --pp for MLA models)");
+        ADV("or more %s for the cache: raise --tp (MLA keeps the latent cache on every TP rank: prefer --pp for MLA "
+            "models)",
+            d->gpu ? "GPUs" : "ranks");
         return;
     }
     /* 2. what is not compute: pipeline wait, communication, the host */
@@ -134,8 +145,14 @@ void diagnose(const ProfSum *s, const Ceilings *c, const Deployment *d, Diagnosi
                  100 * comm, 100 * g->share[SC_ALL_REDUCE], 100 * g->share[SC_ALL_TO_ALL], 100 * g->share[SC_PP_SEND],
                  c->allreduce_gbps > 0 ? "" : " (no calibrated link bandwidth)");
             if (c->allreduce_gbps > 0) EVID("the all-reduce reaches %.0f%% of the calibrated %.1f GB/s", g->gbps_pct[SC_ALL_REDUCE], c->allreduce_gbps);
-            ADV("fewer ranks per collective: lower --tp (e.g. --tp %d --pp %d keeps the GPU count), or keep tensor "
-                "parallelism inside one NVLink domain", d->tp > 1 ? d->tp / 2 : 1, d->pp * 2);
+            if (d->gpu)
+                ADV("fewer ranks per collective: lower --tp (e.g. --tp %d --pp %d keeps the GPU count), or keep tensor "
+                    "parallelism inside one NVLink domain",
+                    d->tp > 1 ? d->tp / 2 : 1, d->pp * 2);
+            else /* CPU ranks talk through MPI: shared memory on one host, the network between hosts */
+                ADV("fewer ranks per collective: lower --tp (e.g. --tp %d --pp %d keeps the rank count), or keep the "
+                    "tensor-parallel ranks on one host",
+                    d->tp > 1 ? d->tp / 2 : 1, d->pp * 2);
             ADV("larger batches amortise each collective's latency: raise --max-running-requests");
         } else {
             EVID("the device waits on the host %.0f%% of the step (host gap %.2f ms, scheduling %.2f ms)", 100 * host,
@@ -153,24 +170,40 @@ void diagnose(const ProfSum *s, const Ceilings *c, const Deployment *d, Diagnosi
         EVID("%s does %.1f FLOP per byte, above the ridge point %.1f: compute side", step_cat_title(dom), ai, ridge);
         if (g->tflops_pct[dom] >= 50) {
             g->verdict = V_COMPUTE;
-            ADV("the tensor roof is near: more GPUs (raise --tp or --ep) or a lower-precision path; trading --pp for "
-                "--tp will not help");
+            if (d->gpu)
+                ADV("the tensor roof is near: more GPUs (raise --tp or --ep) or a lower-precision path; trading "
+                    "--pp for --tp will not help");
+            else
+                ADV("the FMA roof is near: more cores (--threads, or --tp / --ep ranks on cores of their own); trading "
+                    "--pp for --tp will not help");
         } else {
             g->verdict = V_UNDER_TUNED;
-            advise_kernel(g, dom, g->tflops_pct[dom], "compute");
+            advise_kernel(g, d, dom, g->tflops_pct[dom], "compute");
         }
     } else {
         EVID("%s does %.1f FLOP per byte, below the ridge point %.1f: memory side", step_cat_title(dom), ai, ridge);
         if (g->gbps_pct[dom] >= 50) {
             g->verdict = V_MEMORY;
             ADV("weights stream near the bandwidth roof: raise the batch (--max-running-requests) so each read serves "
-                "more tokens, or split the bytes over more GPUs");
+                "more tokens, or split the bytes over more %s",
+                d->gpu ? "GPUs" : "ranks (on hosts or sockets of their own)");
         } else {
             g->verdict = V_UNDER_TUNED;
-            advise_kernel(g, dom, g->gbps_pct[dom], "bandwidth");
+            advise_kernel(g, d, dom, g->gbps_pct[dom], "bandwidth");
         }
     }
     if (d->gpu && !d->graphs) ADV("enable CUDA graphs (drop --disable-cuda-graph)");
+}
+
+void diagnosis_note(Diagnosis *g, const char *evidence, const char *advice)
+{
+    if (evidence && *evidence) { /* first: it qualifies every line after it */
+        int n = g->n_evidence < DIAG_MAX_LINES ? g->n_evidence : DIAG_MAX_LINES - 1;
+        memmove(g->evidence[1], g->evidence[0], (size_t)n * sizeof g->evidence[0]);
+        snprintf(g->evidence[0], sizeof g->evidence[0], "%s", evidence);
+        g->n_evidence = n + 1;
+    }
+    if (advice && *advice) ADV("%s", advice);
 }
 
 json_t *diagnosis_json(const Diagnosis *g, const Deployment *d, const Ceilings *c)

@@ -46,6 +46,9 @@ typedef struct {
 } Diagnosis;
 
 void diagnose(const ProfSum *s, const Ceilings *c, const Deployment *d, Diagnosis *out);
+/* A fact about the run that qualifies the diagnosis (the ranks share cores): evidence put first,
+ * advice last (either may be NULL). */
+void diagnosis_note(Diagnosis *g, const char *evidence, const char *advice);
 /* {"verdict", "evidence", "breakdown": {category: {ms, share, tflops_pct, gbps_pct}}, "advice",
  *  "step_ms", "tokens_per_s", "window": {seconds, steps, profiled_steps, tokens, wall_ms, idle_s},
  *  "deployment", "ceilings"} */

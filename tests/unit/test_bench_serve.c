@@ -940,6 +940,19 @@ TEST(bench_serve_plot)
     snprintf(cmd, sizeof cmd, "%s bench plot %s/missing.jsonl", test_bin(), test_tmpdir());
     EXPECT(test_run(cmd, &out) != 0);
     free(out);
+    /* a label and a title of XML's own characters stay text: escaped, the file still well formed */
+    f = fopen(file, "w");
+    ASSERT(f);
+    fprintf(f, "{\"label\":\"vLLM <0.6> & co\",\"max_concurrency\":4,\"output_throughput\":100,\"mean_tpot_ms\":25}\n");
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s bench plot %s --output %s --title 'A & B <test>'", test_bin(), file, svg);
+    EXPECT_EQ_INT(test_run(cmd, &out), 0);
+    free(out);
+    s = file_read_all(svg, &n);
+    EXPECT(s && strstr(s, ">vLLM &lt;0.6&gt; &amp; co</text>") && strstr(s, ">A &amp; B &lt;test&gt;</text>"), "%s",
+           s ? s : "");
+    EXPECT(s && !strstr(s, "<0.6>") && !strstr(s, "<test>"), "raw markup in the SVG");
+    free(s);
 }
 
 /* A FIFO no one writes as --dataset-path (JSONL or ShareGPT) or a file to plot is refused at once

@@ -10,7 +10,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "base/svg.h"
 #include "base/util.h"
+#include "diag/placement.h"
 #include "diag/report.h"
 #include "diag/verdict.h"
 #include "server_harness.h"
@@ -137,6 +139,321 @@ TEST(diag_json_shape)
     EXPECT(report_parse_layout("tp2pp4", &tp, &pp, &ep) == 0 && tp == 2 && pp == 4 && ep == 1);
     EXPECT(report_parse_layout("ep8", &tp, &pp, &ep) == 0 && tp == 8 && ep == 8);
     EXPECT(report_parse_layout("tp", &tp, &pp, &ep) < 0 && report_parse_layout("xx2", &tp, &pp, &ep) < 0);
+}
+
+/* On a CPU run the advice speaks of what the CPU backend has: no `moeserve tune` (the GPU's NVFP4
+ * tiles), no NVLink, no CUDA graphs, no GPUs to add, whichever verdict it reaches. */
+TEST(diag_advice_fits_cpu)
+{
+    Ceilings c = {.gpu = 0, .copy_gbps = 20, .read_gbps = 25, .bf16_tflops = 0.05, .allreduce_gbps = 5, .p2p_gbps = 5};
+    ProfSum s;
+    Deployment d;
+    Diagnosis g;
+    struct {
+        const char *what;
+        int dom;
+        double ms[SC_COUNT], flops, bytes;
+        Verdict want;
+    } cases[] = {
+        /* dense GEMM at 90% of 50 GFLOP/s in 10 ms, few bytes */
+        {"compute", SC_DENSE_GEMM, {[SC_DENSE_GEMM] = 10, [SC_NORM] = 1}, 0.9 * 0.05e12 * 0.010, 1e6, V_COMPUTE},
+        {"memory", SC_MOE_GEMM, {[SC_MOE_GEMM] = 10, [SC_NORM] = 1}, 0.8 * 20e9 * 0.010, 0.8 * 20e9 * 0.010, V_MEMORY},
+        {"slow MoE GEMM", SC_MOE_GEMM, {[SC_MOE_GEMM] = 10}, 0.05 * 20e9 * 0.010, 0.05 * 20e9 * 0.010, V_UNDER_TUNED},
+        {"slow dense GEMM", SC_DENSE_GEMM, {[SC_DENSE_GEMM] = 10}, 0.05 * 0.05e12 * 0.010, 1e6, V_UNDER_TUNED},
+        {"all-reduces", SC_MOE_GEMM, {[SC_MOE_GEMM] = 4, [SC_ALL_REDUCE] = 6}, 1e9, 1e8, V_COMMUNICATION},
+        {"bubble", SC_DENSE_GEMM, {[SC_DENSE_GEMM] = 4, [SC_PP_WAIT] = 6}, 1e9, 1e8, V_BUBBLE},
+        {"host", SC_MOE_GEMM, {[SC_MOE_GEMM] = 2, [SC_HOST_GAP] = 8}, 1e9, 1e8, V_HOST},
+        {"KV cache", SC_MOE_GEMM, {[SC_MOE_GEMM] = 2}, 1e9, 1e8, V_KV_CAPACITY},
+    };
+    const char *gpu_only[] = {"tune", "NVLink", "CUDA", "GPU"};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        make(&s, &d, cases[i].ms, cases[i].flops, cases[i].bytes, cases[i].dom);
+        d.gpu = d.graphs = 0;
+        d.tp = 2, d.pp = 2;
+        if (cases[i].want == V_KV_CAPACITY) d.waiting = 5, d.running = 10, d.kv_blocks_used = 98;
+        diagnose(&s, &c, &d, &g);
+        EXPECT(g.verdict == cases[i].want, "%s: %s", cases[i].what, verdict_name(g.verdict));
+        EXPECT(g.n_advice > 0, "%s: no advice", cases[i].what);
+        json_t *o = diagnosis_json(&g, &d, &c);
+        char *text = json_dumps(json_object_get(o, "advice"), 0);
+        for (size_t w = 0; w < sizeof gpu_only / sizeof gpu_only[0]; w++)
+            EXPECT(!strstr(text, gpu_only[w]), "%s on the CPU: \"%s\" in the advice %s", cases[i].what, gpu_only[w],
+                   text);
+        free(text);
+        json_decref(o);
+        /* the same breakdown on a GPU still points at the GPU's knobs */
+        if (i == 2 || i == 4) {
+            d.gpu = d.graphs = 1;
+            c.gpu = 1;
+            diagnose(&s, &c, &d, &g);
+            EXPECT(strstr(g.advice[0], i == 2 ? "moeserve tune" : "NVLink"), "%s on a GPU: %s", cases[i].what,
+                   g.advice[0]);
+            c.gpu = 0;
+        }
+    }
+    /* roofs measured on a busy machine: said, with what showed it */
+    make(&s, &d, cases[0].ms, cases[0].flops, cases[0].bytes, cases[0].dom);
+    d.gpu = 0;
+    snprintf(c.busy, sizeof c.busy, "its 2 threads ran 50%% of the time measured");
+    diagnose(&s, &c, &d, &g);
+    int said = 0;
+    for (int k = 0; k < g.n_evidence; k++) said |= strstr(g.evidence[k], "busy (its 2 threads ran 50%") != NULL;
+    EXPECT(said, "no evidence line says the roofs were measured on a busy machine");
+}
+
+static RankPlace rank_on(const char *host, int threads, int first_core, int n_cores)
+{
+    RankPlace r;
+    memset(&r, 0, sizeof r);
+    snprintf(r.host, sizeof r.host, "%s", host);
+    r.threads = threads;
+    r.n_cpus = r.n_cores = n_cores;
+    for (int i = 0; i < n_cores; i++) r.core[i] = first_core + i;
+    snprintf(r.cpus, sizeof r.cpus, "%d-%d", first_core, first_core + n_cores - 1);
+    return r;
+}
+
+/* Ranks share cores when two of one host may run on a common core (hyperthreads of one core
+ * count as that core), or when a host's ranks run more threads than their CPUs. */
+TEST(diag_placement_judged)
+{
+    Placement p;
+    RankPlace r[4];
+    r[0] = rank_on("a", 2, 0, 2), r[1] = rank_on("a", 2, 2, 2);
+    placement_judge(r, 2, 1, &p);
+    EXPECT(!p.shares_cores && p.hosts == 1, "disjoint cores: %s", p.why);
+    r[1] = rank_on("a", 2, 1, 2); /* cores 1-2: core 1 in both */
+    placement_judge(r, 2, 1, &p);
+    EXPECT(p.shares_cores && strstr(p.why, "ranks 0 and 1"), "overlapping sets: %s", p.why);
+    r[1] = rank_on("b", 2, 0, 2); /* the same core numbers on another host */
+    placement_judge(r, 2, 1, &p);
+    EXPECT(!p.shares_cores && p.hosts == 2, "two hosts: %s", p.why);
+    r[1] = rank_on("a", 3, 2, 2); /* own cores, but 2 + 3 threads on 4 CPUs */
+    placement_judge(r, 2, 1, &p);
+    EXPECT(p.shares_cores && strstr(p.why, "4 CPUs"), "threads past the CPUs: %s", p.why);
+    r[0] = rank_on("a", 4, 0, 2); /* one rank alone with more threads than its CPUs */
+    placement_judge(r, 1, 1, &p);
+    EXPECT(p.shares_cores, "one rank, 4 threads on 2 CPUs: %s", p.why);
+    /* hyperthreads: logical CPUs 0 and 8 of one physical core, a rank on each */
+    r[0] = rank_on("a", 1, 7, 1), r[1] = rank_on("a", 1, 7, 1);
+    r[0].n_cpus = r[1].n_cpus = 1;
+    snprintf(r[1].cpus, sizeof r[1].cpus, "8");
+    placement_judge(r, 2, 1, &p);
+    EXPECT(p.shares_cores, "sibling hyperthreads: %s", p.why);
+    /* GPU ranks are not judged by their host threads */
+    placement_judge(r, 2, 0, &p);
+    EXPECT(!p.shares_cores && !p.cpu);
+    /* this process's own record: at least one CPU and core, a host name */
+    placement_self(&r[0], 1);
+    EXPECT(r[0].n_cpus >= 1 && r[0].n_cores >= 1 && r[0].n_cores <= r[0].n_cpus && r[0].host[0], "%d CPUs, %d cores",
+           r[0].n_cpus, r[0].n_cores);
+}
+
+/* a diagnosis as a sweep run holds it: the breakdown (ms by category; achieved fractions of the
+ * roofs for the compute ones), the ceilings, the throughput and the placement */
+static json_t *fake_diag(const double *ms, double peak_tflops, double copy_gbps, double tok_s, int shares)
+{
+    json_t *br = json_object();
+    double total = 0;
+    for (int k = 0; k < SC_COUNT; k++) total += ms[k];
+    for (int k = 0; k < SC_COUNT; k++) /* compute categories: 10% of the FLOP roof, 40% of the bytes one */
+        json_object_set_new(br, step_cat_name(k),
+                            json_pack("{s:f, s:f, s:f, s:f}", "ms", ms[k], "share", total > 0 ? ms[k] / total : 0,
+                                      "tflops_pct", ms[k] > 0 && k <= SC_SAMPLE ? 10.0 + k : 0.0, "gbps_pct",
+                                      ms[k] > 0 && k <= SC_SAMPLE ? 40.0 - k : 0.0));
+    return json_pack("{s:s, s:o, s:f, s:f, s:{s:f, s:f}, s:{s:b, s:s}}", "verdict", "compute-bound", "breakdown", br,
+                     "step_ms", total, "tokens_per_s", tok_s, "ceilings", "bf16_tflops", peak_tflops, "copy_gbps",
+                     copy_gbps, "placement", "shares_cores", shares, "why",
+                     shares ? "ranks 0 and 1 on host h may run on the same cores" : "own cores");
+}
+
+/* When a run's ranks share cores, the sweep reads no scaling from it and says why. */
+TEST(diag_scaling_not_meaningful_when_cores_shared)
+{
+    double ms[SC_COUNT] = {[SC_DENSE_GEMM] = 2, [SC_MOE_GEMM] = 3, [SC_ALL_REDUCE] = 1};
+    SweepRun r[3] = {{.name = "tp1", .tp = 1, .pp = 1, .ep = 1, .world = 1},
+                     {.name = "tp2", .tp = 2, .pp = 1, .ep = 1, .world = 2},
+                     {.name = "pp2", .tp = 1, .pp = 2, .ep = 1, .world = 2}};
+    for (int i = 0; i < 3; i++) r[i].diag = fake_diag(ms, 0.05, 20, 100 + 10 * i, 0);
+    char buf[4096];
+    EXPECT(report_scaling(r, 3, buf, sizeof buf) == 1 && strstr(buf, "tp2 (more tensor parallelism) gives"), "%s", buf);
+    json_t *pl = json_object_get(r[1].diag, "placement");
+    json_object_set_new(pl, "shares_cores", json_true());
+    json_object_set_new(pl, "why", json_string("ranks 0 and 1 on host h may run on the same cores"));
+    EXPECT(report_scaling(r, 3, buf, sizeof buf) == 0, "%s", buf);
+    EXPECT(strstr(buf, "not meaningful") && strstr(buf, "tp2 (ranks 0 and 1 on host h"), "%s", buf);
+    EXPECT(!strstr(buf, "gives") && !strstr(buf, "Fastest") && !strstr(buf, "x throughput"), "a scaling verdict: %s",
+           buf);
+    char dir[700], path[800];
+    snprintf(dir, sizeof dir, "%s/shared-sweep", test_tmpdir());
+    ASSERT(report_write(r, 3, dir, "shared") == 0);
+    snprintf(path, sizeof path, "%s/report.md", dir);
+    char *md = file_read_all(path, NULL);
+    EXPECT(md && strstr(md, "## Scaling\n\nThe sweep is not meaningful here"), "%s", md ? md : path);
+    free(md);
+    for (int i = 0; i < 3; i++) json_decref(r[i].diag);
+}
+
+/* ---- the charts, read back ---- */
+
+typedef struct {
+    char text[256];
+    SvgBox box;
+} SvgLabel;
+
+/* an attribute's value in the tag [p, end), or NULL */
+static const char *svg_attr(const char *p, const char *end, const char *name, char *out, size_t n)
+{
+    char key[64];
+    snprintf(key, sizeof key, " %s=\"", name);
+    const char *a = strstr(p, key);
+    if (!a || a >= end) return NULL;
+    a += strlen(key);
+    const char *q = strchr(a, '"');
+    if (!q || q > end) return NULL;
+    snprintf(out, n, "%.*s", (int)(q - a), a);
+    return out;
+}
+
+/* Every <text> of an SVG with the box it covers (base/svg.h's estimate; a title turned a
+ * quarter anticlockwise covers the box turned with it), and the picture's size (the viewBox's,
+ * else the width and height). The font size and anchor a <text> lacks are the root's, or 16 px
+ * and start as SVG says. Returns how many, or -1 when a <text> lacks its position. */
+static int svg_labels(const char *svg, SvgLabel *out, int max, double *vw, double *vh)
+{
+    *vw = *vh = -1;
+    char v[128], root_px[32] = "16";
+    const char *root = strstr(svg, "<svg");
+    const char *root_end = root ? strchr(root, '>') : NULL;
+    if (root_end && svg_attr(root, root_end, "viewBox", v, sizeof v))
+        sscanf(v, "0 0 %lf %lf", vw, vh);
+    else if (root_end && svg_attr(root, root_end, "width", v, sizeof v) && (*vw = atof(v)) > 0 &&
+             svg_attr(root, root_end, "height", v, sizeof v))
+        *vh = atof(v);
+    if (root_end) svg_attr(root, root_end, "font-size", root_px, sizeof root_px);
+    int n = 0;
+    for (const char *p = strstr(svg, "<text"); p && n < max; p = strstr(p + 1, "<text")) {
+        const char *end = strchr(p, '>'), *close = end ? strstr(end, "</text>") : NULL;
+        if (!close) return -1;
+        char xs[32], ys[32], fs[32], an[32], tr[96];
+        if (!svg_attr(p, end, "x", xs, sizeof xs) || !svg_attr(p, end, "y", ys, sizeof ys)) return -1;
+        if (!svg_attr(p, end, "font-size", fs, sizeof fs)) snprintf(fs, sizeof fs, "%s", root_px);
+        if (!svg_attr(p, end, "text-anchor", an, sizeof an)) snprintf(an, sizeof an, "start");
+        SvgLabel *l = &out[n++];
+        snprintf(l->text, sizeof l->text, "%.*s", (int)(close - end - 1), end + 1);
+        double x = atof(xs), y = atof(ys), px = atof(fs);
+        SvgAnchor a = !strcmp(an, "middle") ? SVG_MIDDLE : !strcmp(an, "end") ? SVG_END : SVG_START;
+        l->box = svg_text_box(l->text, x, y, px, a);
+        if (svg_attr(p, end, "transform", tr, sizeof tr)) {
+            double cx, cy;
+            if (sscanf(tr, "rotate(-90 %lf %lf)", &cx, &cy) != 2) return -1;
+            /* about (cx, cy): x' = cx + (y - cy), y' = cy - (x - cx) */
+            SvgBox b = l->box;
+            l->box = (SvgBox){cx + (b.y0 - cy), cy - (b.x1 - cx), cx + (b.y1 - cy), cy - (b.x0 - cx)};
+        }
+    }
+    return n;
+}
+
+static int has_label(const SvgLabel *l, int n, const char *text)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++) k += !strcmp(l[i].text, text);
+    return k;
+}
+
+/* The labels of one chart: titles present, none past the picture, no two overlapping; the
+ * legend holds a category if and only if present[k]. */
+static void check_chart(const char *path, const char *const *titles, int n_titles, const int *present, int n_cats)
+{
+    char *svg = file_read_all(path, NULL);
+    ASSERT(svg, "%s", path);
+    static SvgLabel l[1024];
+    double vw, vh;
+    int n = svg_labels(svg, l, 1024, &vw, &vh);
+    ASSERT(n > 0 && vw > 0 && vh > 0, "%s: %d labels, viewBox %g x %g", path, n, vw, vh);
+    for (int t = 0; t < n_titles; t++) EXPECT(has_label(l, n, titles[t]) == 1, "%s: the title \"%s\"", path, titles[t]);
+    for (int k = 0; k < n_cats; k++)
+        EXPECT(has_label(l, n, step_cat_title(k)) == present[k], "%s: legend entry \"%s\" %s", path, step_cat_title(k),
+               present[k] ? "missing" : "for an absent category");
+    for (int i = 0; i < n; i++) {
+        const SvgBox *b = &l[i].box;
+        EXPECT(b->x0 >= 0 && b->y0 >= 0 && b->x1 <= vw && b->y1 <= vh,
+               "%s: \"%s\" [%.0f,%.0f]-[%.0f,%.0f] leaves the %g x %g picture", path, l[i].text, b->x0, b->y0, b->x1,
+               b->y1, vw, vh);
+        for (int j = 0; j < i; j++)
+            EXPECT(!svg_overlap(&l[i].box, &l[j].box), "%s: \"%s\" overlaps \"%s\"", path, l[i].text, l[j].text);
+    }
+    free(svg);
+}
+
+/* diagnose's charts: axis titles with units, a legend of the categories present only, one roof a
+ * layout (those of equal ceilings share one), labels that neither collide nor clip: a sweep of
+ * three layouts, and one of sixteen with long names and every category. */
+TEST(diag_charts_readable)
+{
+    double ms[3][SC_COUNT] = {{[SC_DENSE_GEMM] = 2, [SC_MOE_GEMM] = 3.5, [SC_ATTENTION] = 0.5, [SC_HOST_GAP] = 0.2},
+                              {[SC_DENSE_GEMM] = 1, [SC_MOE_GEMM] = 2, [SC_ALL_REDUCE] = 1.5},
+                              {[SC_DENSE_GEMM] = 1.1, [SC_MOE_GEMM] = 1.9, [SC_PP_WAIT] = 2.5, [SC_ATTENTION] = 0.3}};
+    SweepRun r[16];
+    memset(r, 0, sizeof r);
+    const char *names[3] = {"tp1", "tp2", "pp2"};
+    double peaks[3] = {800, 790, 800}, copies[3] = {4000, 3900, 4000}; /* pp2's roof is tp1's */
+    for (int i = 0; i < 3; i++) {
+        snprintf(r[i].name, sizeof r[i].name, "%s", names[i]);
+        r[i].diag = fake_diag(ms[i], peaks[i], copies[i], 1000 * (i + 1), 0);
+    }
+    char dir[700], path[800];
+    snprintf(dir, sizeof dir, "%s/charts", test_tmpdir());
+    ASSERT(report_write(r, 3, dir, "charts") == 0);
+    int bd[SC_COUNT] = {0}, rl[SC_COUNT] = {0};
+    for (int i = 0; i < 3; i++)
+        for (int k = 0; k < SC_COUNT; k++) {
+            bd[k] |= ms[i][k] > 0;
+            rl[k] |= ms[i][k] > 0 && k <= SC_SAMPLE;
+        }
+    const char *bt[] = {"Step time by category", "time per step (ms)", "layout"};
+    snprintf(path, sizeof path, "%s/breakdown.svg", dir);
+    check_chart(path, bt, 3, bd, SC_COUNT);
+    const char *rt[] = {"arithmetic intensity (FLOP per byte)",
+                        "achieved TFLOP/s",
+                        "tp1",
+                        "tp2",
+                        "pp2",
+                        "roof of tp1, pp2: 800 TFLOP/s, 4000 GB/s",
+                        "roof of tp2: 790 TFLOP/s, 3900 GB/s"};
+    snprintf(path, sizeof path, "%s/roofline.svg", dir);
+    check_chart(path, rt, 7, rl, SC_COUNT);
+    char *svg = file_read_all(path, NULL);
+    int roofs = 0;
+    for (const char *p = svg; (p = strstr(p, "<polyline")); p++) roofs++;
+    EXPECT(roofs == 2, "%d roof lines, 2 expected (tp1 and pp2 share one)", roofs);
+    free(svg);
+    for (int i = 0; i < 3; i++) json_decref(r[i].diag);
+
+    /* sixteen runs, long names, every category, each its own roof; a CPU's rates */
+    double all[SC_COUNT];
+    for (int k = 0; k < SC_COUNT; k++) all[k] = 0.05 + 0.01 * k;
+    for (int i = 0; i < 16; i++) {
+        snprintf(r[i].name, sizeof r[i].name, "tp%dpp%dep%d", 1 << (i % 4), 1 + i, 1 << (i / 4));
+        all[SC_MOE_GEMM] = 0.1 * (i + 1) * (i + 1); /* step times over two orders of magnitude */
+        r[i].diag = fake_diag(all, 0.05 + 0.001 * i, 20 + i, 50.0 * (i + 1), 0);
+    }
+    snprintf(dir, sizeof dir, "%s/charts16", test_tmpdir());
+    ASSERT(report_write(r, 16, dir, "charts") == 0);
+    int every[SC_COUNT], compute[SC_COUNT];
+    for (int k = 0; k < SC_COUNT; k++) every[k] = 1, compute[k] = k <= SC_SAMPLE;
+    snprintf(path, sizeof path, "%s/breakdown.svg", dir);
+    check_chart(path, bt, 3, every, SC_COUNT);
+    const char *rt16[] = {"arithmetic intensity (FLOP per byte)", "achieved GFLOP/s"};
+    snprintf(path, sizeof path, "%s/roofline.svg", dir);
+    check_chart(path, rt16, 2, compute, SC_COUNT);
+    svg = file_read_all(path, NULL);
+    roofs = 0;
+    for (const char *p = svg; (p = strstr(p, "<polyline")); p++) roofs++;
+    EXPECT(roofs == 16, "%d roof lines, one a layout expected", roofs);
+    free(svg);
+    for (int i = 0; i < 16; i++) json_decref(r[i].diag);
 }
 
 /* The verdict of a `diagnose --json` command (its logs sent to /dev/null): its stdout must be the
@@ -309,6 +626,32 @@ TEST(diag_faults_get_their_verdict)
     EXPECT(v && !strcmp(v, "pipeline-bubble-bound"), "one micro-batch: %s", v ? v : "(none)");
 }
 
+/* Two ranks that mpirun leaves unbound may run on the same cores: the diagnosis says so first,
+ * with the CPU sets it saw, and its placement says they share cores. */
+TEST(diag_shared_cores_said)
+{
+    if (test_run("command -v mpirun >/dev/null 2>&1", NULL) != 0) {
+        test_skip("mpirun is not installed");
+        return;
+    }
+    char cmd[2048], dir[600], *out = NULL;
+    snprintf(dir, sizeof dir, "%s/glm4moe-bf16", test_data("golden"));
+    snprintf(
+        cmd, sizeof cmd,
+        "mpirun --allow-run-as-root --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 -x ASAN_OPTIONS=detect_leaks=0 "
+        "-np 2 '%s' diagnose --model '%s' --device cpu --batch 4 --input-len 8 --output-len 8 --tp 2 --json "
+        "</dev/null 2>/dev/null",
+        test_bin(), dir);
+    int rc = test_run(cmd, &out);
+    json_t *o = rc == 0 && out ? json_loads(out, 0, NULL) : NULL;
+    ASSERT(o, "exit %d: %s", rc, out ? out : "");
+    EXPECT(json_is_true(jget(o, "placement.shares_cores")) && jint(o, "placement.ranks") == 2, "%s", out);
+    const char *ev = jstr(o, "evidence.0");
+    EXPECT(ev && strstr(ev, "the ranks share cores") && strstr(ev, "ranks 0 and 1"), "%s", ev ? ev : "");
+    json_decref(o);
+    free(out);
+}
+
 TEST(diag_sweep_report)
 {
     if (test_run("command -v mpirun >/dev/null 2>&1", NULL) != 0) {
@@ -332,8 +675,19 @@ TEST(diag_sweep_report)
     EXPECT(json_array_size(runs) == 3);
     for (size_t i = 0; i < json_array_size(runs); i++)
         EXPECT(json_is_string(json_object_get(json_object_get(json_array_get(runs, i), "diagnosis"), "verdict")), "run %zu", i);
-    EXPECT(strstr(json_string_value(json_object_get(o, "scaling")), "tp2 (more tensor parallelism) gives") != NULL, "%s",
-           json_string_value(json_object_get(o, "scaling")));
+    /* mpirun binds a rank to a core when there are cores enough (two here, on most machines): the
+     * scaling is read then, and said not to be meaningful where the ranks share cores */
+    int shared = 0;
+    for (size_t i = 0; i < json_array_size(runs); i++)
+        shared |= json_is_true(jget(json_array_get(runs, i), "diagnosis.placement.shares_cores"));
+    const char *scaling = json_string_value(json_object_get(o, "scaling"));
+    if (shared)
+        EXPECT(strstr(scaling, "not meaningful") && json_is_false(json_object_get(o, "scaling_meaningful")), "%s",
+               scaling);
+    else
+        EXPECT(strstr(scaling, "tp2 (more tensor parallelism) gives") &&
+                   json_is_true(json_object_get(o, "scaling_meaningful")),
+               "%s", scaling);
     const char *files[] = {"report.md", "breakdown.svg", "roofline.svg"};
     for (int i = 0; i < 3; i++) {
         char path[800];
@@ -512,6 +866,90 @@ TEST(diag_server_window)
            jint(j, "window.steps"), window_first(j), b_end);
     json_decref(j);
     srv_stop(&s, 30);
+}
+
+/* `calibrate` --json on the CPU with the cache file and environment given; the JSON (NULL when
+ * the command failed) */
+static json_t *calibrate_json(const char *env, const char *cache, const char *extra)
+{
+    char cmd[1024], *out = NULL;
+    snprintf(cmd, sizeof cmd,
+             "%s MOESERVE_CALIBRATE_CACHE='%s' %s '%s' calibrate --device cpu --quick --json %s 2>/dev/null", env,
+             cache, strstr(extra, "--threads 2") ? "taskset -c 0" : "", test_bin(), extra);
+    json_t *o = test_run(cmd, &out) == 0 && out ? json_loads(out, 0, NULL) : NULL;
+    if (!o) fprintf(stderr, "    %s: %s\n", cmd, out ? out : "");
+    free(out);
+    return o;
+}
+
+/* A busy machine's calibration says so and keeps the cached profile of a quiet one; --force
+ * replaces it; a busy profile is replaced by the next quiet one. "Busy" comes from the test
+ * hook, then from a real measurement that cannot have the cores to itself: two threads on
+ * one CPU. */
+TEST(diag_calibrate_busy_keeps_cache)
+{
+    char cache[700];
+    snprintf(cache, sizeof cache, "%s/cal-busy.json", test_tmpdir());
+    json_t *o = calibrate_json("MOESERVE_TEST_CALIBRATE_BUSY=1", cache, "--threads 1");
+    ASSERT(o);
+    EXPECT(json_is_null(json_object_get(o, "busy")) && json_is_true(json_object_get(o, "cached")));
+    json_decref(o);
+    char *quiet = file_read_all(cache, NULL);
+    ASSERT(quiet && strstr(quiet, "\"busy\": null"), "%s", quiet ? quiet : cache);
+    /* busy: measured, said, not cached */
+    o = calibrate_json("MOESERVE_TEST_CALIBRATE_BUSY=2", cache, "--threads 1");
+    ASSERT(o);
+    const char *why = json_string_value(json_object_get(o, "busy"));
+    EXPECT(why && strstr(why, "MOESERVE_TEST_CALIBRATE_BUSY") && json_is_false(json_object_get(o, "cached")),
+           "busy: %s", why ? why : "(none)");
+    json_decref(o);
+    char *now = file_read_all(cache, NULL);
+    EXPECT(now && !strcmp(now, quiet), "the quiet profile was replaced:\n%s", now ? now : "(gone)");
+    free(now);
+    /* the text says it too */
+    char cmd[1024], *out = NULL;
+    snprintf(cmd, sizeof cmd,
+             "MOESERVE_TEST_CALIBRATE_BUSY=2 MOESERVE_CALIBRATE_CACHE='%s' '%s' calibrate --device cpu "
+             "--threads 1 --quick 2>&1",
+             cache, test_bin());
+    EXPECT(test_run(cmd, &out) == 0 && out && strstr(out, "on a busy machine") && strstr(out, "not cached"), "%s",
+           out ? out : "");
+    free(out);
+    /* --force: cached, marked busy; then a quiet run replaces it */
+    o = calibrate_json("MOESERVE_TEST_CALIBRATE_BUSY=2", cache, "--threads 1 --force");
+    EXPECT(o && json_is_true(json_object_get(o, "cached")));
+    json_decref(o);
+    now = file_read_all(cache, NULL);
+    EXPECT(now && strstr(now, "\"busy\": \"MOESERVE_TEST_CALIBRATE_BUSY=2\""), "%s", now ? now : "(gone)");
+    free(now);
+    o = calibrate_json("MOESERVE_TEST_CALIBRATE_BUSY=1", cache, "--threads 1");
+    EXPECT(o && json_is_true(json_object_get(o, "cached")));
+    json_decref(o);
+    now = file_read_all(cache, NULL);
+    EXPECT(now && strstr(now, "\"busy\": null"), "%s", now ? now : "(gone)");
+    free(now);
+    free(quiet);
+    /* measured: two threads on one CPU run at most half the time each, however quiet the machine */
+    if (test_run("command -v taskset >/dev/null 2>&1", NULL) != 0) {
+        test_skip("taskset is not installed: the measured busy machine is not tried");
+        return;
+    }
+    snprintf(cache, sizeof cache, "%s/cal-busy2.json", test_tmpdir());
+    o = calibrate_json("MOESERVE_TEST_CALIBRATE_BUSY=1", cache, "--threads 2");
+    ASSERT(o && json_is_true(json_object_get(o, "cached")));
+    json_decref(o);
+    quiet = file_read_all(cache, NULL);
+    o = calibrate_json("", cache, "--threads 2");
+    ASSERT(o);
+    why = json_string_value(json_object_get(o, "busy"));
+    EXPECT(why && strstr(why, "its 2 threads ran") && strstr(why, "more threads than the CPUs"), "%s",
+           why ? why : "(quiet)");
+    EXPECT(json_is_false(json_object_get(o, "cached")));
+    json_decref(o);
+    now = file_read_all(cache, NULL);
+    EXPECT(quiet && now && !strcmp(now, quiet), "the quiet profile was replaced:\n%s", now ? now : "(gone)");
+    free(now);
+    free(quiet);
 }
 
 TEST(diag_calibrate_json)
