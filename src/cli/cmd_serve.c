@@ -106,6 +106,7 @@ int cmd_serve(int argc, char **argv)
         while (b > 0 && mo.dir[b - 1] != '/') b--;
         if (n - b < sizeof alias && b > 0) snprintf(alias, sizeof alias, "%.*s", (int)(n - b), mo.dir + b);
     }
+    model_opt_device(&mo, device);
     mo.dir = model_dir_resolve("serve", mo.dir, mo.revision, !mo.dummy);
     device = model_dist_start(&mo, device);
     /* the port first: a taken one fails now, not after minutes of loading; until the model is
@@ -137,6 +138,7 @@ int cmd_serve(int argc, char **argv)
     }
     Backend be;
     backend_open(&be, device, dev.threads);
+    cli_sim_tokens(&be, &mt, m.cfg.vocab);
     Model dm;
     model_on_backend(&dm, &m, &be);
     /* the roofs the diagnosis compares against (cached per machine; every rank takes part) */
