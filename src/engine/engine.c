@@ -805,6 +805,7 @@ static void step(Engine *e)
 static void *engine_main(void *arg)
 {
     Engine *e = arg;
+    pthread_setname_np(pthread_self(), "engine"); /* its CPU time told apart from the HTTP threads' */
     if (e->be->ops->bind_thread) e->be->ops->bind_thread(e->be); /* this rank's GPU */
     pthread_mutex_lock(&e->mu);
     for (;;) {

@@ -476,6 +476,6 @@ void backend_sim_open(Backend *be, const char *spec)
     if (g_resolver(name, &t, err, sizeof err) < 0) fatal("--device sim:%s: %s", spec, err);
     backend_sim_init(be, &t);
     S(be)->eos_every = eos_every;
-    snprintf(S(be)->name, sizeof S(be)->name, "sim:%s", name); /* as the command line says it */
+    snprintf(S(be)->name, sizeof S(be)->name, "sim:%.59s", name); /* as the command line says it */
     log_info("device: sim:%s, a modelled %s (%.0f GB); nothing is computed", name, t.name, t.mem_bytes / 1e9);
 }
