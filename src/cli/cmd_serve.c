@@ -56,7 +56,7 @@ static char *server_info(const ModelOpts *mo, const Model *m, const Model *dm, c
                           "num_continuous_decode_steps", eo->decode_steps, "kv_block_size", eo->block_size,
                           "kv_tokens", (json_int_t)st.kv_blocks_total * eo->block_size, "profile_every", eo->profile_every,
                           "diagnosis_window_s", eo->diag_window_s,
-                          "cuda_graph", !eo->no_graphs && strcmp(be->name, "cpu") != 0, "prefix_caching", eo->prefix_caching);
+                          "cuda_graph", !eo->no_graphs && be->ops->graph_begin && !be->host_memory, "prefix_caching", eo->prefix_caching);
     if (mo->dummy) json_object_set_new(o, "dummy_quant", json_string(mo->dummy_quant ? mo->dummy_quant : "nvfp4"));
     char *s = json_dumps(o, JSON_COMPACT);
     json_decref(o);

@@ -34,6 +34,7 @@ typedef struct {
     struct { void *p; size_t n; int mapped; } *allocs;
     int n_allocs, cap_allocs;
     double used;
+    double uploaded;     /* bytes of every be_to_device */
     char name[64];
 } Sim;
 
@@ -102,6 +103,8 @@ double sim_take_busy(Backend *be)
 const SimTimer *sim_timer(const Backend *be) { return &S(be)->t; }
 
 size_t sim_mem_used(const Backend *be) { return (size_t)S(be)->used; }
+
+double sim_uploaded(const Backend *be) { return S(be)->uploaded; }
 
 /* ---- draws ---- */
 
@@ -219,6 +222,7 @@ static void sim_to_host(Backend *be, void *dst, const void *src, size_t bytes)
 /* an upload is queued on the stream: the host goes on */
 static void sim_to_device(Backend *be, void *dst, const void *src, size_t bytes)
 {
+    S(be)->uploaded += (double)bytes;
     advance(S(be), SIM_COPY_S + (double)bytes / SIM_PCIE_BPS);
     if (dst != src) memcpy(dst, src, bytes);
 }

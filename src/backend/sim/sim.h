@@ -63,7 +63,8 @@ void sim_wait_until(Backend *be, double t);
 void sim_comm_ranks(Backend *be, int ranks);
 double sim_take_busy(Backend *be);
 const SimTimer *sim_timer(const Backend *be);
-/* Bytes of simulated memory in use (weights, cache, activations). */
+/* Bytes of simulated memory in use (weights, cache, activations); bytes uploaded so far. */
 size_t sim_mem_used(const Backend *be);
+double sim_uploaded(const Backend *be);
 
 #endif
