@@ -35,6 +35,7 @@ typedef struct {
     int n_allocs, cap_allocs;
     double used;
     double uploaded;     /* bytes of every be_to_device */
+    double busy_ops, busy_copies, t_open; /* modelled seconds of ops and of copies; when it opened */
     char name[64];
 } Sim;
 
@@ -77,6 +78,7 @@ static void sim_op_done(Backend *be, OpId op, double flops, double bytes)
     else
         dt = s->t.op_seconds(s->t.ctx, op, flops, bytes, s->rows, s->wfmt);
     if (op != OP_PP_SEND && op != OP_PP_RECV) s->busy += dt; /* a stage's own work, its collectives included */
+    s->busy_ops += dt > 0 ? dt : 0;
     advance(s, dt > 0 ? dt : 0);
     s->rows = s->ranks = 0;
     s->wfmt = QF_COUNT;
@@ -205,6 +207,7 @@ static size_t sim_mem_free(Backend *be)
 static void sim_to_host(Backend *be, void *dst, const void *src, size_t bytes)
 {
     Sim *s = S(be);
+    s->busy_copies += SIM_COPY_S + (double)bytes / SIM_PCIE_BPS;
     advance(s, SIM_COPY_S + (double)bytes / SIM_PCIE_BPS);
     sleep_until(s->clock);
     size_t row = (size_t)s->vocab * sizeof(float);
@@ -223,6 +226,7 @@ static void sim_to_host(Backend *be, void *dst, const void *src, size_t bytes)
 static void sim_to_device(Backend *be, void *dst, const void *src, size_t bytes)
 {
     S(be)->uploaded += (double)bytes;
+    S(be)->busy_copies += SIM_COPY_S + (double)bytes / SIM_PCIE_BPS;
     advance(S(be), SIM_COPY_S + (double)bytes / SIM_PCIE_BPS);
     if (dst != src) memcpy(dst, src, bytes);
 }
@@ -399,6 +403,10 @@ static void sim_destroy(Backend *be)
 {
     Sim *s = S(be);
     if (!s) return;
+    /* how much of its life the modelled device worked: the rest it waited for the host (or idled) */
+    double life = clock_now() - s->t_open;
+    log_info("%s: the device was busy %.3f s of %.3f s (ops %.3f s, copies %.3f s)", s->name, s->busy_ops + s->busy_copies,
+             life, s->busy_ops, s->busy_copies);
     for (int i = 0; i < s->n_allocs; i++) {
         if (s->allocs[i].mapped) munmap(s->allocs[i].p, s->allocs[i].n);
         else free(s->allocs[i].p);
@@ -449,6 +457,7 @@ void backend_sim_init(Backend *be, const SimTimer *t)
     s->t = *t;
     s->wfmt = QF_COUNT;
     s->eos = -1;
+    s->t_open = clock_now();
     pthread_mutex_init(&s->mu, NULL);
     snprintf(s->name, sizeof s->name, "sim:%s", t->name ? t->name : "?");
     *be = (Backend){0};
