@@ -491,7 +491,7 @@ void engine_diag(Engine *e, ProfSum *s, Deployment *d, double p2p_gbps)
     d->kv_blocks_total = e->kv.n_blocks;
     d->kv_blocks_used = e->kv.n_blocks - e->kv.n_free;
     d->preemptions = (long)e->stats.preemptions;
-    d->graphs = !e->o.no_graphs && !e->be->host_memory;
+    d->graphs = !e->o.no_graphs && !e->be->host_memory && e->be->ops->graph_begin; /* a backend that captures them */
     d->gpu = !e->be->host_memory;
     pthread_mutex_unlock(&e->mu);
 }
