@@ -91,7 +91,7 @@ TEST(sim_generate_is_repeatable_and_never_ends_early)
     }
 }
 
-TEST(sim_refuses_a_model_too_big_for_the_device)
+TEST(sim_refuses_a_model_too_big_for_the_device_and_runs_its_layouts)
 {
     const char *dir = sim_model("glm5", "configs/glm5");
     char cmd[2400], *out = NULL;
@@ -103,6 +103,12 @@ TEST(sim_refuses_a_model_too_big_for_the_device)
     snprintf(cmd, sizeof cmd, "'%s' generate '%s' --device sim:h200 --tp 8 --prompt 'Hi' --max-tokens 2", test_bin(), dir);
     rc = test_run(cmd, &out);
     EXPECT(rc == 0 && out && strstr(out, "finish: length"), "exit %d:\n%s", rc, out);
+    free(out);
+    /* and as a pipeline of two stages of TP4, replayed from stage 0 */
+    snprintf(cmd, sizeof cmd, "'%s' generate '%s' --device sim:h200 --tp 4 --pp 2 --prompt 'Hi' --max-tokens 2", test_bin(), dir);
+    rc = test_run(cmd, &out);
+    EXPECT(rc == 0 && out && strstr(out, "8 simulated ranks (tp 4, pp 2") && strstr(out, "finish: length"), "exit %d:\n%s",
+           rc, out);
     free(out);
     snprintf(cmd, sizeof cmd, "'%s' generate '%s' --device sim:b17 --tp 8 --prompt 'Hi' --max-tokens 2", test_bin(), dir);
     rc = test_run(cmd, &out);
