@@ -18,6 +18,7 @@
 #include "cuda/cuda.h"
 #endif
 #include "kv_elem.h"
+#include "sim/sim.h"
 
 static const struct { const char *name; OpCategory cat; } op_info[OP_COUNT] = {
     [OP_EMBED] = {"embed", CAT_ELEMENTWISE},
@@ -114,6 +115,7 @@ void backend_reset_stats(Backend *be) { memset(be->stats, 0, sizeof be->stats); 
 
 static void count(Backend *be, OpId op, double flops, double bytes)
 {
+    if (be->ops->op_done) be->ops->op_done(be, op, flops, bytes);
     if (be->hook) be->hook->end(be->hook->ctx, op, flops, bytes);
     be->stats[op].flops += flops;
     be->stats[op].bytes += bytes;
@@ -399,8 +401,9 @@ void backend_omp_passive(char **argv)
 OptGroup device_opt_group(DeviceOpts *o)
 {
     OPT_GROUP_RETURN("device",
-        {.names = "--device", .type = OPT_STR, .dst = &o->device, .metavar = "cpu|cuda|cuda:N",
-         .help = "where the model runs",
+        {.names = "--device", .type = OPT_STR, .dst = &o->device, .metavar = "cpu|cuda|cuda:N|sim:GPU",
+         .help = "where the model runs; sim:GPU (h100, h200) a modelled GPU: nothing computed, each op "
+                 "takes its modelled time",
          .def = "cuda when a GPU is present, else cpu"},
         {.names = "--threads", .type = OPT_INT, .dst = &o->threads, .metavar = "N",
          .help = "CPU threads of the cpu backend",
@@ -424,7 +427,7 @@ void backend_open(Backend *be, const char *device, int threads)
     if (!strncmp(device, "cuda", 4)) {
         int index = 0;
         if (device[4] == ':') index = atoi(device + 5);
-        else if (device[4]) fatal("--device '%s': expected cpu, cuda or cuda:N", device);
+        else if (device[4]) fatal("--device '%s': expected cpu, cuda, cuda:N or sim:GPU", device);
 #ifdef MOESERVE_CUDA
         backend_cuda_init(be, index);
         char name[256];
@@ -437,13 +440,21 @@ void backend_open(Backend *be, const char *device, int threads)
         fatal("--device %s: this moeserve was built without CUDA (nvcc was not found at build time)", device);
 #endif
     }
-    fatal("--device '%s': expected cpu, cuda or cuda:N", device);
+    if (!strncmp(device, "sim:", 4)) {
+        backend_sim_open(be, device + 4);
+        return;
+    }
+    fatal("--device '%s': expected cpu, cuda, cuda:N or sim:GPU", device);
 }
 
 void backend_describe(const Backend *be, const char *device, char *buf, size_t n)
 {
     if (!strcmp(be->name, "cpu")) {
         snprintf(buf, n, "cpu (%d threads)", be->n_threads);
+        return;
+    }
+    if (backend_is_sim(be)) {
+        snprintf(buf, n, "%s (modelled: nothing computed)", device ? device : "sim");
         return;
     }
 #ifdef MOESERVE_CUDA

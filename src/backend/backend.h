@@ -186,6 +186,9 @@ typedef struct {
     int (*side_begin)(Backend *be, int T, int kind);
     void (*side_end)(Backend *be);
     void (*side_join)(Backend *be);
+    /* optional (the sim backend, sim/sim.h): told of every op as it is counted, with its counts,
+     * before the profiler's hook is */
+    void (*op_done)(Backend *be, OpId op, double flops, double bytes);
 } BackendOps;
 
 /* Who listens to every op (diag/profile times a sampled step's ops this way): begin before an
@@ -197,7 +200,7 @@ typedef struct {
 } OpHook;
 
 struct Backend {
-    const char *name;          /* "cpu", "cuda" */
+    const char *name;          /* "cpu", "cuda", "sim" */
     int host_memory;           /* 1: backend memory is host memory (cpu) */
     const BackendOps *ops;
     OpStat stats[OP_COUNT];    /* accumulated since the last backend_reset_stats */
@@ -218,8 +221,9 @@ int backend_cpu_count(void);
  * neighbours on a busy machine): unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set, sets
  * OMP_WAIT_POLICY=passive and re-executes the program with argv (call first thing in main). */
 void backend_omp_passive(char **argv);
-/* Where a command runs, as its command line says: --device cpu|cuda|cuda:N (NULL: a GPU when one
- * is present), --threads N of the CPU backend (0: every core this rank may use). */
+/* Where a command runs, as its command line says: --device cpu|cuda|cuda:N|sim:GPU (NULL: a GPU
+ * when one is present; sim/sim.h the modelled one), --threads N of the CPU backend (0: every core
+ * this rank may use). */
 typedef struct {
     const char *device;
     int threads;

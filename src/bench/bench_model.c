@@ -92,6 +92,7 @@ int bench_model_main(int argc, char **argv)
     model_opt_parse(&cmd, argc, argv, &mo, 1);
     const char *device = dev.device;
     int threads = dev.threads;
+    model_opt_device(&mo, device);
     mo.dir = model_dir_resolve("bench model", mo.dir, mo.revision, !mo.dummy);
     int batches[64], nb = parse_list(batch_s, batches, 64), maxB = 0;
     for (int i = 0; i < nb; i++) maxB = batches[i] > maxB ? batches[i] : maxB;

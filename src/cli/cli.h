@@ -20,6 +20,14 @@ int cmd_diagnose(int argc, char **argv);
 int cmd_download(int argc, char **argv);
 
 #include "../engine/engine.h"
+#include "../format/model_text.h"
 #include "../model/model_opts.h"
+#include "../backend/sim/sim.h"
+
+/* --device sim:GPU (sim_device.c): the modelled devices' timers (registered in main with
+ * backend_sim_set_resolver), and the ids a simulated draw gives, from the model's tokenizer (on
+ * any other backend nothing happens). */
+int cli_sim_timer(const char *spec, SimTimer *t, char *err, size_t errlen);
+void cli_sim_tokens(Backend *be, const ModelText *mt, int vocab);
 
 #endif

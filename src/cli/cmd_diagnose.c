@@ -355,6 +355,7 @@ int cmd_diagnose(int argc, char **argv)
         if (!layouts) fatal("diagnose --sweep: --layouts tp1,tp2,... is required");
         return report_sweep(layouts, pass, device, launcher, out_dir, as_json);
     }
+    model_opt_device(&mo, device);
     mo.dir = model_dir_resolve("diagnose", mo.dir, mo.revision, !mo.dummy);
     return diagnose_model(&mo, device, threads, &eo, batches, n_batches, &ld, report_dir, as_json);
 }

@@ -77,6 +77,7 @@ int cmd_generate(int argc, char **argv)
         if (!*stops.v[i]) fatal("generate: --stop needs a non-empty string");
     const char *const *stop_strs = stops.v;
     int n_stops = stops.n;
+    model_opt_device(&mo, dev.device);
     mo.dir = model_dir_resolve("generate", mo.dir, mo.revision, !mo.dummy);
 
     char err[1024];
@@ -134,6 +135,7 @@ int cmd_generate(int argc, char **argv)
 
     Backend be;
     backend_open(&be, device, dev.threads);
+    cli_sim_tokens(&be, &mt, m.cfg.vocab);
     Model dm;
     model_on_backend(&dm, &m, &be);
     if (model_worker(&dm, &be)) { /* rank 0 prints; this rank repeats its steps */

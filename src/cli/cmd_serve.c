@@ -56,7 +56,7 @@ static char *server_info(const ModelOpts *mo, const Model *m, const Model *dm, c
                           "num_continuous_decode_steps", eo->decode_steps, "kv_block_size", eo->block_size,
                           "kv_tokens", (json_int_t)st.kv_blocks_total * eo->block_size, "profile_every", eo->profile_every,
                           "diagnosis_window_s", eo->diag_window_s,
-                          "cuda_graph", !eo->no_graphs && strcmp(be->name, "cpu") != 0, "prefix_caching", eo->prefix_caching);
+                          "cuda_graph", !eo->no_graphs && be->ops->graph_begin && !be->host_memory, "prefix_caching", eo->prefix_caching);
     if (mo->dummy) json_object_set_new(o, "dummy_quant", json_string(mo->dummy_quant ? mo->dummy_quant : "nvfp4"));
     char *s = json_dumps(o, JSON_COMPACT);
     json_decref(o);
@@ -106,6 +106,7 @@ int cmd_serve(int argc, char **argv)
         while (b > 0 && mo.dir[b - 1] != '/') b--;
         if (n - b < sizeof alias && b > 0) snprintf(alias, sizeof alias, "%.*s", (int)(n - b), mo.dir + b);
     }
+    model_opt_device(&mo, device);
     mo.dir = model_dir_resolve("serve", mo.dir, mo.revision, !mo.dummy);
     device = model_dist_start(&mo, device);
     /* the port first: a taken one fails now, not after minutes of loading; until the model is
@@ -137,6 +138,7 @@ int cmd_serve(int argc, char **argv)
     }
     Backend be;
     backend_open(&be, device, dev.threads);
+    cli_sim_tokens(&be, &mt, m.cfg.vocab);
     Model dm;
     model_on_backend(&dm, &m, &be);
     /* the roofs the diagnosis compares against (cached per machine; every rank takes part) */

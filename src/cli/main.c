@@ -68,6 +68,7 @@ int main(int argc, char **argv)
 {
     backend_omp_passive(argv);
     knobs_init();
+    backend_sim_set_resolver(cli_sim_timer);
     if (argc >= 3 && !strcmp(argv[1], "help") && !strcmp(argv[2], "env")) return help_env(argc - 2, argv + 2);
     if (argc >= 2 && (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V") || !strcmp(argv[1],
     "version"))) return version();

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "../backend/cpu/cpu.h"
+#include "../backend/sim/sim.h"
 #include "../base/knobs.h"
 #include "../base/test_hooks.h"
 #include "../base/util.h"
@@ -229,8 +230,35 @@ static void judge_busy(Ceilings *c, int threads, double cpu_share, double gpu_sp
     }
 }
 
+/* A modelled device (--device sim:GPU) has its ceilings in its timer: asked, not measured, and
+ * not cached (nothing of this machine is in them). */
+static void calibrate_sim(Ceilings *c, Backend *be, Dist *d)
+{
+    const SimTimer *t = sim_timer(be);
+    int tp = d ? d->tp : 1;
+    double gb = 1e9, n = 8192, gemm = 2 * n * n * n, wbytes = 2 * n * n;
+    *c = (Ceilings){.gpu = 1, .ranks = d ? d->world : 1, .tp = tp, .pp = d ? d->pp : 1};
+    snprintf(c->device, sizeof c->device, "%s", t->name ? t->name : "sim");
+    snprintf(c->key, sizeof c->key, "sim-%.200s-tp%d-pp%d-r%d", c->device, c->tp, c->pp, c->ranks);
+    c->read_gbps = c->copy_gbps = gb / t->op_seconds(t->ctx, OP_ADD, 0, gb, 0, QF_COUNT) / 1e9;
+    c->bf16_tflops = gemm / t->op_seconds(t->ctx, OP_GEMM_MLP, gemm, wbytes, (int)n, QF_BF16) / 1e12;
+    c->fp8_tflops = gemm / t->op_seconds(t->ctx, OP_GEMM_MLP, gemm, wbytes / 2, (int)n, QF_FP8) / 1e12;
+    if (c->ranks > 1) {
+        c->allreduce_gbps = gb / t->comm_seconds(t->ctx, OP_ALL_REDUCE, gb, tp) / 1e9;
+        c->allreduce_us = t->comm_seconds(t->ctx, OP_ALL_REDUCE, 0, tp) * 1e6;
+        c->p2p_gbps = gb / t->comm_seconds(t->ctx, OP_PP_SEND, gb, 2) / 1e9;
+        snprintf(c->comm, sizeof c->comm, "sim");
+        snprintf(c->link, sizeof c->link, "modelled");
+    }
+    snprintf(c->when, sizeof c->when, "modelled");
+}
+
 CalResult calibrate_get(Ceilings *c, Backend *be, Dist *d, int quick, CalMode mode)
 {
+    if (backend_is_sim(be)) {
+        calibrate_sim(c, be, d);
+        return CAL_NOT_SAVED;
+    }
     *c = (Ceilings){.gpu = !be->host_memory};
     int ranks = d ? d->world : 1;
 #ifdef MOESERVE_CUDA

@@ -162,7 +162,21 @@ void dist_shard(ModelConfig *c, void *par_opts)
     char err[512];
     if (plan_check(c, p, err, sizeof err) < 0) fatal("%s", err);
     Dist *d = g_active;
+    if (dist_simulated(d)) comm_sim_config(d, c, p);
     plan_apply(c, p, d ? d->rank : 0);
+}
+
+/* --device sim:GPU with several ranks: one process, rank 0's shard (comm_sim.c) */
+static const char *dist_setup_sim(const ParOpts *p, const char *device)
+{
+    Dist *d = &g_dist;
+    *d = (Dist){.world = par_world(p), .tp = p->tp, .pp = p->pp, .ep = p->ep, .microbatches = p->microbatches,
+                .timeout_s = (double)knob_get(KNOB_COMM_TIMEOUT)};
+    comm_sim_init(d);
+    g_active = d;
+    log_info("dist: %d simulated ranks (tp %d, pp %d, ep %d, %d micro-batches) in this process: rank 0's shard runs, "
+             "collectives take their modelled time", d->world, d->tp, d->pp, d->ep, d->microbatches);
+    return device;
 }
 
 const char *dist_setup(ParOpts *p, const char *device)
@@ -173,6 +187,7 @@ const char *dist_setup(ParOpts *p, const char *device)
     int world = par_world(p);
     int force_nccl = knob_get(KNOB_COMM) == 1; /* auto|nccl */
     if (world == 1 && !force_nccl && !dist_under_mpirun()) return device;
+    if (device && !strncmp(device, "sim:", 4)) return dist_setup_sim(p, device);
     int comm_delay_us = test_hook_comm_delay_us();
     if (world == 1 && comm_delay_us) log_warn("MOESERVE_TEST_COMM_DELAY_US: one rank has no collectives to delay");
     Dist *d = &g_dist;
@@ -232,7 +247,7 @@ const char *dist_setup(ParOpts *p, const char *device)
 
 void dist_bcast_host(Dist *d, void *buf, size_t bytes)
 {
-    if (!d || d->world == 1) return;
+    if (!d || d->world == 1 || dist_simulated(d)) return; /* simulated ranks: no workers to tell */
     if (g_pipe_r >= 0 || g_n_children) pipe_bcast(d, buf, bytes);
     else comm_mpi_bcast_host(d, buf, bytes);
 }

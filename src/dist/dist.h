@@ -92,6 +92,12 @@ void *comm_mpi_world(void);                     /* the MPI_Comm of all ranks (fo
 void comm_nccl_init(Dist *d, const void *unique_id, int device);
 int comm_nccl_unique_id(void *out, size_t n);   /* rank 0: a new ncclUniqueId; -1 without NCCL */
 void comm_mpi_bcast_host(Dist *d, void *buf, size_t bytes);
+/* --device sim:GPU (comm_sim.c): the layout simulated in this one process, rank 0's shard timed,
+ * collectives moving nothing and taking their modelled time; comm_sim_config learns the whole
+ * model's stages (dist_shard calls it) to replay a pipeline's later stages. */
+void comm_sim_init(Dist *d);
+void comm_sim_config(Dist *d, const ModelConfig *c, const ParOpts *p);
+int dist_simulated(const Dist *d);
 
 
 #endif

@@ -75,6 +75,7 @@ struct Engine {
     KVCache kv;
     Forward f;
     int max_blocks_per_seq;
+    int b_stride;              /* b_table's row length this step: its longest row (build_batch) */
     /* requests */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -490,7 +491,7 @@ void engine_diag(Engine *e, ProfSum *s, Deployment *d, double p2p_gbps)
     d->kv_blocks_total = e->kv.n_blocks;
     d->kv_blocks_used = e->kv.n_blocks - e->kv.n_free;
     d->preemptions = (long)e->stats.preemptions;
-    d->graphs = !e->o.no_graphs && !e->be->host_memory;
+    d->graphs = !e->o.no_graphs && !e->be->host_memory && e->be->ops->graph_begin; /* a backend that captures them */
     d->gpu = !e->be->host_memory;
     pthread_mutex_unlock(&e->mu);
 }
@@ -675,10 +676,16 @@ static int build_batch(Engine *e, int *n_seqs, int *n_out)
     /* preemption inside the loop may have removed sequences already placed: rebuild if so */
     for (int i = 0; i < S; i++)
         if (!e->b_seqs[i]->running) return build_batch(e, n_seqs, n_out);
+    /* the block table as wide as this step's longest row, not the longest a sequence may grow:
+     * it goes to the device every step, and at 512 sequences of a 200k-token model the full width
+     * is 26 MB a step */
+    int stride = 1;
+    for (int i = 0; i < S; i++) stride = e->b_seqs[i]->bt.n_blocks > stride ? e->b_seqs[i]->bt.n_blocks : stride;
     for (int i = 0; i < S; i++) {
         Seq *s = e->b_seqs[i];
-        memcpy(e->b_table + (size_t)i * e->max_blocks_per_seq, s->bt.blocks, s->bt.n_blocks * sizeof(int));
+        memcpy(e->b_table + (size_t)i * stride, s->bt.blocks, s->bt.n_blocks * sizeof(int));
     }
+    e->b_stride = stride;
     *n_seqs = S;
     *n_out = O;
     return T;
@@ -728,7 +735,7 @@ static void step(Engine *e)
     int V = e->m->cfg.vocab;
     Batch b = {.n_tokens = T, .tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq, .slot = e->b_slot,
                .n_seqs = S, .seq_start = e->b_start, .seq_ntok = e->b_ntok, .ctx_len = e->b_ctx,
-               .block_table = e->b_table, .bt_stride = e->max_blocks_per_seq, .n_out = O, .out_idx = e->b_out};
+               .block_table = e->b_table, .bt_stride = e->b_stride, .n_out = O, .out_idx = e->b_out};
     for (int i = 0; i < S; i++) b.max_ctx = e->b_ctx[i] > b.max_ctx ? e->b_ctx[i] : b.max_ctx;
     /* every output row plain greedy: argmax on the backend, only the ids cross (no V floats a
      * row); else every row's token a function of its logits alone (no penalties, log-probabilities
@@ -805,6 +812,7 @@ static void step(Engine *e)
 static void *engine_main(void *arg)
 {
     Engine *e = arg;
+    pthread_setname_np(pthread_self(), "engine"); /* its CPU time told apart from the HTTP threads' */
     if (e->be->ops->bind_thread) e->be->ops->bind_thread(e->be); /* this rank's GPU */
     pthread_mutex_lock(&e->mu);
     for (;;) {

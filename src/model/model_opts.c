@@ -193,6 +193,11 @@ void model_open(Model *m, const ModelOpts *o)
     m->cfg.kv_dtype = o->kv_dtype;
 }
 
+void model_opt_device(ModelOpts *o, const char *device)
+{
+    if (device && !strncmp(device, "sim:", 4)) o->dummy = 1;
+}
+
 const char *model_dist_start(ModelOpts *o, const char *device) { return dist_setup(&o->par, device); }
 
 int model_worker(const Model *dm, Backend *be)

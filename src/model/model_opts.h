@@ -52,6 +52,10 @@ int model_quant_check(const char *dir, const ModelOpts *o, char *err, size_t err
 /* Load (or make, --dummy-weights) the model with the command's KV cache dtype in its config;
  * under several ranks (model_dist_start) only this rank's shard. */
 void model_open(Model *m, const ModelOpts *o);
+/* Before the model is resolved and opened: on a simulated device (--device sim:GPU) no weight is
+ * read or made, so the model is dummy skeletons (config.json is enough; --dummy-quant and
+ * --num-layers as with --dummy-weights). */
+void model_opt_device(ModelOpts *o, const char *device);
 /* Several ranks (--tp/--pp/--ep, or mpirun): start them before anything touches the GPU;
  * returns the device this rank opens. Alone: device unchanged. */
 const char *model_dist_start(ModelOpts *o, const char *device);
