@@ -344,3 +344,34 @@ TEST(plan_svg_has_axes_and_lines)
     EXPECT(strstr(svg, ">tp8<") && strstr(svg, ">tp4pp2<"), "a legend entry a layout");
     free(svg);
 }
+
+/* info and plan share one memory rule (src/cost/memory.c): the same weights and KV tokens a rank */
+TEST(plan_memory_is_infos)
+{
+    char cmd[1200], *out = NULL;
+    snprintf(cmd, sizeof cmd, "'%s' info %s --tp 4 --pp 2 --gpu-mem 150.75 --json 2>/dev/null", test_bin(),
+             test_data("configs/glm5-nvfp4"));
+    ASSERT(test_run(cmd, &out) == 0, "%s", out ? out : "");
+    json_t *info = json_loads(out, 0, NULL);
+    free(out);
+    ASSERT(info);
+    json_t *stages = json_object_get(json_object_get(info, "layout"), "stages");
+    ASSERT(json_array_size(stages) == 2);
+    double w = 0, kv = -1;
+    for (int s = 0; s < 2; s++) {
+        json_t *st = json_array_get(stages, s);
+        double ws = json_number_value(json_object_get(st, "weight_bytes")), ks = json_number_value(json_object_get(st, "kv_tokens"));
+        if (ws > w) w = ws;
+        if (kv < 0 || ks < kv) kv = ks;
+    }
+    char args[600];
+    snprintf(args, sizeof args, "%s --gpu h200 --gpus 8 --layouts tp4pp2 --concurrency 1", test_data("configs/glm5-nvfp4"));
+    json_t *o = plan_json(args);
+    ASSERT(o);
+    json_t *l = layout_of(o, "tp4pp2");
+    ASSERT(l);
+    EXPECT_NEAR(json_number_value(json_object_get(l, "weight_bytes_per_gpu")), w, 1, 1e-7); /* (plan prints 8 digits) */
+    EXPECT_NEAR(json_number_value(json_object_get(l, "kv_tokens_total")), kv, 1, 1e-7);
+    json_decref(o);
+    json_decref(info);
+}
