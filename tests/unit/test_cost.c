@@ -375,3 +375,26 @@ TEST(plan_memory_is_infos)
     json_decref(o);
     json_decref(info);
 }
+
+/* `calibrate --json` writes a device profile of this machine that plan reads as --gpu FILE */
+TEST(plan_reads_calibrate_json)
+{
+    char cmd[1600], path[600], *out = NULL;
+    snprintf(path, sizeof path, "%s/local.json", test_tmpdir());
+    snprintf(cmd, sizeof cmd, "MOESERVE_CALIBRATE_CACHE='%s/cal-plan.json' '%s' calibrate --device cpu --threads 1 --quick --json "
+             "> '%s' 2>/dev/null", test_tmpdir(), test_bin(), path);
+    ASSERT(test_run(cmd, &out) == 0, "%s", out ? out : "");
+    free(out);
+    CostDevice d;
+    char err[600];
+    ASSERT(cost_device_load(&d, path, err, sizeof err) == 0, "%s", err);
+    EXPECT(!strcmp(d.name, "local") && d.read_gbps > 0.1 && d.bf16_tflops > 0 && d.memory_bytes > 1e8 && d.estimated);
+    char args[1200];
+    snprintf(args, sizeof args, "%s --gpu '%s' --gpus 1 --layouts tp1 --input-len 16 --output-len 16 --concurrency 1,4",
+             test_data("golden/glm4moe-bf16"), path);
+    json_t *o = plan_json(args);
+    ASSERT(o);
+    json_t *l = layout_of(o, "tp1");
+    EXPECT(l && json_is_true(json_object_get(l, "fits")) && json_array_size(json_object_get(l, "points")) == 2);
+    json_decref(o);
+}
