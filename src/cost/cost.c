@@ -193,6 +193,7 @@ int cost_device_from_json(CostDevice *d, const json_t *o, const char *what, char
     d->fp4_tflops = opt_num(o, "fp4_tflops", 0);
     d->smem_kb = opt_num(o, "smem_kb", 0);
     d->side_rows = (int)opt_num(o, "side_rows", 0);
+    d->step_us = opt_num(o, "step_us", 0);
     d->host_step_us = opt_num(o, "host_step_us", 0);
     d->host_token_us = opt_num(o, "host_token_us", 0);
     d->reserve_bytes = opt_num(o, "reserve_gb", 0) * 1e9;
@@ -291,6 +292,7 @@ json_t *cost_device_json(const CostDevice *d)
                           d->side_rows, "host_step_us", d->host_step_us, "host_token_us", d->host_token_us, "reserve_gb",
                           d->reserve_bytes / 1e9);
     json_object_set_new(o, "default_link", json_string(d->default_link));
+    json_object_set_new(o, "step_us", json_real(d->step_us));
     json_t *eff = json_object();
     for (int c = 0; c < CC_COUNT; c++)
         json_object_set_new(eff, cat_names[c], json_pack("{s:o, s:o, s:o}", "memory", arr(d->eff[c].memory), "compute",

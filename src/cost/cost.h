@@ -50,7 +50,10 @@ typedef struct {
     double smem_kb;                /* shared memory per block (the MLA piece kernel needs 198 KB) */
     int side_rows;                 /* steps of at most this many rows run the shared expert and the
                                       indexer beside the main path (0: never) */
-    double host_step_us;           /* the host's work per step (scheduling, batch, sampling copy) ... */
+    double step_us;                /* a step's fixed cost on the device side: a decode graph's launch, the
+                                      batch's upload, the sampled ids' copy back */
+    double host_step_us;           /* as the engine's host (plan --host): its own work per step (scheduling,
+                                      building the batch) ... */
     double host_token_us;          /* ... and per sequence in the step */
     double reserve_bytes;          /* memory held before weights: context, workspaces, NCCL buffers */
     CostEff eff[CC_COUNT];

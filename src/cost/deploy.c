@@ -452,7 +452,8 @@ static void deploy_step(Stage *stages, int pp, const CostSetup *s, const Shape *
     }
     const CostDevice *h = s->host ? s->host : s->dev;
     double host = h->host_step_us * 1e-6 / (s->decode_steps > 0 ? s->decode_steps : 1) + h->host_token_us * 1e-6 * seqs;
-    out->parts.t[CP_HOST_GAP] += host;
+    device += s->dev->step_us * 1e-6;
+    out->parts.t[CP_HOST_GAP] += host + s->dev->step_us * 1e-6;
     out->device = device;
     out->step = device + host;
 }
@@ -546,6 +547,35 @@ static void stage_open(Stage *st, const CostSetup *s, const CostLayout *lo, int 
     }
 }
 
+/* The dummy loader's weights cannot be cut inside a scale block (a checkpoint's would be decoded
+ * to float32 there, load.c shard_cols): the input columns a tensor rank keeps of o_proj, the dense
+ * and shared down projections and (without ep) the experts' must be whole blocks of the format the
+ * directory's quantization config (or --dummy-quant) gives them. 0, or -1 with why. */
+static int blocks_check(const CostSetup *s, const ModelConfig *c, const CostLayout *l, char *why, size_t n)
+{
+    if (has_checkpoint(s->dir)) return 0;
+    QuantConfig q;
+    char err[300];
+    if (quant_config_load(&q, s->dir, err, sizeof err) < 0) return errbuf_set(why, n, "%s", err), -1;
+    int block = q.algo == QALGO_NVFP4 || q.algo == QALGO_W4A16_NVFP4 ? 16 : q.algo == QALGO_FP8_BLOCK ? 128
+                : q.algo == QALGO_NONE && s->dummy_fmt == QF_NVFP4 ? 16 : 1;
+    const char *fmt = block == 16 ? "NVFP4's 16" : "block FP8's 128";
+    quant_config_free(&q);
+    int tp = l->tp / l->dp;
+    if (block == 1 || tp == 1) return 0;
+    struct { const char *what; long cols; int ways; } w[] = {
+        {"o_proj's input", (long)c->g_heads * (config_is_mla(c) ? c->v_head_dim : c->head_dim), tp},
+        {"the dense MLP width", c->first_k_dense > 0 ? c->g_intermediate : 0, tp},
+        {"the shared expert width", (long)c->g_moe_intermediate * c->n_shared_experts, tp},
+        {"the expert width", l->ep > 1 ? 0 : c->g_moe_intermediate, tp},
+    };
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
+        if (w[i].cols > 0 && (w[i].cols / w[i].ways) % block)
+            return errbuf_set(why, n, "%s %ld split %d ways is %ld columns a rank, off %s-column scale blocks", w[i].what,
+                              w[i].cols, w[i].ways, w[i].cols / w[i].ways, fmt), -1;
+    return 0;
+}
+
 /* ---- the steady state of continuous batching ---- */
 
 static CostBound bound_of(const CostPoint *p, const Acc *a, const CostDevice *dev)
@@ -631,7 +661,8 @@ void cost_plan(const CostSetup *s, const ModelConfig *whole, const CostLayout *l
     int world = s->gpus_per_node * (s->nodes > 0 ? s->nodes : 1);
     ModelConfig c = *whole;
     if (s->num_layers > 0 && s->num_layers < c.n_layers) c.n_layers = c.layer_end = s->num_layers;
-    if (cost_layout_check(&c, l, world, out->why, sizeof out->why) < 0) return;
+    if (cost_layout_check(&c, l, world, out->why, sizeof out->why) < 0 || blocks_check(s, &c, l, out->why, sizeof out->why) < 0)
+        return;
     out->allowed = 1;
     Stage *st = xcalloc(l->pp, sizeof *st);
     double kv_min = -1;
