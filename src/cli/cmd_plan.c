@@ -179,7 +179,7 @@ int cmd_plan(int argc, char **argv)
         {.names = "--gpus", .type = OPT_INT, .dst = &po.gpus, .metavar = "N", .help = "GPUs of a node", .lo = 1, .hi = 1024},
         {.names = "--nodes", .type = OPT_INT, .dst = &po.nodes, .metavar = "M", .help = "nodes", .def = "1", .lo = 1, .hi = 1024},
         {.names = "--link", .type = OPT_STR, .dst = &po.link, .metavar = "NAME|FILE",
-         .help = "the link between a node's GPUs (nvlink4, pcie5-p2p, pcie-host, infiniband, cpu-shm, or a JSON file)",
+         .help = "the link between a node's GPUs (nvlink4, nvlink5, pcie5-p2p, pcie-host, infiniband, cpu-shm, or a JSON file)",
          .def = "the device profile's default_link"},
         {.names = "--node-link", .type = OPT_STR, .dst = &po.node_link, .metavar = "NAME|FILE",
          .help = "the link between nodes", .def = "infiniband"},
