@@ -36,7 +36,7 @@ static json_t *calibrate_profile_json(const Ceilings *c, Backend *be)
     snprintf(d.name, sizeof d.name, "local");
     snprintf(d.description, sizeof d.description, "%.250s", c->device);
     snprintf(d.source, sizeof d.source, "moeserve calibrate, %s: read bandwidth and tensor rate measured; efficiencies, "
-             "host overhead and reserve carried over from the built-in profile %s", c->when, base);
+             "host overhead carried over from the built-in profile %s", c->when, base);
     d.estimated = 1;
     d.read_gbps = c->read_gbps;
     d.bf16_tflops = c->bf16_tflops;
