@@ -18,7 +18,7 @@ NVFLAGS  += -std=c++17 $(CUDA_ARCH) -Isrc -Itests -Xcompiler -Wall,-fPIC
 
 SRC      := $(filter-out src/cli/main.c,$(wildcard src/*/*.c src/*/*/*.c))
 CUSRC    := $(wildcard src/backend/cuda/*.cu)
-OBJ      := $(SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/builtin_assets.o
+OBJ      := $(SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/builtin_assets.o $(BUILD)/gen/profiles.o
 ifeq ($(CUDA),1)
   OBJ    += $(CUSRC:%.cu=$(BUILD)/%.o)
   CFLAGS += -DMOESERVE_CUDA
@@ -69,6 +69,15 @@ $(BUILD)/gen/builtin_assets.c: models/builtin/tokenizer.json models/builtin/toke
 	    builtin_tokenizer_config_json models/builtin/tokenizer_config.json
 
 $(BUILD)/gen/builtin_assets.o: $(BUILD)/gen/builtin_assets.c
+	$(CC) $(CFLAGS) -c $< -o $@
+
+# the device and link profiles `moeserve plan` knows by name (profiles/), compiled in: the binary
+# finds them from a clone, after `make install`, anywhere
+$(BUILD)/gen/profiles.c: $(wildcard profiles/devices/*.json profiles/links/*.json) scripts/embed_profiles.sh
+	@mkdir -p $(dir $@)
+	scripts/embed_profiles.sh $@
+
+$(BUILD)/gen/profiles.o: $(BUILD)/gen/profiles.c
 	$(CC) $(CFLAGS) -c $< -o $@
 
 $(BUILD)/%.o: %.c

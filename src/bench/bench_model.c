@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "../base/util.h"
+#include "../dist/dist.h"
 #include "../backend/backend.h"
 #include "../base/opt.h"
 #include "../base/progress.h"
@@ -84,16 +85,17 @@ int bench_model_main(int argc, char **argv)
         {.names = "--json", .type = OPT_FLAG, .dst = &as_json, .help = "one JSON line per batch size", .def = "off"},
     };
     const OptGroup groups[] = {OPT_GROUP("bench model", specs), model_opt_group(&mo, MODEL_OPT_ALL),
-    device_opt_group(&dev)};
+                               par_opt_group(&mo.par), device_opt_group(&dev)};
     const OptCommand cmd = {.cmd = "bench model", .synopsis = "MODEL [options]",
                             .about = "Offline prefill and decode throughput of batches of random prompts, without "
                                      "the server.",
-                            .groups = groups, .n_groups = 3, .max_pos = 1, .pos_name = "MODEL"};
+                            .groups = groups, .n_groups = 4, .max_pos = 1, .pos_name = "MODEL"};
     model_opt_parse(&cmd, argc, argv, &mo, 1);
-    const char *device = dev.device;
-    int threads = dev.threads;
-    model_opt_device(&mo, device);
+    model_opt_device(&mo, dev.device);
     mo.dir = model_dir_resolve("bench model", mo.dir, mo.revision, !mo.dummy);
+    /* a layout (--tp/--pp/--ep, or mpirun on the CPU): rank 0 runs the batches, the others its steps */
+    const char *device = model_dist_start(&mo, dev.device);
+    int threads = dev.threads;
     int batches[64], nb = parse_list(batch_s, batches, 64), maxB = 0;
     for (int i = 0; i < nb; i++) maxB = batches[i] > maxB ? batches[i] : maxB;
 
@@ -105,12 +107,20 @@ int bench_model_main(int argc, char **argv)
     backend_open(&be, device, threads);
     Model dm;
     model_on_backend(&dm, &m, &be);
+    if (model_worker(&dm, &be)) {
+        model_on_backend_free(&dm, &be);
+        backend_free(&be);
+        model_free(&m);
+        dist_shutdown();
+        return 0;
+    }
     int per_seq = (in_len + out_len + bs - 1) / bs;
     KVCache kv;
     kv_cache_init(&kv, &dm.cfg, &be, bs, maxB * per_seq);
     int max_tok = max_bt > maxB ? max_bt : maxB;
     Forward f;
     forward_init(&f, &dm, &be, max_tok, maxB, maxB, per_seq);
+    forward_share(&f, &kv);
     if (!no_graphs) forward_enable_graphs(&f, per_seq * bs);
     int V = c->vocab;
     BatchBuf bb;
@@ -225,5 +235,6 @@ int bench_model_main(int argc, char **argv)
     model_on_backend_free(&dm, &be);
     backend_free(&be);
     model_free(&m);
+    dist_shutdown();
     return 0;
 }

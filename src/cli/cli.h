@@ -18,6 +18,7 @@ int cmd_serve(int argc, char **argv);
 int cmd_calibrate(int argc, char **argv);
 int cmd_diagnose(int argc, char **argv);
 int cmd_download(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
 
 #include "../engine/engine.h"
 #include "../format/model_text.h"

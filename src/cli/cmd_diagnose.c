@@ -21,7 +21,44 @@
 #include "../diag/placement.h"
 #include "../diag/report.h"
 #include "../dist/dist.h"
+#include "../cost/cost.h"
 #include "cli.h"
+
+/* The ceilings as a device profile `plan --gpu FILE` reads (src/cost/cost.h), links included when
+ * several ranks measured them: the roofs measured here, the efficiencies of the nearest built-in
+ * profile (marked estimated: calibrate measures roofs, not the engine's kernels), the ceilings'
+ * own fields beside them. */
+static json_t *calibrate_profile_json(const Ceilings *c, Backend *be)
+{
+    const char *base = !c->gpu ? "cpu" : strstr(c->device, "H100") ? "h100" : "h200";
+    CostDevice d;
+    char err[512];
+    if (cost_device_load(&d, base, err, sizeof err)) die("built-in profile %s: %s", base, err);
+    snprintf(d.name, sizeof d.name, "local");
+    snprintf(d.description, sizeof d.description, "%.250s", c->device);
+    snprintf(d.source, sizeof d.source, "moeserve calibrate, %s: read bandwidth and tensor rate measured; efficiencies, "
+             "host overhead carried over from the built-in profile %s", c->when, base);
+    d.estimated = 1;
+    d.read_gbps = c->read_gbps;
+    d.bf16_tflops = c->bf16_tflops;
+    d.fp8_tflops = c->fp8_tflops;
+    d.fp4_tflops = c->fp4_tflops;
+    d.memory_bytes = (double)be_mem_free(be);
+    json_t *o = ceilings_json(c), *dj = cost_device_json(&d);
+    json_object_update(o, dj);
+    json_decref(dj);
+    if (c->ranks > 1 && c->allreduce_gbps > 0) { /* `plan --link FILE` reads this object */
+        int hops = 0;
+        while ((1 << hops) < c->tp) hops++;
+        CostLink l = {.bus_gbps = c->allreduce_gbps, .p2p_gbps = c->p2p_gbps > 0 ? c->p2p_gbps : c->allreduce_gbps,
+                      .latency_us = c->allreduce_us / (2.0 * (hops > 0 ? hops : 1))};
+        snprintf(l.name, sizeof l.name, "local");
+        snprintf(l.description, sizeof l.description, "%.250s", c->link);
+        snprintf(l.source, sizeof l.source, "moeserve calibrate, %s, %d ranks (tp %d, pp %d)", c->when, c->ranks, c->tp, c->pp);
+        json_object_set_new(o, "link_profile", cost_link_json(&l));
+    }
+    return o;
+}
 
 int cmd_calibrate(int argc, char **argv)
 {
@@ -50,7 +87,7 @@ int cmd_calibrate(int argc, char **argv)
     Dist *d = dist_get();
     if (!d || d->rank == 0) {
         if (as_json) {
-            json_t *o = ceilings_json(&c);
+            json_t *o = calibrate_profile_json(&c, &be);
             json_object_set_new(o, "cached", json_boolean(res == CAL_SAVED));
             out_json(o, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
             json_decref(o);

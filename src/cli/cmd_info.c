@@ -15,6 +15,7 @@
 #include "../format/config.h"
 #include "../format/safetensors.h"
 #include "../backend/backend.h"
+#include "../cost/memory.h"
 #include "../model/kv_cache.h"
 #include "../model/model.h"
 #include "../engine/engine.h"
@@ -510,36 +511,6 @@ static void shard_rank(ModelConfig *c, void *user)
     plan_apply(c, s->par, s->rank);
 }
 
-/* Activation memory of one rank, as forward_init and the CUDA scratch size it (an estimate of
- * the larger buffers): the step's activations for max_batch_tokens T rows, the logits of
- * max_running rows, the routed pairs (T x K) of the MoE kernels, the split-BF16 GEMM halves,
- * prefill's BF16 copy of the largest dense weight, and MLA's expanded form (model/mla.c: a piece
- * of KC cached positions as float32 and through kv_b_proj, whose GEMM halves have KC rows, and
- * its keys and values as BF16 halves). */
-static double activation_bytes(const ModelConfig *c, int T, int S)
-{
-    double D = c->hidden, H = c->n_heads, E = c->n_experts, K = c->n_experts_per_tok, F = c->moe_intermediate;
-    double qdim = H * (c->head_dim > c->qk_nope_dim + c->qk_rope_dim ? c->head_dim : c->qk_nope_dim + c->qk_rope_dim);
-    double kdim = fmax(c->n_kv_heads * (double)c->head_dim, c->kv_lora_rank + c->qk_rope_dim);
-    double odim = H * fmax(c->head_dim, c->v_head_dim);
-    double fdim = fmax(c->intermediate, F * fmax(c->n_shared_experts, 1));
-    double per_tok = 6 * D + c->q_lora_rank + qdim + kdim + odim + 2 * fdim + E + 2 * K +
-                     (c->index_n_heads ? c->index_n_heads * (c->index_head_dim + 1.0) + c->index_head_dim + c->index_topk : 0);
-    double fwd = 4.0 * T * per_tok + 4.0 * S * (c->vocab + D);
-    double moe = E > 0 ? T * K * (F * 4.0 + D * 4.0 + 4) : 0;                 /* h (two BF16 halves), y */
-    double nkv = H * (c->qk_nope_dim + c->v_head_dim), kc = c->kv_lora_rank > 0 ? be_mla_piece(c) : 0;
-    /* (the GPU's piece kernel v3 also keeps the piece's keys and values as BF16 halves: 4 bytes an
-     * element of H (Dn + Dr + Dv) a position) */
-    double mla = kc > 0 ? 4.0 * kc * (c->kv_lora_rank + c->qk_rope_dim + nkv + H * (c->qk_nope_dim + c->qk_rope_dim + c->v_head_dim)) +
-                              8.0 * T * H
-                        : 0;
-    double gemm = 2.0 * fmax(T, kc) * fmax(qdim, fmax(fdim, fmax(D, nkv))) * 4 /* split halves */
-                  + 2.0 * fmax(T, kc) * fmax(D, fdim) * 2 * 2;                 /* BF16 activations */
-    double wcopy = T >= 256 ? 2.0 * fmax(c->intermediate * D, fmax(H * c->v_head_dim * D, qdim * fmax(c->q_lora_rank, 1))) : 0;
-    double idx = c->index_n_heads > 0 ? 4.0 * T * c->max_position / 8 : 0; /* indexer scores, a share of the context */
-    return fwd + moe + gemm + wcopy + idx + mla;
-}
-
 static void print_layout(const char *dir, const ModelConfig *whole, const QuantConfig *q, Layout *lo, int as_json, json_t *jo)
 {
     char err[512];
@@ -548,7 +519,7 @@ static void print_layout(const char *dir, const ModelConfig *whole, const QuantC
     if (plan_check(whole, p, err, sizeof err) < 0) { fprintf(stderr, "error: %s\n", err); exit(1); }
     int world = par_world(p), real = has_safetensors(dir);
     QFormat fmt = q->algo == QALGO_NVFP4 ? QF_NVFP4 : q->algo == QALGO_FP8 || q->algo == QALGO_FP8_BLOCK ? QF_FP8 : QF_BF16;
-    double gpu = lo->gpu_gb * 1e9, reserve = 1.0 * (1 << 30); /* the CUDA context, cuBLASLt workspace, NCCL buffers */
+    double gpu = lo->gpu_gb * 1e9, reserve = COST_RESERVE_BYTES;
     json_t *ranks = json_array();
     if (!as_json)
         printf("\nlayout: tp %d, pp %d, ep %d = %d ranks%s%s\n%-6s %-8s %10s %10s %10s %12s %14s %12s\n", p->tp, p->pp, p->ep, world,
@@ -563,11 +534,10 @@ static void print_layout(const char *dir, const ModelConfig *whole, const QuantC
         else model_load_dummy_shard(&m, dir, fmt, 0, shard_rank, &ctx);
         ModelConfig *c = &m.cfg;
         c->kv_dtype = lo->kv_dtype != KV_DTYPE_AUTO ? lo->kv_dtype : model_kv_dtype(c, 0);
-        double w = 0;
-        for (int f = 0; f < QF_COUNT; f++) w += m.bytes_by_format[f];
-        double kv_tok = (double)kv_cache_block_bytes(c, 1);
-        double act = activation_bytes(c, lo->max_batch_tokens, lo->max_running);
-        double left = gpu - reserve - w - act, kv_tokens = left > 0 ? left * 0.9 / kv_tok : 0;
+        CostRankMem rm; /* the rule plan shares (src/cost/memory.h) */
+        cost_rank_memory(&m, lo->max_batch_tokens, lo->max_running, gpu, reserve, &rm);
+        double w = rm.weight_bytes, kv_tok = rm.kv_bytes_per_token, act = rm.activation_bytes;
+        double left = rm.left_bytes, kv_tokens = rm.kv_tokens;
         double reqs = kv_tokens / lo->max_model_len;
         if (lo->gpu_gb > 0 && (left <= 0 || kv_tokens < lo->max_model_len)) {
             if (fits) snprintf(worst, sizeof worst, "stage %d: weights %.1f GB + activations %.1f GB leave %s", s, w / 1e9,

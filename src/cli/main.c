@@ -28,6 +28,7 @@ static const Command commands[] = {
     {"detokenize", cmd_detokenize, "print the text of token ids"},
     {"calibrate", cmd_calibrate, "measure and cache this machine's ceilings (bandwidth, tensor rate, collectives)"},
     {"version", NULL, "the version, git commit and CUDA architectures of this build (also --version)"},
+    {"plan", cmd_plan, "predict a deployment before it exists: layouts, memory, TPOT, TTFT, throughput"},
     {"diagnose", cmd_diagnose, "where a deployment's step time goes and what to change (a server's, or a built-in load's)"},
 };
 

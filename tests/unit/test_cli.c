@@ -206,7 +206,7 @@ static int help_names(const char *help, char names[][64], int max)
 }
 
 static const char *const commands[] = {"serve", "generate", "logits", "perplexity", "info", "quantize", "synth", "tune",
-                                       "tokenize", "detokenize", "download", "calibrate", "diagnose", "bench model",
+                                       "tokenize", "detokenize", "download", "calibrate", "diagnose", "plan", "bench model",
                                        "bench kernels", "bench serve", "bench plot"};
 
 TEST(cli_help_from_the_tables)

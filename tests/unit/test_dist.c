@@ -378,3 +378,30 @@ TEST(dist_info_layout)
     EXPECT(json_is_true(json_object_get(l, "fits")) && json_array_size(json_object_get(l, "stages")) == 2);
     json_decref(l);
 }
+
+/* `bench model` under a layout: rank 0 runs the batches and prints one JSON line a batch size,
+ * the other ranks follow its steps and print nothing */
+TEST(dist_bench_model_layouts)
+{
+    if (!have_mpirun()) return;
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/glm4moe-bf16", test_data("golden"));
+    const char *layouts[] = {"--tp 2", "--pp 2"};
+    for (int k = 0; k < 2; k++) {
+        char cmd[1400], *out = NULL;
+        snprintf(cmd, sizeof cmd, MPIRUN "-np 2 '%s' bench model '%s' --device cpu %s --batch 1,3 --input-len 6 "
+                 "--output-len 3 --json 2>/dev/null", test_bin(), dir, layouts[k]);
+        int rc = test_run(cmd, &out);
+        EXPECT(rc == 0, "%s: exit %d: %s", layouts[k], rc, out ? out : "");
+        int lines = 0, batch3 = 0;
+        for (char *p = out, *save = NULL, *l = out ? strtok_r(p, "\n", &save) : NULL; l; l = strtok_r(NULL, "\n", &save)) {
+            json_t *o = json_loads(l, 0, NULL);
+            if (!o) continue;
+            lines++;
+            batch3 += json_integer_value(json_object_get(o, "batch")) == 3 && json_number_value(json_object_get(o, "tpot_ms")) > 0;
+            json_decref(o);
+        }
+        EXPECT(lines == 2 && batch3 == 1, "%s: %d JSON lines", layouts[k], lines);
+        free(out);
+    }
+}
