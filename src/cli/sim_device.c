@@ -1,76 +1,59 @@
-/* sim_device: what --device sim:GPU needs from the command layer (cli.h): the modelled devices'
- * timers, and the ids a simulated draw may give.
- *
- * STAND-IN: the timer below is a plain roofline from a few numbers per device, in place of the
- * cost model (src/cost/, `plan`), which replaces it: cli_sim_timer then fills SimTimer with
- * cost_op_seconds / cost_comm_seconds and the cost model's device profiles (names or files). */
+/* sim_device: what --device sim:GPU needs from the command layer (cli.h): the modelled device's
+ * timer, from the cost model's device and link profiles (src/cost/: a built-in name or a file, as
+ * `plan --gpu` takes them), and the ids a simulated draw may give. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../backend/sim/sim.h"
 #include "../base/util.h"
+#include "../cost/cost.h"
 #include "../format/model_text.h"
 #include "cli.h"
 
+/* A modelled device: its profile and the link between such cards (the profile's default_link), as
+ * plan reads them, so that a simulated run and plan's prediction share one cost model. */
 typedef struct {
-    const char *name, *title;
-    double bw;         /* memory bandwidth, bytes/s */
-    double bf16;       /* dense BF16 tensor rate, FLOP/s */
-    double fp32;       /* CUDA-core FP32 rate, FLOP/s (the elementwise ops) */
-    double mem;        /* memory, bytes */
-    double link_bw;    /* NVLink, bytes/s a rank sends */
-    double link_s;     /* a collective's fixed cost, s */
-} RoofDevice;
+    CostDevice dev;
+    CostLink link;
+    char title[320];
+} SimCost;
 
-/* H200: 4.42e12 B/s, 798e12 BF16 FLOP/s, 141e9 bytes; H100 SXM: 3.35e12 B/s, 80e9 bytes and about
- * 760e12 BF16 FLOP/s (an estimate); 67e12 FP32 FLOP/s on both; NVLink 4: 450e9 B/s and 5 us. */
-static const RoofDevice roof_devices[] = {
-    {"h200", "H200 (stand-in roofline)", 4.42e12, 798e12, 67e12, 141e9, 450e9, 5e-6},
-    {"h100", "H100 (stand-in roofline)", 3.35e12, 760e12, 67e12, 80e9, 450e9, 5e-6},
-};
-
-/* Every kernel, however small, takes about this long on the device. */
-#define ROOF_KERNEL_S 2e-6
-
-static double roof_op_seconds(void *ctx, OpId op, double flops, double bytes, int rows, QFormat wfmt)
+static double sim_cost_op(void *ctx, OpId op, double flops, double bytes, int rows, QFormat wfmt)
 {
-    const RoofDevice *d = ctx;
-    (void)rows;
-    double rate;
-    switch (op_category(op)) {
-    case CAT_GEMM: case CAT_MOE: case CAT_ATTENTION: case CAT_INDEXER:
-        /* FP8 weights run on the FP8 tensor cores (twice BF16); NVFP4 on Hopper is W4A16: BF16 */
-        rate = wfmt == QF_FP8 || wfmt == QF_FP8_BLOCK ? 2 * d->bf16 : d->bf16;
-        break;
-    default:
-        rate = d->fp32;
-    }
-    double t = flops / rate, m = bytes / d->bw;
-    return (t > m ? t : m) + ROOF_KERNEL_S;
+    return cost_op_seconds(&((SimCost *)ctx)->dev, op, flops, bytes, rows, wfmt);
 }
 
-static double roof_comm_seconds(void *ctx, OpId op, double bytes, int ranks)
+static double sim_cost_comm(void *ctx, OpId op, double bytes, int ranks)
 {
-    const RoofDevice *d = ctx;
-    (void)op, (void)ranks;
-    return d->link_s + bytes / d->link_bw;
+    return cost_comm_seconds(&((SimCost *)ctx)->link, op, bytes, ranks);
 }
 
 int cli_sim_timer(const char *spec, SimTimer *t, char *err, size_t errlen)
 {
-    char known[128] = "";
-    for (size_t i = 0; i < sizeof roof_devices / sizeof roof_devices[0]; i++) {
-        const RoofDevice *d = &roof_devices[i];
-        if (!strcmp(spec, d->name)) {
-            *t = (SimTimer){.op_seconds = roof_op_seconds, .comm_seconds = roof_comm_seconds, .ctx = (void *)d,
-                            .mem_bytes = d->mem, .name = d->title};
-            return 0;
-        }
-        snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", i ? ", " : "", d->name);
+    SimCost *s = xcalloc(1, sizeof *s); /* lives as long as the backend: the process */
+    char why[512];
+    if (cost_device_load(&s->dev, spec, why, sizeof why) < 0) {
+        errbuf_set(err, errlen, "--device sim:%s: %s", spec, why);
+        free(s);
+        return -1;
     }
-    errbuf_set(err, errlen, "no modelled device '%s' (known: %s)", spec, known);
-    return -1;
+    if (!s->dev.gpu) {
+        errbuf_set(err, errlen, "--device sim:%s: the profile is a CPU's; a modelled device is a GPU (run the CPU as itself)",
+                   spec);
+        free(s);
+        return -1;
+    }
+    const char *link = s->dev.default_link[0] ? s->dev.default_link : "nvlink4";
+    if (cost_link_load(&s->link, link, why, sizeof why) < 0) {
+        errbuf_set(err, errlen, "--device sim:%s: its link %s: %s", spec, link, why);
+        free(s);
+        return -1;
+    }
+    snprintf(s->title, sizeof s->title, "%s (modelled: %s, %s)", s->dev.name, s->dev.description, s->link.name);
+    *t = (SimTimer){.op_seconds = sim_cost_op, .comm_seconds = sim_cost_comm, .ctx = s, .mem_bytes = s->dev.memory_bytes,
+                    .step_seconds = s->dev.step_us * 1e-6, .reserve_bytes = s->dev.reserve_bytes, .name = s->title};
+    return 0;
 }
 
 void cli_sim_tokens(Backend *be, const ModelText *mt, int vocab)

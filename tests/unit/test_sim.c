@@ -112,7 +112,7 @@ TEST(sim_refuses_a_model_too_big_for_the_device_and_runs_its_layouts)
     free(out);
     snprintf(cmd, sizeof cmd, "'%s' generate '%s' --device sim:b17 --tp 8 --prompt 'Hi' --max-tokens 2", test_bin(), dir);
     rc = test_run(cmd, &out);
-    EXPECT(rc != 0 && out && strstr(out, "no modelled device 'b17' (known: h200, h100)"), "exit %d:\n%s", rc, out);
+    EXPECT(rc != 0 && out && strstr(out, "unknown GPU 'b17': known GPUs are b200, cpu, h100, h200, rtx-pro-6000"), "exit %d:\n%s", rc, out);
     free(out);
 }
 

@@ -15,6 +15,7 @@
 /* What a real device loses before the first allocation: the CUDA context, cuBLAS workspaces, the
  * allocator's slack. Counted as in use from the start, so that what is free is what a GPU reports. */
 #define SIM_RUNTIME_RESERVE ((double)(1u << 30))
+#define RESERVE(s) ((s)->t.reserve_bytes > 0 ? (s)->t.reserve_bytes : SIM_RUNTIME_RESERVE)
 /* Host <-> device copies: PCIe 5 x16 in practice, and a copy's fixed cost. */
 #define SIM_PCIE_BPS 25e9
 #define SIM_COPY_S 10e-6
@@ -153,7 +154,7 @@ static void *sim_alloc(Backend *be, size_t bytes)
 {
     Sim *s = S(be);
     pthread_mutex_lock(&s->mu);
-    double left = s->t.mem_bytes - SIM_RUNTIME_RESERVE - s->used;
+    double left = s->t.mem_bytes - RESERVE(s) - s->used;
     if ((double)bytes > left) {
         pthread_mutex_unlock(&s->mu);
         fatal("%s: out of device memory: %.2f GiB asked, %.2f GiB free of %.2f GB (as a GPU's allocation would fail)",
@@ -196,19 +197,29 @@ static void sim_free(Backend *be, void *p)
 static size_t sim_mem_free(Backend *be)
 {
     Sim *s = S(be);
-    double left = s->t.mem_bytes - SIM_RUNTIME_RESERVE - s->used;
+    double left = s->t.mem_bytes - RESERVE(s) - s->used;
     return left > 0 ? (size_t)left : 0;
 }
 
 /* ---- copies: the synchronisation points ---- */
+
+/* A copy's fixed cost: with a step cost in the timer (the profile's: a decode graph's launch, the
+ * batch's upload, the ids' copy back, as `plan` counts it once a step), a download pays it and
+ * an upload only its bytes; without one, SIM_COPY_S each. */
+static double copy_fixed(const Sim *s, int down)
+{
+    if (s->t.step_seconds > 0) return down ? s->t.step_seconds : 0;
+    return SIM_COPY_S;
+}
 
 /* A download waits for the stream (the host sleeps until the modelled device is done), then the
  * copy. A download of whole logits rows (the host sampler's path) gets each row's draw as a peak. */
 static void sim_to_host(Backend *be, void *dst, const void *src, size_t bytes)
 {
     Sim *s = S(be);
-    s->busy_copies += SIM_COPY_S + (double)bytes / SIM_PCIE_BPS;
-    advance(s, SIM_COPY_S + (double)bytes / SIM_PCIE_BPS);
+    double dt = copy_fixed(s, 1) + (double)bytes / SIM_PCIE_BPS;
+    s->busy_copies += dt;
+    advance(s, dt);
     sleep_until(s->clock);
     size_t row = (size_t)s->vocab * sizeof(float);
     if (s->vocab > 0 && bytes >= row && bytes % row == 0) {
@@ -225,9 +236,11 @@ static void sim_to_host(Backend *be, void *dst, const void *src, size_t bytes)
 /* an upload is queued on the stream: the host goes on */
 static void sim_to_device(Backend *be, void *dst, const void *src, size_t bytes)
 {
-    S(be)->uploaded += (double)bytes;
-    S(be)->busy_copies += SIM_COPY_S + (double)bytes / SIM_PCIE_BPS;
-    advance(S(be), SIM_COPY_S + (double)bytes / SIM_PCIE_BPS);
+    Sim *s = S(be);
+    double dt = copy_fixed(s, 0) + (double)bytes / SIM_PCIE_BPS;
+    s->uploaded += (double)bytes;
+    s->busy_copies += dt;
+    advance(s, dt);
     if (dst != src) memcpy(dst, src, bytes);
 }
 

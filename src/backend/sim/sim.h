@@ -21,12 +21,16 @@
 /* The modelled time of an op (op_seconds: rows = the op's token rows, wfmt = the weight format of
  * a GEMM or MoE op, QF_COUNT when it has none) and of a collective over ranks (comm_seconds;
  * bytes as backend.c and dist.c count them: what one rank sends), the device's memory and its
- * name for logs. */
+ * name for logs; step_seconds, a step's fixed cost on the device (paid at each download; 0: a
+ * fixed 10 us a copy), and reserve_bytes, memory the runtime holds before the first allocation
+ * (0: 1 GiB). */
 typedef struct SimTimer {
     double (*op_seconds)(void *ctx, OpId op, double flops, double bytes, int rows, QFormat wfmt);
     double (*comm_seconds)(void *ctx, OpId op, double bytes, int ranks);
     void *ctx;
     double mem_bytes;
+    double step_seconds;
+    double reserve_bytes;
     const char *name;
 } SimTimer;
 
