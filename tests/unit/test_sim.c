@@ -62,6 +62,60 @@ TEST(sim_serve_completes_every_request_under_bench_serve)
 }
 
 /* stdout of generate (the prompt and its continuation); stderr to /dev/null or kept */
+/* The modelled device and plan share one cost model: GLM-4.5-Air's whole shape (46 layers, NVFP4) on
+ * one H200 at concurrency 32, 512 in / 128 out, served under bench serve, gives the output rate plan
+ * predicts for that deployment, workload and scheduler, within 30%. The rate is the modelled
+ * device's (output tokens over the time it was busy, from the sim's last log line), so a slow host
+ * does not move it: the host runs ahead of the device and only waits for it. */
+TEST(sim_agrees_with_plan_on_glm45_air)
+{
+    const char *dir = sim_model("air-plan", "configs/glm4.5-air");
+    char cmd[2400], file[600];
+    snprintf(cmd, sizeof cmd, "'%s' plan --model '%s' --gpu h200 --gpus 1 --layouts tp1 --input-len 512 --output-len 128 "
+             "--concurrency 32 --max-running-requests 32 --json", test_bin(), dir);
+    char *out = NULL;
+    int rc = test_run(cmd, &out);
+    json_error_t jerr;
+    json_t *plan = rc == 0 && out ? json_loads(out, 0, &jerr) : NULL;
+    ASSERT(plan != NULL, "plan: exit %d\n%s", rc, out ? out : "");
+    free(out);
+    json_t *pt = jget(plan, "layouts.0.points.0");
+    double predicted = pt ? json_number_value(json_object_get(pt, "output_tok_s")) : 0;
+    json_decref(plan);
+    ASSERT(predicted > 0, "plan predicted no output rate");
+
+    Srv s;
+    ASSERT(srv_start_model(&s, "sim-plan", dir, "--device sim:h200 --max-running-requests 32") == 0);
+    snprintf(file, sizeof file, "%s/sim-plan-bench.jsonl", test_tmpdir());
+    snprintf(cmd, sizeof cmd, "%s bench serve --base-url http://127.0.0.1:%d --dataset-name random-ids --random-input-len 512 "
+             "--random-output-len 128 --random-range-ratio 1 --num-prompts 64 --max-concurrency 32 --warmup-requests 0 "
+             "--output-file %s --quiet", test_bin(), s.port, file);
+    rc = test_run(cmd, &out);
+    EXPECT(rc == 0, "bench serve: %d\n%s", rc, out);
+    free(out);
+    json_t *j = json_load_file(file, JSON_DECODE_ANY, &jerr);
+    long long toks = j ? jint(j, "total_output_tokens") : 0;
+    EXPECT(j && jint(j, "completed") == 64 && toks == 64 * 128, "bench serve: %s", j ? "requests or tokens short" : jerr.text);
+    if (j) json_decref(j);
+    EXPECT_EQ_INT(srv_stop(&s, 60), 0);
+    /* "...: the device was busy B s of L s (...)" */
+    double busy = 0;
+    FILE *f = fopen(s.log, "r");
+    char line[1024];
+    while (f && fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, "the device was busy ");
+        if (p) busy = atof(p + strlen("the device was busy "));
+    }
+    if (f) fclose(f);
+    EXPECT(busy > 0, "no busy time in the server's log");
+    if (busy > 0 && toks > 0) {
+        double simulated = toks / busy;
+        EXPECT(simulated > predicted * 0.7 && simulated < predicted * 1.3, "sim %.1f tok/s, plan %.1f tok/s", simulated,
+               predicted);
+    }
+    if (test_failed_now()) srv_print_log(&s);
+}
+
 static char *generate(const char *dir, const char *extra, int keep_err, int *rc)
 {
     char cmd[2400], *out = NULL;
