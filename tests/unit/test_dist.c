@@ -61,14 +61,20 @@ static double max_diff(const float *a, const float *b, size_t n)
     return d;
 }
 
+/* the --dp layouts last: with one sequence every group but the first is idle and must still
+ * join each MoE layer's exchange */
 static const struct { int np; const char *args; } layouts[] = {
     {2, "--tp 2"}, {4, "--tp 4"}, {2, "--pp 2"}, {4, "--pp 4"}, {4, "--tp 2 --pp 2"},
     {2, "--ep 2"}, {4, "--ep 4"}, {4, "--ep 2 --pp 2"},
+    {2, "--tp 2 --dp 2 --ep 2"}, {4, "--tp 4 --dp 2 --ep 4"}, {4, "--tp 4 --dp 4 --ep 4"},
+    {4, "--tp 2 --dp 2 --ep 2 --pp 2"},
 };
+#define FIRST_DP_LAYOUT 8
 
 /* env: environment settings prefixed to every command ("" none), exported to the ranks by
- * mpirun's -x options in xenv */
-static void check_fixture_env(const char *name, int chunk1, const char *env, const char *xenv)
+ * mpirun's -x options in xenv; seqs > 1: the --dp layouts only, the prompt as that many
+ * sequences of one batch (logits --seqs, on every group), each copy held to the one rank's */
+static void check_fixture_seqs(const char *name, int chunk1, const char *env, const char *xenv, int seqs)
 {
     char dir[600], cmd[4096], ref[700], out[700];
     snprintf(dir, sizeof dir, "%s", test_data("golden"));
@@ -92,11 +98,14 @@ static void check_fixture_env(const char *name, int chunk1, const char *env, con
     float *golden = test_read_f32(gpath, &ng);
     ASSERT(r && golden && n == ng, "%s: %zu logits, golden %zu", name, n, ng);
     double sd = std_of(golden, ng), single = max_diff(r, golden, n);
-    for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++) {
-        snprintf(out, sizeof out, "%s/%s-%zu%s.f32", test_tmpdir(), name, i, chunk1 ? "-c1" : "");
+    char sq[32] = "";
+    if (seqs > 1) snprintf(sq, sizeof sq, "--seqs %d", seqs);
+    for (size_t i = seqs > 1 ? FIRST_DP_LAYOUT : 0; i < sizeof layouts / sizeof layouts[0]; i++) {
+        snprintf(out, sizeof out, "%s/%s-%zu%s-s%d.f32", test_tmpdir(), name, i, chunk1 ? "-c1" : "", seqs);
         snprintf(cmd, sizeof cmd,
-                 "%s" MPIRUN "%s-np %d '%s' logits --model '%s' --tokens %s --device cpu --threads 1 %s %s --out '%s' </dev/null",
-                 env, xenv, layouts[i].np, test_bin(), dir, tokens, chunk, layouts[i].args, out);
+                 "%s" MPIRUN "%s-np %d '%s' logits --model '%s' --tokens %s --device cpu --threads 1 %s %s %s --out '%s' "
+                 "</dev/null",
+                 env, xenv, layouts[i].np, test_bin(), dir, tokens, chunk, sq, layouts[i].args, out);
         log = NULL;
         rc = test_run(cmd, &log);
         EXPECT(rc == 0, "%s %s: %s", name, layouts[i].args, log ? log : "");
@@ -104,11 +113,13 @@ static void check_fixture_env(const char *name, int chunk1, const char *env, con
         if (rc) continue;
         size_t m;
         float *p = test_read_f32(out, &m);
-        EXPECT(p && m == n, "%s %s: %zu logits, expected %zu", name, layouts[i].args, p ? m : 0, n);
-        if (p && m == n) {
-            double d = max_diff(p, r, n), dg = max_diff(p, golden, n);
+        EXPECT(p && m == n * seqs, "%s %s: %zu logits, expected %zu", name, layouts[i].args, p ? m : 0, n * seqs);
+        for (int q = 0; p && m == n * seqs && q < seqs; q++) {
+            const float *pq = p + (size_t)q * n;
+            double d = max_diff(pq, r, n), dg = max_diff(pq, golden, n);
             /* the same model: only the order of float32 sums differs (a few 1e-6 of std seen) */
-            EXPECT(d <= 1e-4 * sd, "%s %s %s: max|d| vs one rank %.3g = %.3g std", name, layouts[i].args, chunk, d, d / sd);
+            EXPECT(d <= 1e-4 * sd, "%s %s %s %s (copy %d): max|d| vs one rank %.3g = %.3g std", name, layouts[i].args, chunk,
+                   sq, q, d, d / sd);
             /* and as close to transformers as the single rank (acceptance: 1e-3 std) */
             EXPECT(dg <= 1e-3 * sd && dg <= single + 1e-4 * sd, "%s %s %s: max|d| vs transformers %.3g std (one rank %.3g)",
                    name, layouts[i].args, chunk, dg / sd, single / sd);
@@ -118,6 +129,11 @@ static void check_fixture_env(const char *name, int chunk1, const char *env, con
     free(r);
     free(golden);
     free(tokens);
+}
+
+static void check_fixture_env(const char *name, int chunk1, const char *env, const char *xenv)
+{
+    check_fixture_seqs(name, chunk1, env, xenv, 1);
 }
 
 static void check_fixture(const char *name, int chunk1) { check_fixture_env(name, chunk1, "", ""); }
@@ -137,6 +153,19 @@ TEST(dist_logits_glm5)
     check_fixture("glm5-nvfp4", 0);
     check_fixture("glm5-shared-bf16", 0);
     check_fixture("glm5-shared-bf16", 1); /* a stage may start on a "shared" indexer layer */
+}
+
+/* attention data parallel with a sequence on every group (the one-sequence runs above leave all
+ * groups but the first idle): three sequences over two or four groups, whole and one token at a
+ * time, each equal to the single rank's one sequence */
+TEST(dist_logits_dp)
+{
+    if (!have_mpirun()) return;
+    const char *fx[] = {"glm4moe-bf16", "glm4moe-nvfp4", "glm5-bf16", "glm5-nvfp4", "glm5-shared-bf16"};
+    for (size_t i = 0; i < sizeof fx / sizeof fx[0]; i++) {
+        check_fixture_seqs(fx[i], 0, "", "", 3);
+        check_fixture_seqs(fx[i], 1, "", "", 3);
+    }
 }
 
 /* MLA's expanded form forced on (src/model/mla.c) in pieces of 8 positions: tensor parallel ranks
