@@ -406,4 +406,30 @@ TEST(dist_info_layout)
     ASSERT(l);
     EXPECT(json_is_true(json_object_get(l, "fits")) && json_array_size(json_object_get(l, "stages")) == 2);
     json_decref(l);
+    /* attention data parallel: each of 8 groups holds its own requests' latent cache, so the
+     * deployment holds several times the tokens of tp8 ep8 (where every rank holds the same ones);
+     * pipeline stages take the fewest of a stage, never the sum */
+    json_t *tp8 = info_layout(glm5, "--tp 8 --ep 8 --gpu-mem 141"), *dp8 = info_layout(glm5, "--tp 8 --dp 8 --ep 8 --gpu-mem 141");
+    json_t *pp2 = info_layout(glm5, "--tp 4 --pp 2 --gpu-mem 141"), *dpp = info_layout(glm5, "--tp 4 --dp 4 --pp 2 --gpu-mem 141");
+    ASSERT(tp8 && dp8 && pp2 && dpp);
+    double k1 = json_number_value(json_object_get(tp8, "kv_tokens_total"));
+    double k8 = json_number_value(json_object_get(dp8, "kv_tokens_total"));
+    EXPECT(k1 > 0 && k1 == stage_num(tp8, 0, "kv_tokens"), "tp8 ep8: %g tokens, its rank %g", k1, stage_num(tp8, 0, "kv_tokens"));
+    EXPECT(k8 >= 4 * k1 && k8 == 8 * stage_num(dp8, 0, "kv_tokens"), "tp8 dp8 ep8: %g tokens, tp8 ep8 %g", k8, k1);
+    EXPECT(json_integer_value(json_object_get(dp8, "dp")) == 8 && json_is_true(json_object_get(dp8, "fits")));
+    double p0 = stage_num(pp2, 0, "kv_tokens"), p1 = stage_num(pp2, 1, "kv_tokens");
+    EXPECT(json_number_value(json_object_get(pp2, "kv_tokens_total")) == fmin(p0, p1), "pp2: %g, stages %g %g",
+           json_number_value(json_object_get(pp2, "kv_tokens_total")), p0, p1);
+    double d0 = stage_num(dpp, 0, "kv_tokens"), d1 = stage_num(dpp, 1, "kv_tokens");
+    EXPECT(json_number_value(json_object_get(dpp, "kv_tokens_total")) == 4 * fmin(d0, d1), "dp4 pp2");
+    json_decref(tp8);
+    json_decref(dp8);
+    json_decref(pp2);
+    json_decref(dpp);
+    /* GQA under --dp: a group's 2 ranks split the KV heads as --tp 2 does */
+    json_t *g2 = info_layout(gqa, "--tp 2"), *gd = info_layout(gqa, "--tp 4 --dp 2");
+    ASSERT(g2 && gd);
+    EXPECT(stage_num(gd, 0, "kv_bytes_per_token") == stage_num(g2, 0, "kv_bytes_per_token"));
+    json_decref(g2);
+    json_decref(gd);
 }
