@@ -200,14 +200,15 @@ static void signal_children(pid_t parent, int sig)
     if (d) closedir(d);
 }
 
-/* greedy completions of several prompts at once; returns 0 and the texts */
-static int completions(int port, char texts[4][512])
+/* greedy completions of n (at most 8) prompts at once; returns 0 and the texts */
+static int completions_n(int port, int n, char texts[][512])
 {
-    static const char *prompts[4] = {"The Debian package", "To install a program", "The kernel", "Configuration files are"};
-    for (int i = 0; i < 4; i++) texts[i][0] = 0;
-    /* in flight together: four connections, then the four answers */
-    int fds[4];
-    for (int i = 0; i < 4; i++) {
+    static const char *prompts[8] = {"The Debian package", "To install a program", "The kernel", "Configuration files are",
+                                     "A mirror", "The archive holds", "Security updates", "Each release"};
+    for (int i = 0; i < n; i++) texts[i][0] = 0;
+    /* in flight together: n connections, then the n answers */
+    int fds[8];
+    for (int i = 0; i < n; i++) {
         char body[256];
         snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":24,\"temperature\":0,\"ignore_eos\":true}", prompts[i]);
         fds[i] = hc_connect(port, 0);
@@ -216,12 +217,12 @@ static int completions(int port, char texts[4][512])
         snprintf(hdr, sizeof hdr, "Content-Type: application/json\r\n");
         if (hc_send_request(fds[i], "POST", "/v1/completions", hdr, body, strlen(body)) < 0) return -1;
     }
-    for (int i = 0; i < 4; i++) {
-        size_t n;
-        char *raw = hc_read_all(fds[i], &n);
+    for (int i = 0; i < n; i++) {
+        size_t len;
+        char *raw = hc_read_all(fds[i], &len);
         close(fds[i]);
         Resp r;
-        hc_parse(raw, n, &r);
+        hc_parse(raw, len, &r);
         free(raw);
         json_t *j = r.status == 200 ? body_json(&r) : NULL;
         const char *t = j ? jstr(j, "choices.0.text") : NULL;
@@ -234,6 +235,8 @@ static int completions(int port, char texts[4][512])
     }
     return 0;
 }
+
+static int completions(int port, char texts[4][512]) { return completions_n(port, 4, texts); }
 
 TEST(dist_serve_tp2_pp2)
 {
@@ -272,6 +275,48 @@ TEST(dist_serve_tp2_pp2)
         signal_children(s.pid, SIGTERM);
         EXPECT(srv_wait(&s, 60) == 0, "%s: the server did not stop cleanly", lay[k]);
     }
+}
+
+/* attention data parallel: 8 greedy requests at once answer as one rank does, both groups get
+ * requests, and the diagnosis shows the MoE exchange's time */
+TEST(dist_serve_dp)
+{
+    if (!have_mpirun()) return;
+    Srv s;
+    char ref[8][512], got[8][512];
+    ASSERT(srv_start_model(&s, "dp-ref", model_dir(), "") == 0);
+    int rc = completions_n(s.port, 8, ref);
+    srv_stop(&s, 30);
+    ASSERT(rc == 0, "single-rank server");
+    ASSERT(srv_start_launched(&s, "dp", model_dir(), MPIRUN "-np 2", "--tp 2 --dp 2 --ep 2 --profile-every 2") == 0,
+           "the --dp server did not start");
+    for (int round = 0; round < 2; round++) {
+        rc = completions_n(s.port, 8, got);
+        EXPECT(rc == 0, "requests failed");
+        for (int i = 0; i < 8 && rc == 0; i++)
+            EXPECT(!strcmp(got[i], ref[i]), "--dp 2 prompt %d: '%s', one rank '%s'", i, got[i], ref[i]);
+    }
+    double placed = 0;
+    for (int g = 0; g < 2; g++) {
+        char name[96];
+        snprintf(name, sizeof name, "moeserve_dp_group_requests_total{group=\"%d\"}", g);
+        double v = metric(s.port, name);
+        EXPECT(v > 0, "%s: %g", name, v);
+        placed += v;
+        snprintf(name, sizeof name, "moeserve_dp_group_kv_cache_usage_ratio{group=\"%d\"}", g);
+        EXPECT(metric(s.port, name) >= 0, "%s is missing", name);
+    }
+    EXPECT(placed == 16, "%g requests placed, 16 sent", placed);
+    Resp r;
+    EXPECT(http(s.port, "GET", "/v1/diagnosis", NULL, NULL, &r) == 0 && r.status == 200);
+    json_t *j = body_json(&r);
+    EXPECT(j && json_number_value(jget(j, "breakdown.all_to_all.ms")) > 0, "all-to-all time: %s", r.body ? r.body : "");
+    EXPECT(j && json_array_size(jget(j, "dp_groups")) == 2 && json_integer_value(jget(j, "dp_groups.1.requests_total")) > 0,
+           "dp_groups: %s", r.body ? r.body : "");
+    if (j) json_decref(j);
+    resp_free(&r);
+    signal_children(s.pid, SIGTERM);
+    EXPECT(srv_wait(&s, 60) == 0, "the --dp server did not stop cleanly");
 }
 
 TEST(dist_layout_errors)
