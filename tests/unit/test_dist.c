@@ -334,6 +334,9 @@ TEST(dist_layout_errors)
         {"", "--ep 2 --tp 4", "--ep must equal --tp"},
         {MPIRUN "-np 2", "--pp-layers 3,2", "adds up to 5 layers"},
         {MPIRUN "-np 5", "--pp 5", "only 4 layers"},
+        /* attention data parallel: groups within the tensor ranks, experts over all of them */
+        {MPIRUN "-np 4", "--tp 4 --dp 3", "so --dp must divide --tp"},
+        {MPIRUN "-np 2", "--tp 2 --dp 2 --ep 4", "--ep must equal --tp"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         snprintf(cmd, sizeof cmd, "%s '%s' logits --model '%s' --tokens 1,2,3 --device cpu --threads 1 %s --out /dev/null </dev/null",
@@ -342,6 +345,29 @@ TEST(dist_layout_errors)
         int rc = test_run(cmd, &log);
         EXPECT(rc != 0 && log && strstr(log, cases[i].want), "%s: exit %d, expected an error with '%s', got: %s",
                cases[i].args, rc, cases[i].want, log ? log : "");
+        free(log);
+    }
+}
+
+/* layouts --dp cannot take, told in one line before any rank starts (info checks as the ranks would) */
+TEST(dist_dp_layout_errors)
+{
+    char dir[600], cmd[2048];
+    struct { const char *model, *args, *want; } cases[] = {
+        /* 4 heads over the 8 ranks of an attention group */
+        {"glm5-bf16", "--tp 16 --dp 2", "error: --tp 16 --dp 2 (attention groups of 8): 4 attention heads do not split evenly"},
+        {"glm4moe-bf16", "--tp 6 --dp 6", "error: --ep 6: 16 routed experts do not split evenly"},
+        {"glm4moe-bf16", "--tp 4 --dp 8", "error: --dp 8 with --tp 4"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(dir, sizeof dir, "%s/%s", test_data("golden"), cases[i].model);
+        snprintf(cmd, sizeof cmd, "'%s' info --model '%s' %s 2>&1 >/dev/null", test_bin(), dir, cases[i].args);
+        char *log = NULL;
+        int rc = test_run(cmd, &log);
+        EXPECT(rc != 0 && log && !strncmp(log, cases[i].want, strlen(cases[i].want)) &&
+                   (!strchr(log, '\n') || !strchr(log, '\n')[1]),
+               "%s %s: exit %d, expected one line '%s', got: %s", cases[i].model, cases[i].args, rc, cases[i].want,
+               log ? log : "");
         free(log);
     }
 }
@@ -358,6 +384,8 @@ TEST(dist_rank_failure_stops_all)
         {"MOESERVE_TEST_FAULT=exit:1", "--pp 2", "rank 1"},
         {"MOESERVE_TEST_FAULT=hang:1", "--tp 2", "did not complete in 3 s"},
         {"MOESERVE_TEST_FAULT=hang:0", "--pp 2", "did not complete in 3 s"},
+        {"MOESERVE_TEST_FAULT=exit:1", "--tp 2 --dp 2 --ep 2", "rank 1"},
+        {"MOESERVE_TEST_FAULT=hang:1", "--tp 2 --dp 2 --ep 2", "did not complete in 3 s"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         snprintf(cmd, sizeof cmd,
