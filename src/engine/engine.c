@@ -14,8 +14,8 @@
  * cache (rank 0 holds group 0's memory; the other pools are block allocators whose blocks live on
  * their groups' ranks). A request is placed on a group when first admitted, for life (a
  * preempted one resumes there): the group with the most free blocks, counting the blocks its
- * prefix cache already holds of the prompt, then the fewest running sequences. The Pool functions
- * below hold this; one pool without --dp. */
+ * prefix cache already holds of the prompt, then the fewest running sequences (place). The Pool
+ * functions below hold this; one pool without --dp. */
 #include "engine.h"
 
 #include <pthread.h>
@@ -261,17 +261,30 @@ static int pool_prefix_blocks(const Engine *e, const Pool *p, const Seq *s)
     return n;
 }
 
-/* s's group, the first time it is admitted: the most free blocks (its prefix hits count as free),
- * then the fewest running, then the lowest index */
+/* The blocks pool p could give a new sequence: the free ones and the cached ones nothing else holds
+ * (evict_one takes them back). */
+static long pool_free_blocks(const Pool *p)
+{
+    long n = p->kv->n_free;
+    for (int b = 0; b < p->kv->n_blocks; b++) n += p->block_hash[b] && p->kv->refcount[b] == 1;
+    return n;
+}
+
+/* s's group, the first time it is admitted: the most free blocks, the blocks of its prompt the
+ * group's prefix cache holds counted twice (free, and not to compute), then the fewest running,
+ * then the fewest placed so far (so that one request at a time still alternates), then the
+ * lowest index */
 static void place(Engine *e, Seq *s)
 {
     if (s->group >= 0) return;
     int best = 0;
     long best_free = -1;
-    for (int g = 0; g < e->n_pools; g++) {
-        const Pool *p = &e->pools[g];
-        long fr = p->kv->n_free + (e->n_pools > 1 ? pool_prefix_blocks(e, p, s) : 0);
-        if (fr > best_free || (fr == best_free && p->running < e->pools[best].running)) best = g, best_free = fr;
+    for (int g = 0; e->n_pools > 1 && g < e->n_pools; g++) {
+        const Pool *p = &e->pools[g], *b = &e->pools[best];
+        long fr = pool_free_blocks(p) + pool_prefix_blocks(e, p, s);
+        if (fr > best_free || (fr == best_free && (p->running < b->running ||
+                                                   (p->running == b->running && p->placed < b->placed))))
+            best = g, best_free = fr;
     }
     s->group = best;
     e->pools[best].placed++;

@@ -238,6 +238,28 @@ static int completions_n(int port, int n, char texts[][512])
 
 static int completions(int port, char texts[4][512]) { return completions_n(port, 4, texts); }
 
+/* one greedy completion of prompt, alone; 0 and its text */
+static int completion(int port, const char *prompt, char text[512])
+{
+    char body[1024];
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":12,\"temperature\":0,\"ignore_eos\":true}", prompt);
+    Resp r;
+    text[0] = 0;
+    int ok = post(port, "/v1/completions", body, &r) == 0 && r.status == 200;
+    json_t *j = ok ? body_json(&r) : NULL;
+    const char *t = j ? jstr(j, "choices.0.text") : NULL;
+    if (t) snprintf(text, 512, "%s", t);
+    if (j) json_decref(j);
+    resp_free(&r);
+    return ok && t ? 0 : -1;
+}
+
+/* several blocks of 16 tokens, for the prefix cache */
+#define LONG_A "Debian is a free operating system developed by a community of volunteers who maintain thousands " \
+               "of packages, release them together, and support each stable release with security updates for years"
+#define LONG_B "The kernel schedules processes, manages memory, drives the hardware and offers system calls through " \
+               "which programs open files, create sockets, start other programs and wait for them to finish their work"
+
 TEST(dist_serve_tp2_pp2)
 {
     if (!have_mpirun()) return;
@@ -283,13 +305,25 @@ TEST(dist_serve_dp)
 {
     if (!have_mpirun()) return;
     Srv s;
-    char ref[8][512], got[8][512];
+    char ref[8][512], got[8][512], ref_a[512], ref_b[512], t[512];
     ASSERT(srv_start_model(&s, "dp-ref", model_dir(), "") == 0);
-    int rc = completions_n(s.port, 8, ref);
+    int rc = completions_n(s.port, 8, ref) || completion(s.port, LONG_A, ref_a) || completion(s.port, LONG_B, ref_b);
     srv_stop(&s, 30);
     ASSERT(rc == 0, "single-rank server");
     ASSERT(srv_start_launched(&s, "dp", model_dir(), MPIRUN "-np 2", "--tp 2 --dp 2 --ep 2 --profile-every 2") == 0,
            "the --dp server did not start");
+    /* one at a time: A on group 0; A again where its prompt's blocks are cached, group 0 (where the
+     * other group, with as many free blocks and fewer placed, would win without them); then B, to
+     * the group with fewer placed. Each answers as one rank does. */
+    const char *g0 = "moeserve_dp_group_requests_total{group=\"0\"}", *g1 = "moeserve_dp_group_requests_total{group=\"1\"}";
+    EXPECT(completion(s.port, LONG_A, t) == 0 && !strcmp(t, ref_a), "A: '%s', one rank '%s'", t, ref_a);
+    EXPECT(metric(s.port, g0) == 1 && metric(s.port, g1) == 0, "A placed on %g / %g", metric(s.port, g0), metric(s.port, g1));
+    EXPECT(completion(s.port, LONG_A, t) == 0 && !strcmp(t, ref_a), "A again: '%s', one rank '%s'", t, ref_a);
+    EXPECT(metric(s.port, g0) == 2 && metric(s.port, g1) == 0, "A again placed on %g / %g (its cached prefix is on group 0)",
+           metric(s.port, g0), metric(s.port, g1));
+    EXPECT(metric(s.port, "moeserve_prefix_cache_hits_total") > 0, "no prefix-cache hit");
+    EXPECT(completion(s.port, LONG_B, t) == 0 && !strcmp(t, ref_b), "B: '%s', one rank '%s'", t, ref_b);
+    EXPECT(metric(s.port, g0) == 2 && metric(s.port, g1) == 1, "B placed on %g / %g", metric(s.port, g0), metric(s.port, g1));
     for (int round = 0; round < 2; round++) {
         rc = completions_n(s.port, 8, got);
         EXPECT(rc == 0, "requests failed");
@@ -306,7 +340,7 @@ TEST(dist_serve_dp)
         snprintf(name, sizeof name, "moeserve_dp_group_kv_cache_usage_ratio{group=\"%d\"}", g);
         EXPECT(metric(s.port, name) >= 0, "%s is missing", name);
     }
-    EXPECT(placed == 16, "%g requests placed, 16 sent", placed);
+    EXPECT(placed == 19, "%g requests placed, 19 sent", placed);
     Resp r;
     EXPECT(http(s.port, "GET", "/v1/diagnosis", NULL, NULL, &r) == 0 && r.status == 200);
     json_t *j = body_json(&r);
