@@ -72,9 +72,9 @@ static const struct { int np; const char *args; } layouts[] = {
 #define FIRST_DP_LAYOUT 8
 
 /* env: environment settings prefixed to every command ("" none), exported to the ranks by
- * mpirun's -x options in xenv; seqs > 1: the --dp layouts only, the prompt as that many
+ * mpirun's -x options in xenv; the layouts from `first` on; seqs > 1: the prompt as that many
  * sequences of one batch (logits --seqs, on every group), each copy held to the one rank's */
-static void check_fixture_seqs(const char *name, int chunk1, const char *env, const char *xenv, int seqs)
+static void check_fixture_seqs(const char *name, int chunk1, const char *env, const char *xenv, int seqs, size_t first)
 {
     char dir[600], cmd[4096], ref[700], out[700];
     snprintf(dir, sizeof dir, "%s", test_data("golden"));
@@ -100,7 +100,7 @@ static void check_fixture_seqs(const char *name, int chunk1, const char *env, co
     double sd = std_of(golden, ng), single = max_diff(r, golden, n);
     char sq[32] = "";
     if (seqs > 1) snprintf(sq, sizeof sq, "--seqs %d", seqs);
-    for (size_t i = seqs > 1 ? FIRST_DP_LAYOUT : 0; i < sizeof layouts / sizeof layouts[0]; i++) {
+    for (size_t i = first; i < sizeof layouts / sizeof layouts[0]; i++) {
         snprintf(out, sizeof out, "%s/%s-%zu%s-s%d.f32", test_tmpdir(), name, i, chunk1 ? "-c1" : "", seqs);
         snprintf(cmd, sizeof cmd,
                  "%s" MPIRUN "%s-np %d '%s' logits --model '%s' --tokens %s --device cpu --threads 1 %s %s %s --out '%s' "
@@ -133,7 +133,7 @@ static void check_fixture_seqs(const char *name, int chunk1, const char *env, co
 
 static void check_fixture_env(const char *name, int chunk1, const char *env, const char *xenv)
 {
-    check_fixture_seqs(name, chunk1, env, xenv, 1);
+    check_fixture_seqs(name, chunk1, env, xenv, 1, 0);
 }
 
 static void check_fixture(const char *name, int chunk1) { check_fixture_env(name, chunk1, "", ""); }
@@ -155,16 +155,17 @@ TEST(dist_logits_glm5)
     check_fixture("glm5-shared-bf16", 1); /* a stage may start on a "shared" indexer layer */
 }
 
-/* attention data parallel with a sequence on every group (the one-sequence runs above leave all
- * groups but the first idle): three sequences over two or four groups, whole and one token at a
- * time, each equal to the single rank's one sequence */
+/* attention data parallel on every fixture: one sequence one token at a time (the tests above
+ * run it whole, groups but the first idle), and three sequences over two or four groups, whole
+ * and one token at a time, each equal to the single rank's one sequence */
 TEST(dist_logits_dp)
 {
     if (!have_mpirun()) return;
     const char *fx[] = {"glm4moe-bf16", "glm4moe-nvfp4", "glm5-bf16", "glm5-nvfp4", "glm5-shared-bf16"};
     for (size_t i = 0; i < sizeof fx / sizeof fx[0]; i++) {
-        check_fixture_seqs(fx[i], 0, "", "", 3);
-        check_fixture_seqs(fx[i], 1, "", "", 3);
+        check_fixture_seqs(fx[i], 1, "", "", 1, FIRST_DP_LAYOUT);
+        check_fixture_seqs(fx[i], 0, "", "", 3, FIRST_DP_LAYOUT);
+        check_fixture_seqs(fx[i], 1, "", "", 3, FIRST_DP_LAYOUT);
     }
 }
 
