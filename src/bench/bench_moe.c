@@ -85,8 +85,8 @@ int bench_moe_main(int argc, char **argv)
          .def = "5", .lo = 1, .hi = 10000},
         {.names = "--json", .type = OPT_FLAG, .dst = &as_json, .help = "one JSON line per batch size", .def = "off"},
     };
-    const OptGroup groups[] = {OPT_GROUP("bench moe", specs), model_opt_group(&mo, MODEL_OPT_ALL), par_opt_group(&mo.par),
-                               device_opt_group(&dev)};
+    const OptGroup groups[] = {OPT_GROUP("bench moe", specs), model_opt_group(&mo, MODEL_OPT_ALL),
+                               par_opt_group(&mo.par), device_opt_group(&dev)};
     const OptCommand cmd = {.cmd = "bench moe", .synopsis = "MODEL [options]",
                             .about = "One FFN layer's time and collective bytes at several batch sizes, on every rank "
                                      "(mpirun): the all-reduce form (--tp N --ep N) against dispatch and combine "
@@ -104,8 +104,8 @@ int bench_moe_main(int argc, char **argv)
         for (int l = c->layer_begin; l < c->layer_end && layer < 0; l++)
             if (c->layer_moe[l]) layer = l;
     if (layer < c->layer_begin || layer >= c->layer_end)
-        fatal("bench moe: layer %d is not held here (layers %d..%d; this command runs one stage: leave out --pp)", layer,
-              c->layer_begin, c->layer_end - 1);
+        fatal("bench moe: layer %d is not held here (layers %d..%d; this command runs one stage: leave out --pp)",
+              layer, c->layer_begin, c->layer_end - 1);
     Backend be;
     backend_open(&be, device, dev.threads);
     Model dm;
@@ -157,7 +157,8 @@ int bench_moe_main(int argc, char **argv)
         if (as_json)
             out_printf("{\"batch\": %d, \"layer\": %d, \"tp\": %d, \"dp\": %d, \"ep\": %d, \"layer_ms\": %.4f, "
                        "\"collective_ms\": %.4f, \"all_reduce_bytes\": %.0f, \"all_to_all_bytes\": %.0f}\n",
-                       B, layer, d ? d->tp : 1, dp, d ? d->ep : 1, total / reps * 1e3, clk.comm_s / reps * 1e3, ar, a2a);
+                       B, layer, d ? d->tp : 1, dp, d ? d->ep : 1, total / reps * 1e3, clk.comm_s / reps * 1e3, ar,
+                       a2a);
         else
             printf("%-6d %12.3f %12.3f %14.0f %14.0f %14.0f\n", B, total / reps * 1e3, clk.comm_s / reps * 1e3, ar, a2a,
                    ar + a2a);

@@ -551,9 +551,9 @@ static void print_layout(const char *dir, const ModelConfig *whole, const QuantC
     double gpu = lo->gpu_gb * 1e9, reserve = 1.0 * (1 << 30); /* the CUDA context, cuBLASLt workspace, NCCL buffers */
     json_t *ranks = json_array();
     if (!as_json)
-        printf("\nlayout: tp %d, pp %d, ep %d, dp %d = %d ranks%s%s\n%-6s %-8s %10s %10s %10s %12s %14s %12s\n", p->tp, p->pp,
-               p->ep, p->dp, world, lo->gpu_gb > 0 ? ", GPU memory " : "", lo->gpu_gb > 0 ? "given" : "", "stage", "layers",
-               "weights", "(NVFP4)", "activ.", "KV B/token", "KV tokens", "requests");
+        printf("\nlayout: tp %d, pp %d, ep %d, dp %d = %d ranks%s%s\n%-6s %-8s %10s %10s %10s %12s %14s %12s\n",
+               p->tp, p->pp, p->ep, p->dp, world, lo->gpu_gb > 0 ? ", GPU memory " : "", lo->gpu_gb > 0 ? "given" : "",
+               "stage", "layers", "weights", "(NVFP4)", "activ.", "KV B/token", "KV tokens", "requests");
     int fits = 1;
     double kv_min = -1; /* the KV tokens of the stage that holds the fewest (a rank's; its group's) */
     char worst[256] = "";
@@ -597,18 +597,19 @@ static void print_layout(const char *dir, const ModelConfig *whole, const QuantC
     if (!as_json) {
         printf("(per rank; the %d tensor ranks of a stage hold the same; MLA keeps its latent KV cache whole on each)\n", p->tp);
         if (lo->gpu_gb > 0)
-            printf("KV tokens, the whole deployment: %.0f (%d attention group%s x the fewest of a stage)\n", kv_total, p->dp,
-                   p->dp > 1 ? "s" : "");
+            printf("KV tokens, the whole deployment: %.0f (%d attention group%s x the fewest of a stage)\n", kv_total,
+                   p->dp, p->dp > 1 ? "s" : "");
         if (lo->gpu_gb > 0)
             printf("%s: %s%s\n", fits ? "fits" : "does not fit", fits ? "every rank has room for its weights, activations and at least one request of --max-model-len " : "",
                    fits ? "" : worst);
     }
     if (jo) {
-        json_object_set_new(jo, "layout", json_pack("{s:i, s:i, s:i, s:i, s:i, s:f, s:i, s:i, s:i, s:b, s:f, s:o}", "tp", p->tp,
-                                                    "pp", p->pp, "ep", p->ep, "dp", p->dp, "ranks", world, "gpu_mem_gb",
-                                                    lo->gpu_gb, "max_batch_tokens", lo->max_batch_tokens, "max_running",
-                                                    lo->max_running, "max_model_len", lo->max_model_len, "fits", fits,
-                                                    "kv_tokens_total", kv_total, "stages", ranks));
+        json_object_set_new(jo, "layout",
+                            json_pack("{s:i, s:i, s:i, s:i, s:i, s:f, s:i, s:i, s:i, s:b, s:f, s:o}", "tp", p->tp, "pp",
+                                      p->pp, "ep", p->ep, "dp", p->dp, "ranks", world, "gpu_mem_gb", lo->gpu_gb,
+                                      "max_batch_tokens", lo->max_batch_tokens, "max_running", lo->max_running,
+                                      "max_model_len", lo->max_model_len, "fits", fits, "kv_tokens_total", kv_total,
+                                      "stages", ranks));
     } else {
         json_decref(ranks);
     }

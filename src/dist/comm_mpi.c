@@ -11,7 +11,8 @@
 #include "dist.h"
 
 typedef struct {
-    MPI_Comm world, tp;        /* all ranks; this rank's tensor-parallel group (its stage; under --dp its attention group) */
+    MPI_Comm world, tp;        /* all ranks; this rank's tensor-parallel group (its stage; under --dp its
+                                  attention group) */
     MPI_Comm stage;            /* the tensor ranks of this rank's stage (the all-to-all's) */
     int *a2a;                  /* [4 tp] the all-to-all's counts and displacements */
     MPI_Request *sends;        /* outstanding point-to-point sends */

@@ -83,7 +83,7 @@ void dist_all_gather(Dist *d, Backend *be, float *out, const float *in, size_t n
 /* The ops' all_to_all, counted as OP_ALL_TO_ALL with the bytes this rank sends to the others. */
 void dist_all_to_all(Dist *d, Backend *be, const void *send, const size_t *send_bytes, void *recv,
                      const size_t *recv_bytes);
-/* The stage's tensor ranks of d's layout: set tp_rank, pp_rank, dp_rank, atp_rank from rank (the implementations call it). */
+/* tp_rank, pp_rank, dp_rank, atp_rank of d->rank in d's layout (the implementations call it). */
 void dist_place(Dist *d);
 void dist_send(Dist *d, Backend *be, const void *buf, size_t bytes, int peer);
 void dist_recv(Dist *d, Backend *be, void *buf, size_t bytes, int peer);

@@ -69,16 +69,16 @@ int par_resolve(ParOpts *p, char *err, size_t errlen)
     if (p->dp <= 0) p->dp = 1;
     if (p->dp_vllm > 1) { /* vLLM: D replicas of --tp ranks each */
         if (p->dp > 1 && p->dp != p->dp_vllm) {
-            errbuf_set(err, errlen, "--dp %d with --data-parallel-size %d: give one of them (--data-parallel-size counts "
-                       "vLLM's way, groups of --tp ranks each)", p->dp, p->dp_vllm);
+            errbuf_set(err, errlen, "--dp %d with --data-parallel-size %d: give one of them (--data-parallel-size "
+                       "counts vLLM's way, groups of --tp ranks each)", p->dp, p->dp_vllm);
             return -1;
         }
         p->tp *= p->dp_vllm;
         p->dp = p->dp_vllm;
         p->dp_vllm = 1;
         if (p->ep > 1 && p->ep != p->tp && !p->ep_is_tp) {
-            errbuf_set(err, errlen, "--ep %d with --data-parallel-size %d: the experts spread over all %d ranks (--ep %d or "
-                       "--enable-expert-parallel)", p->ep, p->dp, p->tp, p->tp);
+            errbuf_set(err, errlen, "--ep %d with --data-parallel-size %d: the experts spread over all %d ranks (--ep "
+                       "%d or --enable-expert-parallel)", p->ep, p->dp, p->tp, p->tp);
             return -1;
         }
         if (p->ep_is_tp) p->ep = p->tp;
@@ -88,14 +88,14 @@ int par_resolve(ParOpts *p, char *err, size_t errlen)
     if (p->dp_is_tp && p->dp == 1) p->dp = p->tp;
     if (p->dp > 1) {
         if (p->tp % p->dp) {
-            errbuf_set(err, errlen, "--dp %d with --tp %d: the %d tensor ranks of a stage form the attention groups, so --dp "
-                       "must divide --tp", p->dp, p->tp, p->tp);
+            errbuf_set(err, errlen, "--dp %d with --tp %d: the %d tensor ranks of a stage form the attention groups, "
+                       "so --dp must divide --tp", p->dp, p->tp, p->tp);
             return -1;
         }
         if (p->ep == 1) p->ep = p->tp; /* attention data parallel moves tokens to experts spread over every rank */
         if (p->microbatches > 1) {
-            errbuf_set(err, errlen, "--pp-microbatches %d with --dp %d: a stage runs one micro-batch under attention data "
-                       "parallelism", p->microbatches, p->dp);
+            errbuf_set(err, errlen, "--pp-microbatches %d with --dp %d: a stage runs one micro-batch under attention "
+                       "data parallelism", p->microbatches, p->dp);
             return -1;
         }
         p->microbatches = 1;
@@ -165,7 +165,8 @@ int plan_check(const ModelConfig *c, const ParOpts *p, char *err, size_t errlen)
             BAD("--tp %d: the expert width %d does not split evenly (--ep %d keeps experts whole)", tp,
                 c->g_moe_intermediate, tp);
         if ((c->g_moe_intermediate * c->n_shared_experts) % tp)
-            BAD("%s: the shared expert width %d does not split evenly", who, c->g_moe_intermediate * c->n_shared_experts);
+            BAD("%s: the shared expert width %d does not split evenly", who,
+                c->g_moe_intermediate * c->n_shared_experts);
     }
     return 0;
 #undef BAD

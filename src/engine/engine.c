@@ -441,7 +441,8 @@ Engine *engine_create(const Model *m, Backend *be, const EngineOptions *o, const
     CHECK(groups <= ENGINE_MAX_DP, "engine: %d attention groups, at most %d", groups, ENGINE_MAX_DP);
     pools_init(e, groups, nb);
     if (groups > 1)
-        log_info("engine: %d attention groups, a KV pool of %d blocks each (%d tokens in all)", groups, nb, groups * nb * bs);
+        log_info("engine: %d attention groups, a KV pool of %d blocks each (%d tokens in all)", groups, nb,
+                 groups * nb * bs);
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     e->next_id = 1;
@@ -717,7 +718,8 @@ static int ensure_blocks(Engine *e, Seq *s, int n)
         Seq *victim = NULL; /* of the same group: only its blocks are of use */
         for (int i = 0; i < e->n_running; i++) {
             Seq *v = e->running[i];
-            if (v->id > s->id && v->group == s->group && v->bt.n_blocks > 0 && (!victim || v->id > victim->id)) victim = v;
+            if (v->id > s->id && v->group == s->group && v->bt.n_blocks > 0 && (!victim || v->id > victim->id))
+                victim = v;
         }
         if (!victim) return -1;
         remove_ptr(e->running, &e->n_running, victim);

@@ -47,7 +47,8 @@ void runner_free(Runner *r)
     forward_free(&r->f);
     for (int s = 0; s < r->n_seqs; s++) block_table_release(&r->bts[s], &r->kv);
     kv_cache_free(&r->kv);
-    void *arrs[] = {r->bts, r->group, r->pos, r->seq, r->slot, r->out_idx, r->tok, r->start, r->ntok, r->ctx, r->table, r->rows};
+    void *arrs[] = {r->bts, r->group, r->pos, r->seq, r->slot, r->out_idx,
+                    r->tok, r->start, r->ntok, r->ctx, r->table, r->rows};
     for (size_t i = 0; i < sizeof arrs / sizeof arrs[0]; i++) free(arrs[i]);
     *r = (Runner){0};
 }

@@ -259,9 +259,9 @@ int openai_get(Api *a, ApiReq *r, const char *url, const char **content_type, Ap
             for (int k = 0; k < st.dp; k++) {
                 const EngineGroupStats *gs = &st.group[k];
                 json_array_append_new(arr, json_pack("{s:i, s:I, s:i, s:i, s:i, s:i}", "group", k, "requests_total",
-                                                     (json_int_t)gs->placed, "running", gs->running, "waiting", gs->waiting,
-                                                     "kv_blocks_total", gs->kv_blocks_total, "kv_blocks_used",
-                                                     gs->kv_blocks_used));
+                                                     (json_int_t)gs->placed, "running", gs->running, "waiting",
+                                                     gs->waiting, "kv_blocks_total", gs->kv_blocks_total,
+                                                     "kv_blocks_used", gs->kv_blocks_used));
             }
             json_object_set_new(o, "dp_groups", arr);
         }

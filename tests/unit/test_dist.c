@@ -103,8 +103,8 @@ static void check_fixture_seqs(const char *name, int chunk1, const char *env, co
     for (size_t i = first; i < sizeof layouts / sizeof layouts[0]; i++) {
         snprintf(out, sizeof out, "%s/%s-%zu%s-s%d.f32", test_tmpdir(), name, i, chunk1 ? "-c1" : "", seqs);
         snprintf(cmd, sizeof cmd,
-                 "%s" MPIRUN "%s-np %d '%s' logits --model '%s' --tokens %s --device cpu --threads 1 %s %s %s --out '%s' "
-                 "</dev/null",
+                 "%s" MPIRUN "%s-np %d '%s' logits --model '%s' --tokens %s --device cpu --threads 1 %s %s %s "
+                 "--out '%s' </dev/null",
                  env, xenv, layouts[i].np, test_bin(), dir, tokens, chunk, sq, layouts[i].args, out);
         log = NULL;
         rc = test_run(cmd, &log);
@@ -118,8 +118,8 @@ static void check_fixture_seqs(const char *name, int chunk1, const char *env, co
             const float *pq = p + (size_t)q * n;
             double d = max_diff(pq, r, n), dg = max_diff(pq, golden, n);
             /* the same model: only the order of float32 sums differs (a few 1e-6 of std seen) */
-            EXPECT(d <= 1e-4 * sd, "%s %s %s %s (copy %d): max|d| vs one rank %.3g = %.3g std", name, layouts[i].args, chunk,
-                   sq, q, d, d / sd);
+            EXPECT(d <= 1e-4 * sd, "%s %s %s %s (copy %d): max|d| vs one rank %.3g = %.3g std", name, layouts[i].args,
+                   chunk, sq, q, d, d / sd);
             /* and as close to transformers as the single rank (acceptance: 1e-3 std) */
             EXPECT(dg <= 1e-3 * sd && dg <= single + 1e-4 * sd, "%s %s %s: max|d| vs transformers %.3g std (one rank %.3g)",
                    name, layouts[i].args, chunk, dg / sd, single / sd);
@@ -204,8 +204,9 @@ static void signal_children(pid_t parent, int sig)
 /* greedy completions of n (at most 8) prompts at once; returns 0 and the texts */
 static int completions_n(int port, int n, char texts[][512])
 {
-    static const char *prompts[8] = {"The Debian package", "To install a program", "The kernel", "Configuration files are",
-                                     "A mirror", "The archive holds", "Security updates", "Each release"};
+    static const char *prompts[8] = {"The Debian package", "To install a program", "The kernel",
+                                     "Configuration files are", "A mirror", "The archive holds", "Security updates",
+                                     "Each release"};
     for (int i = 0; i < n; i++) texts[i][0] = 0;
     /* in flight together: n connections, then the n answers */
     int fds[8];
@@ -316,15 +317,18 @@ TEST(dist_serve_dp)
     /* one at a time: A on group 0; A again where its prompt's blocks are cached, group 0 (where the
      * other group, with as many free blocks and fewer placed, would win without them); then B, to
      * the group with fewer placed. Each answers as one rank does. */
-    const char *g0 = "moeserve_dp_group_requests_total{group=\"0\"}", *g1 = "moeserve_dp_group_requests_total{group=\"1\"}";
+    const char *g0 = "moeserve_dp_group_requests_total{group=\"0\"}";
+    const char *g1 = "moeserve_dp_group_requests_total{group=\"1\"}";
     EXPECT(completion(s.port, LONG_A, t) == 0 && !strcmp(t, ref_a), "A: '%s', one rank '%s'", t, ref_a);
-    EXPECT(metric(s.port, g0) == 1 && metric(s.port, g1) == 0, "A placed on %g / %g", metric(s.port, g0), metric(s.port, g1));
+    EXPECT(metric(s.port, g0) == 1 && metric(s.port, g1) == 0, "A placed on %g / %g", metric(s.port, g0),
+           metric(s.port, g1));
     EXPECT(completion(s.port, LONG_A, t) == 0 && !strcmp(t, ref_a), "A again: '%s', one rank '%s'", t, ref_a);
-    EXPECT(metric(s.port, g0) == 2 && metric(s.port, g1) == 0, "A again placed on %g / %g (its cached prefix is on group 0)",
-           metric(s.port, g0), metric(s.port, g1));
+    EXPECT(metric(s.port, g0) == 2 && metric(s.port, g1) == 0,
+           "A again placed on %g / %g (its cached prefix is on group 0)", metric(s.port, g0), metric(s.port, g1));
     EXPECT(metric(s.port, "moeserve_prefix_cache_hits_total") > 0, "no prefix-cache hit");
     EXPECT(completion(s.port, LONG_B, t) == 0 && !strcmp(t, ref_b), "B: '%s', one rank '%s'", t, ref_b);
-    EXPECT(metric(s.port, g0) == 2 && metric(s.port, g1) == 1, "B placed on %g / %g", metric(s.port, g0), metric(s.port, g1));
+    EXPECT(metric(s.port, g0) == 2 && metric(s.port, g1) == 1, "B placed on %g / %g", metric(s.port, g0),
+           metric(s.port, g1));
     for (int round = 0; round < 2; round++) {
         rc = completions_n(s.port, 8, got);
         EXPECT(rc == 0, "requests failed");
@@ -346,7 +350,8 @@ TEST(dist_serve_dp)
     EXPECT(http(s.port, "GET", "/v1/diagnosis", NULL, NULL, &r) == 0 && r.status == 200);
     json_t *j = body_json(&r);
     EXPECT(j && json_number_value(jget(j, "breakdown.all_to_all.ms")) > 0, "all-to-all time: %s", r.body ? r.body : "");
-    EXPECT(j && json_array_size(jget(j, "dp_groups")) == 2 && json_integer_value(jget(j, "dp_groups.1.requests_total")) > 0,
+    EXPECT(j && json_array_size(jget(j, "dp_groups")) == 2 &&
+               json_integer_value(jget(j, "dp_groups.1.requests_total")) > 0,
            "dp_groups: %s", r.body ? r.body : "");
     if (j) json_decref(j);
     resp_free(&r);
@@ -390,7 +395,8 @@ TEST(dist_dp_layout_errors)
     char dir[600], cmd[2048];
     struct { const char *model, *args, *want; } cases[] = {
         /* 4 heads over the 8 ranks of an attention group */
-        {"glm5-bf16", "--tp 16 --dp 2", "error: --tp 16 --dp 2 (attention groups of 8): 4 attention heads do not split evenly"},
+        {"glm5-bf16", "--tp 16 --dp 2",
+         "error: --tp 16 --dp 2 (attention groups of 8): 4 attention heads do not split evenly"},
         {"glm4moe-bf16", "--tp 6 --dp 6", "error: --ep 6: 16 routed experts do not split evenly"},
         {"glm4moe-bf16", "--tp 4 --dp 8", "error: --dp 8 with --tp 4"},
     };
@@ -517,12 +523,15 @@ TEST(dist_info_layout)
     /* attention data parallel: each of 8 groups holds its own requests' latent cache, so the
      * deployment holds several times the tokens of tp8 ep8 (where every rank holds the same ones);
      * pipeline stages take the fewest of a stage, never the sum */
-    json_t *tp8 = info_layout(glm5, "--tp 8 --ep 8 --gpu-mem 141"), *dp8 = info_layout(glm5, "--tp 8 --dp 8 --ep 8 --gpu-mem 141");
-    json_t *pp2 = info_layout(glm5, "--tp 4 --pp 2 --gpu-mem 141"), *dpp = info_layout(glm5, "--tp 4 --dp 4 --pp 2 --gpu-mem 141");
+    json_t *tp8 = info_layout(glm5, "--tp 8 --ep 8 --gpu-mem 141");
+    json_t *dp8 = info_layout(glm5, "--tp 8 --dp 8 --ep 8 --gpu-mem 141");
+    json_t *pp2 = info_layout(glm5, "--tp 4 --pp 2 --gpu-mem 141");
+    json_t *dpp = info_layout(glm5, "--tp 4 --dp 4 --pp 2 --gpu-mem 141");
     ASSERT(tp8 && dp8 && pp2 && dpp);
     double k1 = json_number_value(json_object_get(tp8, "kv_tokens_total"));
     double k8 = json_number_value(json_object_get(dp8, "kv_tokens_total"));
-    EXPECT(k1 > 0 && k1 == stage_num(tp8, 0, "kv_tokens"), "tp8 ep8: %g tokens, its rank %g", k1, stage_num(tp8, 0, "kv_tokens"));
+    EXPECT(k1 > 0 && k1 == stage_num(tp8, 0, "kv_tokens"), "tp8 ep8: %g tokens, its rank %g", k1,
+           stage_num(tp8, 0, "kv_tokens"));
     EXPECT(k8 >= 4 * k1 && k8 == 8 * stage_num(dp8, 0, "kv_tokens"), "tp8 dp8 ep8: %g tokens, tp8 ep8 %g", k8, k1);
     EXPECT(json_integer_value(json_object_get(dp8, "dp")) == 8 && json_is_true(json_object_get(dp8, "fits")));
     double p0 = stage_num(pp2, 0, "kv_tokens"), p1 = stage_num(pp2, 1, "kv_tokens");
