@@ -99,6 +99,8 @@ typedef struct {
     int max_ctx;               /* max of ctx_len (set by forward_run) */
     int n_out;                 /* rows that produce logits */
     int *out_idx;              /* [n_out] token index of each logits row */
+    int *seq_group;            /* [S] attention data parallel (--dp): the group that holds each sequence's KV
+                                  (its block-table ids are that group's pool's); NULL: group 0 */
 } Batch;
 
 typedef struct Backend Backend;

@@ -522,10 +522,11 @@ static void print_layout(const char *dir, const ModelConfig *whole, const QuantC
     double gpu = lo->gpu_gb * 1e9, reserve = COST_RESERVE_BYTES;
     json_t *ranks = json_array();
     if (!as_json)
-        printf("\nlayout: tp %d, pp %d, ep %d = %d ranks%s%s\n%-6s %-8s %10s %10s %10s %12s %14s %12s\n", p->tp, p->pp, p->ep, world,
-               lo->gpu_gb > 0 ? ", GPU memory " : "", lo->gpu_gb > 0 ? "given" : "", "stage", "layers", "weights", "(NVFP4)",
-               "activ.", "KV B/token", "KV tokens", "requests");
+        printf("\nlayout: tp %d, pp %d, ep %d, dp %d = %d ranks%s%s\n%-6s %-8s %10s %10s %10s %12s %14s %12s\n",
+               p->tp, p->pp, p->ep, p->dp, world, lo->gpu_gb > 0 ? ", GPU memory " : "", lo->gpu_gb > 0 ? "given" : "",
+               "stage", "layers", "weights", "(NVFP4)", "activ.", "KV B/token", "KV tokens", "requests");
     int fits = 1;
+    double kv_min = -1; /* the KV tokens of the stage that holds the fewest (a rank's; its group's) */
     char worst[256] = "";
     for (int s = 0; s < p->pp; s++) {
         ShardCtx ctx = {p, s * p->tp}; /* tensor rank 0 of the stage: every rank of a stage holds as much */
@@ -539,6 +540,7 @@ static void print_layout(const char *dir, const ModelConfig *whole, const QuantC
         double w = rm.weight_bytes, kv_tok = rm.kv_bytes_per_token, act = rm.activation_bytes;
         double left = rm.left_bytes, kv_tokens = rm.kv_tokens;
         double reqs = kv_tokens / lo->max_model_len;
+        if (kv_min < 0 || kv_tokens < kv_min) kv_min = kv_tokens;
         if (lo->gpu_gb > 0 && (left <= 0 || kv_tokens < lo->max_model_len)) {
             if (fits) snprintf(worst, sizeof worst, "stage %d: weights %.1f GB + activations %.1f GB leave %s", s, w / 1e9,
                                act / 1e9, left <= 0 ? "nothing for the KV cache" : "less KV cache than one --max-model-len request");
@@ -557,17 +559,25 @@ static void print_layout(const char *dir, const ModelConfig *whole, const QuantC
                                                "requests_at_max_len", reqs));
         model_free(&m);
     }
+    /* distinct positions the deployment holds: a group's ranks hold the same tokens (MLA whole,
+     * GQA a slice of the heads each), the stages each their layers of them, the groups different ones */
+    double kv_total = (kv_min > 0 ? kv_min : 0) * p->dp;
     if (!as_json) {
         printf("(per rank; the %d tensor ranks of a stage hold the same; MLA keeps its latent KV cache whole on each)\n", p->tp);
+        if (lo->gpu_gb > 0)
+            printf("KV tokens, the whole deployment: %.0f (%d attention group%s x the fewest of a stage)\n", kv_total,
+                   p->dp, p->dp > 1 ? "s" : "");
         if (lo->gpu_gb > 0)
             printf("%s: %s%s\n", fits ? "fits" : "does not fit", fits ? "every rank has room for its weights, activations and at least one request of --max-model-len " : "",
                    fits ? "" : worst);
     }
     if (jo) {
-        json_object_set_new(jo, "layout", json_pack("{s:i, s:i, s:i, s:i, s:f, s:i, s:i, s:i, s:b, s:o}", "tp", p->tp, "pp", p->pp,
-                                                    "ep", p->ep, "ranks", world, "gpu_mem_gb", lo->gpu_gb, "max_batch_tokens",
-                                                    lo->max_batch_tokens, "max_running", lo->max_running, "max_model_len",
-                                                    lo->max_model_len, "fits", fits, "stages", ranks));
+        json_object_set_new(jo, "layout",
+                            json_pack("{s:i, s:i, s:i, s:i, s:i, s:f, s:i, s:i, s:i, s:b, s:f, s:o}", "tp", p->tp, "pp",
+                                      p->pp, "ep", p->ep, "dp", p->dp, "ranks", world, "gpu_mem_gb", lo->gpu_gb,
+                                      "max_batch_tokens", lo->max_batch_tokens, "max_running", lo->max_running,
+                                      "max_model_len", lo->max_model_len, "fits", fits, "kv_tokens_total", kv_total,
+                                      "stages", ranks));
     } else {
         json_decref(ranks);
     }

@@ -1,7 +1,9 @@
-/* cmd_logits: `moeserve logits --model DIR --tokens 5,17,42 [--chunk N] [--device cpu|cuda]
+/* cmd_logits: `moeserve logits --model DIR --tokens 5,17,42 [--chunk N] [--seqs N] [--device cpu|cuda]
  * [--threads N] --out FILE` writes little-endian float32 logits, row-major [tokens, vocab], one
  * row per input position. --chunk N feeds the prompt through the paged KV cache
- * N tokens at a time (1 = the pure decode path); every chunk size gives the same logits. */
+ * N tokens at a time (1 = the pure decode path); every chunk size gives the same logits.
+ * --seqs N runs the prompt as N sequences of one batch (under --dp on groups 0, 1, ...) and
+ * writes [N, tokens, vocab]: every copy must equal the one sequence's. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,7 +42,7 @@ int cmd_logits(int argc, char **argv)
     ModelOpts mo = {0};
     DeviceOpts dev = {0};
     const char *tokens_s = NULL, *out_path = NULL;
-    int chunk = 0, block_size = 16;
+    int chunk = 0, block_size = 16, n_seqs = 1;
     const OptSpec specs[] = {
         {.names = "--tokens", .type = OPT_STR, .dst = &tokens_s, .metavar = "ID,ID,...",
          .help = "the input token ids (required)"},
@@ -48,6 +50,9 @@ int cmd_logits(int argc, char **argv)
          .help = "where the float32 logits go, [tokens, vocab] row-major (required)"},
         {.names = "--chunk", .type = OPT_INT, .dst = &chunk, .metavar = "N",
          .help = "tokens fed per forward step (1: the decode path)", .def = "all at once", .lo = 1, .hi = 1 << 20},
+        {.names = "--seqs", .type = OPT_INT, .dst = &n_seqs, .metavar = "N",
+         .help = "the prompt as N sequences of one batch (under --dp spread over the groups); FILE holds N copies",
+         .def = "1", .lo = 1, .hi = 256},
         {.names = "--block-size", .type = OPT_INT, .dst = &block_size, .metavar = "N",
          .help = "KV cache block size in tokens",
          .def = "16", .lo = 1, .hi = 4096},
@@ -87,13 +92,18 @@ int cmd_logits(int argc, char **argv)
         return 0;
     }
     Runner run;
-    runner_init(&run, &dm, &be, T, chunk, block_size);
+    runner_init_seqs(&run, &dm, &be, T, chunk, block_size, n_seqs);
     FILE *out = fopen(out_path, "wb");
     if (!out) fatal("logits: cannot write %s: %s", out_path, strerror(errno));
     int V = m.cfg.vocab;
-    float *logits = xmalloc((size_t)chunk * V * sizeof(float));
+    float *logits = xmalloc((size_t)(n_seqs > 1 ? n_seqs * T : chunk) * V * sizeof(float));
     double t0 = clock_now();
-    for (int s0 = 0; s0 < T; s0 += chunk) {
+    if (n_seqs > 1) { /* [N, T, V] at once */
+        runner_feed(&run, ids, T, 1, logits);
+        if (fwrite(logits, sizeof(float), (size_t)n_seqs * T * V, out) != (size_t)n_seqs * T * V)
+            fatal("logits: writing %s: %s", out_path, strerror(errno));
+    }
+    for (int s0 = 0; n_seqs == 1 && s0 < T; s0 += chunk) {
         int n = T - s0 < chunk ? T - s0 : chunk;
         runner_feed(&run, ids + s0, n, 1, logits);
         if (fwrite(logits, sizeof(float), (size_t)n * V, out) != (size_t)n * V)

@@ -538,11 +538,12 @@ static void stage_open(Stage *st, const CostSetup *s, const CostLayout *lo, int 
     if (lo->dp > 1) {
         double all = expert_total(&st->m);
         double w = st->mem.weight_bytes - all + all * st->tp_a / lo->tp;
-        double d = w - st->mem.weight_bytes;
+        double d = w - st->mem.weight_bytes, x = cost_dp_exchange_bytes(c, s->max_batch_tokens);
         st->mem.weight_bytes = w;
+        st->mem.activation_bytes += x; /* (the shard's config is the group's: no dp in it) */
         st->mem.nvfp4_bytes += st->m.bytes_by_format[QF_NVFP4] > 0 ? d : 0;
         if (s->dev->memory_bytes > 0) {
-            st->mem.left_bytes -= d;
+            st->mem.left_bytes -= d + x;
             st->mem.kv_tokens = st->mem.left_bytes > 0 ? st->mem.left_bytes * COST_KV_FRACTION / st->mem.kv_bytes_per_token : 0;
         }
     }

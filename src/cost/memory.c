@@ -34,6 +34,11 @@ double cost_activation_bytes(const ModelConfig *c, int T, int S)
     return fwd + moe + gemm + wcopy + idx + mla;
 }
 
+double cost_dp_exchange_bytes(const ModelConfig *c, int T)
+{
+    return 3.0 * T * c->n_experts_per_tok * c->hidden * sizeof(float);
+}
+
 void cost_rank_memory(const Model *m, int max_batch_tokens, int max_running, double memory_bytes, double reserve_bytes,
                       CostRankMem *out)
 {
@@ -44,6 +49,7 @@ void cost_rank_memory(const Model *m, int max_batch_tokens, int max_running, dou
     out->bf16_bytes = m->bytes_by_format[QF_BF16];
     out->kv_bytes_per_token = (double)kv_cache_block_bytes(c, 1);
     out->activation_bytes = cost_activation_bytes(c, max_batch_tokens, max_running);
+    if (c->dp > 1) out->activation_bytes += cost_dp_exchange_bytes(c, max_batch_tokens);
     if (memory_bytes > 0) {
         out->left_bytes = memory_bytes - reserve_bytes - out->weight_bytes - out->activation_bytes;
         out->kv_tokens = out->left_bytes > 0 && out->kv_bytes_per_token > 0

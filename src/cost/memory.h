@@ -16,6 +16,10 @@
  * larger buffers) for steps of T tokens and S logits rows. */
 double cost_activation_bytes(const ModelConfig *c, int T, int S);
 
+/* Under attention data parallelism (c->dp > 1) the MoE exchange's buffers (model/forward.h DpState):
+ * the rows a rank sends, receives and gets back, T tokens x K experts x D floats each. */
+double cost_dp_exchange_bytes(const ModelConfig *c, int T);
+
 typedef struct {
     double weight_bytes;           /* every format */
     double nvfp4_bytes, bf16_bytes;
@@ -26,7 +30,7 @@ typedef struct {
 } CostRankMem;
 
 /* The memory of the rank whose shard m is (model_load_dummy_shard or model_load_shard with the
- * layout's plan_apply), for steps of max_batch_tokens and max_running rows, on a device of
+ * layout's plan_apply; its c->dp > 1 adds the exchange's buffers), for steps of max_batch_tokens and max_running rows, on a device of
  * memory_bytes (0: not known; left_bytes and kv_tokens 0) holding reserve_bytes before weights. */
 void cost_rank_memory(const Model *m, int max_batch_tokens, int max_running, double memory_bytes, double reserve_bytes,
                       CostRankMem *out);

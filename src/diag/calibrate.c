@@ -110,7 +110,7 @@ static void comm_ceilings(Ceilings *c, Backend *be, Dist *d)
     float *buf = be_alloc(be, big * sizeof(float));
     int reps = 20;
     double tb = 0, ts = 0;
-    if (d->tp > 1) {
+    if (d->atp > 1) { /* the all-reduce spans a tensor group (under --dp an attention group's tp / dp ranks) */
         for (int w = 0; w < 3; w++) dist_all_reduce(d, be, buf, big);
         dist_flush(d, be);
         float probe;
@@ -124,7 +124,7 @@ static void comm_ceilings(Ceilings *c, Backend *be, Dist *d)
         be_to_host(be, &probe, buf, sizeof probe);
         ts = (clock_now() - t0) / reps;
         /* bus bandwidth: a ring moves 2 (n - 1) / n of the buffer through each link */
-        c->allreduce_gbps = big * 4.0 * 2 * (d->tp - 1) / d->tp / tb / 1e9;
+        c->allreduce_gbps = big * 4.0 * 2 * (d->atp - 1) / d->atp / tb / 1e9;
         c->allreduce_us = ts * 1e6;
     }
     if (d->pp > 1) { /* stage 0 -> stage 1, same tensor rank */

@@ -11,7 +11,10 @@
 #include "dist.h"
 
 typedef struct {
-    MPI_Comm world, tp;        /* all ranks; this rank's tensor-parallel group (its stage) */
+    MPI_Comm world, tp;        /* all ranks; this rank's tensor-parallel group (its stage; under --dp its
+                                  attention group) */
+    MPI_Comm stage;            /* the tensor ranks of this rank's stage (the all-to-all's) */
+    int *a2a;                  /* [4 tp] the all-to-all's counts and displacements */
     MPI_Request *sends;        /* outstanding point-to-point sends */
     int n_sends, cap_sends;
 } Mpi;
@@ -65,6 +68,28 @@ static void mpi_all_gather(Dist *d, Backend *be, float *out, const float *in, si
     MPI_Request r;
     mpi_check(MPI_Iallgather(in, (int)n, MPI_FLOAT, out, (int)n, MPI_FLOAT, m->tp, &r), "all-gather");
     mpi_wait(d, &r, "all-gather", d->timeout_s);
+}
+
+static void mpi_all_to_all(Dist *d, Backend *be, const void *send, const size_t *send_bytes, void *recv,
+                           const size_t *recv_bytes)
+{
+    (void)be;
+    Mpi *m = d->impl;
+    int n = d->tp, *sc = m->a2a, *sd = sc + n, *rc = sd + n, *rd = rc + n;
+    size_t so = 0, ro = 0;
+    for (int r = 0; r < n; r++) {
+        CHECK(so + send_bytes[r] < (size_t)1 << 31 && ro + recv_bytes[r] < (size_t)1 << 31,
+              "MPI all-to-all of more than 2 GiB");
+        sc[r] = (int)send_bytes[r];
+        sd[r] = (int)so;
+        rc[r] = (int)recv_bytes[r];
+        rd[r] = (int)ro;
+        so += send_bytes[r];
+        ro += recv_bytes[r];
+    }
+    MPI_Request q;
+    mpi_check(MPI_Ialltoallv(send, sc, sd, MPI_BYTE, recv, rc, rd, MPI_BYTE, m->stage, &q), "all-to-all");
+    mpi_wait(d, &q, "all-to-all", d->timeout_s);
 }
 
 static void mpi_send(Dist *d, Backend *be, const void *buf, size_t bytes, int peer)
@@ -125,7 +150,8 @@ static void mpi_finalize(Dist *d)
 }
 
 static const DistOps mpi_ops = {
-    .name = "mpi", .all_reduce = mpi_all_reduce, .all_gather = mpi_all_gather, .send = mpi_send,
+    .name = "mpi", .all_reduce = mpi_all_reduce, .all_gather = mpi_all_gather, .all_to_all = mpi_all_to_all,
+    .send = mpi_send,
     .recv = mpi_recv, .flush = mpi_flush, .bcast_host = comm_mpi_bcast_host, .abort = mpi_abort,
     .finalize = mpi_finalize,
 };
@@ -134,7 +160,9 @@ void comm_mpi_finalize_only(void)
 {
     if (!g_mpi) return;
     MPI_Comm_free(&g_mpi->tp);
+    MPI_Comm_free(&g_mpi->stage);
     free(g_mpi->sends);
+    free(g_mpi->a2a);
     free(g_mpi);
     g_mpi = NULL;
     MPI_Finalize();
@@ -165,8 +193,9 @@ void comm_mpi_init(Dist *d, int gpu)
         MPI_Finalize();
         exit(1);
     }
-    d->tp_rank = d->rank % d->tp;
-    d->pp_rank = d->rank / d->tp;
-    mpi_check(MPI_Comm_split(m->world, d->pp_rank, d->tp_rank, &m->tp), "split");
+    dist_place(d);
+    mpi_check(MPI_Comm_split(m->world, d->pp_rank, d->tp_rank, &m->stage), "split");
+    mpi_check(MPI_Comm_split(m->world, d->pp_rank * d->dp + d->dp_rank, d->atp_rank, &m->tp), "split");
+    m->a2a = xcalloc(4 * (size_t)d->tp, sizeof(int));
     (void)gpu;
 }

@@ -28,6 +28,8 @@ static struct {
     ncclResult_t (*AllGather)(const void *, void *, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
     ncclResult_t (*Send)(const void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
     ncclResult_t (*Recv)(void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+    ncclResult_t (*GroupStart)(void);
+    ncclResult_t (*GroupEnd)(void);
     ncclResult_t (*CommAbort)(ncclComm_t);
     ncclResult_t (*CommDestroy)(ncclComm_t);
     const char *(*GetErrorString)(ncclResult_t);
@@ -37,7 +39,8 @@ static struct {
 typedef struct {
     ncclUniqueId id;
     int device;
-    ncclComm_t world, tp;      /* NULL until the first collective */
+    ncclComm_t world, tp;      /* NULL until the first collective; tp: the attention group under --dp */
+    ncclComm_t stage;          /* the tensor ranks of this rank's stage (the all-to-all's) */
     pthread_t watchdog;
     volatile double busy_since; /* > 0 while a collective is queued and not known complete */
 } Nccl;
@@ -58,6 +61,8 @@ static int nccl_open(void)
     SYM(AllGather);
     SYM(Send);
     SYM(Recv);
+    SYM(GroupStart);
+    SYM(GroupEnd);
     SYM(CommAbort);
     SYM(CommDestroy);
     SYM(GetErrorString);
@@ -91,6 +96,7 @@ static void *watchdog_main(void *arg)
         if (t > 0 && clock_now() - t > d->timeout_s) {
             log_error("a collective did not complete in %.0f s (a rank is stuck or gone); stopping every rank", d->timeout_s);
             if (c->tp) N.CommAbort(c->tp);
+            if (c->stage) N.CommAbort(c->stage);
             if (c->world) N.CommAbort(c->world);
             _exit(1);
         }
@@ -105,7 +111,8 @@ static void nccl_ready(Dist *d, Backend *be)
     CHECK(!be->host_memory, "NCCL collectives on the %s backend", be->name);
     if (be->ops->bind_thread) be->ops->bind_thread(be);
     nccl_check(N.CommInitRank(&c->world, d->world, c->id, d->rank), "CommInitRank");
-    nccl_check(N.CommSplit(c->world, d->pp_rank, d->tp_rank, &c->tp, NULL), "CommSplit");
+    if (d->dp > 1) nccl_check(N.CommSplit(c->world, d->pp_rank, d->tp_rank, &c->stage, NULL), "CommSplit");
+    nccl_check(N.CommSplit(c->world, d->pp_rank * d->dp + d->dp_rank, d->atp_rank, &c->tp, NULL), "CommSplit");
     int v = 0;
     N.GetVersion(&v);
     if (d->rank == 0) log_info("dist: NCCL %d communicators ready (%d ranks)", v, d->world);
@@ -132,6 +139,27 @@ static void nccl_all_gather(Dist *d, Backend *be, float *out, const float *in, s
     Nccl *c = d->impl;
     busy(c);
     nccl_check(N.AllGather(in, out, n, ncclFloat32, c->tp, (cudaStream_t)cuda_stream_of(be)), "AllGather");
+}
+
+/* grouped point-to-point over the stage: one send and one receive per peer, the empty ones left out */
+static void nccl_all_to_all(Dist *d, Backend *be, const void *send, const size_t *send_bytes, void *recv,
+                            const size_t *recv_bytes)
+{
+    nccl_ready(d, be);
+    Nccl *c = d->impl;
+    busy(c);
+    cudaStream_t st = (cudaStream_t)cuda_stream_of(be);
+    ncclComm_t comm = c->stage ? c->stage : c->tp; /* without --dp the stage is the tensor group */
+    size_t so = 0, ro = 0;
+    nccl_check(N.GroupStart(), "GroupStart");
+    for (int r = 0; r < d->tp; r++) {
+        if (send_bytes[r])
+            nccl_check(N.Send((const char *)send + so, send_bytes[r], ncclUint8, r, comm, st), "Send");
+        if (recv_bytes[r]) nccl_check(N.Recv((char *)recv + ro, recv_bytes[r], ncclUint8, r, comm, st), "Recv");
+        so += send_bytes[r];
+        ro += recv_bytes[r];
+    }
+    nccl_check(N.GroupEnd(), "GroupEnd");
 }
 
 static void nccl_send(Dist *d, Backend *be, const void *buf, size_t bytes, int peer)
@@ -171,6 +199,7 @@ static void nccl_abort(Dist *d, int code)
 {
     Nccl *c = d->impl;
     if (c && c->tp) N.CommAbort(c->tp);
+    if (c && c->stage) N.CommAbort(c->stage);
     if (c && c->world) N.CommAbort(c->world);
     _exit(code);
 }
@@ -180,6 +209,7 @@ static void nccl_finalize(Dist *d)
     Nccl *c = d->impl;
     if (!c) return;
     if (c->tp) N.CommDestroy(c->tp);
+    if (c->stage) N.CommDestroy(c->stage);
     if (c->world) N.CommDestroy(c->world);
     /* the watchdog thread dies with the process */
     if (dist_under_mpirun()) {
@@ -190,7 +220,8 @@ static void nccl_finalize(Dist *d)
 }
 
 static const DistOps nccl_ops = {
-    .name = "nccl", .all_reduce = nccl_all_reduce, .all_gather = nccl_all_gather, .send = nccl_send,
+    .name = "nccl", .all_reduce = nccl_all_reduce, .all_gather = nccl_all_gather, .all_to_all = nccl_all_to_all,
+    .send = nccl_send,
     .recv = nccl_recv, .flush = nccl_flush, .bcast_host = nccl_bcast_host, .abort = nccl_abort,
     .finalize = nccl_finalize,
 };

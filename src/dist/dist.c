@@ -191,7 +191,8 @@ const char *dist_setup(ParOpts *p, const char *device)
     int comm_delay_us = test_hook_comm_delay_us();
     if (world == 1 && comm_delay_us) log_warn("MOESERVE_TEST_COMM_DELAY_US: one rank has no collectives to delay");
     Dist *d = &g_dist;
-    *d = (Dist){.world = world, .tp = p->tp, .pp = p->pp, .ep = p->ep, .microbatches = p->microbatches,
+    *d = (Dist){.world = world, .tp = p->tp, .pp = p->pp, .ep = p->ep, .dp = p->dp > 1 ? p->dp : 1,
+                .microbatches = p->microbatches,
                 .comm_delay_us = comm_delay_us, .timeout_s = (double)knob_get(KNOB_COMM_TIMEOUT)};
     /* the default device without touching CUDA (forked ranks must start before any CUDA call) */
 #ifdef MOESERVE_CUDA
@@ -226,8 +227,7 @@ const char *dist_setup(ParOpts *p, const char *device)
         int base = 0;
         if (device && device[4] == ':') base = atoi(device + 5);
         fork_ranks(d);
-        d->tp_rank = d->rank % d->tp;
-        d->pp_rank = d->rank / d->tp;
+        dist_place(d);
         char id[256];
         if (d->rank == 0 && comm_nccl_unique_id(id, sizeof id) < 0) fatal("NCCL is not available (libnccl.so.2)");
         pipe_bcast(d, id, sizeof id);
@@ -240,9 +240,19 @@ const char *dist_setup(ParOpts *p, const char *device)
     util_exit_hook = exit_hook;
     if (d->world > 1) log_rank = d->rank;
     if (d->rank == 0)
-        log_info("dist: %d rank%s (tp %d, pp %d, ep %d, %d micro-batches), collectives through %s", d->world,
-                 d->world > 1 ? "s" : "", d->tp, d->pp, d->ep, d->microbatches, d->ops->name);
+        log_info("dist: %d rank%s (tp %d, pp %d, ep %d, dp %d, %d micro-batches), collectives through %s", d->world,
+                 d->world > 1 ? "s" : "", d->tp, d->pp, d->ep, d->dp, d->microbatches, d->ops->name);
     return device;
+}
+
+void dist_place(Dist *d)
+{
+    if (d->dp < 1) d->dp = 1;
+    d->atp = d->tp / d->dp;
+    d->tp_rank = d->rank % d->tp;
+    d->pp_rank = d->rank / d->tp;
+    d->dp_rank = d->tp_rank / d->atp;
+    d->atp_rank = d->tp_rank % d->atp;
 }
 
 void dist_bcast_host(Dist *d, void *buf, size_t bytes)
@@ -308,9 +318,9 @@ void dist_all_reduce(Dist *d, Backend *be, float *buf, size_t n)
     if (!d) return;
     be_op_begin(be);
     delay(d, be);
-    if (d->tp > 1 || strcmp(d->ops->name, "mpi")) d->ops->all_reduce(d, be, buf, n); /* NCCL: even alone (tests) */
-    /* ring all-reduce: each rank sends 2 (tp - 1) / tp of the buffer */
-    be_count(be, OP_ALL_REDUCE, (double)n * (d->tp - 1), 8.0 * n * (d->tp - 1) / d->tp);
+    if (d->atp > 1 || strcmp(d->ops->name, "mpi")) d->ops->all_reduce(d, be, buf, n); /* NCCL: even alone (tests) */
+    /* ring all-reduce: each rank sends 2 (tp - 1) / tp of the buffer (tp: the group's ranks) */
+    be_count(be, OP_ALL_REDUCE, (double)n * (d->atp - 1), 8.0 * n * (d->atp - 1) / d->atp);
 }
 
 void dist_all_gather(Dist *d, Backend *be, float *out, const float *in, size_t n)
@@ -319,7 +329,20 @@ void dist_all_gather(Dist *d, Backend *be, float *out, const float *in, size_t n
     be_op_begin(be);
     delay(d, be);
     d->ops->all_gather(d, be, out, in, n);
-    be_count(be, OP_ALL_GATHER, 0, 4.0 * n * (d->tp - 1));
+    be_count(be, OP_ALL_GATHER, 0, 4.0 * n * (d->atp - 1));
+}
+
+void dist_all_to_all(Dist *d, Backend *be, const void *send, const size_t *send_bytes, void *recv,
+                     const size_t *recv_bytes)
+{
+    if (!d) return;
+    be_op_begin(be);
+    delay(d, be);
+    d->ops->all_to_all(d, be, send, send_bytes, recv, recv_bytes);
+    double moved = 0; /* what leaves this rank; its own share stays */
+    for (int r = 0; r < d->tp; r++)
+        if (r != d->tp_rank) moved += (double)send_bytes[r];
+    be_count(be, OP_ALL_TO_ALL, 0, moved);
 }
 
 void dist_send(Dist *d, Backend *be, const void *buf, size_t bytes, int peer)

@@ -32,10 +32,15 @@ typedef struct { int op; int v[11]; } DistMsg;
 
 typedef struct {
     const char *name;   /* "mpi", "nccl" */
-    /* tensor-parallel group of the caller, in place: buf[n] = sum over the group */
+    /* tensor-parallel group of the caller (under --dp its attention group), in place: buf[n] = sum over the group */
     void (*all_reduce)(Dist *d, Backend *be, float *buf, size_t n);
-    /* tensor-parallel group: out[r * n .. (r+1) * n) = rank r's in[0..n) */
+    /* tensor-parallel group (under --dp its attention group): out[r * n .. (r+1) * n) = rank r's in[0..n) */
     void (*all_gather)(Dist *d, Backend *be, float *out, const float *in, size_t n);
+    /* every tensor rank of the caller's stage (r its tp_rank), backend memory: send[r] bytes from send (in rank
+     * order, packed) go to rank r, recv[r] bytes from rank r arrive in recv (in rank order, packed); the
+     * sizes of each pair agree (the caller exchanged them) */
+    void (*all_to_all)(Dist *d, Backend *be, const void *send, const size_t *send_bytes, void *recv,
+                       const size_t *recv_bytes);
     /* point to point (global ranks); a send may complete later, at the latest in flush */
     void (*send)(Dist *d, Backend *be, const void *buf, size_t bytes, int peer);
     void (*recv)(Dist *d, Backend *be, void *buf, size_t bytes, int peer);
@@ -49,6 +54,8 @@ typedef struct {
 struct Dist {
     int world, rank;
     int tp, pp, ep, tp_rank, pp_rank;
+    int dp, dp_rank;           /* --dp: attention groups per stage, this rank's (tp_rank / atp) */
+    int atp, atp_rank;         /* ranks of an attention group (tp / dp; tp without --dp), this rank's place in it */
     int microbatches;          /* --pp-microbatches */
     int comm_delay_us;         /* MOESERVE_TEST_COMM_DELAY_US, read once at setup: a collective pays one compare */
     double timeout_s;          /* a collective not done after this stops every rank */
@@ -73,6 +80,11 @@ void dist_shard(ModelConfig *c, void *par_opts);
 /* Counted, timed collectives (no-ops when d is NULL or alone where that is exact). */
 void dist_all_reduce(Dist *d, Backend *be, float *buf, size_t n);
 void dist_all_gather(Dist *d, Backend *be, float *out, const float *in, size_t n);
+/* The ops' all_to_all, counted as OP_ALL_TO_ALL with the bytes this rank sends to the others. */
+void dist_all_to_all(Dist *d, Backend *be, const void *send, const size_t *send_bytes, void *recv,
+                     const size_t *recv_bytes);
+/* tp_rank, pp_rank, dp_rank, atp_rank of d->rank in d's layout (the implementations call it). */
+void dist_place(Dist *d);
 void dist_send(Dist *d, Backend *be, const void *buf, size_t bytes, int peer);
 void dist_recv(Dist *d, Backend *be, void *buf, size_t bytes, int peer);
 void dist_flush(Dist *d, Backend *be);

@@ -8,7 +8,14 @@
  * blocks cannot be allocated makes the youngest running sequence that arrived after it give its
  * blocks back (it recomputes later from its tokens so far: preemption by recompute), or waits
  * when there is none; run the forward; sample for every sequence that computed its last token;
- * queue the events; wake the owners. */
+ * queue the events; wake the owners.
+ *
+ * Attention data parallel (--dp D): D KV pools, one per attention group, each with its prefix
+ * cache (rank 0 holds group 0's memory; the other pools are block allocators whose blocks live on
+ * their groups' ranks). A request is placed on a group when first admitted, for life (a
+ * preempted one resumes there): the group with the most free blocks, counting the blocks its
+ * prefix cache already holds of the prompt, then the fewest running sequences (place). The Pool
+ * functions below hold this; one pool without --dp. */
 #include "engine.h"
 
 #include <pthread.h>
@@ -38,6 +45,7 @@ typedef struct Seq {
     int *stop_ids, n_stop_ids;
     int *forced, n_forced;     /* RequestParams.forced: generated tokens imposed (a test hook) */
     BlockTable bt;
+    int group;                 /* its attention group and pool (--dp), for life; -1 until first admitted */
     int n_hashed;              /* leading full blocks registered in the prefix cache */
     uint64_t last_hash;        /* chain hash of block n_hashed - 1 */
     Sampler sampler;
@@ -67,6 +75,16 @@ typedef struct {
     int cap, used;
 } PrefixMap;
 
+/* The blocks of one attention group (--dp; the only pool otherwise) and their prefix cache. */
+typedef struct {
+    KVCache *kv;               /* group 0: the engine's kv (rank 0's memory); else a block allocator alone */
+    PrefixMap pm;
+    uint64_t *block_hash;      /* [n_blocks] hash of the cached block, 0 = not cached */
+    uint64_t *block_tick;      /* [n_blocks] last use, for LRU eviction */
+    uint64_t placed;           /* requests placed on the group */
+    int running;               /* its running sequences */
+} Pool;
+
 struct Engine {
     const Model *m;            /* borrowed */
     Backend *be;               /* borrowed */
@@ -89,13 +107,12 @@ struct Engine {
     double t_ping;             /* when the owners of the waiting requests were last woken (s, clock_now) */
     Seq **running;             /* in admission order (oldest first) */
     int n_running;
-    /* prefix cache */
-    PrefixMap pm;
-    uint64_t *block_hash;      /* [n_blocks] hash of the cached block, 0 = not cached */
-    uint64_t *block_tick;      /* [n_blocks] last use, for LRU eviction */
+    /* the KV pools and their prefix caches: [n_pools], one per attention group */
+    Pool *pools;
+    int n_pools;
     uint64_t tick;
     /* one step's batch (host) */
-    int *b_tokens, *b_pos, *b_seq, *b_slot, *b_start, *b_ntok, *b_ctx, *b_out, *b_table;
+    int *b_tokens, *b_pos, *b_seq, *b_slot, *b_start, *b_ntok, *b_ctx, *b_out, *b_table, *b_group;
     Seq **b_seqs, **b_outseq;
     float *logits;             /* [max_running, V] host */
     int *d_ids, *h_ids;        /* [max_running] argmax or sampled ids: backend memory, host copy */
@@ -172,19 +189,110 @@ static void pm_del(PrefixMap *p, uint64_t k)
     }
 }
 
-/* Drop the least recently used cached block that only the cache references; 0 if none. */
-static int evict_one(Engine *e)
+/* Drop the least recently used cached block of pool p that only the cache references; 0 if none. */
+static int evict_one(Pool *p)
 {
     int best = -1;
-    for (int b = 0; b < e->kv.n_blocks; b++)
-        if (e->block_hash[b] && e->kv.refcount[b] == 1 && (best < 0 || e->block_tick[b] < e->block_tick[best]))
+    for (int b = 0; b < p->kv->n_blocks; b++)
+        if (p->block_hash[b] && p->kv->refcount[b] == 1 && (best < 0 || p->block_tick[b] < p->block_tick[best]))
             best = b;
     if (best < 0) return 0;
-    pm_del(&e->pm, e->block_hash[best]);
-    e->block_hash[best] = 0;
-    kv_cache_release_block(&e->kv, best);
+    pm_del(&p->pm, p->block_hash[best]);
+    p->block_hash[best] = 0;
+    kv_cache_release_block(p->kv, best);
     return 1;
 }
+
+/* ---- the pools (attention groups) ---- */
+
+/* s's pool (the first before it is placed: it holds no blocks then) */
+static Pool *pool_of(Engine *e, const Seq *s) { return &e->pools[s->group > 0 ? s->group : 0]; }
+
+static void pools_init(Engine *e, int n_pools, int n_blocks)
+{
+    e->n_pools = n_pools;
+    e->pools = xcalloc(n_pools, sizeof(Pool));
+    for (int g = 0; g < n_pools; g++) {
+        Pool *p = &e->pools[g];
+        if (g == 0) {
+            p->kv = &e->kv;
+        } else {
+            p->kv = xcalloc(1, sizeof(KVCache));
+            kv_cache_init_blocks(p->kv, e->o.block_size, n_blocks);
+        }
+        p->pm.cap = 1;
+        while (p->pm.cap < 2 * n_blocks + 2) p->pm.cap *= 2;
+        p->pm.keys = xcalloc(p->pm.cap, sizeof(uint64_t));
+        p->pm.blocks = xcalloc(p->pm.cap, sizeof(int));
+        p->block_hash = xcalloc(n_blocks, sizeof(uint64_t));
+        p->block_tick = xcalloc(n_blocks, sizeof(uint64_t));
+    }
+}
+
+static void pools_free(Engine *e)
+{
+    for (int g = 0; g < e->n_pools; g++) {
+        Pool *p = &e->pools[g];
+        for (int b = 0; b < p->kv->n_blocks; b++)
+            if (p->block_hash[b]) kv_cache_release_block(p->kv, b);
+        free(p->pm.keys);
+        free(p->pm.blocks);
+        free(p->block_hash);
+        free(p->block_tick);
+        if (g > 0) {
+            kv_cache_free(p->kv);
+            free(p->kv);
+        }
+    }
+    free(e->pools);
+    e->pools = NULL;
+}
+
+/* The full blocks of s's prompt that pool p's prefix cache holds (as admit_prefix would take them). */
+static int pool_prefix_blocks(const Engine *e, const Pool *p, const Seq *s)
+{
+    if (!e->o.prefix_caching) return 0;
+    int bs = e->o.block_size, nfull = (s->n_tokens - 1) / bs, n = 0;
+    uint64_t h = 0;
+    for (int i = 0; i < nfull; i++) {
+        h = block_hash(h, s->tokens + (size_t)i * bs, bs);
+        if (pm_get(&p->pm, h) < 0) break;
+        n++;
+    }
+    return n;
+}
+
+/* The blocks pool p could give a new sequence: the free ones and the cached ones nothing else holds
+ * (evict_one takes them back). */
+static long pool_free_blocks(const Pool *p)
+{
+    long n = p->kv->n_free;
+    for (int b = 0; b < p->kv->n_blocks; b++) n += p->block_hash[b] && p->kv->refcount[b] == 1;
+    return n;
+}
+
+/* s's group, the first time it is admitted: the most free blocks, the blocks of its prompt the
+ * group's prefix cache holds counted twice (free, and not to compute), then the fewest running,
+ * then the fewest placed so far (so that one request at a time still alternates), then the
+ * lowest index */
+static void place(Engine *e, Seq *s)
+{
+    if (s->group >= 0) return;
+    int best = 0;
+    long best_free = -1;
+    for (int g = 0; e->n_pools > 1 && g < e->n_pools; g++) {
+        const Pool *p = &e->pools[g], *b = &e->pools[best];
+        long fr = pool_free_blocks(p) + pool_prefix_blocks(e, p, s);
+        if (fr > best_free || (fr == best_free && (p->running < b->running ||
+                                                   (p->running == b->running && p->placed < b->placed))))
+            best = g, best_free = fr;
+    }
+    s->group = best;
+    e->pools[best].placed++;
+}
+
+/* s joins or leaves the running set of its group */
+static void pool_count(Engine *e, const Seq *s, int d) { pool_of(e, s)->running += d; }
 
 /* ---- sequences ---- */
 
@@ -205,7 +313,7 @@ static void seq_push_event(Seq *s, const EngineEvent *ev)
 
 static void seq_release_blocks(Engine *e, Seq *s)
 {
-    block_table_release(&s->bt, &e->kv);
+    block_table_release(&s->bt, pool_of(e, s)->kv);
     s->n_computed = 0;
     s->n_hashed = 0;
     s->last_hash = 0;
@@ -243,7 +351,10 @@ static void drop(Engine *e, Seq *s)
 {
     remove_ptr(e->all, &e->n_all, s);
     remove_ptr(e->waiting, &e->n_waiting, s);
-    if (s->running) remove_ptr(e->running, &e->n_running, s);
+    if (s->running) {
+        remove_ptr(e->running, &e->n_running, s);
+        pool_count(e, s, -1);
+    }
     seq_release_blocks(e, s);
     seq_free(s);
 }
@@ -315,6 +426,7 @@ Engine *engine_create(const Model *m, Backend *be, const EngineOptions *o, const
     e->b_start = xcalloc(S, sizeof(int));
     e->b_ntok = xcalloc(S, sizeof(int));
     e->b_ctx = xcalloc(S, sizeof(int));
+    e->b_group = xcalloc(S, sizeof(int));
     e->b_out = xcalloc(S, sizeof(int));
     e->b_table = xcalloc((size_t)S * e->max_blocks_per_seq, sizeof(int));
     e->b_seqs = xcalloc(S, sizeof(Seq *));
@@ -325,16 +437,17 @@ Engine *engine_create(const Model *m, Backend *be, const EngineOptions *o, const
     e->d_rows = be_alloc(be, (size_t)S * sizeof(SampleRow));
     e->h_rows = xcalloc(S, sizeof(SampleRow));
     e->running = xcalloc(S, sizeof(Seq *));
-    e->pm.cap = 1;
-    while (e->pm.cap < 2 * nb + 2) e->pm.cap *= 2;
-    e->pm.keys = xcalloc(e->pm.cap, sizeof(uint64_t));
-    e->pm.blocks = xcalloc(e->pm.cap, sizeof(int));
-    e->block_hash = xcalloc(nb, sizeof(uint64_t));
-    e->block_tick = xcalloc(nb, sizeof(uint64_t));
+    Dist *dist = dist_get();
+    int groups = dist && dist->dp > 1 ? dist->dp : 1;
+    CHECK(groups <= ENGINE_MAX_DP, "engine: %d attention groups, at most %d", groups, ENGINE_MAX_DP);
+    pools_init(e, groups, nb);
+    if (groups > 1)
+        log_info("engine: %d attention groups, a KV pool of %d blocks each (%d tokens in all)", groups, nb,
+                 groups * nb * bs);
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     e->next_id = 1;
-    e->stats.kv_blocks_total = nb;
+    e->stats.kv_blocks_total = nb * groups;
     return e;
 }
 
@@ -369,6 +482,7 @@ static Seq *seq_new(Engine *e, const RequestParams *p, int64_t seed, EngineNotif
 {
     const ModelConfig *c = &e->m->cfg;
     Seq *s = xcalloc(1, sizeof *s);
+    s->group = -1;
     s->cap = p->n_prompt + 16;
     s->tokens = xmalloc(s->cap * sizeof(int));
     memcpy(s->tokens, p->prompt, p->n_prompt * sizeof(int));
@@ -488,8 +602,11 @@ void engine_diag(Engine *e, ProfSum *s, Deployment *d, double p2p_gbps)
     d->running = e->n_running;
     d->waiting = e->n_waiting;
     d->max_running = e->o.max_running;
-    d->kv_blocks_total = e->kv.n_blocks;
-    d->kv_blocks_used = e->kv.n_blocks - e->kv.n_free;
+    d->kv_blocks_total = d->kv_blocks_used = 0;
+    for (int g = 0; g < e->n_pools; g++) {
+        d->kv_blocks_total += e->pools[g].kv->n_blocks;
+        d->kv_blocks_used += e->pools[g].kv->n_blocks - e->pools[g].kv->n_free;
+    }
     d->preemptions = (long)e->stats.preemptions;
     d->graphs = !e->o.no_graphs && !e->be->host_memory && e->be->ops->graph_begin; /* a backend that captures them */
     d->gpu = !e->be->host_memory;
@@ -501,7 +618,20 @@ void engine_stats(Engine *e, EngineStats *out)
     pthread_mutex_lock(&e->mu);
     e->stats.running = e->n_running;
     e->stats.waiting = e->n_waiting;
-    e->stats.kv_blocks_used = e->kv.n_blocks - e->kv.n_free;
+    e->stats.kv_blocks_used = 0;
+    e->stats.dp = e->n_pools;
+    for (int g = 0; g < e->n_pools; g++) {
+        const Pool *p = &e->pools[g];
+        EngineGroupStats *gs = &e->stats.group[g];
+        gs->placed = p->placed;
+        gs->running = p->running;
+        gs->waiting = 0;
+        gs->kv_blocks_total = p->kv->n_blocks;
+        gs->kv_blocks_used = p->kv->n_blocks - p->kv->n_free;
+        e->stats.kv_blocks_used += gs->kv_blocks_used;
+    }
+    for (int i = 0; i < e->n_waiting; i++) /* preempted: they resume on their group */
+        if (e->waiting[i]->group >= 0) e->stats.group[e->waiting[i]->group].waiting++;
     *out = e->stats;
     pthread_mutex_unlock(&e->mu);
 }
@@ -521,7 +651,10 @@ static void finish(Engine *e, Seq *s, FinishReason why, int token, const SampleR
     }
     seq_push_event(s, &ev);
     s->done = 1;
-    if (s->running) remove_ptr(e->running, &e->n_running, s);
+    if (s->running) {
+        remove_ptr(e->running, &e->n_running, s);
+        pool_count(e, s, -1);
+    }
     s->running = 0;
     seq_release_blocks(e, s);
 }
@@ -531,15 +664,16 @@ static void cache_full_blocks(Engine *e, Seq *s)
 {
     if (!e->o.prefix_caching) return;
     int bs = e->o.block_size;
+    Pool *p = pool_of(e, s);
     while ((s->n_hashed + 1) * bs <= s->n_computed) {
         int i = s->n_hashed, b = s->bt.blocks[i];
         uint64_t h = block_hash(s->last_hash, s->tokens + (size_t)i * bs, bs);
-        if (!e->block_hash[b] && pm_get(&e->pm, h) < 0) {
-            pm_put(&e->pm, h, b);
-            e->block_hash[b] = h;
-            kv_cache_ref_block(&e->kv, b);
+        if (!p->block_hash[b] && pm_get(&p->pm, h) < 0) {
+            pm_put(&p->pm, h, b);
+            p->block_hash[b] = h;
+            kv_cache_ref_block(p->kv, b);
         }
-        e->block_tick[b] = ++e->tick;
+        p->block_tick[b] = ++e->tick;
         s->last_hash = h;
         s->n_hashed++;
     }
@@ -552,15 +686,16 @@ static void admit_prefix(Engine *e, Seq *s)
     if (!e->o.prefix_caching) return;
     int bs = e->o.block_size, nfull = (s->n_tokens - 1) / bs;
     uint64_t h = 0;
+    Pool *p = pool_of(e, s);
     e->stats.prefix_queries += s->n_prompt;
     for (int i = 0; i < nfull; i++) {
         uint64_t hi = block_hash(h, s->tokens + (size_t)i * bs, bs);
-        int b = pm_get(&e->pm, hi);
+        int b = pm_get(&p->pm, hi);
         if (b < 0) break;
         if (s->bt.n_blocks == s->bt.cap) s->bt.blocks = xrealloc(s->bt.blocks, (s->bt.cap = s->bt.cap ? 2 * s->bt.cap : 8) * sizeof(int));
         s->bt.blocks[s->bt.n_blocks++] = b;
-        kv_cache_ref_block(&e->kv, b);
-        e->block_tick[b] = ++e->tick;
+        kv_cache_ref_block(p->kv, b);
+        p->block_tick[b] = ++e->tick;
         h = hi;
         s->n_hashed = i + 1;
         s->last_hash = h;
@@ -577,16 +712,19 @@ static void admit_prefix(Engine *e, Seq *s)
  * sequences take each other's blocks in turn, each recomputing its whole context per token. */
 static int ensure_blocks(Engine *e, Seq *s, int n)
 {
+    Pool *p = pool_of(e, s);
     for (;;) {
-        if (block_table_reserve(&s->bt, &e->kv, n) == 0) return 0;
-        if (evict_one(e)) continue;
-        Seq *victim = NULL;
+        if (block_table_reserve(&s->bt, p->kv, n) == 0) return 0;
+        if (evict_one(p)) continue;
+        Seq *victim = NULL; /* of the same group: only its blocks are of use */
         for (int i = 0; i < e->n_running; i++) {
             Seq *v = e->running[i];
-            if (v->id > s->id && v->bt.n_blocks > 0 && (!victim || v->id > victim->id)) victim = v;
+            if (v->id > s->id && v->group == s->group && v->bt.n_blocks > 0 && (!victim || v->id > victim->id))
+                victim = v;
         }
         if (!victim) return -1;
         remove_ptr(e->running, &e->n_running, victim);
+        pool_count(e, victim, -1);
         victim->running = 0;
         seq_release_blocks(e, victim);
         /* back into the queue in arrival order, ahead of every later request: it resumes
@@ -633,7 +771,9 @@ static void schedule_admin(Engine *e)
         }
         memmove(e->waiting + i, e->waiting + i + 1, (e->n_waiting - i - 1) * sizeof(Seq *));
         e->n_waiting--;
+        place(e, s);
         admit_prefix(e, s);
+        pool_count(e, s, 1);
         s->running = 1;
         e->running[e->n_running++] = s;
     }
@@ -665,6 +805,7 @@ static int build_batch(Engine *e, int *n_seqs, int *n_out)
             e->b_start[S] = T;
             e->b_ntok[S] = take;
             e->b_ctx[S] = s->n_computed + take;
+            e->b_group[S] = s->group;
             e->b_seqs[S] = s;
             if (s->n_computed + take == s->n_tokens) { /* its last token: logits */
                 e->b_out[O] = T + take - 1;
@@ -735,7 +876,8 @@ static void step(Engine *e)
     int V = e->m->cfg.vocab;
     Batch b = {.n_tokens = T, .tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq, .slot = e->b_slot,
                .n_seqs = S, .seq_start = e->b_start, .seq_ntok = e->b_ntok, .ctx_len = e->b_ctx,
-               .block_table = e->b_table, .bt_stride = e->b_stride, .n_out = O, .out_idx = e->b_out};
+               .block_table = e->b_table, .bt_stride = e->b_stride, .n_out = O, .out_idx = e->b_out,
+               .seq_group = e->b_group};
     for (int i = 0; i < S; i++) b.max_ctx = e->b_ctx[i] > b.max_ctx ? e->b_ctx[i] : b.max_ctx;
     /* every output row plain greedy: argmax on the backend, only the ids cross (no V floats a
      * row); else every row's token a function of its logits alone (no penalties, log-probabilities
@@ -868,16 +1010,14 @@ void engine_free(Engine *e)
     if (!e) return;
     if (e->started) engine_stop(e, 0);
     while (e->n_all) drop(e, e->all[0]);
-    for (int b = 0; b < e->kv.n_blocks; b++)
-        if (e->block_hash[b]) kv_cache_release_block(&e->kv, b);
+    pools_free(e);
     forward_free(&e->f);
     prof_free(&e->prof, e->be);
     kv_cache_free(&e->kv);
     be_free(e->be, e->d_ids);
     be_free(e->be, e->d_rows);
-    void *p[] = {e->b_tokens, e->b_pos, e->b_seq, e->b_slot, e->b_start, e->b_ntok, e->b_ctx, e->b_out, e->b_table,
-                 e->b_seqs, e->b_outseq, e->logits, e->running, e->waiting, e->all, e->pm.keys, e->pm.blocks,
-                 e->block_hash, e->block_tick, e->h_ids, e->h_rows};
+    void *p[] = {e->b_tokens, e->b_pos, e->b_seq, e->b_slot, e->b_start, e->b_ntok, e->b_ctx, e->b_group, e->b_out,
+                 e->b_table, e->b_seqs, e->b_outseq, e->logits, e->running, e->waiting, e->all, e->h_ids, e->h_rows};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) free(p[i]);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);

@@ -114,6 +114,15 @@ void engine_cancel(Engine *e, uint64_t id);
 /* The caller saw a stop string: end the request with FINISH_STOP (a final event follows). */
 void engine_finish(Engine *e, uint64_t id);
 
+#define ENGINE_MAX_DP 64
+
+/* One attention group's figures (--dp). */
+typedef struct {
+    uint64_t placed;           /* requests placed on it since the start */
+    int running, waiting;      /* its sequences running; preempted ones waiting to resume on it */
+    int kv_blocks_total, kv_blocks_used;
+} EngineGroupStats;
+
 typedef struct {
     int running, waiting;      /* sequences */
     int peak_running;          /* the most sequences running at once since the start */
@@ -121,6 +130,8 @@ typedef struct {
     uint64_t prefix_queries, prefix_hits; /* prompt tokens looked up / found in the cache */
     uint64_t preemptions;
     uint64_t steps, prompt_tokens, generation_tokens;
+    int dp;                    /* attention groups (1 without --dp) */
+    EngineGroupStats group[ENGINE_MAX_DP];
 } EngineStats;
 
 void engine_stats(Engine *e, EngineStats *s);

@@ -1,7 +1,9 @@
 /* runner: one sequence through the forward pass and the paged KV cache, for the commands that
  * need no scheduler (logits, generate, perplexity): tokens are appended a chunk at a time and
  * the logits of every appended position, or of the last one, come back on the host. The
- * server's engine (#6) batches many sequences with the same Forward and KVCache. */
+ * server's engine (#6) batches many sequences with the same Forward and KVCache. A runner of
+ * several sequences (runner_init_seqs, logits --seqs) feeds the same tokens to each, every one
+ * in its own cache blocks, in one batch: under --dp sequence i runs on attention group i mod dp. */
 #ifndef MOESERVE_RUNNER_H
 #define MOESERVE_RUNNER_H
 
@@ -12,15 +14,22 @@ typedef struct {
     const Model *m;            /* borrowed: the model in the backend's memory */
     Backend *be;               /* borrowed */
     KVCache kv;
-    BlockTable bt;
+    BlockTable bt;             /* sequence 0's */
+    BlockTable *bts;           /* [n_seqs] every sequence's (bts[0] is bt) */
+    int n_seqs;
+    int *group;                /* [n_seqs] the attention group of each (--dp) */
     Forward f;
     int chunk;                 /* tokens per forward */
     int max_ctx;               /* positions the cache holds */
     int n_ctx;                 /* positions filled so far */
-    int *pos, *seq, *slot, *out_idx; /* [chunk] batch arrays */
+    int *pos, *seq, *slot, *out_idx, *tok; /* [n_seqs * chunk] batch arrays */
+    int *start, *ntok, *ctx, *table;       /* [n_seqs] ([n_seqs, blocks] the table) */
+    float *rows;               /* [n_seqs * chunk, V] the logits of a chunk (several sequences) */
 } Runner;
 
 void runner_init(Runner *r, const Model *m, Backend *be, int max_ctx, int chunk, int block_size);
+/* n_seqs sequences (runner_feed: all != 0 only; logits [n_seqs, n, V]) */
+void runner_init_seqs(Runner *r, const Model *m, Backend *be, int max_ctx, int chunk, int block_size, int n_seqs);
 void runner_free(Runner *r);
 /* Append ids[0..n) (n_ctx + n <= max_ctx); logits: all != 0 -> [n, V] for every appended
  * position, else [1, V] for the last one (NULL: none). Token ids must be in [0, vocab). */

@@ -964,8 +964,8 @@ void quant_config_free(QuantConfig *q)
 
 void config_shard_whole(ModelConfig *c)
 {
-    c->tp = c->pp = c->ep = 1;
-    c->tp_rank = c->pp_rank = 0;
+    c->tp = c->pp = c->ep = c->dp = 1;
+    c->tp_rank = c->pp_rank = c->dp_rank = 0;
     c->layer_begin = 0;
     c->layer_end = c->n_layers;
     c->expert0 = 0;

@@ -93,6 +93,8 @@ typedef struct {
      * above are this rank's: n_heads, n_kv_heads, intermediate and moe_intermediate are the
      * slices it holds (the global values are g_*). One rank (config_parse): everything. */
     int tp, tp_rank, pp, pp_rank, ep;
+    int dp, dp_rank;             /* attention data parallel (--dp): groups per stage, this rank's group;
+                                    tp and tp_rank are then the group's (tp / dp ranks) */
     int layer_begin, layer_end;  /* layers held: [begin, end) (pipeline stage) */
     int expert0, n_local_experts;/* routed experts held (EP): [expert0, expert0 + n_local_experts) */
     int vocab0, vocab_local;     /* lm_head rows held: [vocab0, vocab0 + vocab_local) */

@@ -16,6 +16,88 @@
 
 static int imax(int a, int b) { return a > b ? a : b; }
 
+/* backend memory for the host array h: h itself on the cpu */
+static void *twin(Backend *be, void *h, size_t bytes) { return be->host_memory ? h : be_alloc(be, bytes); }
+static void twin_free(Backend *be, void *h, void *d)
+{
+    if (d != h) be_free(be, d);
+    free(h);
+}
+
+/* --dp: the buffers of DpState (forward.h) */
+static void dp_init(Forward *f)
+{
+    const ModelConfig *c = &f->m->cfg;
+    Backend *be = f->be;
+    DpState *x = &f->dp;
+    int tp = f->dist->tp, dp = f->dist->dp;
+    size_t P = (size_t)f->max_tokens * (c->n_experts_per_tok > 0 ? c->n_experts_per_tok : 1), D = c->hidden;
+    x->on = 1;
+    x->n_out = xcalloc(dp, sizeof(int));
+    x->perm = xcalloc(f->max_out, sizeof(int));
+    x->perm_d = twin(be, x->perm, (size_t)f->max_out * sizeof(int));
+    int *id = xmalloc((size_t)f->max_out * sizeof(int));
+    for (int i = 0; i < f->max_out; i++) id[i] = i;
+    x->ident_d = be_alloc(be, (size_t)f->max_out * sizeof(int));
+    be_to_device(be, x->ident_d, id, (size_t)f->max_out * sizeof(int));
+    free(id);
+    if (f->dist->rank == 0) x->stage = be_alloc(be, (size_t)f->max_out * c->vocab * sizeof(float));
+    x->idx = xmalloc(P * sizeof(int));
+    x->wts = xmalloc(P * sizeof(float));
+    x->pos = xmalloc(P * sizeof(int));
+    x->rows = xmalloc(P * sizeof(int));
+    x->rows_d = twin(be, x->rows, P * sizeof(int));
+    x->meta = xmalloc(2 * P * sizeof(float));
+    x->meta_d = twin(be, x->meta, 2 * P * sizeof(float));
+    x->rmeta = xmalloc(2 * P * sizeof(float));
+    x->rmeta_d = twin(be, x->rmeta, 2 * P * sizeof(float));
+    x->eidx = xmalloc(P * sizeof(int));
+    x->eidx_d = twin(be, x->eidx, P * sizeof(int));
+    x->ew = xmalloc(P * sizeof(float));
+    x->ew_d = twin(be, x->ew, P * sizeof(float));
+    x->cnt = xcalloc(tp, sizeof(int));
+    x->cnt_d = twin(be, x->cnt, tp * sizeof(int));
+    x->rcnt = xcalloc(tp, sizeof(int));
+    x->rcnt_d = twin(be, x->rcnt, tp * sizeof(int));
+    x->fill = xcalloc(tp, sizeof(int));
+    x->sbytes = xcalloc(tp, sizeof(size_t));
+    x->rbytes = xcalloc(tp, sizeof(size_t));
+    if (c->n_experts > 0) {
+        x->xs = be_alloc(be, P * D * sizeof(float));
+        x->xr = be_alloc(be, P * D * sizeof(float));
+        x->y = be_alloc(be, P * D * sizeof(float));
+    }
+}
+
+static void dp_free(Forward *f)
+{
+    DpState *x = &f->dp;
+    Backend *be = f->be;
+    if (!x->on) return;
+    free(x->sb_buf);
+    free(x->n_out);
+    twin_free(be, x->perm, x->perm_d);
+    be_free(be, x->ident_d);
+    be_free(be, x->stage);
+    free(x->idx);
+    free(x->wts);
+    free(x->pos);
+    twin_free(be, x->rows, x->rows_d);
+    twin_free(be, x->meta, x->meta_d);
+    twin_free(be, x->rmeta, x->rmeta_d);
+    twin_free(be, x->eidx, x->eidx_d);
+    twin_free(be, x->ew, x->ew_d);
+    twin_free(be, x->cnt, x->cnt_d);
+    twin_free(be, x->rcnt, x->rcnt_d);
+    free(x->fill);
+    free(x->sbytes);
+    free(x->rbytes);
+    be_free(be, x->xs);
+    be_free(be, x->xr);
+    be_free(be, x->y);
+    *x = (DpState){0};
+}
+
 void forward_init(Forward *f, const Model *m, Backend *be, int max_tokens, int max_out, int max_seqs,
                   int max_blocks)
 {
@@ -91,6 +173,7 @@ void forward_init(Forward *f, const Model *m, Backend *be, int max_tokens, int m
             f->lm_part = be_alloc(be, (size_t)max_out * c->vocab_local * F4);
             f->lm_gather = be_alloc(be, tp * max_out * c->vocab_local * F4);
         }
+        if (f->dist->dp > 1) dp_init(f);
     }
 }
 
@@ -109,6 +192,7 @@ void forward_free(Forward *f)
                     f->lm_gather, f->gidx_d != f->gidx ? f->gidx_d : NULL};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be_free(f->be, bufs[i]);
     mla_expand_free(&f->mla, f->be);
+    dp_free(f);
     free(f->rb_seq);
     free(f->rb_start);
     free(f->rb_out);
@@ -275,8 +359,8 @@ static void forward_body(Forward *f, KVCache *kv)
     int *topk0 = f->topk;
     int D = c->hidden, Ki = c->index_topk;
     int first = c->layer_begin == 0, last = c->layer_end == c->n_layers;
-    int prev = first ? -1 : dist_rank_of(d, c->pp_rank - 1, c->tp_rank);
-    int next = last ? -1 : dist_rank_of(d, c->pp_rank + 1, c->tp_rank);
+    int prev = first ? -1 : dist_rank_of(d, c->pp_rank - 1, d->tp_rank);
+    int next = last ? -1 : dist_rank_of(d, c->pp_rank + 1, d->tp_rank);
     /* a stage that starts on a "shared" indexer layer needs the previous stage's selection */
     int topk_in = !first && topk0 && c->layer_indexer[c->layer_begin] == INDEXER_SHARED;
     int topk_out = !last && topk0 && c->layer_indexer[c->layer_end] == INDEXER_SHARED;
@@ -291,20 +375,25 @@ static void forward_body(Forward *f, KVCache *kv)
         f->h = h0 + (size_t)mb->t0 * D;
         if (topk0) f->topk = topk0 + (size_t)mb->t0 * Ki;
         int T = hv.n_tokens;
-        if (first) {
+        /* --dp: a group without sequences this step still joins every MoE layer's exchange */
+        if (!T) {
+        } else if (first) {
             be_embed(be, f->h, dv.tokens, T, &m->embed);
         } else {
             dist_recv(d, be, f->h, (size_t)T * D * sizeof(float), prev);
             if (topk_in) dist_recv(d, be, f->topk, (size_t)T * Ki * sizeof(int), prev);
         }
         for (int l = c->layer_begin; l < c->layer_end; l++) {
-            if (config_is_mla(c))
+            if (!T) {
+            } else if (config_is_mla(c)) {
                 glm5_attention(f, l, kv);
-            else
+            } else {
                 glm4_moe_attention(f, l, kv);
+            }
             moe_ffn(f, l);
         }
-        if (!last) {
+        if (!T) {
+        } else if (!last) {
             dist_send(d, be, f->h, (size_t)T * D * sizeof(float), next);
             if (topk_out) dist_send(d, be, f->topk, (size_t)T * Ki * sizeof(int), next);
         } else if (hv.n_out) {
@@ -316,7 +405,7 @@ static void forward_body(Forward *f, KVCache *kv)
     f->hb = hb;
     f->db = db;
     /* the logits to rank 0 (the first stage) */
-    if (d && d->pp > 1 && hb->n_out) {
+    if (d && d->pp > 1 && d->dp == 1 && hb->n_out) {
         size_t bytes = (size_t)hb->n_out * c->vocab * sizeof(float);
         if (last && c->tp_rank == 0) dist_send(d, be, f->logits, bytes, 0);
         else if (d->rank == 0) dist_recv(d, be, f->logits, bytes, dist_rank_of(d, d->pp - 1, 0));
@@ -327,6 +416,10 @@ void forward_enable_graphs(Forward *f, int max_ctx)
 {
     Backend *be = f->be;
     if (!be->ops->graph_begin || be->host_memory) return;
+    if (f->dp.on) { /* the MoE exchange sizes its messages on the host each layer: not capturable (yet) */
+        log_info("forward: --dp runs decode steps without graphs");
+        return;
+    }
     if (f->shared) {
         DistMsg msg = {.op = DIST_MSG_GRAPHS, .v = {max_ctx}};
         dist_bcast_host(f->dist, &msg, sizeof msg);
@@ -418,8 +511,8 @@ static void forward_decode_graph(Forward *f, const Batch *b, KVCache *kv)
 /* rank 0: the step's batch to every worker (block-table rows cut to the blocks in use) */
 static void forward_send_batch(Forward *f, const Batch *b, const KVCache *kv)
 {
-    int T = b->n_tokens, S = b->n_seqs, O = b->n_out, bs = kv->block_size;
-    size_t n = 4 * (size_t)T + 3 * (size_t)S + O;
+    int T = b->n_tokens, S = b->n_seqs, O = b->n_out, bs = kv->block_size, dp = f->dp.on;
+    size_t n = 4 * (size_t)T + (3 + dp) * (size_t)S + O;
     for (int s = 0; s < S; s++) {
         int nb = (b->ctx_len[s] + bs - 1) / bs;
         n += nb < b->bt_stride ? nb : b->bt_stride;
@@ -431,6 +524,10 @@ static void forward_send_batch(Forward *f, const Batch *b, const KVCache *kv)
     for (int i = 0; i < 3; i++, p += S) memcpy(p, sarr[i], S * sizeof(int));
     memcpy(p, b->out_idx, O * sizeof(int));
     p += O;
+    if (dp) {
+        for (int s = 0; s < S; s++) p[s] = b->seq_group ? b->seq_group[s] : 0;
+        p += S;
+    }
     for (int s = 0; s < S; s++) {
         int nb = (b->ctx_len[s] + bs - 1) / bs;
         if (nb > b->bt_stride) nb = b->bt_stride;
@@ -441,6 +538,96 @@ static void forward_send_batch(Forward *f, const Batch *b, const KVCache *kv)
     dist_bcast_host(f->dist, &msg, sizeof msg);
     dist_bcast_host(f->dist, buf, n * sizeof(int));
     free(buf);
+}
+
+/* --dp: the sequences of b on this rank's group, their tokens and logits rows, renumbered, in
+ * f->dp.sb (an empty batch when the group has none); and each group's logits rows in f->dp.n_out */
+static const Batch *dp_part(Forward *f, const Batch *b)
+{
+    DpState *x = &f->dp;
+    Dist *d = f->dist;
+    int T = b->n_tokens, S = b->n_seqs, O = b->n_out, st = b->bt_stride, g = d->dp_rank;
+    size_t need = 6 * (size_t)T + 1 + 5 * (size_t)S + (size_t)S * st + O;
+    if (need > x->sb_cap) x->sb_buf = xrealloc(x->sb_buf, (x->sb_cap = need) * sizeof(int));
+    int *p = x->sb_buf, *lseq = p, *pre = lseq + S; /* pre[t]: the group's tokens before token t */
+    p = pre + T + 1;
+    Batch *r = &x->sb;
+    *r = (Batch){.bt_stride = st};
+    r->tokens = p, p += T;
+    r->pos = p, p += T;
+    r->seq = p, p += T;
+    r->slot = p, p += T;
+    r->seq_start = p, p += S;
+    r->seq_ntok = p, p += S;
+    r->ctx_len = p, p += S;
+    r->block_table = p, p += (size_t)S * st;
+    r->out_idx = p;
+#define GROUP(s) (b->seq_group ? b->seq_group[s] : 0)
+    for (int s = 0; s < S; s++) {
+        int gs = GROUP(s);
+        CHECK(gs >= 0 && gs < d->dp, "forward: sequence %d on group %d of %d", s, gs, d->dp);
+        lseq[s] = gs == g ? r->n_seqs++ : -1;
+    }
+    for (int t = 0; t < T; t++) {
+        pre[t] = r->n_tokens;
+        int ls = lseq[b->seq[t]];
+        if (ls < 0) continue;
+        int k = r->n_tokens++;
+        r->tokens[k] = b->tokens[t];
+        r->pos[k] = b->pos[t];
+        r->seq[k] = ls;
+        r->slot[k] = b->slot[t];
+    }
+    pre[T] = r->n_tokens;
+    for (int s = 0; s < S; s++) {
+        int ls = lseq[s];
+        if (ls < 0) continue;
+        r->seq_start[ls] = pre[b->seq_start[s]];
+        r->seq_ntok[ls] = b->seq_ntok[s];
+        r->ctx_len[ls] = b->ctx_len[s];
+        if (b->ctx_len[s] > r->max_ctx) r->max_ctx = b->ctx_len[s];
+        memcpy(r->block_table + (size_t)ls * st, b->block_table + (size_t)s * st, st * sizeof(int));
+    }
+    memset(x->n_out, 0, d->dp * sizeof(int));
+    for (int o = 0; o < O; o++) {
+        int s = b->seq[b->out_idx[o]];
+        x->n_out[GROUP(s)]++;
+        if (lseq[s] >= 0) r->out_idx[r->n_out++] = pre[b->out_idx[o]];
+    }
+#undef GROUP
+    return r;
+}
+
+/* --dp: every group's logits rows to rank 0's f->logits, in b's order: each group's first rank
+ * on the last stage sends its rows; rank 0 stages them group after group, then puts them in order */
+static void dp_logits(Forward *f, const Batch *b)
+{
+    DpState *x = &f->dp;
+    Dist *d = f->dist;
+    Backend *be = f->be;
+    const ModelConfig *c = &f->m->cfg;
+    int O = b->n_out, V = c->vocab, last = c->layer_end == c->n_layers;
+    size_t row = (size_t)V * sizeof(float);
+    if (!O) return;
+    if (last && d->atp_rank == 0 && d->rank != 0 && x->n_out[d->dp_rank])
+        dist_send(d, be, f->logits, x->n_out[d->dp_rank] * row, 0);
+    if (d->rank != 0) return;
+    int off[1024], o0 = 0;
+    CHECK(d->dp <= 1024, "more than 1024 groups");
+    for (int g = 0; g < d->dp; g++) {
+        int n = x->n_out[g], src = dist_rank_of(d, d->pp - 1, g * d->atp);
+        off[g] = o0;
+        if (!n) continue;
+        if (src == 0) be_get_rows(be, x->stage + (size_t)o0 * V, f->logits, V, x->ident_d, n, V);
+        else dist_recv(d, be, x->stage + (size_t)o0 * V, n * row, src);
+        o0 += n;
+    }
+    for (int o = 0; o < O; o++) {
+        int s = b->seq[b->out_idx[o]], g = b->seq_group ? b->seq_group[s] : 0;
+        x->perm[o] = off[g]++;
+    }
+    if (x->perm_d != x->perm) be_to_device(be, x->perm_d, x->perm, (size_t)O * sizeof(int));
+    be_get_rows(be, f->logits, x->stage, V, x->perm_d, O, V);
 }
 
 void forward_run(Forward *f, const Batch *b, KVCache *kv, float *logits_out)
@@ -457,9 +644,10 @@ void forward_run(Forward *f, const Batch *b, KVCache *kv, float *logits_out)
     if (f->graph_ctx && !eager && is_decode(f, b)) {
         forward_decode_graph(f, b, kv);
     } else {
-        f->hb = forward_split(f, b);
+        f->hb = forward_split(f, f->dp.on ? dp_part(f, b) : b);
         f->db = forward_upload(f, f->hb);
         forward_body(f, kv);
+        if (f->dp.on) dp_logits(f, b);
     }
     dist_flush(f->dist, be);
     if (logits_out && b->n_out)
@@ -556,6 +744,10 @@ void forward_worker(const Model *m, Backend *be)
                        .n_seqs = S, .seq_start = buf + 4 * T, .seq_ntok = buf + 4 * T + S, .ctx_len = buf + 4 * T + 2 * S,
                        .n_out = O, .out_idx = buf + 4 * T + 3 * S, .block_table = table, .bt_stride = stride};
             const int *p = b.out_idx + O;
+            if (f.dp.on) {
+                b.seq_group = (int *)p;
+                p += S;
+            }
             for (int s = 0; s < S; s++) {
                 int nb = (b.ctx_len[s] + kv.block_size - 1) / kv.block_size;
                 if (nb > stride) nb = stride;

@@ -22,6 +22,35 @@ typedef struct {
     float *st;                 /* [T, H, 2] each query and head's running softmax max and sum */
 } MlaExpand;
 
+/* Attention data parallel (--dp): this rank's group's part of each step, rank 0's gathering of
+ * every group's logits rows, and the MoE layers' exchange (moe.c). Host arrays with their
+ * backend twins (*_d; the same memory on the cpu). P = max_tokens x experts per token. */
+typedef struct {
+    int on;                    /* dist->dp > 1 */
+    Batch sb;                  /* the group's sequences, tokens and logits rows of the step */
+    int *sb_buf;               /* sb's arrays (grow-only, sb_cap ints) */
+    size_t sb_cap;
+    int *n_out;                /* [dp] logits rows of each group in the step */
+    int *perm, *perm_d;        /* rank 0: [max_out] the staged row of each logits row; then 0, 1, ... */
+    int *ident_d;              /* [max_out] 0, 1, ... */
+    float *stage;              /* rank 0: [max_out, V] the groups' logits rows, group after group */
+    int *idx;                  /* [P] the router's experts (global ids) of this rank's rows */
+    float *wts;                /* [P] their weights */
+    int *pos;                  /* [P] where each (token, k) pair's row goes in the sent rows */
+    int *rows, *rows_d;        /* [P] gather rows: dispatch, the token of each sent row; combine, the
+                                  returned row of each (k, token), k-major */
+    float *meta, *meta_d;      /* [P, 2] each sent row's expert (on its rank, as a float) and weight */
+    float *rmeta, *rmeta_d;    /* [P, 2] the received rows' */
+    int *eidx, *eidx_d;        /* [P] the received rows' experts */
+    float *ew, *ew_d;          /* [P] and weights */
+    int *cnt, *cnt_d;          /* [tp] rows to each rank of the stage */
+    int *rcnt, *rcnt_d;        /* [tp] rows from each */
+    int *fill;                 /* [tp] */
+    size_t *sbytes, *rbytes;   /* [tp] */
+    float *xs, *xr, *y;        /* [P, D] sent rows (then the returned ones), received rows (then the
+                                  returned ones in combine order), the experts' weighted outputs */
+} DpState;
+
 typedef struct {
     const Model *m;            /* borrowed */
     Backend *be;               /* borrowed */
@@ -76,6 +105,7 @@ typedef struct {
                                   of lm_head in order (host, backend memory) */
     float *lm_part;            /* [max_out, V / tp] this rank's logits slice */
     float *lm_gather;          /* [tp, max_out, V / tp] every rank's */
+    DpState dp;                /* --dp */
 } Forward;
 
 void forward_init(Forward *f, const Model *m, Backend *be, int max_tokens, int max_out, int max_seqs,

@@ -45,6 +45,16 @@ void kv_cache_init(KVCache *kv, const ModelConfig *c, Backend *be, int block_siz
     kv->n_free = n_blocks;
 }
 
+void kv_cache_init_blocks(KVCache *kv, int block_size, int n_blocks)
+{
+    CHECK(block_size > 0 && n_blocks > 0, "kv cache: block_size %d, n_blocks %d", block_size, n_blocks);
+    *kv = (KVCache){.block_size = block_size, .n_blocks = n_blocks};
+    kv->free_list = xmalloc(n_blocks * sizeof(int));
+    kv->refcount = xcalloc(n_blocks, sizeof(int));
+    for (int i = 0; i < n_blocks; i++) kv->free_list[i] = n_blocks - 1 - i;
+    kv->n_free = n_blocks;
+}
+
 void kv_cache_free(KVCache *kv)
 {
     if (kv->layers)

@@ -28,6 +28,9 @@ size_t kv_cache_block_bytes(const ModelConfig *c, int block_size);
 /* The pool, its elements of model_kv_dtype(c, be->host_memory); FP8 layers take the checkpoint's
  * k_scale / v_scale (c->kv_scale), else 1. */
 void kv_cache_init(KVCache *kv, const ModelConfig *c, Backend *be, int block_size, int n_blocks);
+/* A block allocator alone, no memory (layers NULL): the pool of another rank's attention group (--dp),
+ * whose blocks rank 0's scheduler hands out. */
+void kv_cache_init_blocks(KVCache *kv, int block_size, int n_blocks);
 void kv_cache_free(KVCache *kv);
 int kv_cache_alloc_block(KVCache *kv);   /* block id, or -1 when the pool is exhausted */
 void kv_cache_ref_block(KVCache *kv, int block);

@@ -294,7 +294,7 @@ static float *vec(Loader *ld, const char *name, int64_t n, int optional)
 
 /* ---- the shard of one rank (src/dist/plan.h) ---- */
 
-static int sharded(const ModelConfig *c) { return c->tp > 1 || c->pp > 1; }
+static int sharded(const ModelConfig *c) { return c->tp > 1 || c->pp > 1 || c->ep > 1; }
 
 /* rows [r0, r0 + n) of a loaded linear: a view of the mapped file */
 static void shard_rows(QTensor *w, int64_t r0, int64_t n)

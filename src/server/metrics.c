@@ -87,6 +87,30 @@ static void render_hist(FILE *f, const char *name, const char *help, const Histo
             h->sum, name, (unsigned long long)h->n);
 }
 
+/* attention data parallel (--dp): each group's placements, sequences and KV pool */
+static void render_groups(FILE *f, const EngineStats *s)
+{
+    fprintf(f, "# HELP moeserve_dp_group_requests_total Requests placed on each attention group (--dp).\n"
+               "# TYPE moeserve_dp_group_requests_total counter\n");
+    for (int g = 0; g < s->dp; g++)
+        fprintf(f, "moeserve_dp_group_requests_total{group=\"%d\"} %llu\n", g, (unsigned long long)s->group[g].placed);
+    fprintf(f, "# HELP moeserve_dp_group_requests_running Requests running on each attention group.\n"
+               "# TYPE moeserve_dp_group_requests_running gauge\n");
+    for (int g = 0; g < s->dp; g++)
+        fprintf(f, "moeserve_dp_group_requests_running{group=\"%d\"} %d\n", g, s->group[g].running);
+    fprintf(f, "# HELP moeserve_dp_group_requests_waiting Preempted requests waiting to resume on each attention "
+               "group.\n"
+               "# TYPE moeserve_dp_group_requests_waiting gauge\n");
+    for (int g = 0; g < s->dp; g++)
+        fprintf(f, "moeserve_dp_group_requests_waiting{group=\"%d\"} %d\n", g, s->group[g].waiting);
+    fprintf(f, "# HELP moeserve_dp_group_kv_cache_usage_ratio Fraction of each attention group's KV blocks in use.\n"
+               "# TYPE moeserve_dp_group_kv_cache_usage_ratio gauge\n");
+    for (int g = 0; g < s->dp; g++)
+        fprintf(f, "moeserve_dp_group_kv_cache_usage_ratio{group=\"%d\"} %.6f\n", g,
+                s->group[g].kv_blocks_total > 0 ? (double)s->group[g].kv_blocks_used / s->group[g].kv_blocks_total
+                                                : 0.0);
+}
+
 char *metrics_render(Metrics *m, Engine *e, size_t *len)
 {
     char *buf = NULL;
@@ -143,6 +167,7 @@ char *metrics_render(Metrics *m, Engine *e, size_t *len)
         fprintf(f, "# HELP moeserve_engine_steps_total Forward steps run by the engine.\n"
                    "# TYPE moeserve_engine_steps_total counter\nmoeserve_engine_steps_total %llu\n",
                 (unsigned long long)s.steps);
+        if (s.dp > 1) render_groups(f, &s);
     }
     fclose(f);
     return buf;

@@ -252,6 +252,19 @@ int openai_get(Api *a, ApiReq *r, const char *url, const char **content_type, Ap
         Deployment d;
         engine_diagnose(a->engine, a->ceilings, &a->layout, &g, &d);
         json_t *o = diagnosis_json(&g, &d, a->ceilings);
+        EngineStats st;
+        engine_stats(a->engine, &st);
+        if (st.dp > 1) { /* attention data parallel: each group's requests and KV */
+            json_t *arr = json_array();
+            for (int k = 0; k < st.dp; k++) {
+                const EngineGroupStats *gs = &st.group[k];
+                json_array_append_new(arr, json_pack("{s:i, s:I, s:i, s:i, s:i, s:i}", "group", k, "requests_total",
+                                                     (json_int_t)gs->placed, "running", gs->running, "waiting",
+                                                     gs->waiting, "kv_blocks_total", gs->kv_blocks_total,
+                                                     "kv_blocks_used", gs->kv_blocks_used));
+            }
+            json_object_set_new(o, "dp_groups", arr);
+        }
         char *s = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(6));
         json_decref(o);
         if (!s) return API_EINTERNAL;

@@ -108,6 +108,34 @@ TEST(cli_vllm_sglang_spellings)
     EXPECT(MO.quantization && !strcmp(MO.quantization, "modelopt_fp4"));
     char err[256];
     EXPECT(par_resolve(&MO.par, err, sizeof err) == 0 && MO.par.ep == 4 && MO.par.tp == 4, "%s", err);
+    /* attention data parallel: SGLang counts groups within --tp, vLLM's --data-parallel-size multiplies it */
+    const struct { const char *args; int tp, dp, ep; } dps[] = {
+        {"m --tp 4 --dp 2", 4, 2, 4},
+        {"m --tp-size 8 --dp-size 8 --enable-dp-attention", 8, 8, 8},
+        {"m --tp 4 --enable-dp-attention", 4, 4, 4},
+        {"m --tensor-parallel-size 2 --data-parallel-size 4 --enable-expert-parallel", 8, 4, 8},
+        {"m --data-parallel-size 2", 2, 2, 2},
+        {"m --tp 2 --dp 2 --ep 2 --pp 2", 2, 2, 2},
+    };
+    for (size_t k = 0; k < sizeof dps / sizeof dps[0]; k++) {
+        serve_parse(dps[k].args);
+        int rc = par_resolve(&MO.par, err, sizeof err);
+        EXPECT(rc == 0 && MO.par.tp == dps[k].tp && MO.par.dp == dps[k].dp && MO.par.ep == dps[k].ep,
+               "%s: rc %d, tp %d dp %d ep %d (%s)", dps[k].args, rc, MO.par.tp, MO.par.dp, MO.par.ep, rc ? err : "");
+        EXPECT(par_resolve(&MO.par, err, sizeof err) == 0 && MO.par.tp == dps[k].tp, "%s: twice", dps[k].args);
+    }
+    const struct { const char *args, *want; } bad[] = {
+        {"m --tp 4 --dp 3", "--dp must divide --tp"},
+        {"m --dp 2", "--dp must divide --tp"},
+        {"m --tp 4 --dp 2 --ep 2", "--ep must equal --tp"},
+        {"m --dp 2 --data-parallel-size 4", "give one of them"},
+        {"m --tp 2 --dp 2 --pp 2 --pp-microbatches 2", "one micro-batch"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        serve_parse(bad[k].args);
+        err[0] = 0;
+        EXPECT(par_resolve(&MO.par, err, sizeof err) < 0 && strstr(err, bad[k].want), "%s: '%s'", bad[k].args, err);
+    }
 }
 
 /* ---- the binary ---- */
@@ -176,8 +204,9 @@ TEST(cli_misspelt_option_one_line)
     EXPECT_EQ_INT(run("serve m --tool-call-parser hermes", &out), 2);
     EXPECT(strstr(out, "option --tool-call-parser: 'hermes': moeserve parses GLM tool calls"), "%s", out);
     free(out);
-    EXPECT_EQ_INT(run("serve m --dp 2", &out), 2);
-    EXPECT(strstr(out, "option --dp: '2': moeserve runs one data-parallel replica a process"), "%s", out);
+    EXPECT_EQ_INT(run("serve m --dp 3 --tp 4", &out), 1);
+    EXPECT(strstr(out, "error: --dp 3 with --tp 4: the 4 tensor ranks of a stage form the attention groups, so --dp "
+                       "must divide --tp") && lines(out) == 1, "%s", out);
     free(out);
 }
 

@@ -61,14 +61,20 @@ static double max_diff(const float *a, const float *b, size_t n)
     return d;
 }
 
+/* the --dp layouts last: with one sequence every group but the first is idle and must still
+ * join each MoE layer's exchange */
 static const struct { int np; const char *args; } layouts[] = {
     {2, "--tp 2"}, {4, "--tp 4"}, {2, "--pp 2"}, {4, "--pp 4"}, {4, "--tp 2 --pp 2"},
     {2, "--ep 2"}, {4, "--ep 4"}, {4, "--ep 2 --pp 2"},
+    {2, "--tp 2 --dp 2 --ep 2"}, {4, "--tp 4 --dp 2 --ep 4"}, {4, "--tp 4 --dp 4 --ep 4"},
+    {4, "--tp 2 --dp 2 --ep 2 --pp 2"},
 };
+#define FIRST_DP_LAYOUT 8
 
 /* env: environment settings prefixed to every command ("" none), exported to the ranks by
- * mpirun's -x options in xenv */
-static void check_fixture_env(const char *name, int chunk1, const char *env, const char *xenv)
+ * mpirun's -x options in xenv; the layouts from `first` on; seqs > 1: the prompt as that many
+ * sequences of one batch (logits --seqs, on every group), each copy held to the one rank's */
+static void check_fixture_seqs(const char *name, int chunk1, const char *env, const char *xenv, int seqs, size_t first)
 {
     char dir[600], cmd[4096], ref[700], out[700];
     snprintf(dir, sizeof dir, "%s", test_data("golden"));
@@ -92,11 +98,14 @@ static void check_fixture_env(const char *name, int chunk1, const char *env, con
     float *golden = test_read_f32(gpath, &ng);
     ASSERT(r && golden && n == ng, "%s: %zu logits, golden %zu", name, n, ng);
     double sd = std_of(golden, ng), single = max_diff(r, golden, n);
-    for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++) {
-        snprintf(out, sizeof out, "%s/%s-%zu%s.f32", test_tmpdir(), name, i, chunk1 ? "-c1" : "");
+    char sq[32] = "";
+    if (seqs > 1) snprintf(sq, sizeof sq, "--seqs %d", seqs);
+    for (size_t i = first; i < sizeof layouts / sizeof layouts[0]; i++) {
+        snprintf(out, sizeof out, "%s/%s-%zu%s-s%d.f32", test_tmpdir(), name, i, chunk1 ? "-c1" : "", seqs);
         snprintf(cmd, sizeof cmd,
-                 "%s" MPIRUN "%s-np %d '%s' logits --model '%s' --tokens %s --device cpu --threads 1 %s %s --out '%s' </dev/null",
-                 env, xenv, layouts[i].np, test_bin(), dir, tokens, chunk, layouts[i].args, out);
+                 "%s" MPIRUN "%s-np %d '%s' logits --model '%s' --tokens %s --device cpu --threads 1 %s %s %s "
+                 "--out '%s' </dev/null",
+                 env, xenv, layouts[i].np, test_bin(), dir, tokens, chunk, sq, layouts[i].args, out);
         log = NULL;
         rc = test_run(cmd, &log);
         EXPECT(rc == 0, "%s %s: %s", name, layouts[i].args, log ? log : "");
@@ -104,11 +113,13 @@ static void check_fixture_env(const char *name, int chunk1, const char *env, con
         if (rc) continue;
         size_t m;
         float *p = test_read_f32(out, &m);
-        EXPECT(p && m == n, "%s %s: %zu logits, expected %zu", name, layouts[i].args, p ? m : 0, n);
-        if (p && m == n) {
-            double d = max_diff(p, r, n), dg = max_diff(p, golden, n);
+        EXPECT(p && m == n * seqs, "%s %s: %zu logits, expected %zu", name, layouts[i].args, p ? m : 0, n * seqs);
+        for (int q = 0; p && m == n * seqs && q < seqs; q++) {
+            const float *pq = p + (size_t)q * n;
+            double d = max_diff(pq, r, n), dg = max_diff(pq, golden, n);
             /* the same model: only the order of float32 sums differs (a few 1e-6 of std seen) */
-            EXPECT(d <= 1e-4 * sd, "%s %s %s: max|d| vs one rank %.3g = %.3g std", name, layouts[i].args, chunk, d, d / sd);
+            EXPECT(d <= 1e-4 * sd, "%s %s %s %s (copy %d): max|d| vs one rank %.3g = %.3g std", name, layouts[i].args,
+                   chunk, sq, q, d, d / sd);
             /* and as close to transformers as the single rank (acceptance: 1e-3 std) */
             EXPECT(dg <= 1e-3 * sd && dg <= single + 1e-4 * sd, "%s %s %s: max|d| vs transformers %.3g std (one rank %.3g)",
                    name, layouts[i].args, chunk, dg / sd, single / sd);
@@ -118,6 +129,11 @@ static void check_fixture_env(const char *name, int chunk1, const char *env, con
     free(r);
     free(golden);
     free(tokens);
+}
+
+static void check_fixture_env(const char *name, int chunk1, const char *env, const char *xenv)
+{
+    check_fixture_seqs(name, chunk1, env, xenv, 1, 0);
 }
 
 static void check_fixture(const char *name, int chunk1) { check_fixture_env(name, chunk1, "", ""); }
@@ -137,6 +153,20 @@ TEST(dist_logits_glm5)
     check_fixture("glm5-nvfp4", 0);
     check_fixture("glm5-shared-bf16", 0);
     check_fixture("glm5-shared-bf16", 1); /* a stage may start on a "shared" indexer layer */
+}
+
+/* attention data parallel on every fixture: one sequence one token at a time (the tests above
+ * run it whole, groups but the first idle), and three sequences over two or four groups, whole
+ * and one token at a time, each equal to the single rank's one sequence */
+TEST(dist_logits_dp)
+{
+    if (!have_mpirun()) return;
+    const char *fx[] = {"glm4moe-bf16", "glm4moe-nvfp4", "glm5-bf16", "glm5-nvfp4", "glm5-shared-bf16"};
+    for (size_t i = 0; i < sizeof fx / sizeof fx[0]; i++) {
+        check_fixture_seqs(fx[i], 1, "", "", 1, FIRST_DP_LAYOUT);
+        check_fixture_seqs(fx[i], 0, "", "", 3, FIRST_DP_LAYOUT);
+        check_fixture_seqs(fx[i], 1, "", "", 3, FIRST_DP_LAYOUT);
+    }
 }
 
 /* MLA's expanded form forced on (src/model/mla.c) in pieces of 8 positions: tensor parallel ranks
@@ -171,14 +201,16 @@ static void signal_children(pid_t parent, int sig)
     if (d) closedir(d);
 }
 
-/* greedy completions of several prompts at once; returns 0 and the texts */
-static int completions(int port, char texts[4][512])
+/* greedy completions of n (at most 8) prompts at once; returns 0 and the texts */
+static int completions_n(int port, int n, char texts[][512])
 {
-    static const char *prompts[4] = {"The Debian package", "To install a program", "The kernel", "Configuration files are"};
-    for (int i = 0; i < 4; i++) texts[i][0] = 0;
-    /* in flight together: four connections, then the four answers */
-    int fds[4];
-    for (int i = 0; i < 4; i++) {
+    static const char *prompts[8] = {"The Debian package", "To install a program", "The kernel",
+                                     "Configuration files are", "A mirror", "The archive holds", "Security updates",
+                                     "Each release"};
+    for (int i = 0; i < n; i++) texts[i][0] = 0;
+    /* in flight together: n connections, then the n answers */
+    int fds[8];
+    for (int i = 0; i < n; i++) {
         char body[256];
         snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":24,\"temperature\":0,\"ignore_eos\":true}", prompts[i]);
         fds[i] = hc_connect(port, 0);
@@ -187,12 +219,12 @@ static int completions(int port, char texts[4][512])
         snprintf(hdr, sizeof hdr, "Content-Type: application/json\r\n");
         if (hc_send_request(fds[i], "POST", "/v1/completions", hdr, body, strlen(body)) < 0) return -1;
     }
-    for (int i = 0; i < 4; i++) {
-        size_t n;
-        char *raw = hc_read_all(fds[i], &n);
+    for (int i = 0; i < n; i++) {
+        size_t len;
+        char *raw = hc_read_all(fds[i], &len);
         close(fds[i]);
         Resp r;
-        hc_parse(raw, n, &r);
+        hc_parse(raw, len, &r);
         free(raw);
         json_t *j = r.status == 200 ? body_json(&r) : NULL;
         const char *t = j ? jstr(j, "choices.0.text") : NULL;
@@ -205,6 +237,30 @@ static int completions(int port, char texts[4][512])
     }
     return 0;
 }
+
+static int completions(int port, char texts[4][512]) { return completions_n(port, 4, texts); }
+
+/* one greedy completion of prompt, alone; 0 and its text */
+static int completion(int port, const char *prompt, char text[512])
+{
+    char body[1024];
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":12,\"temperature\":0,\"ignore_eos\":true}", prompt);
+    Resp r;
+    text[0] = 0;
+    int ok = post(port, "/v1/completions", body, &r) == 0 && r.status == 200;
+    json_t *j = ok ? body_json(&r) : NULL;
+    const char *t = j ? jstr(j, "choices.0.text") : NULL;
+    if (t) snprintf(text, 512, "%s", t);
+    if (j) json_decref(j);
+    resp_free(&r);
+    return ok && t ? 0 : -1;
+}
+
+/* several blocks of 16 tokens, for the prefix cache */
+#define LONG_A "Debian is a free operating system developed by a community of volunteers who maintain thousands " \
+               "of packages, release them together, and support each stable release with security updates for years"
+#define LONG_B "The kernel schedules processes, manages memory, drives the hardware and offers system calls through " \
+               "which programs open files, create sockets, start other programs and wait for them to finish their work"
 
 TEST(dist_serve_tp2_pp2)
 {
@@ -245,6 +301,64 @@ TEST(dist_serve_tp2_pp2)
     }
 }
 
+/* attention data parallel: 8 greedy requests at once answer as one rank does, both groups get
+ * requests, and the diagnosis shows the MoE exchange's time */
+TEST(dist_serve_dp)
+{
+    if (!have_mpirun()) return;
+    Srv s;
+    char ref[8][512], got[8][512], ref_a[512], ref_b[512], t[512];
+    ASSERT(srv_start_model(&s, "dp-ref", model_dir(), "") == 0);
+    int rc = completions_n(s.port, 8, ref) || completion(s.port, LONG_A, ref_a) || completion(s.port, LONG_B, ref_b);
+    srv_stop(&s, 30);
+    ASSERT(rc == 0, "single-rank server");
+    ASSERT(srv_start_launched(&s, "dp", model_dir(), MPIRUN "-np 2", "--tp 2 --dp 2 --ep 2 --profile-every 2") == 0,
+           "the --dp server did not start");
+    /* one at a time: A on group 0; A again where its prompt's blocks are cached, group 0 (where the
+     * other group, with as many free blocks and fewer placed, would win without them); then B, to
+     * the group with fewer placed. Each answers as one rank does. */
+    const char *g0 = "moeserve_dp_group_requests_total{group=\"0\"}";
+    const char *g1 = "moeserve_dp_group_requests_total{group=\"1\"}";
+    EXPECT(completion(s.port, LONG_A, t) == 0 && !strcmp(t, ref_a), "A: '%s', one rank '%s'", t, ref_a);
+    EXPECT(metric(s.port, g0) == 1 && metric(s.port, g1) == 0, "A placed on %g / %g", metric(s.port, g0),
+           metric(s.port, g1));
+    EXPECT(completion(s.port, LONG_A, t) == 0 && !strcmp(t, ref_a), "A again: '%s', one rank '%s'", t, ref_a);
+    EXPECT(metric(s.port, g0) == 2 && metric(s.port, g1) == 0,
+           "A again placed on %g / %g (its cached prefix is on group 0)", metric(s.port, g0), metric(s.port, g1));
+    EXPECT(metric(s.port, "moeserve_prefix_cache_hits_total") > 0, "no prefix-cache hit");
+    EXPECT(completion(s.port, LONG_B, t) == 0 && !strcmp(t, ref_b), "B: '%s', one rank '%s'", t, ref_b);
+    EXPECT(metric(s.port, g0) == 2 && metric(s.port, g1) == 1, "B placed on %g / %g", metric(s.port, g0),
+           metric(s.port, g1));
+    for (int round = 0; round < 2; round++) {
+        rc = completions_n(s.port, 8, got);
+        EXPECT(rc == 0, "requests failed");
+        for (int i = 0; i < 8 && rc == 0; i++)
+            EXPECT(!strcmp(got[i], ref[i]), "--dp 2 prompt %d: '%s', one rank '%s'", i, got[i], ref[i]);
+    }
+    double placed = 0;
+    for (int g = 0; g < 2; g++) {
+        char name[96];
+        snprintf(name, sizeof name, "moeserve_dp_group_requests_total{group=\"%d\"}", g);
+        double v = metric(s.port, name);
+        EXPECT(v > 0, "%s: %g", name, v);
+        placed += v;
+        snprintf(name, sizeof name, "moeserve_dp_group_kv_cache_usage_ratio{group=\"%d\"}", g);
+        EXPECT(metric(s.port, name) >= 0, "%s is missing", name);
+    }
+    EXPECT(placed == 19, "%g requests placed, 19 sent", placed);
+    Resp r;
+    EXPECT(http(s.port, "GET", "/v1/diagnosis", NULL, NULL, &r) == 0 && r.status == 200);
+    json_t *j = body_json(&r);
+    EXPECT(j && json_number_value(jget(j, "breakdown.all_to_all.ms")) > 0, "all-to-all time: %s", r.body ? r.body : "");
+    EXPECT(j && json_array_size(jget(j, "dp_groups")) == 2 &&
+               json_integer_value(jget(j, "dp_groups.1.requests_total")) > 0,
+           "dp_groups: %s", r.body ? r.body : "");
+    if (j) json_decref(j);
+    resp_free(&r);
+    signal_children(s.pid, SIGTERM);
+    EXPECT(srv_wait(&s, 60) == 0, "the --dp server did not stop cleanly");
+}
+
 TEST(dist_layout_errors)
 {
     if (!have_mpirun()) return;
@@ -260,6 +374,9 @@ TEST(dist_layout_errors)
         {"", "--ep 2 --tp 4", "--ep must equal --tp"},
         {MPIRUN "-np 2", "--pp-layers 3,2", "adds up to 5 layers"},
         {MPIRUN "-np 5", "--pp 5", "only 4 layers"},
+        /* attention data parallel: groups within the tensor ranks, experts over all of them */
+        {MPIRUN "-np 4", "--tp 4 --dp 3", "so --dp must divide --tp"},
+        {MPIRUN "-np 2", "--tp 2 --dp 2 --ep 4", "--ep must equal --tp"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         snprintf(cmd, sizeof cmd, "%s '%s' logits --model '%s' --tokens 1,2,3 --device cpu --threads 1 %s --out /dev/null </dev/null",
@@ -268,6 +385,30 @@ TEST(dist_layout_errors)
         int rc = test_run(cmd, &log);
         EXPECT(rc != 0 && log && strstr(log, cases[i].want), "%s: exit %d, expected an error with '%s', got: %s",
                cases[i].args, rc, cases[i].want, log ? log : "");
+        free(log);
+    }
+}
+
+/* layouts --dp cannot take, told in one line before any rank starts (info checks as the ranks would) */
+TEST(dist_dp_layout_errors)
+{
+    char dir[600], cmd[2048];
+    struct { const char *model, *args, *want; } cases[] = {
+        /* 4 heads over the 8 ranks of an attention group */
+        {"glm5-bf16", "--tp 16 --dp 2",
+         "error: --tp 16 --dp 2 (attention groups of 8): 4 attention heads do not split evenly"},
+        {"glm4moe-bf16", "--tp 6 --dp 6", "error: --ep 6: 16 routed experts do not split evenly"},
+        {"glm4moe-bf16", "--tp 4 --dp 8", "error: --dp 8 with --tp 4"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(dir, sizeof dir, "%s/%s", test_data("golden"), cases[i].model);
+        snprintf(cmd, sizeof cmd, "'%s' info --model '%s' %s 2>&1 >/dev/null", test_bin(), dir, cases[i].args);
+        char *log = NULL;
+        int rc = test_run(cmd, &log);
+        EXPECT(rc != 0 && log && !strncmp(log, cases[i].want, strlen(cases[i].want)) &&
+                   (!strchr(log, '\n') || !strchr(log, '\n')[1]),
+               "%s %s: exit %d, expected one line '%s', got: %s", cases[i].model, cases[i].args, rc, cases[i].want,
+               log ? log : "");
         free(log);
     }
 }
@@ -284,6 +425,8 @@ TEST(dist_rank_failure_stops_all)
         {"MOESERVE_TEST_FAULT=exit:1", "--pp 2", "rank 1"},
         {"MOESERVE_TEST_FAULT=hang:1", "--tp 2", "did not complete in 3 s"},
         {"MOESERVE_TEST_FAULT=hang:0", "--pp 2", "did not complete in 3 s"},
+        {"MOESERVE_TEST_FAULT=exit:1", "--tp 2 --dp 2 --ep 2", "rank 1"},
+        {"MOESERVE_TEST_FAULT=hang:1", "--tp 2 --dp 2 --ep 2", "did not complete in 3 s"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         snprintf(cmd, sizeof cmd,
@@ -377,6 +520,35 @@ TEST(dist_info_layout)
     ASSERT(l);
     EXPECT(json_is_true(json_object_get(l, "fits")) && json_array_size(json_object_get(l, "stages")) == 2);
     json_decref(l);
+    /* attention data parallel: each of 8 groups holds its own requests' latent cache, so the
+     * deployment holds several times the tokens of tp8 ep8 (where every rank holds the same ones);
+     * pipeline stages take the fewest of a stage, never the sum */
+    json_t *tp8 = info_layout(glm5, "--tp 8 --ep 8 --gpu-mem 141");
+    json_t *dp8 = info_layout(glm5, "--tp 8 --dp 8 --ep 8 --gpu-mem 141");
+    json_t *pp2 = info_layout(glm5, "--tp 4 --pp 2 --gpu-mem 141");
+    json_t *dpp = info_layout(glm5, "--tp 4 --dp 4 --pp 2 --gpu-mem 141");
+    ASSERT(tp8 && dp8 && pp2 && dpp);
+    double k1 = json_number_value(json_object_get(tp8, "kv_tokens_total"));
+    double k8 = json_number_value(json_object_get(dp8, "kv_tokens_total"));
+    EXPECT(k1 > 0 && k1 == stage_num(tp8, 0, "kv_tokens"), "tp8 ep8: %g tokens, its rank %g", k1,
+           stage_num(tp8, 0, "kv_tokens"));
+    EXPECT(k8 >= 4 * k1 && k8 == 8 * stage_num(dp8, 0, "kv_tokens"), "tp8 dp8 ep8: %g tokens, tp8 ep8 %g", k8, k1);
+    EXPECT(json_integer_value(json_object_get(dp8, "dp")) == 8 && json_is_true(json_object_get(dp8, "fits")));
+    double p0 = stage_num(pp2, 0, "kv_tokens"), p1 = stage_num(pp2, 1, "kv_tokens");
+    EXPECT(json_number_value(json_object_get(pp2, "kv_tokens_total")) == fmin(p0, p1), "pp2: %g, stages %g %g",
+           json_number_value(json_object_get(pp2, "kv_tokens_total")), p0, p1);
+    double d0 = stage_num(dpp, 0, "kv_tokens"), d1 = stage_num(dpp, 1, "kv_tokens");
+    EXPECT(json_number_value(json_object_get(dpp, "kv_tokens_total")) == 4 * fmin(d0, d1), "dp4 pp2");
+    json_decref(tp8);
+    json_decref(dp8);
+    json_decref(pp2);
+    json_decref(dpp);
+    /* GQA under --dp: a group's 2 ranks split the KV heads as --tp 2 does */
+    json_t *g2 = info_layout(gqa, "--tp 2"), *gd = info_layout(gqa, "--tp 4 --dp 2");
+    ASSERT(g2 && gd);
+    EXPECT(stage_num(gd, 0, "kv_bytes_per_token") == stage_num(g2, 0, "kv_bytes_per_token"));
+    json_decref(g2);
+    json_decref(gd);
 }
 
 /* `bench model` under a layout: rank 0 runs the batches and prints one JSON line a batch size,
