@@ -18,10 +18,13 @@
 
 #include "../base/util.h"
 #include "../engine/engine.h"
+#include "../diag/beside.h"
 #include "../diag/placement.h"
 #include "../diag/report.h"
 #include "../dist/dist.h"
+#include "../backend/sim/sim.h"
 #include "../cost/cost.h"
+#include "../cost/deploy.h"
 #include "cli.h"
 
 /* The ceilings as a device profile `plan --gpu FILE` reads (src/cost/cost.h), links included when
@@ -208,9 +211,72 @@ typedef struct {
     int batch, in_len, out_len, requests;
 } Load;
 
+/* The device profile a prediction of this run uses: the modelled device's own (sim:NAME), the
+ * built-in profile of the GPU by its name, the CPU's; NULL when no profile describes the device
+ * (then diagnose shows no prediction). */
+static const char *beside_profile(const char *device, const Ceilings *ceil, char *buf, size_t n)
+{
+    if (device && !strncmp(device, "sim:", 4)) {
+        snprintf(buf, n, "%s", device + 4);
+        buf[strcspn(buf, ",")] = 0;
+        return buf;
+    }
+    if (!ceil->gpu) return "cpu";
+    static const struct { const char *part, *profile; } names[] = {
+        {"H100", "h100"}, {"H200", "h200"}, {"B200", "b200"}, {"RTX PRO 6000", "rtx-pro-6000"}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strstr(ceil->device, names[i].part)) return names[i].profile;
+    return NULL;
+}
+
+/* What the cost model predicts for this deployment and load (`plan` of one wave of the load's batch
+ * of requests, serve's scheduler as the engine runs it): 0 and b filled, or -1 (said why at info level). */
+static int beside_predict(const ModelOpts *mo, const EngineOptions *eo, const Load *ld, const char *profile, int ranks,
+                          Beside *b)
+{
+    char err[512];
+    CostDevice dev, host;
+    CostLink link;
+    ModelConfig *whole = xcalloc(1, sizeof *whole);
+    int rc = -1;
+    if (cost_device_load(&dev, profile, err, sizeof err) || cost_device_load(&host, "cpu", err, sizeof err) ||
+        cost_link_load(&link, !dev.gpu && ranks > 1 ? "cpu-shm" : dev.default_link[0] ? dev.default_link : "nvlink4", err,
+                       sizeof err) ||
+        config_load(whole, mo->dir, err, sizeof err)) {
+        log_info("diagnose: no prediction beside the measurement: %s", err);
+        free(whole);
+        return -1;
+    }
+    const char *q = mo->dummy_quant ? mo->dummy_quant : "nvfp4";
+    CostSetup s = {.dir = mo->dir, .dummy_fmt = !strcmp(q, "fp8") ? QF_FP8 : !strcmp(q, "bf16") ? QF_BF16 : QF_NVFP4,
+                   .num_layers = mo->num_layers, .dev = &dev, .host = &host, .link = &link, .node_link = &link,
+                   .gpus_per_node = ranks, .nodes = 1, .input_len = ld->in_len, .output_len = ld->out_len,
+                   .max_running = eo->max_running, .max_batch_tokens = eo->max_batch_tokens,
+                   .chunked_prefill = eo->chunked_prefill, .decode_steps = eo->decode_steps,
+                   .microbatches = mo->par.microbatches, .kv_dtype = mo->kv_dtype, .wave = 1,
+                   .wave_every = eo->profile_every};
+    CostLayout lo = {.tp = mo->par.tp, .pp = mo->par.pp, .ep = mo->par.ep, .dp = mo->par.dp > 1 ? mo->par.dp : 1};
+    CostPlan *plan = xcalloc(1, sizeof *plan);
+    cost_plan(&s, whole, &lo, &ld->batch, 1, plan);
+    if (!plan->allowed || !plan->fits || plan->n_points < 1) {
+        log_info("diagnose: no prediction beside the measurement: %s", plan->why[0] ? plan->why : "the layout does not fit");
+    } else {
+        const CostPoint *pt = &plan->points[0];
+        memset(b, 0, sizeof *b);
+        snprintf(b->profile, sizeof b->profile, "%s", dev.name);
+        snprintf(b->layout, sizeof b->layout, "%s", plan->name);
+        b->step_ms = pt->step_ms;
+        for (int c = 0; c < SC_COUNT && c < CP_COUNT; c++) b->ms[c] = pt->share[c] * pt->step_ms;
+        rc = 0;
+    }
+    free(plan);
+    free(whole);
+    return rc;
+}
+
 /* one load on a fresh engine (after a warm-up engine's capture and first touches); its diagnosis */
 static json_t *diagnose_load(const Model *dm, const Model *m, Backend *be, EngineOptions eo, const Load *ld,
-                             const Ceilings *ceil, const Placement *pl, const ModelOpts *mo, int as_json)
+                             const Ceilings *ceil, const Placement *pl, const ModelOpts *mo, const char *profile, int as_json)
 {
     eo.max_running = ld->batch;
     if (eo.max_batch_tokens < ld->batch) eo.max_batch_tokens = ld->batch;
@@ -242,11 +308,18 @@ static json_t *diagnose_load(const Model *dm, const Model *m, Backend *be, Engin
     json_object_set_new(o, "placement", placement_json(pl));
     json_object_set_new(o, "load", json_pack("{s:i, s:i, s:i, s:i}", "batch", ld->batch, "input_len", ld->in_len,
                                              "output_len", ld->out_len, "requests", ld->requests));
+    Beside bs;
+    int have_plan = profile && beside_predict(mo, &eo, ld, profile, mo->par.tp * mo->par.pp, &bs) == 0;
+    if (have_plan) {
+        beside_compare(&g, &bs);
+        json_object_set_new(o, "plan", beside_json(&g, &bs));
+    }
     if (as_json) {
         out_json(o, JSON_COMPACT | JSON_REAL_PRECISION(6));
     } else {
         printf("== %d requests at a time, %d + %d tokens each\n", ld->batch, ld->in_len, ld->out_len);
         diagnosis_print(stdout, &g, &d, ceil);
+        if (have_plan) beside_print(stdout, &g, &bs);
         printf("\n");
     }
     fflush(stdout);
@@ -269,6 +342,8 @@ static int diagnose_model(ModelOpts *mo, const char *device, int threads, Engine
     calibrate_get(&ceil, &be, dist_get(), 1, CAL_CACHED);
     Placement pl; /* every rank takes part */
     placement_get(&pl, &be, dist_get());
+    char pbuf[256];
+    const char *profile = beside_profile(device, &ceil, pbuf, sizeof pbuf);
     if (model_worker(&dm, &be)) {
         model_on_backend_free(&dm, &be);
         backend_free(&be);
@@ -286,7 +361,7 @@ static int diagnose_model(ModelOpts *mo, const char *device, int threads, Engine
         memset(r, 0, sizeof *r);
         snprintf(r->name, sizeof r->name, "batch%d", ld.batch);
         r->tp = mo->par.tp, r->pp = mo->par.pp, r->ep = mo->par.ep, r->world = r->tp * r->pp;
-        r->diag = diagnose_load(&dm, &m, &be, *eo, &ld, &ceil, &pl, mo, as_json);
+        r->diag = diagnose_load(&dm, &m, &be, *eo, &ld, &ceil, &pl, mo, profile, as_json);
     }
     if (out_dir && n > 0) {
         if (report_write(runs, n, out_dir, "moeserve diagnose") != 0) log_error("diagnose: cannot write the report to %s", out_dir);

@@ -654,6 +654,56 @@ static void plan_point(Stage *stages, const CostSetup *s, const CostLayout *lo, 
     pt->bound = bound_of(pt, &parts, s->dev);
 }
 
+/* One wave of conc requests started together (CostSetup.wave: diagnose's and bench model's load):
+ * the prompts' prefill steps (chunks of --chunked-prefill-size, as many a step as
+ * --max-batch-tokens holds), then output_len - 1 decode steps of the whole wave (the last prefill
+ * step draws the first token); a point's step and parts are the mean over all of them. */
+static void plan_wave(Stage *stages, const CostSetup *s, const CostLayout *lo, int conc, CostPoint *pt)
+{
+    memset(pt, 0, sizeof *pt);
+    pt->concurrency = conc;
+    double I = s->input_len, O = s->output_len, B = ceil((double)conc / lo->dp);
+    double chunk = s->chunked_prefill > 0 ? s->chunked_prefill : s->max_batch_tokens;
+    if (chunk > s->max_batch_tokens) chunk = s->max_batch_tokens;
+    if (chunk > I) chunk = I;
+    double chunks = B * ceil(I / chunk), per_step = floor(s->max_batch_tokens / chunk);
+    if (per_step < 1) per_step = 1;
+    double n_pre_steps = ceil(chunks / per_step), n_dec_steps = O > 1 ? O - 1 : 0;
+    Shape pre = {0, 0, chunks < per_step ? chunks : per_step, chunk, I / 2.0 + chunk / 2.0};
+    Shape dec = {B, I + O / 2.0, 0, 0, 0};
+    Step sp, sd;
+    deploy_step(stages, lo->pp, s, &pre, &sp);
+    if (n_dec_steps > 0) deploy_step(stages, lo->pp, s, &dec, &sd);
+    else sd = sp;
+    double total_s = n_pre_steps * sp.step + n_dec_steps * sd.step;
+    /* the steps a point's mean is over: all, or those a profiler timing one step in N times (the
+     * engine's steps N, 2N, ... counted from 1) */
+    double w_pre = n_pre_steps, w_dec = n_dec_steps;
+    if (s->wave_every > 1) {
+        w_pre = floor(n_pre_steps / s->wave_every);
+        w_dec = floor((n_pre_steps + n_dec_steps) / s->wave_every) - w_pre;
+        if (w_pre + w_dec <= 0) w_pre = n_pre_steps, w_dec = n_dec_steps;
+    }
+    double steps = w_pre + w_dec;
+    Acc parts = {0};
+    acc_add(&parts, &sp.parts, w_pre / steps);
+    acc_add(&parts, &sd.parts, w_dec / steps);
+    pt->decode_ms = sd.step * 1e3;
+    pt->step_ms = (w_pre * sp.step + w_dec * sd.step) / steps * 1e3;
+    pt->tpot_ms = sd.step * 1e3;
+    pt->ttft_ms = n_pre_steps * sp.step * 1e3;
+    pt->decode_batch = B;
+    pt->prefill_per_step = pre.n_pre * chunk;
+    pt->running = (int)B;
+    pt->output_tok_s = lo->dp * B * O / total_s;
+    pt->tok_s_gpu = pt->output_tok_s / (lo->tp * lo->pp);
+    pt->tok_s_user = O / total_s;
+    double sum = 0;
+    for (int p = 0; p < CP_COUNT; p++) sum += parts.t[p];
+    for (int p = 0; p < CP_COUNT; p++) pt->share[p] = sum > 0 ? parts.t[p] / sum : 0;
+    pt->bound = bound_of(pt, &parts, s->dev);
+}
+
 void cost_plan(const CostSetup *s, const ModelConfig *whole, const CostLayout *l, const int *conc, int n_conc,
                CostPlan *out)
 {
@@ -702,7 +752,11 @@ void cost_plan(const CostSetup *s, const ModelConfig *whole, const CostLayout *l
         out->read_bytes_per_token = worst;
     }
     if (out->fits)
-        for (int i = 0; i < n_conc && i < COST_MAX_POINTS; i++) plan_point(st, s, l, kv_min, conc[i], &out->points[out->n_points++]);
+        for (int i = 0; i < n_conc && i < COST_MAX_POINTS; i++) {
+            CostPoint *pt = &out->points[out->n_points++];
+            if (s->wave) plan_wave(st, s, l, conc[i], pt);
+            else plan_point(st, s, l, kv_min, conc[i], pt);
+        }
     for (int i = 0; i < l->pp; i++) model_free(&st[i].m);
     free(st);
 }

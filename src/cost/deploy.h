@@ -51,6 +51,12 @@ typedef struct {
     int max_running, max_batch_tokens, chunked_prefill, decode_steps;
     int microbatches;               /* under pp (0: pp, serve's default) */
     KVDtype kv_dtype;               /* KV_DTYPE_AUTO: the model's (BF16 on a GPU) */
+    int wave;                       /* 0: the steady state of continuous batching at a concurrency (clients
+                                       sending request after request); 1: one wave of that many requests
+                                       started together, its prefill then its decode (diagnose's and bench
+                                       model's load), a point's step the mean over the wave's steps */
+    int wave_every;                 /* > 1: that mean over the steps a profiler timing one step in this many
+                                       times (diagnose's --profile-every) */
 } CostSetup;
 
 typedef struct {

@@ -12,6 +12,7 @@
 
 #include "base/svg.h"
 #include "base/util.h"
+#include "diag/beside.h"
 #include "diag/placement.h"
 #include "diag/report.h"
 #include "diag/verdict.h"
@@ -39,6 +40,33 @@ static void make(ProfSum *s, Deployment *d, const double *ms, double flops, doub
     s->bytes[dom] = bytes;
     *d = (Deployment){.tp = 1, .pp = 1, .ep = 1, .microbatches = 1, .gpu = 1, .graphs = 1, .max_running = 64, .steps = 1,
                       .steps_wall_ms = total, .tokens = 64, .kv_blocks_total = 100, .kv_blocks_used = 10};
+}
+
+/* The measured breakdown beside the predicted one: a category is named when the two differ by more
+ * than 25% of the larger and the larger is at least 5% of its step; largest difference first. */
+TEST(diag_beside_names_the_categories_apart)
+{
+    Diagnosis g = {.step_ms = 10};
+    Beside b = {.step_ms = 9};
+    g.ms[SC_DENSE_GEMM] = 4.0, b.ms[SC_DENSE_GEMM] = 3.5;   /* 12.5% apart: agree */
+    g.ms[SC_MOE_GEMM] = 3.0, b.ms[SC_MOE_GEMM] = 1.5;       /* 50%: named */
+    g.ms[SC_ATTENTION] = 1.0, b.ms[SC_ATTENTION] = 3.0;     /* 67%, the larger difference: named first */
+    g.ms[SC_SAMPLE] = 0.2, b.ms[SC_SAMPLE] = 0.01;      /* 95% apart but 2% of a step: noise */
+    g.ms[SC_HOST_GAP] = 0, b.ms[SC_HOST_GAP] = 0.9;         /* predicted only, 9% of a step: named */
+    beside_compare(&g, &b);
+    ASSERT(b.n_off == 3, "%d categories named", b.n_off);
+    EXPECT_EQ_INT(b.off[0], SC_ATTENTION);
+    EXPECT_EQ_INT(b.off[1], SC_MOE_GEMM);
+    EXPECT_EQ_INT(b.off[2], SC_HOST_GAP);
+    json_t *o = beside_json(&g, &b);
+    json_t *off = json_object_get(o, "disagree");
+    EXPECT(json_array_size(off) == 3 && !strcmp(json_string_value(json_array_get(off, 0)), "attention"), "disagree");
+    EXPECT(fabs(json_number_value(json_object_get(json_object_get(json_object_get(o, "breakdown"), "moe_gemm"),
+                                                  "predicted_ms")) - 1.5) < 1e-9, "breakdown.moe_gemm.predicted_ms");
+    json_decref(o);
+    for (int c = 0; c < SC_COUNT; c++) b.ms[c] = g.ms[c];
+    beside_compare(&g, &b);
+    EXPECT_EQ_INT(b.n_off, 0);
 }
 
 TEST(diag_verdict_rules)

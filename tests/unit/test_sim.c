@@ -8,6 +8,7 @@
 
 #include <jansson.h>
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -114,6 +115,36 @@ TEST(sim_agrees_with_plan_on_glm45_air)
                predicted);
     }
     if (test_failed_now()) srv_print_log(&s);
+}
+
+/* diagnose on the modelled device shows plan's breakdown beside the measured one; the two come
+ * from one cost model, so the large categories agree (GLM-4.5-Air's shape, 4 layers, batch 16). */
+TEST(sim_diagnose_shows_the_plan_beside_the_measurement)
+{
+    const char *dir = sim_model("air-diag", "configs/glm4.5-air");
+    char cmd[2400];
+    snprintf(cmd, sizeof cmd, "'%s' diagnose '%s' --dummy-weights --num-layers 4 --device sim:h200 --batch 16 "
+             "--input-len 128 --output-len 32 --json 2>/dev/null", test_bin(), dir);
+    char *out = NULL;
+    int rc = test_run(cmd, &out);
+    json_error_t jerr;
+    json_t *o = rc == 0 && out ? json_loads(out, 0, &jerr) : NULL;
+    ASSERT(o != NULL, "diagnose: exit %d\n%s", rc, out ? out : "");
+    free(out);
+    json_t *plan = json_object_get(o, "plan");
+    ASSERT(plan != NULL, "no plan beside the measurement");
+    EXPECT(jstr(plan, "profile") && !strcmp(jstr(plan, "profile"), "h200"), "profile %s", jstr(plan, "profile"));
+    EXPECT(jstr(plan, "layout") && !strcmp(jstr(plan, "layout"), "tp1"), "layout %s", jstr(plan, "layout"));
+    double pm = json_number_value(jget(plan, "step_ms.predicted")), mm = json_number_value(jget(plan, "step_ms.measured"));
+    EXPECT(pm > 0 && mm > 0 && fabs(pm - mm) < 0.25 * mm, "step: %.3f ms measured, %.3f predicted", mm, pm);
+    json_t *off = json_object_get(plan, "disagree");
+    EXPECT(json_is_array(off), "disagree is a list");
+    for (size_t i = 0; i < json_array_size(off); i++) {
+        const char *c = json_string_value(json_array_get(off, i));
+        EXPECT(c && strcmp(c, "moe_gemm") && strcmp(c, "dense_gemm"), "%s disagrees on one cost model", c ? c : "?");
+    }
+    EXPECT(json_number_value(jget(plan, "breakdown.moe_gemm.predicted_ms")) > 0, "moe_gemm predicted");
+    json_decref(o);
 }
 
 static char *generate(const char *dir, const char *extra, int keep_err, int *rc)
