@@ -290,7 +290,7 @@ static json_t *diagnose_load(const Model *dm, const Model *m, Backend *be, Engin
     e = engine_create(dm, be, &eo, m->cfg.eos_ids, m->cfg.n_eos);
     engine_start(e);
     run_load(e, m->cfg.vocab, ld->requests, ld->in_len, ld->out_len);
-    Deployment layout = {.tp = mo->par.tp, .pp = mo->par.pp, .ep = mo->par.ep, .microbatches = mo->par.microbatches};
+    Deployment layout = {.tp = mo->par.tp, .pp = mo->par.pp, .ep = mo->par.ep, .dp = mo->par.dp, .microbatches = mo->par.microbatches};
     Diagnosis g;
     Deployment d;
     engine_diagnose(e, ceil, &layout, &g, &d);

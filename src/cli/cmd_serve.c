@@ -164,7 +164,7 @@ int cmd_serve(int argc, char **argv)
     api.vocab = m.cfg.vocab;
     api.ceilings = eo.profile_every > 0 ? &ceil : NULL;
     api.server_info = info;
-    api.layout = (Deployment){.tp = mo.par.tp, .pp = mo.par.pp, .ep = mo.par.ep, .microbatches = mo.par.microbatches};
+    api.layout = (Deployment){.tp = mo.par.tp, .pp = mo.par.pp, .ep = mo.par.ep, .dp = mo.par.dp, .microbatches = mo.par.microbatches};
     const char *markup = openai_template_tool_parser(&api);
     if (ao.tool_parser && !markup)
         log_info("serve: --tool-call-parser %s: the chat template writes no GLM tool call; calls in the output are "

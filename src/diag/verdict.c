@@ -225,8 +225,8 @@ json_t *diagnosis_json(const Diagnosis *g, const Deployment *d, const Ceilings *
                                                "tokens", (json_int_t)d->tokens, "wall_ms", d->steps_wall_ms, "idle_s",
                                                d->idle_s));
     json_object_set_new(o, "deployment",
-                        json_pack("{s:i, s:i, s:i, s:i, s:b, s:b, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:I, s:f, s:f}", "tp", d->tp,
-                                  "pp", d->pp, "ep", d->ep, "microbatches", d->microbatches, "gpu", d->gpu, "cuda_graphs",
+                        json_pack("{s:i, s:i, s:i, s:i, s:i, s:b, s:b, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:I, s:f, s:f}", "tp", d->tp,
+                                  "pp", d->pp, "ep", d->ep, "dp", d->dp > 1 ? d->dp : 1, "microbatches", d->microbatches, "gpu", d->gpu, "cuda_graphs",
                                   d->graphs, "running", d->running, "waiting", d->waiting, "max_running", d->max_running,
                                   "kv_blocks_total", d->kv_blocks_total, "kv_blocks_used", d->kv_blocks_used, "preemptions",
                                   (json_int_t)d->preemptions, "steps", (json_int_t)d->steps, "steps_total",

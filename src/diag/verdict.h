@@ -17,6 +17,7 @@ const char *verdict_name(Verdict v); /* "compute-bound", ..., "no-load" */
 
 typedef struct {
     int tp, pp, ep, microbatches;
+    int dp;                        /* attention data-parallel groups (0 or 1: none) */
     int gpu, graphs;               /* a GPU backend; decode steps as CUDA graphs */
     int running, waiting, max_running;
     int kv_blocks_total, kv_blocks_used;

@@ -353,6 +353,7 @@ TEST(dist_serve_dp)
     EXPECT(j && json_array_size(jget(j, "dp_groups")) == 2 &&
                json_integer_value(jget(j, "dp_groups.1.requests_total")) > 0,
            "dp_groups: %s", r.body ? r.body : "");
+    EXPECT(j && json_integer_value(jget(j, "deployment.dp")) == 2, "deployment.dp: %s", r.body ? r.body : "");
     if (j) json_decref(j);
     resp_free(&r);
     signal_children(s.pid, SIGTERM);
