@@ -83,13 +83,15 @@ int cmd_serve(int argc, char **argv)
     ApiOptions ao;
     api_options_default(&ao);
     const OptGroup groups[] = {model_opt_group(&mo, MODEL_OPT_ALL), par_opt_group(&mo.par), device_opt_group(&dev),
-                               engine_opt_group(&eo), http_opt_group(&ho), api_opt_group(&ao), engine_diag_group(&eo)};
+                               engine_opt_group(&eo), spec_opt_group(&mo.spec), http_opt_group(&ho), api_opt_group(&ao),
+                               engine_diag_group(&eo)};
     const OptCommand cmd = {.cmd = "serve", .synopsis = "MODEL [options]",
                             .about = "The OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/models, "
                                      "/health, /metrics.\nMODEL is a directory or a Hugging Face Hub id (ORG/NAME).",
                             .groups = groups, .n_groups = (int)(sizeof groups / sizeof groups[0]), .max_pos = 1,
                             .pos_name = "MODEL"};
     model_opt_parse(&cmd, argc, argv, &mo, 1);
+    eo.spec_k = mo.spec.k;
     if (opt_given(&cmd, &eo.kv_fraction) && opt_given(&cmd, &eo.n_blocks))
         fatal("serve: --kv-fraction and --num-kv-blocks exclude each other");
     const char *device = dev.device, *api_key = ao.api_key, *script = ao.script_path;

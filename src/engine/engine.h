@@ -36,6 +36,8 @@ typedef struct {
     int max_queue;             /* waiting requests accepted before engine_submit refuses (busy) */
     int no_graphs;             /* --disable-cuda-graph: decode steps eager (graphs: GPU backends) */
     int profile_every;         /* --profile-every N: one step in N timed op by op for diagnosis (0: never) */
+    int spec_k;                /* speculative decoding: drafts per step with the model's MTP layer (model_load_mtp;
+                                  model/mtp.h), each verified in the next step's forward; 0: off */
     double diag_window_s;      /* --diagnosis-window S: the diagnosis covers the steps of the last S to 2 S
                                   seconds (two buckets of S seconds), not the whole run */
 } EngineOptions;
@@ -121,6 +123,9 @@ typedef struct {
     uint64_t prefix_queries, prefix_hits; /* prompt tokens looked up / found in the cache */
     uint64_t preemptions;
     uint64_t steps, prompt_tokens, generation_tokens;
+    /* speculative decoding: chains verified, drafts in them, drafts accepted (tokens generated per
+       verified chain: 1 + accepted / chains) */
+    uint64_t spec_chains, spec_draft_tokens, spec_accepted_tokens;
 } EngineStats;
 
 void engine_stats(Engine *e, EngineStats *s);

@@ -589,3 +589,5 @@ void forward_worker(const Model *m, Backend *be)
         }
     }
 }
+
+const Batch *forward_batch_to_device(Forward *f, const Batch *b) { return forward_upload(f, b); }
