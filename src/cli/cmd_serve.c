@@ -92,6 +92,7 @@ int cmd_serve(int argc, char **argv)
                             .pos_name = "MODEL"};
     model_opt_parse(&cmd, argc, argv, &mo, 1);
     eo.spec_k = mo.spec.k;
+    eo.spec_vocab = mo.spec.draft_vocab;
     if (opt_given(&cmd, &eo.kv_fraction) && opt_given(&cmd, &eo.n_blocks))
         fatal("serve: --kv-fraction and --num-kv-blocks exclude each other");
     const char *device = dev.device, *api_key = ao.api_key, *script = ao.script_path;

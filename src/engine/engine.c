@@ -280,7 +280,7 @@ static void spec_alloc(Engine *e)
     for (size_t i = 0; i < sizeof sv / sizeof sv[0]; i++) *sv[i] = xcalloc(S, sizeof(int));
     e->m_table = xcalloc((size_t)S * e->max_blocks_per_seq, sizeof(int));
     e->m_outseq = xcalloc(S, sizeof(Seq *));
-    mtp_init(&e->mtp, &e->f);
+    mtp_init(&e->mtp, &e->f, e->o.spec_vocab);
 }
 
 static void spec_free(Engine *e)

@@ -38,6 +38,7 @@ typedef struct {
     int profile_every;         /* --profile-every N: one step in N timed op by op for diagnosis (0: never) */
     int spec_k;                /* speculative decoding: drafts per step with the model's MTP layer (model_load_mtp;
                                   model/mtp.h), each verified in the next step's forward; 0: off */
+    int spec_vocab;            /* drafts among the first spec_vocab token ids (mtp_init; 0: all) */
     double diag_window_s;      /* --diagnosis-window S: the diagnosis covers the steps of the last S to 2 S
                                   seconds (two buckets of S seconds), not the whole run */
 } EngineOptions;

@@ -41,9 +41,9 @@ void runner_reset(Runner *r) { r->n_ctx = 0; }
 
 void runner_enable_graphs(Runner *r) { forward_enable_graphs(&r->f, r->bt.n_blocks * r->kv.block_size); }
 
-void runner_enable_mtp(Runner *r)
+void runner_enable_mtp(Runner *r, int draft_vocab)
 {
-    mtp_init(&r->mtp, &r->f);
+    mtp_init(&r->mtp, &r->f, draft_vocab);
     r->last = xmalloc(r->chunk * sizeof(int));
     r->mtok = xmalloc(r->chunk * sizeof(int));
     r->mpos = xmalloc(r->chunk * sizeof(int));

@@ -32,9 +32,10 @@ void runner_free(Runner *r);
 void runner_feed(Runner *r, const int *ids, int n, int all, float *logits);
 /* Run single-token steps (decode) as captured graphs (CUDA); prefill stays eager. */
 void runner_enable_graphs(Runner *r);
-/* Speculative decoding with the model's MTP layer (loaded: model_load_mtp): from now on every chunk
+/* Speculative decoding with the model's MTP layer (loaded: model_load_mtp; draft_vocab: mtp_init's):
+ * from now on every chunk
  * fed but the last of a runner_feed also runs the layer's catch-up over its positions (mtp.c). */
-void runner_enable_mtp(Runner *r);
+void runner_enable_mtp(Runner *r, int draft_vocab);
 /* Right after a runner_feed: the layer's catch-up over the first n_keep positions of the last chunk
  * fed, paired with the tokens after them (the chunk's own, then `next`, the token that follows its
  * position n_keep - 1), and nd drafts of the tokens after `next` into drafts. Positions up to

@@ -240,6 +240,7 @@ static int spec_method_is_mtp(const char *m)
  * drafts with another model or by n-grams is refused, other keys are vLLM's tuning and ignored */
 static int take_spec_config(const char *v, void *dst, char *err, size_t errlen)
 {
+    SpecOpts *o = dst;
     json_error_t je;
     json_t *j = json_loads(v, 0, &je);
     if (!j || !json_is_object(j)) {
@@ -249,6 +250,7 @@ static int take_spec_config(const char *v, void *dst, char *err, size_t errlen)
         return -1;
     }
     json_t *m = json_object_get(j, "method"), *k = json_object_get(j, "num_speculative_tokens");
+    json_t *dv = json_object_get(j, "draft_vocab_size");
     int rc = -1;
     if (m && (!json_is_string(m) || !spec_method_is_mtp(json_string_value(m))))
         errbuf_set(err, errlen, "method %s: moeserve drafts with the checkpoint's own MTP layer only (\"mtp\")",
@@ -257,8 +259,11 @@ static int take_spec_config(const char *v, void *dst, char *err, size_t errlen)
         errbuf_set(err, errlen, "\"model\": moeserve drafts with the checkpoint's own MTP layer, not another model");
     else if (!json_is_integer(k) || json_integer_value(k) < 1 || json_integer_value(k) > MTP_MAX_DRAFTS)
         errbuf_set(err, errlen, "num_speculative_tokens must be an integer in [1, %d]", MTP_MAX_DRAFTS);
+    else if (dv && (!json_is_integer(dv) || json_integer_value(dv) < 1 || json_integer_value(dv) > (1 << 24)))
+        errbuf_set(err, errlen, "draft_vocab_size must be a positive integer (the drafter's first token ids)");
     else {
-        *(int *)dst = (int)json_integer_value(k);
+        o->config_k = (int)json_integer_value(k);
+        o->draft_vocab = dv ? (int)json_integer_value(dv) : 0;
         rc = 0;
     }
     json_decref(j);
@@ -279,8 +284,9 @@ static int take_spec_algo(const char *v, void *dst, char *err, size_t errlen)
 OptGroup spec_opt_group(SpecOpts *o)
 {
     OPT_GROUP_RETURN("speculative decoding",
-        {.names = "--speculative-config", .type = OPT_FN, .dst = &o->config_k, .metavar = "JSON",
-         .help = "draft with the checkpoint's MTP layer: '{\"method\":\"mtp\",\"num_speculative_tokens\":K}'",
+        {.names = "--speculative-config", .type = OPT_FN, .dst = o, .metavar = "JSON",
+         .help = "draft with the checkpoint's MTP layer: '{\"method\":\"mtp\",\"num_speculative_tokens\":K}' (and "
+                 "moeserve's \"draft_vocab_size\":N: drafts among the first N token ids only)",
          .def = "off", .fn = take_spec_config},
         {.names = "--speculative-algorithm", .type = OPT_FN, .dst = &o->algo, .metavar = "NEXTN",
          .help = "the same, SGLang's spelling (NEXTN; EAGLE and MTP are taken as NEXTN)", .def = "off",

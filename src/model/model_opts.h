@@ -33,6 +33,7 @@ typedef struct {
     int config_k;              /* --speculative-config's num_speculative_tokens (0: not given) */
     int algo;                  /* --speculative-algorithm: 1 given (an MTP drafter), 0 not */
     int steps;                 /* --speculative-num-steps (0: not given) */
+    int draft_vocab;           /* --speculative-config's draft_vocab_size: drafts among the first N ids (0: all) */
 } SpecOpts;
 /* The options of speculative decoding (serve, generate, bench model); model_opt_parse settles k. */
 OptGroup spec_opt_group(SpecOpts *o);

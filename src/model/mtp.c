@@ -30,12 +30,16 @@
 
 #include "../base/util.h"
 
-void mtp_init(Mtp *x, Forward *f)
+void mtp_init(Mtp *x, Forward *f, int draft_vocab)
 {
     const ModelConfig *c = &f->m->cfg;
     CHECK(c->mtp_loaded, "mtp: the model has no MTP layer loaded");
     size_t T = f->max_tokens, D = c->hidden;
-    *x = (Mtp){.f = f};
+    *x = (Mtp){.f = f, .vocab = draft_vocab > 0 && draft_vocab < c->vocab ? draft_vocab : c->vocab};
+    if (x->vocab < c->vocab && f->m->mtp.head.packed) { /* a repacked layout's rows are no plain slice */
+        log_warn("mtp: the draft vocabulary is the whole one: the head is repacked for the GPU kernels");
+        x->vocab = c->vocab;
+    }
     x->hin = be_alloc(f->be, T * D * sizeof(float));
     x->cat = be_alloc(f->be, T * 2 * D * sizeof(float));
     x->rows = be_alloc(f->be, T * sizeof(int));
@@ -72,7 +76,7 @@ void mtp_run(Mtp *x, const Batch *b, KVCache *kv, const int *hrows, int *ids)
     const ModelConfig *c = &m->cfg;
     const MtpWeights *w = &m->mtp;
     Backend *be = f->be;
-    int T = b->n_tokens, D = c->hidden, L = c->n_layers, V = c->vocab;
+    int T = b->n_tokens, D = c->hidden, L = c->n_layers, V = x->vocab;
     CHECK(T > 0 && T <= f->max_tokens && b->n_out <= f->max_out, "mtp: %d tokens, %d rows", T, b->n_out);
     f->hb = b;
     f->db = forward_batch_to_device(f, b);
@@ -93,7 +97,8 @@ void mtp_run(Mtp *x, const Batch *b, KVCache *kv, const int *hrows, int *ids)
     if (n > 0) {
         be_get_rows(be, x->hin, f->h, D, f->db->out_idx, n, D);
         be_rmsnorm(be, f->out_h, D, x->hin, D, w->head_norm, n, D, c->rms_eps);
-        be_matmul(be, OP_GEMM_LM_HEAD, f->logits, V, f->out_h, D, n, &w->head, NULL);
+        QTensor head = V < c->vocab ? qtensor_rows(&w->head, 0, V) : w->head;
+        be_matmul(be, OP_GEMM_LM_HEAD, f->logits, V, f->out_h, D, n, &head, NULL);
         be_argmax(be, x->ids, f->logits, n, V);
         be_to_host(be, ids, x->ids, (size_t)n * sizeof(int));
     }

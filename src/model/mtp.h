@@ -14,9 +14,15 @@ typedef struct {
     float *cat;                /* [max_tokens, 2 D] enorm(embedding) | hnorm(hidden) (backend) */
     int *rows;                 /* [max_tokens] rows gathered from f->h (backend) */
     int *ids;                  /* [max_out] greedy drafts (backend) */
+    int vocab;                 /* drafts are among token ids [0, vocab): the head's first rows only (mtp_init: all) */
 } Mtp;
 
-void mtp_init(Mtp *x, Forward *f);
+/* draft_vocab: drafts only among the first draft_vocab token ids (0 or >= V: all). A byte-pair
+ * vocabulary numbers its tokens in merge order, which is roughly frequency order, so its first ids
+ * cover most of running text: the drafter's head pass, the largest part of a draft's cost on a
+ * model with a small body, reads only those rows (the idea of FR-Spec's frequency-ranked draft
+ * vocabulary, with the ids' own order for the ranking). A token outside it is never drafted. */
+void mtp_init(Mtp *x, Forward *f, int draft_vocab);
 void mtp_free(Mtp *x);
 /* Right after a forward_run of the main model: x->hin rows 0..n become the model's final-normed
  * hidden state of the batch's token rows rows[0..n) (host ints). */

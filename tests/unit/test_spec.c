@@ -1,0 +1,470 @@
+/* test_spec: speculative decoding with the checkpoint's MTP layer (model/mtp.c, engine.c spec_*).
+ * Greedy output with drafts is the output without them, token for token: from the engine under
+ * every scheduling situation (batching, chunked prefill, preemption, prefix caching, stops,
+ * max_tokens), from `generate` on the tiny checkpoints of both architectures with a random MTP
+ * layer added (whose drafts are made and nearly all rejected), and on the built-in model, whose
+ * trained layer must get at least a quarter of its drafts accepted at K = 3 on Debian prose.
+ * Sampled output keeps the model's distribution: a chi-square test of the third token's
+ * distribution, which comes from a verified chain's second row whenever the first draft was
+ * accepted, against the probabilities computed from the model's logits. */
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine.h"
+#include "engine/runner.h"
+#include "test.h"
+
+#define MAXGEN 64
+
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int wakes;
+} Waker;
+
+static void on_event(void *user, uint64_t id)
+{
+    (void)id;
+    Waker *w = user;
+    pthread_mutex_lock(&w->mu);
+    w->wakes++;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+typedef struct {
+    uint64_t id;
+    int toks[MAXGEN + 1], n;
+    EngineEvent last;
+    int done;
+} Out;
+
+/* Poll every request until all have finished; -1 when none has moved for 120 s (a stall; no total
+ * deadline: the machine is shared). */
+static int collect(Engine *e, Waker *w, Out *o, int n)
+{
+    double t0 = clock_now();
+    for (;;) {
+        int left = 0;
+        for (int i = 0; i < n; i++) {
+            if (o[i].done || !o[i].id) continue;
+            EngineEvent ev[16];
+            int k;
+            while ((k = engine_poll(e, o[i].id, ev, 16)) > 0) {
+                t0 = clock_now();
+                for (int j = 0; j < k; j++) {
+                    if (ev[j].token >= 0 && o[i].n <= MAXGEN) o[i].toks[o[i].n++] = ev[j].token;
+                    if (ev[j].finish) { o[i].done = 1; o[i].last = ev[j]; }
+                }
+            }
+            left += !o[i].done;
+        }
+        if (!left) return 0;
+        if (clock_now() - t0 > 120) return -1;
+        pthread_mutex_lock(&w->mu);
+        int before = w->wakes;
+        while (w->wakes == before) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 20 * 1000000;
+            if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
+            if (pthread_cond_timedwait(&w->cv, &w->mu, &ts)) break;
+        }
+        pthread_mutex_unlock(&w->mu);
+    }
+}
+
+/* the built-in model with its MTP layer */
+static Model M;
+static Backend BE;
+static int loaded;
+
+static int setup(void)
+{
+    if (!loaded) {
+        char dir[4300];
+        snprintf(dir, sizeof dir, "%s/models/builtin", test_root());
+        model_load(&M, dir);
+        if (!M.cfg.n_mtp_layers) return 0;
+        model_load_mtp(&M, dir);
+        backend_cpu_init(&BE, 2);
+        loaded = 1;
+    }
+    return M.cfg.mtp_loaded;
+}
+
+static const int eos[3] = {8168, 8175, 8177};
+
+/* Debian prose from the held-out text, tokenised by the model's tokenizer (`moeserve tokenize`):
+ * prompt i starts at a different place */
+static int prose_ids[4096], n_prose;
+
+static int load_prose(void)
+{
+    if (n_prose) return n_prose;
+    char cmd[9000], *out = NULL;
+    snprintf(cmd, sizeof cmd, "head -c 6000 '%s' > '%s/prose.txt' && '%s' tokenize --tokenizer '%s/models/builtin' "
+             "--text-file '%s/prose.txt' 2>/dev/null", test_data("heldout.txt"), test_tmpdir(), test_bin(), test_root(),
+             test_tmpdir());
+    if (test_run(cmd, &out) != 0) { free(out); return 0; }
+    for (char *p = out; *p && n_prose < 4096;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p) { p++; continue; }
+        prose_ids[n_prose++] = (int)v;
+        p = end;
+    }
+    free(out);
+    return n_prose;
+}
+
+static int make_prompt(int i, int *p, int len)
+{
+    int at = (i * 97) % (n_prose - len);
+    memcpy(p, prose_ids + at, len * sizeof(int));
+    return len;
+}
+
+typedef struct {
+    int max_tokens, ignore_eos, stop_id; /* stop_id: an extra stop token (-1: none) */
+} Req;
+
+static void run(const EngineOptions *o, int n, const int *lens, const Req *rq, Out *out, EngineStats *st, int solo)
+{
+    Engine *e = engine_create(&M, &BE, o, eos, 3);
+    engine_start(e);
+    Waker w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+    for (int i = 0; i < n; i++) {
+        int p[600];
+        make_prompt(i, p, lens[i]);
+        RequestParams r = {.prompt = p, .n_prompt = lens[i], .max_tokens = rq[i].max_tokens,
+                           .ignore_eos = rq[i].ignore_eos};
+        if (rq[i].stop_id >= 0) {
+            r.stop_ids = &rq[i].stop_id;
+            r.n_stop_ids = 1;
+        }
+        sampling_params_default(&r.sampling);
+        r.sampling.temperature = 0;
+        memset(&out[i], 0, sizeof out[i]);
+        out[i].id = engine_submit(e, &r, on_event, &w, NULL, 0);
+        EXPECT(out[i].id > 0);
+        if (solo) EXPECT(collect(e, &w, &out[i], 1) == 0, "request %d did not finish", i);
+    }
+    if (!solo) EXPECT(collect(e, &w, out, n) == 0, "requests did not finish");
+    engine_stats(e, st);
+    engine_stop(e, 1);
+    engine_free(e);
+}
+
+static void expect_same(const Out *a, const Out *b, int n, const char *what)
+{
+    for (int i = 0; i < n; i++) {
+        EXPECT(a[i].n == b[i].n && !memcmp(a[i].toks, b[i].toks, a[i].n * sizeof(int)),
+               "%s: request %d: %d tokens vs %d without drafts", what, i, a[i].n, b[i].n);
+        EXPECT(a[i].last.finish == b[i].last.finish && a[i].last.completion_tokens == b[i].last.completion_tokens,
+               "%s: request %d finish %d tokens %d, without drafts %d, %d", what, i, a[i].last.finish,
+               a[i].last.completion_tokens, b[i].last.finish, b[i].last.completion_tokens);
+    }
+}
+
+TEST(spec_engine_greedy_matches_plain)
+{
+    ASSERT(setup(), "models/builtin has no MTP layer");
+    ASSERT(load_prose() > 700);
+    enum { N = 12 };
+    int lens[N];
+    Req rq[N];
+    Out ref[N], got[N];
+    for (int i = 0; i < N; i++) {
+        lens[i] = 5 + (i * 37) % 90;
+        rq[i] = (Req){.max_tokens = i % 4 == 0 ? 1 + i / 4 : 24, .ignore_eos = 1, .stop_id = -1};
+    }
+    EngineOptions o;
+    engine_options_default(&o);
+    o.max_running = 1;
+    o.n_blocks = 64;
+    o.max_model_len = 1024;
+    EngineStats st;
+    run(&o, N, lens, rq, ref, &st, 1);
+    /* stops: the 10th token of two requests becomes a stop token (wherever a chain holds it) */
+    for (int i = 1; i < 3; i++) rq[i].stop_id = ref[i].toks[9];
+    run(&o, N, lens, rq, ref, &st, 1);
+    EXPECT(ref[1].last.finish == FINISH_STOP && ref[2].last.finish == FINISH_STOP);
+    o.spec_k = 3;
+    run(&o, N, lens, rq, got, &st, 1);
+    expect_same(got, ref, N, "alone");
+    EXPECT(st.spec_draft_tokens > 0 && st.spec_accepted_tokens > 0 && st.spec_accepted_tokens <= st.spec_draft_tokens,
+           "%llu drafts, %llu accepted", (unsigned long long)st.spec_draft_tokens,
+           (unsigned long long)st.spec_accepted_tokens);
+    /* batched, queueing beyond max_running, prefill chunks of 16 beside verified chains */
+    o.max_running = 5;
+    o.max_batch_tokens = 40;
+    o.chunked_prefill = 16;
+    o.n_blocks = 128;
+    run(&o, N, lens, rq, got, &st, 0);
+    expect_same(got, ref, N, "batched");
+    /* a pool too small for everyone: preemption by recompute, drafts dropped and made again */
+    o.max_running = 8;
+    o.max_batch_tokens = 256;
+    o.max_model_len = 256;
+    o.n_blocks = 20;
+    run(&o, N, lens, rq, got, &st, 0);
+    expect_same(got, ref, N, "preempted");
+    EXPECT(st.preemptions > 0, "a pool of 20 blocks preempted nobody");
+    /* a step budget that cuts chains short; 1 and 2 drafts a step */
+    o.n_blocks = 256;
+    o.max_model_len = 1024;
+    o.max_batch_tokens = 7;
+    o.chunked_prefill = 4;
+    for (int k = 1; k <= 2; k++) {
+        o.spec_k = k;
+        run(&o, N, lens, rq, got, &st, 0);
+        expect_same(got, ref, N, k == 1 ? "1 draft, 7 tokens a step" : "2 drafts, 7 tokens a step");
+    }
+}
+
+TEST(spec_engine_prefix_cache)
+{
+    ASSERT(setup(), "models/builtin has no MTP layer");
+    ASSERT(load_prose() > 700);
+    /* the same 70-token prompt four times: the later ones share its full blocks (and the MTP
+       layer's entries in them) */
+    enum { N = 4 };
+    int lens[N] = {70, 70, 70, 70};
+    Req rq[N];
+    Out ref[N], got[N];
+    for (int i = 0; i < N; i++) rq[i] = (Req){.max_tokens = 20, .ignore_eos = 1, .stop_id = -1};
+    EngineOptions o;
+    engine_options_default(&o);
+    o.max_running = 1;
+    o.n_blocks = 64;
+    o.max_model_len = 512;
+    o.prefix_caching = 0;
+    EngineStats st;
+    /* make_prompt(i) differs per i: use request 0's prompt for all by one length and index */
+    int p[70];
+    make_prompt(0, p, 70);
+    Engine *e;
+    for (int pass = 0; pass < 2; pass++) {
+        o.spec_k = pass ? 3 : 0;
+        o.prefix_caching = pass;
+        e = engine_create(&M, &BE, &o, eos, 3);
+        engine_start(e);
+        Waker w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+        Out *out = pass ? got : ref;
+        for (int i = 0; i < N; i++) {
+            RequestParams r = {.prompt = p, .n_prompt = lens[i], .max_tokens = rq[i].max_tokens, .ignore_eos = 1};
+            sampling_params_default(&r.sampling);
+            r.sampling.temperature = 0;
+            memset(&out[i], 0, sizeof out[i]);
+            out[i].id = engine_submit(e, &r, on_event, &w, NULL, 0);
+            EXPECT(collect(e, &w, &out[i], 1) == 0);
+        }
+        engine_stats(e, &st);
+        engine_stop(e, 1);
+        engine_free(e);
+    }
+    expect_same(got, ref, N, "prefix cached");
+    EXPECT(st.prefix_hits >= 3 * 64, "prefix hits %llu", (unsigned long long)st.prefix_hits);
+}
+
+/* `moeserve generate` with and without drafts: the same stdout; the stderr statistics line's
+ * "speculative: A of D drafts accepted" into *acc, *drafted; 0 when both ran. */
+static int gen_pair(const char *dir, const char *prompt, int max_tokens, const char *extra, long *acc, long *drafted)
+{
+    char cmd[20000], *a = NULL, *b = NULL, *err = NULL;
+    const char *tmp = test_tmpdir();
+    snprintf(cmd, sizeof cmd, "'%s' generate '%s' --prompt '%s' --max-tokens %d --temperature 0 --ignore-eos %s > %s/plain.txt",
+             test_bin(), dir, prompt, max_tokens, extra, tmp);
+    int rc = test_run(cmd, &err);
+    free(err);
+    err = NULL;
+    if (rc) return -1;
+    snprintf(cmd, sizeof cmd, "'%s' generate '%s' --prompt '%s' --max-tokens %d --temperature 0 --ignore-eos %s "
+             "--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":3}' > %s/spec.txt",
+             test_bin(), dir, prompt, max_tokens, extra, tmp);
+    rc = test_run(cmd, &err);
+    if (rc) { fprintf(stderr, "%s\n", err ? err : ""); free(err); return -1; }
+    const char *s = err ? strstr(err, "speculative: ") : NULL;
+    *acc = *drafted = -1;
+    if (s) sscanf(s, "speculative: %ld of %ld", acc, drafted);
+    free(err);
+    snprintf(cmd, sizeof cmd, "cmp -s %s/plain.txt %s/spec.txt", tmp, tmp);
+    rc = test_run(cmd, NULL);
+    EXPECT(rc == 0, "%s: generate's output with drafts differs from without", dir);
+    (void)a;
+    (void)b;
+    return 0;
+}
+
+TEST(spec_generate_random_head)
+{
+    /* the tiny checkpoints of the golden fixtures' shapes with a random MTP layer added */
+    static const char *const arch[4] = {"glm4_moe", "glm5", "glm4_moe", "glm5"}, *const quant[4] = {"bf16", "bf16", "nvfp4", "nvfp4"};
+    for (int i = 0; i < 4; i++) {
+        char dir[4200], cmd[9000];
+        snprintf(dir, sizeof dir, "%s/spec-%s-%s", test_tmpdir(), arch[i], quant[i]);
+        snprintf(cmd, sizeof cmd, "'%s' synth --arch %s --preset tiny --quant %s --mtp 1 --seed %d --out '%s' >/dev/null 2>&1",
+                 test_bin(), arch[i], quant[i], 5 + i, dir);
+        ASSERT(test_run(cmd, NULL) == 0, "synth %s %s", arch[i], quant[i]);
+        long acc, drafted;
+        /* --chunk 8: a prompt of several chunks, the MTP layer's catch-up after each */
+        ASSERT(gen_pair(dir, "The quick brown fox jumps over the lazy dog, and then it runs away into the woods.", 40,
+                        "--chunk 8", &acc, &drafted) == 0, "%s", dir);
+        EXPECT(drafted > 0 && acc >= 0 && 2 * acc < drafted, "%s: %ld of %ld drafts accepted (a random head: most must "
+               "be rejected)", dir, acc, drafted);
+    }
+}
+
+TEST(spec_generate_builtin_acceptance)
+{
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/models/builtin", test_root());
+    /* Debian prose, as the held-out text has it (quotes and the like kept out of the shell) */
+    const char *prompt = "The Debian project is an association of individuals who have made common cause to create a "
+                         "free operating system. This operating system is called Debian. An operating system is the "
+                         "set of basic programs and utilities that make your computer run.";
+    long acc, drafted;
+    ASSERT(gen_pair(dir, prompt, 128, "", &acc, &drafted) == 0);
+    EXPECT(drafted > 0 && 4 * acc >= drafted, "%ld of %ld drafts accepted at K = 3: under a quarter", acc, drafted);
+    fprintf(stderr, "    built-in: %ld of %ld drafts accepted (%.1f%%)\n", acc, drafted, drafted > 0 ? 100.0 * acc / drafted : 0);
+}
+
+TEST(spec_options)
+{
+    char cmd[9000], *out = NULL, dir[4200];
+    snprintf(dir, sizeof dir, "%s/models/builtin", test_root());
+    static const struct { const char *args, *msg; } bad[] = {
+        {"--speculative-config '{\"method\":\"ngram\",\"num_speculative_tokens\":3}'", "MTP layer only"},
+        {"--speculative-config '{\"method\":\"mtp\"}'", "num_speculative_tokens must be"},
+        {"--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":3,\"model\":\"x\"}'", "not another model"},
+        {"--speculative-config 'mtp'", "JSON object"},
+        {"--speculative-num-steps 2", "goes with --speculative-algorithm"},
+        {"--speculative-algorithm NGRAM", "NEXTN"},
+        {"--speculative-algorithm NEXTN --speculative-num-steps 2 --speculative-config "
+         "'{\"method\":\"mtp\",\"num_speculative_tokens\":3}'", "asks for 3 drafts"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(cmd, sizeof cmd, "'%s' generate '%s' --prompt hi %s", test_bin(), dir, bad[i].args);
+        int rc = test_run(cmd, &out);
+        EXPECT(rc == 2 && out && strstr(out, bad[i].msg), "%s: exit %d: %s", bad[i].args, rc, out ? out : "");
+        free(out);
+        out = NULL;
+    }
+    /* a model without an MTP layer: one line that says so */
+    snprintf(cmd, sizeof cmd, "'%s' generate '%s' --prompt hi --speculative-algorithm NEXTN", test_bin(),
+             test_data("golden/glm4moe-bf16"));
+    int rc = test_run(cmd, &out);
+    EXPECT(rc != 0 && out && strstr(out, "has none"), "exit %d: %s", rc, out ? out : "");
+    free(out);
+    out = NULL;
+    /* SGLang's spelling works as vLLM's */
+    snprintf(cmd, sizeof cmd, "'%s' generate '%s' --prompt 'The Debian' --max-tokens 8 --temperature 0 "
+             "--speculative-algorithm EAGLE --speculative-num-steps 2 --speculative-eagle-topk 1 >/dev/null", test_bin(), dir);
+    rc = test_run(cmd, &out);
+    EXPECT(rc == 0 && out && strstr(out, "speculative: "), "exit %d: %s", rc, out ? out : "");
+    free(out);
+}
+
+/* ---- sampled: the distribution ---- */
+
+/* p[0..k) and ids of the model's top-k at temperature 1 after ctx (the sampler's definition:
+ * the k largest logits, ties to the lowest id, their softmax) */
+static void topk_probs(const int *ctx, int n, int k, int *ids, double *p)
+{
+    Runner r;
+    runner_init(&r, &M, &BE, n + 1, 256, 16);
+    int V = M.cfg.vocab;
+    float *lg = malloc((size_t)V * sizeof(float));
+    runner_feed(&r, ctx, n, 0, lg);
+    double sum = 0;
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int v = 0; v < V; v++) {
+            int taken = 0;
+            for (int q = 0; q < j; q++) taken |= ids[q] == v;
+            if (!taken && (best < 0 || lg[v] > lg[best])) best = v;
+        }
+        ids[j] = best;
+    }
+    for (int j = 0; j < k; j++) sum += exp((double)lg[ids[j]] - lg[ids[0]]);
+    for (int j = 0; j < k; j++) p[j] = exp((double)lg[ids[j]] - lg[ids[0]]) / sum;
+    free(lg);
+    runner_free(&r);
+}
+
+TEST(spec_engine_sampled_distribution)
+{
+    ASSERT(setup(), "models/builtin has no MTP layer");
+    ASSERT(load_prose() > 700);
+    enum { N = 1500, K = 4, LEN = 40 };
+    int prompt[LEN + 2];
+    make_prompt(3, prompt, LEN);
+    EngineOptions o;
+    engine_options_default(&o);
+    o.max_running = 32;
+    o.max_batch_tokens = 512;
+    o.n_blocks = 512;
+    o.max_model_len = 256;
+    o.spec_k = 3;
+    Engine *e = engine_create(&M, &BE, &o, eos, 3);
+    engine_start(e);
+    Waker w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+    static Out out[N];
+    for (int i0 = 0; i0 < N; i0 += 64) { /* in waves: the queue holds them all, the test's memory too */
+        int n = N - i0 < 64 ? N - i0 : 64;
+        for (int i = i0; i < i0 + n; i++) {
+            RequestParams r = {.prompt = prompt, .n_prompt = LEN, .max_tokens = 3, .ignore_eos = 1};
+            sampling_params_default(&r.sampling);
+            r.sampling.temperature = 1;
+            r.sampling.top_k = K;
+            r.sampling.seed = 1000 + i;
+            memset(&out[i], 0, sizeof out[i]);
+            out[i].id = engine_submit(e, &r, on_event, &w, NULL, 0);
+            ASSERT(out[i].id > 0);
+        }
+        ASSERT(collect(e, &w, out + i0, n) == 0, "requests did not finish");
+    }
+    EngineStats st;
+    engine_stats(e, &st);
+    engine_stop(e, 1);
+    engine_free(e);
+    EXPECT(st.spec_accepted_tokens > N / 10, "%llu drafts accepted of %llu: the chains' later rows are barely tested",
+           (unsigned long long)st.spec_accepted_tokens, (unsigned long long)st.spec_draft_tokens);
+    /* the most frequent first two tokens; the third's counts given them */
+    int best = -1, best_n = 0;
+    for (int i = 0; i < N; i++) {
+        ASSERT(out[i].n == 3);
+        int c = 0;
+        for (int j = 0; j < N; j++) c += out[j].toks[0] == out[i].toks[0] && out[j].toks[1] == out[i].toks[1];
+        if (c > best_n) best_n = c, best = i;
+    }
+    ASSERT(best_n >= 200, "the commonest first pair came %d times of %d", best_n, N);
+    prompt[LEN] = out[best].toks[0];
+    prompt[LEN + 1] = out[best].toks[1];
+    int ids[K];
+    double p[K];
+    topk_probs(prompt, LEN + 2, K, ids, p);
+    long cnt[K] = {0}, other = 0;
+    for (int i = 0; i < N; i++) {
+        if (out[i].toks[0] != prompt[LEN] || out[i].toks[1] != prompt[LEN + 1]) continue;
+        int j = 0;
+        while (j < K && ids[j] != out[i].toks[2]) j++;
+        if (j == K) other++;
+        else cnt[j]++;
+    }
+    EXPECT(other == 0, "%ld third tokens outside the model's top %d", other, K);
+    /* chi-square, K - 1 degrees of freedom: above 21.1 once in 10^4 runs by chance (3 df) */
+    double chi = 0;
+    for (int j = 0; j < K; j++) {
+        double want = p[j] * best_n;
+        chi += (cnt[j] - want) * (cnt[j] - want) / (want > 1e-9 ? want : 1e-9);
+    }
+    fprintf(stderr, "    third token given the commonest pair (%d of %d): counts %ld %ld %ld %ld, expected %.1f %.1f %.1f %.1f; "
+            "chi2 %.2f; %llu of %llu drafts accepted\n", best_n, N, cnt[0], cnt[1], cnt[2], cnt[3], p[0] * best_n,
+            p[1] * best_n, p[2] * best_n, p[3] * best_n, chi, (unsigned long long)st.spec_accepted_tokens,
+            (unsigned long long)st.spec_draft_tokens);
+    EXPECT(chi < 21.1, "chi-square %.2f: the third token is not drawn from the model's distribution", chi);
+}
