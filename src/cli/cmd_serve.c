@@ -57,6 +57,9 @@ static char *server_info(const ModelOpts *mo, const Model *m, const Model *dm, c
                           "kv_tokens", (json_int_t)st.kv_blocks_total * eo->block_size, "profile_every", eo->profile_every,
                           "diagnosis_window_s", eo->diag_window_s,
                           "cuda_graph", !eo->no_graphs && strcmp(be->name, "cpu") != 0, "prefix_caching", eo->prefix_caching);
+    if (eo->spec_k > 0) /* SGLang's names for the drafter's settings */
+        json_object_set_new(o, "speculative", json_pack("{s:s, s:i, s:i}", "algorithm", "NEXTN", "num_steps", eo->spec_k,
+                                                        "draft_vocab", eo->spec_vocab));
     if (mo->dummy) json_object_set_new(o, "dummy_quant", json_string(mo->dummy_quant ? mo->dummy_quant : "nvfp4"));
     char *s = json_dumps(o, JSON_COMPACT);
     json_decref(o);

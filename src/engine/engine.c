@@ -542,6 +542,10 @@ void engine_diag(Engine *e, ProfSum *s, Deployment *d, double p2p_gbps)
     d->kv_blocks_total = e->kv.n_blocks;
     d->kv_blocks_used = e->kv.n_blocks - e->kv.n_free;
     d->preemptions = (long)e->stats.preemptions;
+    d->spec_k = e->o.spec_k;
+    d->spec_chains = (long)e->stats.spec_chains;
+    d->spec_drafts = (long)e->stats.spec_draft_tokens;
+    d->spec_accepted = (long)e->stats.spec_accepted_tokens;
     d->graphs = !e->o.no_graphs && !e->be->host_memory;
     d->gpu = !e->be->host_memory;
     pthread_mutex_unlock(&e->mu);

@@ -14,6 +14,7 @@
 
 #include "engine/engine.h"
 #include "engine/runner.h"
+#include "../server_harness.h"
 #include "test.h"
 
 #define MAXGEN 64
@@ -467,4 +468,84 @@ TEST(spec_engine_sampled_distribution)
             p[1] * best_n, p[2] * best_n, p[3] * best_n, chi, (unsigned long long)st.spec_accepted_tokens,
             (unsigned long long)st.spec_draft_tokens);
     EXPECT(chi < 21.1, "chi-square %.2f: the third token is not drawn from the model's distribution", chi);
+}
+
+/* ---- the server: concurrent greedy requests, with and without drafts ---- */
+
+enum { SRV_N = 8 };
+typedef struct {
+    int port, i;
+    Full f;
+    int ok;
+} SrvReq;
+
+static const char *const srv_prompts[SRV_N] = {
+    "The Debian project is an association of individuals",
+    "An operating system is the set of basic programs",
+    "The package manager installs",
+    "To configure the network, edit the file",
+    "The kernel is the core of the operating system",
+    "Free software means that the users have the freedom",
+    "The installer asks a few questions",
+    "Documentation for every package is kept in",
+};
+
+static void *srv_req(void *arg)
+{
+    SrvReq *q = arg;
+    char body[1024];
+    /* different lengths: requests finish at different steps, beside others' chains */
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":%d,\"temperature\":0,\"ignore_eos\":true}",
+             srv_prompts[q->i], 12 + 7 * q->i);
+    Resp r;
+    q->ok = post(q->port, "/v1/completions", body, &r) == 0 && r.status == 200 &&
+            full_check(__FILE__, __LINE__, &r, 0, &q->f) == 0;
+    resp_free(&r);
+    return NULL;
+}
+
+static int srv_run_all(int port, SrvReq *q)
+{
+    pthread_t th[SRV_N];
+    for (int i = 0; i < SRV_N; i++) {
+        q[i] = (SrvReq){.port = port, .i = i};
+        pthread_create(&th[i], NULL, srv_req, &q[i]);
+    }
+    int ok = 1;
+    for (int i = 0; i < SRV_N; i++) {
+        pthread_join(th[i], NULL);
+        ok &= q[i].ok;
+    }
+    return ok;
+}
+
+TEST(server_spec_greedy_concurrent)
+{
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/models/builtin", test_root());
+    static SrvReq plain[SRV_N], spec[SRV_N];
+    Srv s;
+    /* small steps and chunks: prefill chunks, verified chains and plain decodes share steps */
+    const char *sched = "--max-running-requests 4 --max-batch-tokens 24 --chunked-prefill-size 8";
+    char extra[512];
+    snprintf(extra, sizeof extra, "%s", sched);
+    ASSERT(srv_start_model(&s, "spec-plain", dir, extra) == 0);
+    int ok = srv_run_all(s.port, plain);
+    EXPECT(metric(s.port, "moeserve_spec_decode_draft_tokens_total") == 0, "drafts without speculation");
+    srv_stop(&s, 30);
+    ASSERT(ok, "the requests without drafts failed");
+    snprintf(extra, sizeof extra, "%s --speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":3}'", sched);
+    ASSERT(srv_start_model(&s, "spec-mtp", dir, extra) == 0);
+    ok = srv_run_all(s.port, spec);
+    double drafts = metric(s.port, "moeserve_spec_decode_draft_tokens_total");
+    double acc = metric(s.port, "moeserve_spec_decode_accepted_tokens_total");
+    srv_stop(&s, 30);
+    ASSERT(ok, "the requests with drafts failed");
+    for (int i = 0; i < SRV_N; i++) {
+        EXPECT(!strcmp(plain[i].f.text, spec[i].f.text), "request %d: '%s' with drafts, '%s' without", i, spec[i].f.text,
+               plain[i].f.text);
+        EXPECT(plain[i].f.completion_tokens == spec[i].f.completion_tokens, "request %d: %d tokens vs %d", i,
+               spec[i].f.completion_tokens, plain[i].f.completion_tokens);
+    }
+    EXPECT(drafts > 0 && acc > 0 && acc <= drafts, "%g drafts, %g accepted", drafts, acc);
 }
