@@ -34,6 +34,8 @@ greedy acceptance: the share of positions where argmax(student) == argmax(teache
 the two-step chain (the layer applied to its own output, as the engine's chain does), which bounds
 what K = 3 accepts.
 
+--resume starts from the layer already in --model (a second run continues the first).
+
 Output: --out (default models/builtin): model.safetensors rewritten with model.layers.L.* added
 (L = num_hidden_layers; BF16, the router's e_score_correction_bias F32 as the main layers'), and
 config.json's num_nextn_predict_layers set to 1.
@@ -131,7 +133,7 @@ def mtp_loss(mtp, main, ids, chain):
     loss = F.kl_div(lq.reshape(-1, lq.shape[-1]), tgt.reshape(-1, tgt.shape[-1]), log_target=True,
                     reduction="batchmean")
     agree = (lq.argmax(-1) == tgt.argmax(-1)).float()
-    out = {"loss1": float(loss), "acc1": float(agree.mean()), "loads": [la[0]]}
+    out = {"loss1": float(loss.detach()), "acc1": float(agree.mean()), "loads": [la[0]]}
     if chain:  # step 2: u at t paired with x_{t+2}, at position t + 1, against the teacher at t + 2
         cos2, sin2 = tb.rope_cos_sin(S - 2, main.rot, main.theta, ids.device)
         l2, _, la2 = mtp(u[:, :-1], ids[:, 2:], main.embed, main.head, cos2, sin2)
@@ -140,7 +142,7 @@ def mtp_loss(mtp, main, ids, chain):
         loss2 = F.kl_div(lq2.reshape(-1, lq2.shape[-1]), tgt2.reshape(-1, tgt2.shape[-1]), log_target=True,
                          reduction="batchmean")
         both = agree[:, :-1] * (lq2.argmax(-1) == tgt2.argmax(-1)).float()
-        out.update(loss2=float(loss2), acc2=float(both.mean()))
+        out.update(loss2=float(loss2.detach()), acc2=float(both.mean()))
         out["loads"].append(la2[0])
         loss = loss + chain * loss2
     return loss, out
@@ -151,6 +153,40 @@ def balance(layer, loads, rate):
     load = sum(loads)
     mean = load.mean()
     layer.ebias += rate * (mean - load) / mean.clamp(min=1e-9)
+
+
+def resume(c, raw, mtp):
+    """Start from the MTP layer already in the checkpoint (export's inverse); False when it has none."""
+    L, E, I = c["num_hidden_layers"], c["n_routed_experts"], c["moe_intermediate_size"]
+    p = "model.layers.%d." % L
+    if p + "eh_proj.weight" not in raw:
+        return False
+    ly = mtp.layer
+    with torch.no_grad():
+        def put(dst, name):
+            dst.copy_(raw[p + name].float())
+        put(mtp.enorm, "enorm.weight")
+        put(mtp.hnorm, "hnorm.weight")
+        put(mtp.eh, "eh_proj.weight")
+        put(mtp.head_norm, "shared_head.norm.weight")
+        put(ly.ln1, "input_layernorm.weight")
+        put(ly.ln2, "post_attention_layernorm.weight")
+        put(ly.o.weight, "self_attn.o_proj.weight")
+        put(ly.qn, "self_attn.q_norm.weight")
+        put(ly.kn, "self_attn.k_norm.weight")
+        put(ly.router, "mlp.gate.weight")
+        put(ly.ebias, "mlp.gate.e_score_correction_bias")
+        for a, m in (("q", ly.q), ("k", ly.k), ("v", ly.v)):
+            put(m.weight, "self_attn.%s_proj.weight" % a)
+            put(m.bias, "self_attn.%s_proj.bias" % a)
+        put(ly.w_gu[E, :I], "mlp.shared_experts.gate_proj.weight")
+        put(ly.w_gu[E, I:], "mlp.shared_experts.up_proj.weight")
+        put(ly.w_down[E], "mlp.shared_experts.down_proj.weight")
+        for e in range(E):
+            put(ly.w_gu[e, :I], "mlp.experts.%d.gate_proj.weight" % e)
+            put(ly.w_gu[e, I:], "mlp.experts.%d.up_proj.weight" % e)
+            put(ly.w_down[e], "mlp.experts.%d.down_proj.weight" % e)
+    return True
 
 
 def export(c, raw, mtp, out):
@@ -209,6 +245,7 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--resume", action="store_true", help="start from the MTP layer already in --model")
     a = ap.parse_args()
     out = a.out or a.model
     if a.threads:
@@ -226,7 +263,10 @@ def main():
     log("data: %d documents, %d tokens (%.1f s)" % (len(docs), len(data), time.time() - t0))
     held, _ = tb.heldout_windows(tok, a.heldout, a.seq_len, eos)
     held = held[:16, :-1].to(dev)
-    mtp = MTP(c, main_model).to(dev)
+    mtp = MTP(c, main_model)
+    if a.resume and not resume(c, raw, mtp):
+        raise SystemExit("--resume: %s has no MTP layer" % a.model)
+    mtp.to(dev)
     params = [p for n, p in mtp.named_parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     other = [p for p in params if p.dim() < 2]
