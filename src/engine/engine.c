@@ -126,7 +126,8 @@ void engine_options_default(EngineOptions *o)
 {
     *o = (EngineOptions){.max_running = 64, .max_batch_tokens = 2048, .chunked_prefill = 512, .max_model_len = 0,
                          .block_size = 16, .n_blocks = 0, .kv_fraction = 0, .decode_steps = 1, .prefix_caching = 1,
-                         .max_queue = 4096, .profile_every = 16, .diag_window_s = ENGINE_DIAG_WINDOW_S};
+                         .max_queue = 4096, .profile_every = 16, .diag_window_s = ENGINE_DIAG_WINDOW_S,
+                         .spec_fixed_draft = -1};
 }
 
 /* ---- the prefix map ---- */
@@ -899,7 +900,7 @@ static void spec_draft(Engine *e, int S)
     pthread_mutex_unlock(&e->mu); /* running sequences are this thread's; only their flags are shared */
     mtp_take_main(&e->mtp, e->m_rows, T);
     mtp_run(&e->mtp, &b, &e->kv, NULL, e->m_ids);
-    for (int o = 0; o < O; o++) e->m_outseq[o]->draft[0] = e->m_ids[o];
+    for (int o = 0; o < O; o++) e->m_outseq[o]->draft[0] = e->o.spec_fixed_draft >= 0 ? e->o.spec_fixed_draft : e->m_ids[o];
     /* the chain: step j pairs each sequence still drafting with its draft j - 1 and the state of
        its row in the previous pass (hidden rows kept in m_rows) */
     for (int j = 1; j < max_nd; j++) {
@@ -928,7 +929,7 @@ static void spec_draft(Engine *e, int S)
                     .block_table = e->m_table, .bt_stride = nb, .n_out = n, .out_idx = e->m_out};
         for (int i = 0; i < n; i++) b.max_ctx = e->m_ctx[i] > b.max_ctx ? e->m_ctx[i] : b.max_ctx;
         mtp_run(&e->mtp, &b, &e->kv, e->m_rows, e->m_ids);
-        for (int o = 0; o < n; o++) e->m_outseq[o]->draft[j] = e->m_ids[o];
+        for (int o = 0; o < n; o++) e->m_outseq[o]->draft[j] = e->o.spec_fixed_draft >= 0 ? e->o.spec_fixed_draft : e->m_ids[o];
     }
     /* only running sequences drafted, and no other thread frees one of those: no step's finished
        sequence (which its owner may free meanwhile) is touched past here */

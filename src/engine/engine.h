@@ -39,6 +39,8 @@ typedef struct {
     int spec_k;                /* speculative decoding: drafts per step with the model's MTP layer (model_load_mtp;
                                   model/mtp.h), each verified in the next step's forward; 0: off */
     int spec_vocab;            /* drafts among the first spec_vocab token ids (mtp_init; 0: all) */
+    int spec_fixed_draft;      /* tests (in-process): every draft is this token id instead of the MTP layer's, so
+                                  that a test chooses how often drafts are accepted; -1: the layer's */
     double diag_window_s;      /* --diagnosis-window S: the diagnosis covers the steps of the last S to 2 S
                                   seconds (two buckets of S seconds), not the whole run */
 } EngineOptions;

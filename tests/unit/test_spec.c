@@ -4,9 +4,9 @@
  * max_tokens), from `generate` on the tiny checkpoints of both architectures with a random MTP
  * layer added (whose drafts are made and nearly all rejected), and on the built-in model, whose
  * trained layer must get at least a quarter of its drafts accepted at K = 3 on Debian prose.
- * Sampled output keeps the model's distribution: a chi-square test of the third token's
- * distribution, which comes from a verified chain's second row whenever the first draft was
- * accepted, against the probabilities computed from the model's logits. */
+ * Sampled output keeps the model's distribution: chi-square tests of the tokens drawn from a
+ * verified chain's first row and, after an accepted draft, its second, against the probabilities
+ * computed from the model's logits. */
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -371,9 +371,9 @@ TEST(spec_options)
 
 /* ---- sampled: the distribution ---- */
 
-/* p[0..k) and ids of the model's top-k at temperature 1 after ctx (the sampler's definition:
- * the k largest logits, ties to the lowest id, their softmax) */
-static void topk_probs(const int *ctx, int n, int k, int *ids, double *p)
+/* p[0..k) and ids of the model's top-k at temperature temp after ctx (the sampler's definition:
+ * the k largest logits, ties to the lowest id, their softmax at the temperature) */
+static void topk_probs(const int *ctx, int n, int k, double temp, int *ids, double *p)
 {
     Runner r;
     runner_init(&r, &M, &BE, n + 1, 256, 16);
@@ -390,19 +390,45 @@ static void topk_probs(const int *ctx, int n, int k, int *ids, double *p)
         }
         ids[j] = best;
     }
-    for (int j = 0; j < k; j++) sum += exp((double)lg[ids[j]] - lg[ids[0]]);
-    for (int j = 0; j < k; j++) p[j] = exp((double)lg[ids[j]] - lg[ids[0]]) / sum;
+    for (int j = 0; j < k; j++) sum += exp(((double)lg[ids[j]] - lg[ids[0]]) / temp);
+    for (int j = 0; j < k; j++) p[j] = exp(((double)lg[ids[j]] - lg[ids[0]]) / temp) / sum;
     free(lg);
     runner_free(&r);
 }
 
+/* chi-square of counts cnt[0..K) (n in all) against probabilities p; *other: draws outside */
+static double chi2(const long *cnt, const double *p, int k, long n)
+{
+    double c = 0;
+    for (int j = 0; j < k; j++) {
+        double want = p[j] * n;
+        c += (cnt[j] - want) * (cnt[j] - want) / (want > 1e-9 ? want : 1e-9);
+    }
+    return c;
+}
+
+/* Sampled output with drafts keeps the model's distribution. The draft is fixed (the engine's test
+ * option) to the model's likeliest second token d after the likeliest first, so that chains are
+ * accepted as often as the model draws d: each request (3 tokens) verifies one chain [t1, d],
+ * whose row 0 draws t2 and, when t2 = d, row 1 draws t3. The counts of t2 given t1 and of t3 given
+ * (t1, d) must match the top-4 probabilities computed from the model's logits (chi-square, 3
+ * degrees of freedom, 21.1: once in 10^4 by chance), and the engine must count one accepted draft
+ * exactly for each request whose t2 is d. */
 TEST(spec_engine_sampled_distribution)
 {
     ASSERT(setup(), "models/builtin has no MTP layer");
     ASSERT(load_prose() > 700);
     enum { N = 1500, K = 4, LEN = 40 };
-    int prompt[LEN + 2];
-    make_prompt(3, prompt, LEN);
+    int ctx[LEN + 2], ids1[K], ids2[K], ids3[K];
+    double p1[K], p2[K], p3[K];
+    make_prompt(3, ctx, LEN);
+    const double temp = 1.6; /* flatter than 1: every top-4 token comes often enough to count */
+    topk_probs(ctx, LEN, K, temp, ids1, p1);
+    ctx[LEN] = ids1[0];
+    topk_probs(ctx, LEN + 1, K, temp, ids2, p2);
+    int d = ids2[0];
+    ctx[LEN + 1] = d;
+    topk_probs(ctx, LEN + 2, K, temp, ids3, p3);
     EngineOptions o;
     engine_options_default(&o);
     o.max_running = 32;
@@ -410,6 +436,7 @@ TEST(spec_engine_sampled_distribution)
     o.n_blocks = 512;
     o.max_model_len = 256;
     o.spec_k = 3;
+    o.spec_fixed_draft = d;
     Engine *e = engine_create(&M, &BE, &o, eos, 3);
     engine_start(e);
     Waker w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
@@ -417,9 +444,9 @@ TEST(spec_engine_sampled_distribution)
     for (int i0 = 0; i0 < N; i0 += 64) { /* in waves: the queue holds them all, the test's memory too */
         int n = N - i0 < 64 ? N - i0 : 64;
         for (int i = i0; i < i0 + n; i++) {
-            RequestParams r = {.prompt = prompt, .n_prompt = LEN, .max_tokens = 3, .ignore_eos = 1};
+            RequestParams r = {.prompt = ctx, .n_prompt = LEN, .max_tokens = 3, .ignore_eos = 1};
             sampling_params_default(&r.sampling);
-            r.sampling.temperature = 1;
+            r.sampling.temperature = (float)temp;
             r.sampling.top_k = K;
             r.sampling.seed = 1000 + i;
             memset(&out[i], 0, sizeof out[i]);
@@ -432,42 +459,34 @@ TEST(spec_engine_sampled_distribution)
     engine_stats(e, &st);
     engine_stop(e, 1);
     engine_free(e);
-    EXPECT(st.spec_accepted_tokens > N / 10, "%llu drafts accepted of %llu: the chains' later rows are barely tested",
-           (unsigned long long)st.spec_accepted_tokens, (unsigned long long)st.spec_draft_tokens);
-    /* the most frequent first two tokens; the third's counts given them */
-    int best = -1, best_n = 0;
+    long c2[K] = {0}, c3[K] = {0}, n2 = 0, n3 = 0, other = 0, is_d = 0;
     for (int i = 0; i < N; i++) {
         ASSERT(out[i].n == 3);
-        int c = 0;
-        for (int j = 0; j < N; j++) c += out[j].toks[0] == out[i].toks[0] && out[j].toks[1] == out[i].toks[1];
-        if (c > best_n) best_n = c, best = i;
-    }
-    ASSERT(best_n >= 200, "the commonest first pair came %d times of %d", best_n, N);
-    prompt[LEN] = out[best].toks[0];
-    prompt[LEN + 1] = out[best].toks[1];
-    int ids[K];
-    double p[K];
-    topk_probs(prompt, LEN + 2, K, ids, p);
-    long cnt[K] = {0}, other = 0;
-    for (int i = 0; i < N; i++) {
-        if (out[i].toks[0] != prompt[LEN] || out[i].toks[1] != prompt[LEN + 1]) continue;
+        if (out[i].toks[0] != ids1[0]) continue;
+        n2++;
         int j = 0;
-        while (j < K && ids[j] != out[i].toks[2]) j++;
+        while (j < K && ids2[j] != out[i].toks[1]) j++;
+        if (j == K) { other++; continue; }
+        c2[j]++;
+        if (out[i].toks[1] != d) continue;
+        n3++;
+        for (j = 0; j < K && ids3[j] != out[i].toks[2]; j++) {}
         if (j == K) other++;
-        else cnt[j]++;
+        else c3[j]++;
     }
-    EXPECT(other == 0, "%ld third tokens outside the model's top %d", other, K);
-    /* chi-square, K - 1 degrees of freedom: above 21.1 once in 10^4 runs by chance (3 df) */
-    double chi = 0;
-    for (int j = 0; j < K; j++) {
-        double want = p[j] * best_n;
-        chi += (cnt[j] - want) * (cnt[j] - want) / (want > 1e-9 ? want : 1e-9);
-    }
-    fprintf(stderr, "    third token given the commonest pair (%d of %d): counts %ld %ld %ld %ld, expected %.1f %.1f %.1f %.1f; "
-            "chi2 %.2f; %llu of %llu drafts accepted\n", best_n, N, cnt[0], cnt[1], cnt[2], cnt[3], p[0] * best_n,
-            p[1] * best_n, p[2] * best_n, p[3] * best_n, chi, (unsigned long long)st.spec_accepted_tokens,
-            (unsigned long long)st.spec_draft_tokens);
-    EXPECT(chi < 21.1, "chi-square %.2f: the third token is not drawn from the model's distribution", chi);
+    for (int i = 0; i < N; i++) is_d += out[i].toks[1] == d;
+    EXPECT(other == 0, "%ld tokens outside the model's top %d", other, K);
+    EXPECT(st.spec_draft_tokens == N && st.spec_accepted_tokens == (uint64_t)is_d,
+           "%llu drafts, %llu accepted; %ld requests drew the draft", (unsigned long long)st.spec_draft_tokens,
+           (unsigned long long)st.spec_accepted_tokens, is_d);
+    ASSERT(n2 >= 200 && n3 >= 100, "%ld requests began with the likeliest token, %ld then drew the draft", n2, n3);
+    double x2 = chi2(c2, p2, K, n2), x3 = chi2(c3, p3, K, n3);
+    fprintf(stderr, "    row 0 (t2 | t1), %ld draws: %ld %ld %ld %ld, expected %.1f %.1f %.1f %.1f, chi2 %.2f\n", n2, c2[0],
+            c2[1], c2[2], c2[3], p2[0] * n2, p2[1] * n2, p2[2] * n2, p2[3] * n2, x2);
+    fprintf(stderr, "    row 1 (t3 | t1, d), %ld draws: %ld %ld %ld %ld, expected %.1f %.1f %.1f %.1f, chi2 %.2f\n", n3,
+            c3[0], c3[1], c3[2], c3[3], p3[0] * n3, p3[1] * n3, p3[2] * n3, p3[3] * n3, x3);
+    EXPECT(x2 < 21.1, "chi-square %.2f: the token after a chain's first is not drawn from the model's distribution", x2);
+    EXPECT(x3 < 21.1, "chi-square %.2f: the token after an accepted draft is not drawn from the model's distribution", x3);
 }
 
 /* ---- the server: concurrent greedy requests, with and without drafts ---- */
