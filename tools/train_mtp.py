@@ -20,7 +20,7 @@ final-normed hidden state h_t at position t and the next token x_{t+1},
 The decoder layer is a MoE layer of the main model's shape (as GLM-4.5's MTP layer), with a KV
 cache of its own (its attention sees the earlier positions' u). The built-in layer shares the main
 model's embedding and lm_head (GLM-5's and DeepSeek-V3's arrangement: no tensors of its own), so
-the checkpoint grows by one layer (~1.9 MB in BF16).
+the checkpoint grows by one layer (1.44 M parameters, 2.9 MB in BF16).
 
 Objective: distillation toward the main model's own next-token distribution. Row t is trained to
 match softmax(main logits at t+1) -- the distribution the verifier samples x_{t+2} from -- by
