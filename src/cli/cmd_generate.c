@@ -2,7 +2,10 @@
  * streams the continuation to stdout as it is sampled and prints prefill and decode speed to
  * stderr at the end. --chat renders the message through the model's chat template (with an
  * optional --system message); --prompt encodes the text as is, with the tokenizer's special
- * tokens. Sampling defaults come from the model's generation_config.json, as in vLLM. */
+ * tokens. Sampling defaults come from the model's generation_config.json, as in vLLM. With
+ * speculative decoding (--speculative-config) the MTP layer drafts after each token and one
+ * forward verifies them (engine.c spec_accept says why the output is the same); the statistics
+ * line then adds the drafts accepted. */
 #include <errno.h>
 #include <jansson.h>
 #include <stdio.h>

@@ -8,7 +8,10 @@
  * blocks cannot be allocated makes the youngest running sequence that arrived after it give its
  * blocks back (it recomputes later from its tokens so far: preemption by recompute), or waits
  * when there is none; run the forward; sample for every sequence that computed its last token;
- * queue the events; wake the owners. */
+ * queue the events; wake the owners. With speculative decoding (spec_k > 0) a decoding sequence's
+ * step carries its token and the MTP layer's drafts after it, every one a logits row; the rows'
+ * tokens are taken while they equal the drafts (spec_accept), and after the step the MTP layer
+ * catches up on the settled positions and drafts again (spec_draft). */
 #include "engine.h"
 
 #include <pthread.h>

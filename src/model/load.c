@@ -660,7 +660,7 @@ void model_load_shard(Model *m, const char *dir, void (*shard)(ModelConfig *c, v
         }
     }
     if (mtp_n)
-        log_info("MTP layer%s %d..%d (%d tensors): loaded only for speculative decoding (--speculative-config)",
+        log_debug("MTP layer%s %d..%d (%d tensors): loaded only for speculative decoding (--speculative-config)",
                  mtp_lo == mtp_hi ? "" : "s", mtp_lo, mtp_hi, mtp_n);
     if (stray > 5) log_warn("%s: %d unused tensors in all", dir, stray);
     free(ld.used);
