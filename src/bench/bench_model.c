@@ -4,10 +4,12 @@
  * --output-len steps, greedy on the device so only the ids come back, after --warmup (default 1)
  * untimed passes of each batch size. Reports tokens/s, the
  * time per output token, and the bytes the decode steps had to move against the time
- * (the op counts of backend.c), next to the memory roof when --roof-gbs is given. */
+ * (the op counts of backend.c), next to the memory roof when --roof-gbs is given. With
+ * speculative decoding on, each batch size runs through the engine instead (bench_spec). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "../base/util.h"
 #include "../dist/dist.h"
@@ -51,6 +53,90 @@ typedef struct {
     int *tokens, *pos, *seq, *slot, *seq_start, *seq_ntok, *ctx, *out_idx;
 } BatchBuf;
 
+/* With speculative decoding (--speculative-config): each batch size through an Engine with the
+ * MTP layer's drafts (greedy, random prompts, eos ignored): prefill until every sequence has its
+ * first token, then decode; decode tokens/s and the drafts' acceptance. A warm-up run first. */
+static void bench_spec(const Model *dm, Backend *be, const ModelOpts *mo, const int *batches, int nb, int in_len,
+                       int out_len, int max_bt, int no_graphs, int as_json)
+{
+    int V = dm->cfg.vocab;
+    Rng rng;
+    rng_seed(&rng, 7);
+    int maxB = 0;
+    for (int i = 0; i < nb; i++) maxB = batches[i] > maxB ? batches[i] : maxB;
+    int *prompts = xmalloc((size_t)maxB * in_len * sizeof(int));
+    for (long i = 0; i < (long)maxB * in_len; i++) prompts[i] = (int)(rng_u64(&rng) % V);
+    uint64_t *ids = xcalloc(maxB, sizeof(uint64_t));
+    int *got = xcalloc(maxB, sizeof(int));
+    if (!as_json)
+        printf("%-6s %12s %12s %10s %10s %12s\n", "batch", "prefill t/s", "decode t/s", "TPOT ms", "accepted", "tokens/chain");
+    for (int bi = 0; bi < nb; bi++)
+        for (int rep = 0; rep < 2; rep++) { /* rep 0: warm-up */
+            int B = batches[bi], outl = rep ? out_len : (out_len < 4 ? out_len : 4);
+            EngineOptions o;
+            engine_options_default(&o);
+            o.max_running = B;
+            o.max_batch_tokens = max_bt > B * (1 + mo->spec.k) ? max_bt : B * (1 + mo->spec.k);
+            o.max_model_len = in_len + out_len + 1;
+            o.n_blocks = B * ((in_len + out_len + 16) / 16 + 1);
+            o.no_graphs = no_graphs;
+            o.prefix_caching = 0;
+            o.profile_every = 0;
+            o.spec_k = mo->spec.k;
+            o.spec_vocab = mo->spec.draft_vocab;
+            Engine *e = engine_create(dm, be, &o, NULL, 0);
+            engine_start(e);
+            double t0 = clock_now(), t1 = 0;
+            for (int k = 0; k < B; k++) {
+                RequestParams r = {.prompt = prompts + (size_t)k * in_len, .n_prompt = in_len, .max_tokens = outl,
+                                   .ignore_eos = 1};
+                sampling_params_default(&r.sampling);
+                r.sampling.temperature = 0;
+                char err[256];
+                ids[k] = engine_submit(e, &r, NULL, NULL, err, sizeof err);
+                if (!ids[k]) fatal("bench model: %s", err);
+                got[k] = 0;
+            }
+            for (int left = B; left > 0;) {
+                int first = 1;
+                for (int k = 0; k < B; k++) {
+                    EngineEvent ev[64];
+                    int n;
+                    while (ids[k] && (n = engine_poll(e, ids[k], ev, 64)) > 0)
+                        for (int j = 0; j < n; j++) {
+                            got[k] += ev[j].token >= 0;
+                            if (ev[j].finish) { ids[k] = 0; left--; }
+                        }
+                    first &= got[k] > 0 || !ids[k];
+                }
+                if (first && !t1) t1 = clock_now();
+                struct timespec ts = {0, 200000};
+                nanosleep(&ts, NULL);
+            }
+            double t2 = clock_now();
+            EngineStats st;
+            engine_stats(e, &st);
+            engine_stop(e, 1);
+            engine_free(e);
+            if (!rep) continue;
+            double pre = (double)B * in_len / (t1 - t0), dec = (double)B * (out_len - 1) / (t2 - t1);
+            double accp = st.spec_draft_tokens ? 100.0 * st.spec_accepted_tokens / st.spec_draft_tokens : 0;
+            double len = st.spec_chains ? 1.0 + (double)st.spec_accepted_tokens / st.spec_chains : 0;
+            if (as_json)
+                out_printf("{\"batch\": %d, \"input_len\": %d, \"output_len\": %d, \"prefill_tok_s\": %.1f, "
+                           "\"decode_tok_s\": %.1f, \"tpot_ms\": %.3f, \"num_speculative_tokens\": %d, "
+                           "\"accepted_pct\": %.1f, \"accept_length\": %.3f, \"device\": \"%s\"}\n", B, in_len, out_len,
+                           pre, dec, (t2 - t1) / (out_len - 1 > 0 ? out_len - 1 : 1) * 1e3, mo->spec.k, accp, len, be->name);
+            else
+                printf("%-6d %12.1f %12.1f %10.3f %9.1f%% %12.2f\n", B, pre, dec,
+                       (t2 - t1) / (out_len - 1 > 0 ? out_len - 1 : 1) * 1e3, accp, len);
+            fflush(stdout);
+        }
+    free(prompts);
+    free(ids);
+    free(got);
+}
+
 static double stats_bytes(const Backend *be)
 {
     double b = 0;
@@ -85,11 +171,11 @@ int bench_model_main(int argc, char **argv)
         {.names = "--json", .type = OPT_FLAG, .dst = &as_json, .help = "one JSON line per batch size", .def = "off"},
     };
     const OptGroup groups[] = {OPT_GROUP("bench model", specs), model_opt_group(&mo, MODEL_OPT_ALL),
-                               par_opt_group(&mo.par), device_opt_group(&dev)};
+                               par_opt_group(&mo.par), device_opt_group(&dev), spec_opt_group(&mo.spec)};
     const OptCommand cmd = {.cmd = "bench model", .synopsis = "MODEL [options]",
                             .about = "Offline prefill and decode throughput of batches of random prompts, without "
                                      "the server.",
-                            .groups = groups, .n_groups = 4, .max_pos = 1, .pos_name = "MODEL"};
+                            .groups = groups, .n_groups = 5, .max_pos = 1, .pos_name = "MODEL"};
     model_opt_parse(&cmd, argc, argv, &mo, 1);
     model_opt_device(&mo, dev.device);
     mo.dir = model_dir_resolve("bench model", mo.dir, mo.revision, !mo.dummy);
@@ -112,6 +198,13 @@ int bench_model_main(int argc, char **argv)
         backend_free(&be);
         model_free(&m);
         dist_shutdown();
+        return 0;
+    }
+    if (mo.spec.k > 0) { /* drafts need the engine's verification: a run of its own */
+        bench_spec(&dm, &be, &mo, batches, nb, in_len, out_len, max_bt, no_graphs, as_json);
+        model_on_backend_free(&dm, &be);
+        backend_free(&be);
+        model_free(&m);
         return 0;
     }
     int per_seq = (in_len + out_len + bs - 1) / bs;

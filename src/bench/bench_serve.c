@@ -750,6 +750,18 @@ static json_t *server_info(const char *base, struct curl_slist *headers)
     return NULL;
 }
 
+/* The server's speculative-decoding counters in its /get_server_info (moeserve's engine object):
+ * chains verified and drafts accepted; 0 when it has none */
+static int spec_counters(const json_t *info, double *chains, double *accepted)
+{
+    const json_t *eng = json_object_get(info, "engine");
+    const json_t *c = json_object_get(eng, "spec_num_drafts"), *a = json_object_get(eng, "spec_accepted_tokens");
+    if (!json_is_integer(c) || !json_is_integer(a)) return 0;
+    *chains = (double)json_integer_value(c);
+    *accepted = (double)json_integer_value(a);
+    return 1;
+}
+
 static int parse_levels(const char *s, int *out)
 {
     int n = 0;
@@ -1090,6 +1102,7 @@ int bench_serve_main(int argc, char **argv)
         }
         rc.level = levels[l] ? levels[l] : n;
         L.n_lag = 0;
+        json_t *info0 = server_info(baseu, headers); /* the counters before, for the acceptance length */
         double cpu0 = cpu_seconds();
         double dur = run_requests(&L, slots, conc, &rc, bodies, lens, arrival, res, n);
         double cpu = cpu_seconds() - cpu0;
@@ -1134,6 +1147,11 @@ int bench_serve_main(int argc, char **argv)
         }
         any_ok |= m->completed > 0;
         ri->server_info = server_info(baseu, headers);   /* after the run: the server's counters include it */
+        double c0, a0, c1, a1;
+        m->accept_length = -1;
+        if (spec_counters(info0, &c0, &a0) && spec_counters(ri->server_info, &c1, &a1) && c1 > c0)
+            m->accept_length = 1.0 + (a1 - a0) / (c1 - c0);
+        json_decref(info0);
         report_print(m, ri);
         if (out_file && report_append_json(out_file, m, ri)) fatal("bench serve: cannot write %s", out_file);
         results_free(res, n);

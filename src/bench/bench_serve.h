@@ -110,6 +110,8 @@ typedef struct {
     int *reason_count;         /* ... and how many requests failed so */
     int n_reasons;
     ClientOverhead client;
+    double accept_length;      /* speculative decoding: tokens a verified draft chain gave, from the server's
+                                  counters before and after the run (1 + accepted / chains); < 0: unknown */
     struct json_t *details;    /* --output-details: the per-request lists (owned), else NULL */
 } Metrics;
 

@@ -106,6 +106,7 @@ void report_compute(Metrics *m, const RunInfo *run, const Dataset *ds, const Req
                     double duration, const Tokenizer *tok)
 {
     memset(m, 0, sizeof *m);
+    m->accept_length = -1; /* bench_serve.c fills it from the server's counters when it has them */
     m->duration = duration;
     m->total_output_retok = tok ? 0 : -1;
     long n_itl = 0;
@@ -312,6 +313,7 @@ void report_print(const Metrics *m, const RunInfo *run)
         line_i("Peak concurrent requests:", m->peak_concurrency);
         line_f("Total token throughput (tok/s):", m->total_throughput);
         line_f("Concurrency:", m->mean_concurrency);
+        if (m->accept_length >= 0) line_f("Accept length:", m->accept_length);
         rule("End-to-End Latency", '-');
         line_f("Mean E2E Latency (ms):", m->e2e.mean);
         line_f("Median E2E Latency (ms):", m->e2e.median);
@@ -346,6 +348,7 @@ void report_print(const Metrics *m, const RunInfo *run)
         line_f("Peak output token throughput (tok/s):", m->peak_output_throughput);
         line_f("Peak concurrent requests:", m->peak_concurrency);
         line_f("Total token throughput (tok/s):", m->total_throughput);
+        if (m->accept_length >= 0) line_f("Acceptance length:", m->accept_length);
         print_vllm_metric(run, "ttft", "TTFT", "Time to First Token", &m->ttft);
         print_vllm_metric(run, "tpot", "TPOT", "Time per Output Token (excl. 1st token)", &m->tpot);
         print_vllm_metric(run, "itl", "ITL", "Inter-token Latency", &m->itl);
@@ -423,7 +426,8 @@ int report_append_json(const char *path, const Metrics *m, const RunInfo *run)
         set_dist(o, run, "tpot", &m->tpot);
         set_dist(o, run, "itl", &m->itl);
         set_real(o, "concurrency", m->mean_concurrency);
-        json_object_set_new(o, "accept_length", json_null());
+        if (m->accept_length >= 0) set_real(o, "accept_length", m->accept_length);
+        else json_object_set_new(o, "accept_length", json_null());
         set_real(o, "max_output_tokens_per_s", m->peak_output_throughput);
         json_object_set_new(o, "max_concurrent_requests", json_integer(m->peak_concurrency));
         json_object_set_new(o, "model_id", json_string(run->model ? run->model : ""));
@@ -461,6 +465,7 @@ int report_append_json(const char *path, const Metrics *m, const RunInfo *run)
         set_dist(o, run, "tpot", &m->tpot);
         set_dist(o, run, "itl", &m->itl);
         set_dist(o, run, "e2el", &m->e2e);
+        if (m->accept_length >= 0) set_real(o, "accept_length", m->accept_length);
     }
     json_t *why = json_object();
     for (int i = 0; i < m->n_reasons; i++) json_object_set_new(why, m->reasons[i], json_integer(m->reason_count[i]));

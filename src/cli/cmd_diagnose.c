@@ -417,7 +417,7 @@ int cmd_diagnose(int argc, char **argv)
     };
     const OptGroup groups[] = {OPT_GROUP("diagnose", what_specs), OPT_GROUP("load", load_specs),
                                model_opt_group(&mo, MODEL_OPT_ALL), par_opt_group(&mo.par), device_opt_group(&dev),
-                               engine_opt_group(&eo), engine_diag_group(&eo)};
+                               engine_opt_group(&eo), spec_opt_group(&mo.spec), engine_diag_group(&eo)};
     const OptCommand cmd = {.cmd = "diagnose",
     .synopsis = "(--url URL | MODEL [options] | --sweep --layouts L MODEL [options])",
                             .about = "Where a deployment's step time goes and what to change: a running server's, or a "
@@ -428,6 +428,13 @@ int cmd_diagnose(int argc, char **argv)
     int n_pos = 0;
     opt_parse(&cmd, argc, argv, &pos, &n_pos);
     model_opt_positional(&mo, "diagnose", n_pos ? pos : NULL, 0);
+    char serr[512];
+    if (spec_opts_resolve(&mo.spec, serr, sizeof serr) < 0) {
+        fprintf(stderr, "error: diagnose: %s\n", serr);
+        return 2;
+    }
+    eo.spec_k = mo.spec.k;
+    eo.spec_vocab = mo.spec.draft_vocab;
     if (opt_given(&cmd, &eo.max_running)) fatal("diagnose: --batch sets the requests running at once");
     /* the options a sweep passes on to each layout's run: all but the sweep's own and the layout */
     char pass[4096] = "";

@@ -2,7 +2,10 @@
  * streams the continuation to stdout as it is sampled and prints prefill and decode speed to
  * stderr at the end. --chat renders the message through the model's chat template (with an
  * optional --system message); --prompt encodes the text as is, with the tokenizer's special
- * tokens. Sampling defaults come from the model's generation_config.json, as in vLLM. */
+ * tokens. Sampling defaults come from the model's generation_config.json, as in vLLM. With
+ * speculative decoding (--speculative-config) the MTP layer drafts after each token and one
+ * forward verifies them (engine.c spec_accept says why the output is the same); the statistics
+ * line then adds the drafts accepted. */
 #include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -61,7 +64,7 @@ int cmd_generate(int argc, char **argv)
     };
     const OptGroup groups[] = {OPT_GROUP("generate", gen_specs), sampling_opt_group(&cli), model_opt_group(&mo,
     MODEL_OPT_ALL),
-                               par_opt_group(&mo.par), device_opt_group(&dev)};
+                               spec_opt_group(&mo.spec), par_opt_group(&mo.par), device_opt_group(&dev)};
     const OptCommand cmd = {.cmd = "generate", .synopsis = "MODEL (--prompt TEXT | --chat TEXT) [options]",
                             .about = "Stream a continuation of a prompt, or the answer to a chat message, to stdout.\n"
                                      "Sampling defaults come from the model's generation_config.json.",
@@ -147,13 +150,19 @@ int cmd_generate(int argc, char **argv)
     Runner run;
     runner_init(&run, &dm, &be, max_ctx, chunk, 16);
     if (!no_graphs) runner_enable_graphs(&run);
+    int K = mo.spec.k; /* speculative decoding: drafts a step from the MTP layer (0: off) */
+    if (K > chunk - 1) {
+        log_warn("generate: %d drafts a step do not fit --chunk %d: %d", K, chunk, chunk - 1);
+        K = chunk - 1;
+    }
+    if (K > 0) runner_enable_mtp(&run, mo.spec.draft_vocab);
     Sampler smp;
     sampler_init(&smp, &sp, m.cfg.vocab, ids, n_ids);
     Detokenizer dt;
     detok_init(&dt, tok, 1);
 
     int V = m.cfg.vocab;
-    float *logits = xmalloc((size_t)V * sizeof(float));
+    float *logits = xmalloc((size_t)V * (K + 1) * sizeof(float));
     if (prompt) { /* the prompt first, so that the continuation reads on from it */
         fputs(prompt, stdout);
         fflush(stdout);
@@ -168,11 +177,20 @@ int cmd_generate(int argc, char **argv)
     for (int i = 0; i < n_stops; i++) max_stop = strlen(stop_strs[i]) > max_stop ? strlen(stop_strs[i]) : max_stop;
     int n_gen = 0;
     const char *why = "length";
+    /* speculation: the tokens of a verified chain wait in q (sampled and accepted already); keep is
+       how many positions of the last feed stand (the MTP layer's catch-up pairs them) */
+    int q[MTP_MAX_DRAFTS + 1], nq = 0, qi = 0, keep = run.n_last, drafts[MTP_MAX_DRAFTS];
+    long chains = 0, n_drafted = 0, n_accepted = 0;
     double t1 = clock_now();
     while (n_gen < max_tokens) {
         SampleResult res;
-        int t = sampler_sample(&smp, logits, &res);
-        sampler_accept(&smp, t);
+        int t;
+        if (qi < nq) {
+            t = q[qi++];
+        } else {
+            t = sampler_sample(&smp, logits, &res);
+            sampler_accept(&smp, t);
+        }
         n_gen++;
         if (model_text_is_eos(&mt, t) && !ignore_eos) { why = "eos"; break; }
         int is_stop = 0;
@@ -199,7 +217,32 @@ int cmd_generate(int argc, char **argv)
             printed = safe;
         }
         if (n_gen == max_tokens) break;
-        runner_feed(&run, &t, 1, 0, logits);
+        if (qi < nq) continue;
+        if (!K) {
+            runner_feed(&run, &t, 1, 0, logits);
+            continue;
+        }
+        /* draft after t, then feed t and the drafts in one forward and take each row's token while it
+           equals the draft before it: the same tokens as without drafts (engine.c spec_accept) */
+        int nd = K < max_tokens - n_gen - 1 ? K : max_tokens - n_gen - 1;
+        runner_draft(&run, keep, t, nd, drafts);
+        int seq[MTP_MAX_DRAFTS + 1], base = run.n_ctx;
+        seq[0] = t;
+        memcpy(seq + 1, drafts, nd * sizeof(int));
+        runner_feed(&run, seq, 1 + nd, nd > 0, logits);
+        nq = qi = 0;
+        if (nd == 0) { keep = 1; continue; } /* the one row, sampled at the top */
+        for (int j = 0; j <= nd; j++) {
+            int u = sampler_sample(&smp, logits + (size_t)j * V, &res);
+            sampler_accept(&smp, u);
+            q[nq++] = u;
+            if (j == nd || u != drafts[j]) break;
+        }
+        chains++;
+        n_drafted += nd;
+        n_accepted += nq - 1;
+        keep = nq;
+        runner_rewind(&run, base + nq);
     }
     if (printed < tlen && strcmp(why, "stop") != 0) fwrite(text + printed, 1, tlen - printed, stdout);
     char tail[32];
@@ -208,9 +251,13 @@ int cmd_generate(int argc, char **argv)
     fputc('\n', stdout);
     fflush(stdout);
     double t_decode = clock_now() - t1;
-    fprintf(stderr, "prefill: %d tokens in %.3f s (%.1f tok/s); decode: %d tokens in %.3f s (%.1f tok/s); finish: %s; %s\n",
+    char specs[160] = "";
+    if (K > 0) /* acceptance: drafts accepted of those verified; tokens a verified chain gave */
+        snprintf(specs, sizeof specs, "; speculative: %ld of %ld drafts accepted (%.1f%%), %.2f tokens a step", n_accepted,
+                 n_drafted, n_drafted ? 100.0 * n_accepted / n_drafted : 0.0, chains ? 1.0 + (double)n_accepted / chains : 0.0);
+    fprintf(stderr, "prefill: %d tokens in %.3f s (%.1f tok/s); decode: %d tokens in %.3f s (%.1f tok/s); finish: %s; %s%s\n",
             n_ids, t_prefill, n_ids / t_prefill, n_gen, t_decode, n_gen / (t_decode > 0 ? t_decode : 1e-9), why,
-            be.name);
+            be.name, specs);
 
     free(text);
     free(logits);

@@ -57,6 +57,9 @@ static char *server_info(const ModelOpts *mo, const Model *m, const Model *dm, c
                           "kv_tokens", (json_int_t)st.kv_blocks_total * eo->block_size, "profile_every", eo->profile_every,
                           "diagnosis_window_s", eo->diag_window_s,
                           "cuda_graph", !eo->no_graphs && be->ops->graph_begin && !be->host_memory, "prefix_caching", eo->prefix_caching);
+    if (eo->spec_k > 0) /* SGLang's names for the drafter's settings */
+        json_object_set_new(o, "speculative", json_pack("{s:s, s:i, s:i}", "algorithm", "NEXTN", "num_steps", eo->spec_k,
+                                                        "draft_vocab", eo->spec_vocab));
     if (mo->dummy) json_object_set_new(o, "dummy_quant", json_string(mo->dummy_quant ? mo->dummy_quant : "nvfp4"));
     char *s = json_dumps(o, JSON_COMPACT);
     json_decref(o);
@@ -83,13 +86,16 @@ int cmd_serve(int argc, char **argv)
     ApiOptions ao;
     api_options_default(&ao);
     const OptGroup groups[] = {model_opt_group(&mo, MODEL_OPT_ALL), par_opt_group(&mo.par), device_opt_group(&dev),
-                               engine_opt_group(&eo), http_opt_group(&ho), api_opt_group(&ao), engine_diag_group(&eo)};
+                               engine_opt_group(&eo), spec_opt_group(&mo.spec), http_opt_group(&ho), api_opt_group(&ao),
+                               engine_diag_group(&eo)};
     const OptCommand cmd = {.cmd = "serve", .synopsis = "MODEL [options]",
                             .about = "The OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/models, "
                                      "/health, /metrics.\nMODEL is a directory or a Hugging Face Hub id (ORG/NAME).",
                             .groups = groups, .n_groups = (int)(sizeof groups / sizeof groups[0]), .max_pos = 1,
                             .pos_name = "MODEL"};
     model_opt_parse(&cmd, argc, argv, &mo, 1);
+    eo.spec_k = mo.spec.k;
+    eo.spec_vocab = mo.spec.draft_vocab;
     if (opt_given(&cmd, &eo.kv_fraction) && opt_given(&cmd, &eo.n_blocks))
         fatal("serve: --kv-fraction and --num-kv-blocks exclude each other");
     const char *device = dev.device, *api_key = ao.api_key, *script = ao.script_path;

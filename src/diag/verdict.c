@@ -114,6 +114,10 @@ void diagnose(const ProfSum *s, const Ceilings *c, const Deployment *d, Diagnosi
     if (d->kv_blocks_total > 0)
         EVID("KV cache %.0f%% used (%d of %d blocks), %d running, %d waiting, %ld preemptions", 100.0 * d->kv_blocks_used /
              d->kv_blocks_total, d->kv_blocks_used, d->kv_blocks_total, d->running, d->waiting, d->preemptions);
+    if (d->spec_k > 0 && d->spec_chains > 0) /* a step's tokens per sequence: the acceptance length */
+        EVID("speculative decoding: %d drafts a step, %.1f%% of %ld drafts accepted, acceptance length %.2f tokens a "
+             "verified chain", d->spec_k, 100.0 * d->spec_accepted / (d->spec_drafts > 0 ? d->spec_drafts : 1),
+             d->spec_drafts, 1.0 + (double)d->spec_accepted / d->spec_chains);
 
     /* 1. the batch is held down by the KV cache */
     double kv_used = d->kv_blocks_total ? (double)d->kv_blocks_used / d->kv_blocks_total : 0;
@@ -232,6 +236,12 @@ json_t *diagnosis_json(const Diagnosis *g, const Deployment *d, const Ceilings *
                                   (json_int_t)d->preemptions, "steps", (json_int_t)d->steps, "steps_total",
                                   (json_int_t)d->steps_total, "power_w", d->power_w,
                                   "power_limit_w", d->power_limit_w));
+    if (d->spec_k > 0)
+        json_object_set_new(json_object_get(o, "deployment"), "speculative",
+                            json_pack("{s:i, s:I, s:I, s:I, s:f}", "num_steps", d->spec_k, "chains", (json_int_t)d->spec_chains,
+                                      "draft_tokens", (json_int_t)d->spec_drafts, "accepted_tokens",
+                                      (json_int_t)d->spec_accepted, "accept_length",
+                                      d->spec_chains ? 1.0 + (double)d->spec_accepted / d->spec_chains : 0.0));
     if (c) json_object_set_new(o, "ceilings", ceilings_json(c));
     return o;
 }

@@ -22,6 +22,8 @@ typedef struct {
     int running, waiting, max_running;
     int kv_blocks_total, kv_blocks_used;
     long preemptions;
+    int spec_k;                    /* speculative decoding: drafts a step (0: off) */
+    long spec_chains, spec_drafts, spec_accepted; /* since the start: chains verified, drafts in them, accepted */
     long steps;                    /* the steps of the window diagnosed (profiled or not) */
     double steps_wall_ms;          /* their wall time */
     long tokens;                   /* tokens they computed */

@@ -8,7 +8,10 @@
  * blocks cannot be allocated makes the youngest running sequence that arrived after it give its
  * blocks back (it recomputes later from its tokens so far: preemption by recompute), or waits
  * when there is none; run the forward; sample for every sequence that computed its last token;
- * queue the events; wake the owners.
+ * queue the events; wake the owners. With speculative decoding (spec_k > 0) a decoding sequence's
+ * step carries its token and the MTP layer's drafts after it, every one a logits row; the rows'
+ * tokens are taken while they equal the drafts (spec_accept), and after the step the MTP layer
+ * catches up on the settled positions and drafts again (spec_draft).
  *
  * Attention data parallel (--dp D): D KV pools, one per attention group, each with its prefix
  * cache (rank 0 holds group 0's memory; the other pools are block allocators whose blocks live on
@@ -29,6 +32,7 @@
 #include "../model/forward.h"
 #include "../diag/gpu.h"
 #include "../model/kv_cache.h"
+#include "../model/mtp.h"
 
 #define ENGINE_MAX_EOS 16
 #define ENGINE_HOST_KV_FRACTION 0.5 /* the share of the host's available memory a CPU KV pool may take */
@@ -51,6 +55,9 @@ typedef struct Seq {
     Sampler sampler;
     uint64_t leader;           /* engine_submit_n's first sample, whose prompt blocks this one shares (0: none) */
     int cached_tokens;         /* prompt tokens taken from the prefix cache */
+    int draft[MTP_MAX_DRAFTS]; /* speculative decoding: the MTP layer's drafts of the tokens after the last one,
+                                  verified in the next step (n_draft of them; 0: a plain decode) */
+    int n_draft;
     /* owner side (under the engine mutex) */
     EngineEvent *ev;
     int ev_head, ev_len, ev_cap;
@@ -114,9 +121,17 @@ struct Engine {
     /* one step's batch (host) */
     int *b_tokens, *b_pos, *b_seq, *b_slot, *b_start, *b_ntok, *b_ctx, *b_out, *b_table, *b_group;
     Seq **b_seqs, **b_outseq;
-    float *logits;             /* [max_running, V] host */
-    int *d_ids, *h_ids;        /* [max_running] argmax or sampled ids: backend memory, host copy */
-    SampleRow *d_rows, *h_rows; /* [max_running] the sample op's parameters: backend memory, host */
+    int *b_outn;               /* [max_out] rows of the out row's sequence from it on: 1, or 1 + its drafts on the
+                                  first row of a chain to verify (0 on the chain's other rows) */
+    int *b_nd;                 /* [max_running] drafts the batch's sequence verifies */
+    int max_out;               /* logits rows of a step: max_running, times 1 + spec_k with speculation */
+    float *logits;             /* [max_out, V] host */
+    int *d_ids, *h_ids;        /* [max_out] argmax or sampled ids: backend memory, host copy */
+    SampleRow *d_rows, *h_rows; /* [max_out] the sample op's parameters: backend memory, host */
+    /* speculative decoding (spec_k > 0): the MTP layer's passes after each step (spec_draft) */
+    Mtp mtp;
+    int *m_tokens, *m_pos, *m_seq, *m_slot, *m_rows, *m_start, *m_ntok, *m_ctx, *m_out, *m_table, *m_ids, *m_nd;
+    Seq **m_outseq;
     EngineStats stats;
     /* diagnosis (diag/): one step in profile_every timed op by op; every step's wall time and
      * tokens. A diagnosis describes the recent steps: win[0] fills, win[1] is the bucket before it,
@@ -132,7 +147,8 @@ void engine_options_default(EngineOptions *o)
 {
     *o = (EngineOptions){.max_running = 64, .max_batch_tokens = 2048, .chunked_prefill = 512, .max_model_len = 0,
                          .block_size = 16, .n_blocks = 0, .kv_fraction = 0, .decode_steps = 1, .prefix_caching = 1,
-                         .max_queue = 4096, .profile_every = 16, .diag_window_s = ENGINE_DIAG_WINDOW_S};
+                         .max_queue = 4096, .profile_every = 16, .diag_window_s = ENGINE_DIAG_WINDOW_S,
+                         .spec_fixed_draft = -1};
 }
 
 /* ---- the prefix map ---- */
@@ -313,6 +329,7 @@ static void seq_push_event(Seq *s, const EngineEvent *ev)
 
 static void seq_release_blocks(Engine *e, Seq *s)
 {
+    s->n_draft = 0; /* drafts follow the cached context: recomputed, it drafts again */
     block_table_release(&s->bt, pool_of(e, s)->kv);
     s->n_computed = 0;
     s->n_hashed = 0;
@@ -357,6 +374,37 @@ static void drop(Engine *e, Seq *s)
     }
     seq_release_blocks(e, s);
     seq_free(s);
+}
+
+/* ---- speculative decoding: set-up (the step's part is spec_accept and spec_draft) ---- */
+
+static void spec_init_options(Engine *e)
+{
+    if (!e->m->cfg.mtp_loaded)
+        fatal("engine: speculative decoding needs the model's MTP layer loaded (model_load_mtp)");
+    if (e->o.spec_k > MTP_MAX_DRAFTS) e->o.spec_k = MTP_MAX_DRAFTS;
+    log_info("engine: speculative decoding: %d drafts a step from the MTP layer, verified in one forward",
+             e->o.spec_k);
+}
+
+static void spec_alloc(Engine *e)
+{
+    int T = e->o.max_batch_tokens, S = e->o.max_running;
+    int **t[] = {&e->m_tokens, &e->m_pos, &e->m_seq, &e->m_slot, &e->m_rows};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) *t[i] = xcalloc(T, sizeof(int));
+    int **sv[] = {&e->m_start, &e->m_ntok, &e->m_ctx, &e->m_out, &e->m_ids, &e->m_nd};
+    for (size_t i = 0; i < sizeof sv / sizeof sv[0]; i++) *sv[i] = xcalloc(S, sizeof(int));
+    e->m_table = xcalloc((size_t)S * e->max_blocks_per_seq, sizeof(int));
+    e->m_outseq = xcalloc(S, sizeof(Seq *));
+    mtp_init(&e->mtp, &e->f, e->o.spec_vocab);
+}
+
+static void spec_free(Engine *e)
+{
+    mtp_free(&e->mtp);
+    void *p[] = {e->m_tokens, e->m_pos, e->m_seq, e->m_slot, e->m_rows, e->m_start, e->m_ntok, e->m_ctx, e->m_out,
+                 e->m_ids, e->m_nd, e->m_table, e->m_outseq};
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) free(p[i]);
 }
 
 /* ---- public API ---- */
@@ -415,7 +463,11 @@ Engine *engine_create(const Model *m, Backend *be, const EngineOptions *o, const
              model_kv_dtype_name(e->kv.dtype), nb, bs, nb * bs, (double)nb * per_block / 1073741824.0, e->o.max_running,
              e->o.max_batch_tokens);
     prof_init(&e->prof, be);
-    forward_init(&e->f, m, be, e->o.max_batch_tokens, e->o.max_running, e->o.max_running, e->max_blocks_per_seq);
+    if (e->o.spec_k > 0) spec_init_options(e);
+    e->max_out = e->o.max_running * (1 + e->o.spec_k);
+    if (e->max_out > e->o.max_batch_tokens) e->max_out = e->o.max_batch_tokens > e->o.max_running ? e->o.max_batch_tokens
+                                                                                                    : e->o.max_running;
+    forward_init(&e->f, m, be, e->o.max_batch_tokens, e->max_out, e->o.max_running, e->max_blocks_per_seq);
     forward_share(&e->f, &e->kv);
     /* decode steps (every running sequence one token) replayed as graphs on backends that have
      * them, one per padded batch size, captured on first use */
@@ -427,15 +479,19 @@ Engine *engine_create(const Model *m, Backend *be, const EngineOptions *o, const
     e->b_ntok = xcalloc(S, sizeof(int));
     e->b_ctx = xcalloc(S, sizeof(int));
     e->b_group = xcalloc(S, sizeof(int));
-    e->b_out = xcalloc(S, sizeof(int));
+    int MO = e->max_out;
+    e->b_out = xcalloc(MO, sizeof(int));
+    e->b_outn = xcalloc(MO, sizeof(int));
+    e->b_nd = xcalloc(S, sizeof(int));
     e->b_table = xcalloc((size_t)S * e->max_blocks_per_seq, sizeof(int));
     e->b_seqs = xcalloc(S, sizeof(Seq *));
-    e->b_outseq = xcalloc(S, sizeof(Seq *));
-    e->logits = xmalloc((size_t)S * c->vocab * sizeof(float));
-    e->d_ids = be_alloc(be, (size_t)S * sizeof(int));
-    e->h_ids = xcalloc(S, sizeof(int));
-    e->d_rows = be_alloc(be, (size_t)S * sizeof(SampleRow));
-    e->h_rows = xcalloc(S, sizeof(SampleRow));
+    e->b_outseq = xcalloc(MO, sizeof(Seq *));
+    e->logits = xmalloc((size_t)MO * c->vocab * sizeof(float));
+    e->d_ids = be_alloc(be, (size_t)MO * sizeof(int));
+    e->h_ids = xcalloc(MO, sizeof(int));
+    e->d_rows = be_alloc(be, (size_t)MO * sizeof(SampleRow));
+    e->h_rows = xcalloc(MO, sizeof(SampleRow));
+    if (e->o.spec_k > 0) spec_alloc(e);
     e->running = xcalloc(S, sizeof(Seq *));
     Dist *dist = dist_get();
     int groups = dist && dist->dp > 1 ? dist->dp : 1;
@@ -608,6 +664,10 @@ void engine_diag(Engine *e, ProfSum *s, Deployment *d, double p2p_gbps)
         d->kv_blocks_used += e->pools[g].kv->n_blocks - e->pools[g].kv->n_free;
     }
     d->preemptions = (long)e->stats.preemptions;
+    d->spec_k = e->o.spec_k;
+    d->spec_chains = (long)e->stats.spec_chains;
+    d->spec_drafts = (long)e->stats.spec_draft_tokens;
+    d->spec_accepted = (long)e->stats.spec_accepted_tokens;
     d->graphs = !e->o.no_graphs && !e->be->host_memory && e->be->ops->graph_begin; /* a backend that captures them */
     d->gpu = !e->be->host_memory;
     pthread_mutex_unlock(&e->mu);
@@ -793,22 +853,34 @@ static int build_batch(Engine *e, int *n_seqs, int *n_out)
             int take = pending;
             if (take > e->o.chunked_prefill) take = e->o.chunked_prefill;
             if (take > budget - T) take = budget - T;
-            if (ensure_blocks(e, s, s->n_computed + take) < 0) continue;
+            /* a decoding sequence's drafts go after its token, as far as the step has room */
+            int nd = pass == 0 ? s->n_draft : 0;
+            if (nd > budget - T - take) nd = budget - T - take;
+            if (ensure_blocks(e, s, s->n_computed + take + nd) < 0) continue;
             if (!s->running) continue;
-            for (int k = 0; k < take; k++) {
+            for (int k = 0; k < take + nd; k++) {
                 int p = s->n_computed + k;
-                e->b_tokens[T + k] = s->tokens[p];
+                e->b_tokens[T + k] = k < take ? s->tokens[p] : s->draft[k - take];
                 e->b_pos[T + k] = p;
                 e->b_seq[T + k] = S;
                 e->b_slot[T + k] = block_table_slot(&s->bt, bs, p);
             }
             e->b_start[S] = T;
-            e->b_ntok[S] = take;
-            e->b_ctx[S] = s->n_computed + take;
+            e->b_ntok[S] = take + nd;
+            e->b_ctx[S] = s->n_computed + take + nd;
             e->b_group[S] = s->group;
             e->b_seqs[S] = s;
-            if (s->n_computed + take == s->n_tokens) { /* its last token: logits */
+            e->b_nd[S] = nd;
+            if (nd > 0) { /* a chain to verify: every token a logits row */
+                for (int k = 0; k <= nd; k++) {
+                    e->b_out[O] = T + k;
+                    e->b_outn[O] = k == 0 ? 1 + nd : 0;
+                    e->b_outseq[O++] = s;
+                }
+                take += nd;
+            } else if (s->n_computed + take == s->n_tokens) { /* its last token: logits */
                 e->b_out[O] = T + take - 1;
+                e->b_outn[O] = 1;
                 e->b_outseq[O++] = s;
             }
             T += take;
@@ -858,6 +930,161 @@ static void window_roll(Engine *e, double t_start)
         memset(&e->win[0], 0, sizeof e->win[0]);
         e->win[0].t0 = t_start;
     }
+}
+
+/* The token of logits row o for s (an id the backend drew, ids; else the host sampler's, or a forced one)
+ * as a generated token: an event, or the final one when it ends s. Returns it. */
+static int emit_row(Engine *e, Seq *s, int o, int ids)
+{
+    int V = e->m->cfg.vocab;
+    SampleResult r;
+    int t;
+    if (ids) {
+        t = e->h_ids[o];
+        r = (SampleResult){.token = t};
+    } else if (s->n_generated < s->n_forced) {
+        t = s->forced[s->n_generated];
+        sampler_score(&s->sampler, e->logits + (size_t)o * V, t, &r);
+    } else {
+        t = sampler_sample(&s->sampler, e->logits + (size_t)o * V, &r);
+    }
+    sampler_accept(&s->sampler, t);
+    s->n_generated++;
+    e->stats.generation_tokens++;
+    if (s->stop_requested) finish(e, s, FINISH_STOP, -1, NULL);
+    else if (is_stop(e, s, t)) finish(e, s, FINISH_STOP, t, &r);
+    else if (s->n_generated >= s->max_tokens) finish(e, s, FINISH_LENGTH, t, &r);
+    else {
+        if (s->n_tokens == s->cap) s->tokens = xrealloc(s->tokens, (s->cap *= 2) * sizeof(int));
+        s->tokens[s->n_tokens++] = t;
+        EngineEvent ev = {.token = t, .logprob = r.logprob, .n_top = r.n_top};
+        memcpy(ev.top_ids, r.top_ids, sizeof ev.top_ids);
+        memcpy(ev.top_logprobs, r.top_logprobs, sizeof ev.top_logprobs);
+        seq_push_event(s, &ev);
+    }
+    return t;
+}
+
+/* A chain verified: rows o..o+n of s, row j the model's next token after s's token and drafts 1..j.
+ * Each row's token is taken as it would be without drafts (the same argmax, the same sampler with
+ * the same penalties state, drawn from the same distribution), in order, while it equals the draft
+ * that the next row assumed; the first that differs is taken and ends the chain, and after the
+ * last draft the last row gives one more. Greedy, the output is the one without speculation token
+ * for token. Sampled, this is speculative sampling's rejection rule for a draft that is a point mass
+ * (the MTP layer's argmax): accept draft d with probability min(1, p(d) / q(d)) = p(d), the row's
+ * own draw equalling d; on rejection draw from the residual max(0, p - q), normalised: p without
+ * d, which is the row's draw given that it is not d. Every token so comes from the model's own
+ * distribution. The cache positions of rejected drafts are left to be written again. */
+static void spec_accept(Engine *e, Seq *s, int o, int n, int ids)
+{
+    int base = s->n_computed, acc = 0;
+    for (int j = 0; j < n && !s->cancelled && !s->done; j++) {
+        int t = emit_row(e, s, o + j, ids);
+        if (s->done || j == n - 1 || t != s->draft[j]) break;
+        acc++;
+    }
+    e->stats.spec_chains++;
+    e->stats.spec_draft_tokens += n - 1;
+    e->stats.spec_accepted_tokens += acc;
+    s->n_draft = 0;
+    if (s->done || s->cancelled) return;
+    s->n_computed = base + 1 + acc;
+    cache_full_blocks(e, s);
+}
+
+/* Drafts s can use next step: up to spec_k, none past its max_tokens (the last token needs no
+ * draft) or its context, the chain's cache entries in blocks s holds or can take from the free
+ * pool (no preemption for a draft). */
+static int spec_room(Engine *e, Seq *s)
+{
+    int nd = e->o.spec_k;
+    if (nd > s->max_tokens - s->n_generated - 1) nd = s->max_tokens - s->n_generated - 1;
+    if (nd > e->o.max_model_len - 1 - s->n_computed) nd = e->o.max_model_len - 1 - s->n_computed;
+    if (nd <= 1) return nd > 0 ? nd : 0;
+    /* the chain writes the layer's entries at positions n_computed .. n_computed + nd - 2 */
+    if (block_table_reserve(&s->bt, pool_of(e, s)->kv, s->n_computed + nd - 1) < 0) {
+        int held = s->bt.n_blocks * e->o.block_size - s->n_computed + 1;
+        if (nd > held) nd = held;
+    }
+    return nd > 0 ? nd : 0;
+}
+
+/* After a step (mutex held; it runs the MTP layer without it): the MTP layer's catch-up over every
+ * position the step settled (mtp.c), each paired with the token after it; the last row of each
+ * decoding sequence drafts the token after its next one, and a chain of single-token passes the
+ * rest, up to spec_room's count. The drafts are verified in the next step. */
+static void spec_draft(Engine *e, int S)
+{
+    int T = 0, Sm = 0, O = 0, bs = e->o.block_size, nb = e->max_blocks_per_seq, max_nd = 0;
+    for (int i = 0; i < S; i++) {
+        Seq *s = e->b_seqs[i];
+        if (!s->running || s->done || s->cancelled) continue;
+        int r0 = e->b_start[i], first = e->b_pos[r0], nv = s->n_computed - first;
+        if (nv <= 0) continue;
+        for (int k = 0; k < nv; k++) {
+            e->m_rows[T + k] = r0 + k;
+            e->m_tokens[T + k] = s->tokens[first + k + 1];
+            e->m_pos[T + k] = first + k;
+            e->m_seq[T + k] = Sm;
+            e->m_slot[T + k] = e->b_slot[r0 + k];
+        }
+        e->m_start[Sm] = T;
+        e->m_ntok[Sm] = nv;
+        e->m_ctx[Sm] = first + nv;
+        memcpy(e->m_table + (size_t)Sm * nb, e->b_table + (size_t)i * nb, (size_t)nb * sizeof(int));
+        int nd = s->n_tokens == s->n_computed + 1 ? spec_room(e, s) : 0;
+        s->n_draft = nd; /* written below, before the next step reads them */
+        if (nd > 0) {
+            e->m_out[O] = T + nv - 1;
+            e->m_nd[O] = nd;
+            e->m_outseq[O++] = s;
+            max_nd = nd > max_nd ? nd : max_nd;
+        }
+        T += nv;
+        Sm++;
+    }
+    if (T == 0) return;
+    Batch b = {.n_tokens = T, .tokens = e->m_tokens, .pos = e->m_pos, .seq = e->m_seq, .slot = e->m_slot,
+               .n_seqs = Sm, .seq_start = e->m_start, .seq_ntok = e->m_ntok, .ctx_len = e->m_ctx,
+               .block_table = e->m_table, .bt_stride = nb, .n_out = O, .out_idx = e->m_out};
+    for (int i = 0; i < Sm; i++) b.max_ctx = e->m_ctx[i] > b.max_ctx ? e->m_ctx[i] : b.max_ctx;
+    pthread_mutex_unlock(&e->mu); /* running sequences are this thread's; only their flags are shared */
+    mtp_take_main(&e->mtp, e->m_rows, T);
+    mtp_run(&e->mtp, &b, &e->kv, NULL, e->m_ids);
+    for (int o = 0; o < O; o++) e->m_outseq[o]->draft[0] = e->o.spec_fixed_draft >= 0 ? e->o.spec_fixed_draft : e->m_ids[o];
+    /* the chain: step j pairs each sequence still drafting with its draft j - 1 and the state of
+       its row in the previous pass (hidden rows kept in m_rows) */
+    for (int j = 1; j < max_nd; j++) {
+        int n = 0;
+        for (int o = 0; o < O; o++) {
+            Seq *s = e->m_outseq[o];
+            if (e->m_nd[o] <= j) continue;
+            int p = s->n_computed + j - 1;
+            e->m_rows[n] = o;
+            e->m_tokens[n] = s->draft[j - 1];
+            e->m_pos[n] = p;
+            e->m_seq[n] = n;
+            e->m_slot[n] = block_table_slot(&s->bt, bs, p);
+            e->m_start[n] = n;
+            e->m_ntok[n] = 1;
+            e->m_ctx[n] = p + 1;
+            e->m_out[n] = n;
+            memcpy(e->m_table + (size_t)n * nb, s->bt.blocks, (size_t)s->bt.n_blocks * sizeof(int));
+            e->m_outseq[n] = s;
+            e->m_nd[n] = e->m_nd[o];
+            n++;
+        }
+        O = n;
+        b = (Batch){.n_tokens = n, .tokens = e->m_tokens, .pos = e->m_pos, .seq = e->m_seq, .slot = e->m_slot,
+                    .n_seqs = n, .seq_start = e->m_start, .seq_ntok = e->m_ntok, .ctx_len = e->m_ctx,
+                    .block_table = e->m_table, .bt_stride = nb, .n_out = n, .out_idx = e->m_out};
+        for (int i = 0; i < n; i++) b.max_ctx = e->m_ctx[i] > b.max_ctx ? e->m_ctx[i] : b.max_ctx;
+        mtp_run(&e->mtp, &b, &e->kv, e->m_rows, e->m_ids);
+        for (int o = 0; o < n; o++) e->m_outseq[o]->draft[j] = e->o.spec_fixed_draft >= 0 ? e->o.spec_fixed_draft : e->m_ids[o];
+    }
+    /* only running sequences drafted, and no other thread frees one of those: no step's finished
+       sequence (which its owner may free meanwhile) is touched past here */
+    pthread_mutex_lock(&e->mu);
 }
 
 /* One step. Called with the mutex held; the forward runs without it. */
@@ -915,39 +1142,26 @@ static void step(Engine *e)
     e->stats.steps++;
     for (int i = 0; i < S; i++) {
         Seq *s = e->b_seqs[i];
+        if (e->b_nd[i]) continue; /* a chain: its verified tokens are settled in spec_accept */
         s->n_computed += e->b_ntok[i];
         if (s->n_computed <= s->n_prompt) e->stats.prompt_tokens += e->b_ntok[i];
         cache_full_blocks(e, s);
     }
-    for (int o = 0; o < O; o++) {
+    int ids = argmax || sample;
+    for (int o = 0, n; o < O; o += n) {
         Seq *s = e->b_outseq[o];
-        if (s->cancelled || s->done) continue;
-        SampleResult r;
-        int t;
-        if (argmax || sample) {
-            t = e->h_ids[o];
-            r = (SampleResult){.token = t};
-        } else if (s->n_generated < s->n_forced) {
-            t = s->forced[s->n_generated];
-            sampler_score(&s->sampler, e->logits + (size_t)o * V, t, &r);
-        } else {
-            t = sampler_sample(&s->sampler, e->logits + (size_t)o * V, &r);
-        }
-        sampler_accept(&s->sampler, t);
-        s->n_generated++;
-        e->stats.generation_tokens++;
-        if (s->stop_requested) finish(e, s, FINISH_STOP, -1, NULL);
-        else if (is_stop(e, s, t)) finish(e, s, FINISH_STOP, t, &r);
-        else if (s->n_generated >= s->max_tokens) finish(e, s, FINISH_LENGTH, t, &r);
-        else {
-            if (s->n_tokens == s->cap) s->tokens = xrealloc(s->tokens, (s->cap *= 2) * sizeof(int));
-            s->tokens[s->n_tokens++] = t;
-            EngineEvent ev = {.token = t, .logprob = r.logprob, .n_top = r.n_top};
-            memcpy(ev.top_ids, r.top_ids, sizeof ev.top_ids);
-            memcpy(ev.top_logprobs, r.top_logprobs, sizeof ev.top_logprobs);
-            seq_push_event(s, &ev);
+        n = e->b_outn[o];
+        if (n > 1) {
+            spec_accept(e, s, o, n, ids);
+        } else if (!s->cancelled && !s->done) {
+            emit_row(e, s, o, ids);
         }
         if (s->notify) s->notify(s->user, s->id);
+    }
+    if (e->o.spec_k > 0) {
+        double t1 = clock_now();
+        spec_draft(e, S);
+        wb->wall_ms += (clock_now() - t1) * 1e3;
     }
 }
 
@@ -1011,13 +1225,15 @@ void engine_free(Engine *e)
     if (e->started) engine_stop(e, 0);
     while (e->n_all) drop(e, e->all[0]);
     pools_free(e);
+    if (e->o.spec_k > 0) spec_free(e);
     forward_free(&e->f);
     prof_free(&e->prof, e->be);
     kv_cache_free(&e->kv);
     be_free(e->be, e->d_ids);
     be_free(e->be, e->d_rows);
     void *p[] = {e->b_tokens, e->b_pos, e->b_seq, e->b_slot, e->b_start, e->b_ntok, e->b_ctx, e->b_group, e->b_out,
-                 e->b_table, e->b_seqs, e->b_outseq, e->logits, e->running, e->waiting, e->all, e->h_ids, e->h_rows};
+                 e->b_table, e->b_seqs, e->b_outseq, e->logits, e->running, e->waiting, e->all, e->h_ids, e->h_rows,
+                 e->b_outn, e->b_nd};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) free(p[i]);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);

@@ -36,6 +36,11 @@ typedef struct {
     int max_queue;             /* waiting requests accepted before engine_submit refuses (busy) */
     int no_graphs;             /* --disable-cuda-graph: decode steps eager (graphs: GPU backends) */
     int profile_every;         /* --profile-every N: one step in N timed op by op for diagnosis (0: never) */
+    int spec_k;                /* speculative decoding: drafts per step with the model's MTP layer (model_load_mtp;
+                                  model/mtp.h), each verified in the next step's forward; 0: off */
+    int spec_vocab;            /* drafts among the first spec_vocab token ids (mtp_init; 0: all) */
+    int spec_fixed_draft;      /* tests (in-process): every draft is this token id instead of the MTP layer's, so
+                                  that a test chooses how often drafts are accepted; -1: the layer's */
     double diag_window_s;      /* --diagnosis-window S: the diagnosis covers the steps of the last S to 2 S
                                   seconds (two buckets of S seconds), not the whole run */
 } EngineOptions;
@@ -132,6 +137,9 @@ typedef struct {
     uint64_t steps, prompt_tokens, generation_tokens;
     int dp;                    /* attention groups (1 without --dp) */
     EngineGroupStats group[ENGINE_MAX_DP];
+    /* speculative decoding: chains verified, drafts in them, drafts accepted (tokens generated per
+       verified chain: 1 + accepted / chains) */
+    uint64_t spec_chains, spec_draft_tokens, spec_accepted_tokens;
 } EngineStats;
 
 void engine_stats(Engine *e, EngineStats *s);

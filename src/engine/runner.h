@@ -9,6 +9,7 @@
 
 #include "../model/forward.h"
 #include "../model/kv_cache.h"
+#include "../model/mtp.h"
 
 typedef struct {
     const Model *m;            /* borrowed: the model in the backend's memory */
@@ -25,6 +26,10 @@ typedef struct {
     int *pos, *seq, *slot, *out_idx, *tok; /* [n_seqs * chunk] batch arrays */
     int *start, *ntok, *ctx, *table;       /* [n_seqs] ([n_seqs, blocks] the table) */
     float *rows;               /* [n_seqs * chunk, V] the logits of a chunk (several sequences) */
+    /* speculative decoding (runner_enable_mtp): the MTP layer, and the last chunk fed (its tokens and
+       first position), whose hidden state runner_draft pairs with the tokens after them */
+    Mtp mtp;
+    int *last, n_last, last_base, *mtok, *mpos;
 } Runner;
 
 void runner_init(Runner *r, const Model *m, Backend *be, int max_ctx, int chunk, int block_size);
@@ -36,6 +41,17 @@ void runner_free(Runner *r);
 void runner_feed(Runner *r, const int *ids, int n, int all, float *logits);
 /* Run single-token steps (decode) as captured graphs (CUDA); prefill stays eager. */
 void runner_enable_graphs(Runner *r);
+/* Speculative decoding with the model's MTP layer (loaded: model_load_mtp; draft_vocab: mtp_init's):
+ * from now on every chunk
+ * fed but the last of a runner_feed also runs the layer's catch-up over its positions (mtp.c). */
+void runner_enable_mtp(Runner *r, int draft_vocab);
+/* Right after a runner_feed: the layer's catch-up over the first n_keep positions of the last chunk
+ * fed, paired with the tokens after them (the chunk's own, then `next`, the token that follows its
+ * position n_keep - 1), and nd drafts of the tokens after `next` into drafts. Positions up to
+ * n_ctx + nd - 2 (n_ctx after runner_rewind to the kept positions) must fit the cache. */
+void runner_draft(Runner *r, int n_keep, int next, int nd, int *drafts);
+/* Keep the first n_ctx positions (rejected drafts' are written again when fed). */
+void runner_rewind(Runner *r, int n_ctx);
 /* Forget the sequence (the cache is reused from position 0). */
 void runner_reset(Runner *r);
 

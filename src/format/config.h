@@ -79,7 +79,9 @@ typedef struct {
     /* per layer */
     uint8_t layer_moe[MODEL_MAX_LAYERS];      /* 1: MoE FFN, 0: dense */
     uint8_t layer_indexer[MODEL_MAX_LAYERS];  /* IndexerType */
-    int n_mtp_layers;          /* num_nextn_predict_layers (loaded? no: recognised and skipped) */
+    int n_mtp_layers;          /* num_nextn_predict_layers (recognised; loaded only for speculation) */
+    int mtp_loaded;            /* 1: model_load_mtp loaded the first MTP layer (layers[n_layers], and a KV
+                                  cache layer of its own); 0: skipped */
     int tie_embeddings;
     int bos_id, pad_id;        /* -1 when absent */
     int eos_ids[MODEL_MAX_EOS], n_eos;

@@ -143,7 +143,7 @@ void forward_init(Forward *f, const Model *m, Backend *be, int max_tokens, int m
         f->topk = be_alloc(be, T * c->index_topk * sizeof(int));
     }
     int fused_qkv = 0, fused_gu = 0; /* load.c fuse: buffers for the fused GEMMs' outputs where a layer has one */
-    for (int l = c->layer_begin; l < c->layer_end; l++) {
+    for (int l = c->layer_begin; l < c->layer_end + c->mtp_loaded; l++) { /* the MTP layer's too (mtp.c) */
         const LayerWeights *w = &m->layers[l];
         fused_qkv |= w->wqkv_a.rows > 0;
         fused_gu |= w->w_gate_up.rows > 0 || w->sh_gate_up.rows > 0;
@@ -781,3 +781,5 @@ void forward_worker(const Model *m, Backend *be)
         }
     }
 }
+
+const Batch *forward_batch_to_device(Forward *f, const Batch *b) { return forward_upload(f, b); }

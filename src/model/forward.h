@@ -129,6 +129,10 @@ void forward_enable_graphs(Forward *f, int max_ctx);
  * they stay in f->logits (backend memory) either way. */
 void forward_run(Forward *f, const Batch *b, KVCache *kv, float *logits_out);
 
+/* The batch b with its arrays where the backend reads them (b itself on the host; else copies in
+ * f's device buffers), for a pass that runs its own layers over f's buffers (mtp.c). One rank. */
+const Batch *forward_batch_to_device(Forward *f, const Batch *b);
+
 /* RoPE frequencies of the config: inv_freq[i] for i < rotary_dim/2 (default: theta^(-2i/d) in
  * float32 as transformers computes it; YaRN: the ramp between interpolation and
  * extrapolation), and the factor cos/sin are multiplied by. */

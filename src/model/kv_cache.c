@@ -9,7 +9,7 @@
 size_t kv_cache_block_bytes(const ModelConfig *c, int block_size)
 {
     size_t es = kv_elem_size(model_kv_dtype(c, 1));
-    return (size_t)block_size * (model_kv_width(c) + model_index_width(c)) * es * (c->layer_end - c->layer_begin);
+    return (size_t)block_size * (model_kv_width(c) + model_index_width(c)) * es * (c->layer_end - c->layer_begin + c->mtp_loaded);
 }
 
 void kv_cache_init(KVCache *kv, const ModelConfig *c, Backend *be, int block_size, int n_blocks)
@@ -17,14 +17,15 @@ void kv_cache_init(KVCache *kv, const ModelConfig *c, Backend *be, int block_siz
     CHECK(block_size > 0 && n_blocks > 0, "kv cache: block_size %d, n_blocks %d", block_size, n_blocks);
     kv->block_size = block_size;
     kv->n_blocks = n_blocks;
-    kv->n_layers = c->n_layers;
+    kv->n_layers = c->n_layers + c->mtp_loaded; /* the MTP layer's own cache after the model's */
     kv->kv_width = model_kv_width(c);
     kv->idx_width = model_index_width(c);
     kv->dtype = model_kv_dtype(c, be->host_memory);
     kv->be = be;
-    kv->layers = xcalloc(c->n_layers, sizeof *kv->layers);
+    kv->layers = xcalloc(kv->n_layers, sizeof *kv->layers);
     size_t slots = (size_t)n_blocks * block_size, es = kv_elem_size(kv->dtype);
-    for (int l = c->layer_begin; l < c->layer_end; l++) { /* this pipeline stage's layers */
+    /* this pipeline stage's layers, and the MTP layer's (index n_layers; loaded on one rank only) */
+    for (int l = c->layer_begin; l < c->layer_end + c->mtp_loaded; l++) {
         KVLayer *L = &kv->layers[l];
         L->block_size = block_size;
         L->kv_width = kv->kv_width;

@@ -580,7 +580,7 @@ static void load_all(Loader *ld)
         m->final_norm = vec(ld, "model.norm.weight", c->hidden, 0);
     }
     if (!first) m->embed = (QTensor){0};
-    m->layers = xcalloc(c->n_layers, sizeof(LayerWeights));
+    m->layers = xcalloc(c->n_layers + 1, sizeof(LayerWeights)); /* + the MTP layer's place (model_load_mtp) */
     /* a real checkpoint's layers: their scales scanned, vectors decoded, pairs fused (minutes on a
      * big model, its pages read from disk); dummy skeletons are instant, their weights are made at
      * upload (which counts them) */
@@ -618,6 +618,7 @@ void model_load_dummy_shard(Model *m, const char *dir, QFormat fmt, int n_layers
     kv_cache_request(&ld);
     load_all(&ld);
     m->dummy = 1;
+    m->dummy_fmt = fmt;
     quant_config_free(&ld.qc);
     log_info("dummy weights: %s, %d layers, %.2f GiB (%.2f GiB NVFP4, %.2f GiB BF16)", m->cfg.architecture,
              m->cfg.n_layers, (m->bytes_by_format[QF_NVFP4] + m->bytes_by_format[QF_BF16] + m->bytes_by_format[QF_FP8]) / 1073741824.0,
@@ -659,9 +660,59 @@ void model_load_shard(Model *m, const char *dir, void (*shard)(ModelConfig *c, v
         }
     }
     if (mtp_n)
-        log_info("skipping MTP layer%s %d..%d (%d tensors): no speculative decoding", mtp_lo == mtp_hi ? "" : "s",
-                 mtp_lo, mtp_hi, mtp_n);
+        log_debug("MTP layer%s %d..%d (%d tensors): loaded only for speculative decoding (--speculative-config)",
+                 mtp_lo == mtp_hi ? "" : "s", mtp_lo, mtp_hi, mtp_n);
     if (stray > 5) log_warn("%s: %d unused tensors in all", dir, stray);
+    free(ld.used);
+    quant_config_free(&ld.qc);
+}
+
+void model_load_mtp(Model *m, const char *dir)
+{
+    ModelConfig *c = &m->cfg;
+    if (c->n_mtp_layers < 1)
+        fatal("%s: speculative decoding drafts with the checkpoint's MTP layer, and this model has none "
+              "(num_nextn_predict_layers is 0)", dir);
+    if (sharded(c) || c->ep > 1)
+        fatal("speculative decoding runs on one rank for now: leave out --tp, --pp and --ep (or speculation)");
+    if (c->mtp_loaded) return;
+    int L = c->n_layers;
+    Loader ld = {.m = m, .dir = dir, .dummy = m->dummy ? m->dummy_fmt : QF_COUNT};
+    char err[1024];
+    if (quant_config_load(&ld.qc, dir, err, sizeof err) < 0) fatal("%s", err);
+    if (!m->dummy) ld.used = xcalloc(m->st.n_tensors + 1, 1);
+    int64_t D = c->hidden, V = c->vocab;
+    char p[64], q[128];
+    snprintf(p, sizeof p, "model.layers.%d", L);
+#define PFX(s) (snprintf(q, sizeof q, "%s.%s", p, s), q)
+    MtpWeights *x = &m->mtp;
+    x->enorm = vec(&ld, PFX("enorm.weight"), D, 0);
+    x->hnorm = vec(&ld, PFX("hnorm.weight"), D, 0);
+    linear(&ld, &x->eh_proj, PFX("eh_proj"), D, 2 * D, 0);
+    x->head_norm = vec(&ld, PFX("shared_head.norm.weight"), D, 0);
+    /* GLM-4.5 ships the layer's own head and embedding, GLM-5 and DeepSeek-V3 share the model's;
+       dummy skeletons share them (the model's own, random alike) */
+    x->own_head = !m->dummy && linear(&ld, &x->head, PFX("shared_head.head"), V, D, 1);
+    if (!x->own_head) x->head = m->lm_head;
+    x->own_embed = !m->dummy && linear(&ld, &x->embed, PFX("embed_tokens"), V, D, 1);
+    if (!x->own_embed) x->embed = m->embed;
+#undef PFX
+    load_layer(&ld, L);
+    c->mtp_loaded = 1;
+    const QTensor *t[LAYER_LINEARS];
+    layer_linears(&m->layers[L], t);
+    for (int i = 0; i < LAYER_LINEARS; i++) account(m, t[i]);
+    if (c->layer_moe[L] && m->layers[L].exp_gate)
+        for (int e = 0; e < c->n_local_experts; e++) {
+            account(m, &m->layers[L].exp_gate[e]);
+            account(m, &m->layers[L].exp_up[e]);
+            account(m, &m->layers[L].exp_down[e]);
+        }
+    account(m, &x->eh_proj);
+    if (x->own_head) account(m, &x->head);
+    if (x->own_embed) account(m, &x->embed);
+    log_info("MTP layer %d loaded: speculative decoding drafts with it%s", L,
+             x->own_head || x->own_embed ? " (its own embedding and head)" : "");
     free(ld.used);
     quant_config_free(&ld.qc);
 }
@@ -669,7 +720,7 @@ void model_load_shard(Model *m, const char *dir, void (*shard)(ModelConfig *c, v
 void model_free(Model *m)
 {
     if (m->layers) {
-        for (int l = 0; l < m->cfg.n_layers; l++) {
+        for (int l = 0; l < m->cfg.n_layers + m->cfg.mtp_loaded; l++) {
             LayerWeights *w = &m->layers[l];
             float *v[] = {w->attn_norm, w->ffn_norm, w->bq, w->bk, w->bv, w->q_norm, w->k_norm, w->q_a_norm,
                           w->kv_a_norm, w->idx_norm_w, w->idx_norm_b, w->router_bias};
@@ -681,6 +732,9 @@ void model_free(Model *m)
     }
     free(m->layers);
     free(m->final_norm);
+    free(m->mtp.enorm);
+    free(m->mtp.hnorm);
+    free(m->mtp.head_norm);
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
     safetensors_free(&m->st);

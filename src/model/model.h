@@ -96,13 +96,28 @@ static inline void layer_linears(const LayerWeights *w, const QTensor *out[LAYER
     for (int i = 0; i < LAYER_LINEARS; i++) out[i] = t[i];
 }
 
+/* The multi-token-prediction (nextn) layer's own weights beside its decoder layer (mtp.c says what
+ * it computes): model.layers.L.{enorm, hnorm, eh_proj, shared_head.norm, shared_head.head,
+ * embed_tokens}, L = num_hidden_layers. A checkpoint without the layer's own embed_tokens or
+ * shared_head.head shares the model's (views, no bytes of their own). */
+typedef struct {
+    float *enorm, *hnorm;      /* [D] */
+    QTensor eh_proj;           /* [D, 2D]: columns 0..D read the normed embedding, D..2D the normed hidden */
+    float *head_norm;          /* [D] shared_head.norm */
+    QTensor head;              /* [V, D] shared_head.head, or the model's lm_head */
+    QTensor embed;             /* [V, D] the layer's embed_tokens, or the model's */
+    int own_head, own_embed;   /* 1: the layer's own tensors (bytes of their own) */
+} MtpWeights;
+
 typedef struct {
     ModelConfig cfg;
     SafeTensors st;            /* the mmapped checkpoint the QTensors point into */
     QTensor embed;             /* [V, D] */
     QTensor lm_head;           /* [V, D] */
     float *final_norm;         /* [D] */
-    LayerWeights *layers;      /* [L] */
+    LayerWeights *layers;      /* [L + 1]: the last the MTP layer's (cfg.mtp_loaded), else empty */
+    MtpWeights mtp;            /* cfg.mtp_loaded: the MTP layer's own weights */
+    QFormat dummy_fmt;         /* dummy: the format its quantised linears were made in */
     void *dev_buffer;          /* uploaded models: the one backend allocation holding every weight */
     int dummy;                 /* weights are skeletons (data NULL) that model_upload fills randomly */
     void **owned;              /* host copies this Model frees (column slices of a TP shard) */
@@ -128,6 +143,11 @@ void model_load_dummy_shard(Model *m, const char *dir, QFormat fmt, int n_layers
  * Returns 1 found, 0 absent (no <p>.weight), -1 malformed (err names file and tensor). */
 int load_qtensor(const SafeTensors *st, const char *prefix, QTensor *w, char *err, size_t errlen);
 void model_free(Model *m);
+/* Speculative decoding: load the checkpoint's first MTP layer (model.layers.L, L = num_hidden_layers:
+ * a full decoder layer and MtpWeights) into m->layers[L] and m->mtp, and set cfg.mtp_loaded; dummy
+ * weights get skeletons of it. One rank only (a sharded model stops with an error), and a model
+ * without MTP layers (num_nextn_predict_layers 0) stops with one that says so. */
+void model_load_mtp(Model *m, const char *dir);
 
 /* The weights of src copied into backend memory in one allocation (repacked per format as the
  * backend's kernels want them), for backends whose memory is not the host's. dst shares

@@ -3,6 +3,7 @@
  * model loaded for this rank, put where the backend reads it, and a worker rank's loop
  * (model_opts.h). */
 #include "model_opts.h"
+#include <jansson.h>
 
 #include <pthread.h>
 #include <signal.h>
@@ -14,6 +15,7 @@
 #include "../format/config.h"
 #include "../hub/hub.h"
 #include "forward.h"
+#include "mtp.h"
 
 const char *model_dir_resolve(const char *cmd, const char *arg, const char *revision, int weights)
 {
@@ -184,6 +186,7 @@ void model_open(Model *m, const ModelOpts *o)
         if (o->dummy_quant || o->num_layers) fatal("--dummy-quant and --num-layers go with --dummy-weights");
         model_load_shard(m, o->dir, shard, par);
         m->cfg.kv_dtype = o->kv_dtype;
+        if (o->spec.k > 0) model_load_mtp(m, o->dir);
         return;
     }
     const char *q = o->dummy_quant ? o->dummy_quant : "nvfp4";
@@ -191,6 +194,7 @@ void model_open(Model *m, const ModelOpts *o)
     if (fmt == QF_COUNT) fatal("--dummy-quant '%s': expected nvfp4, fp8 or bf16", q);
     model_load_dummy_shard(m, o->dir, fmt, o->num_layers, shard, par);
     m->cfg.kv_dtype = o->kv_dtype;
+    if (o->spec.k > 0) model_load_mtp(m, o->dir);
 }
 
 void model_opt_device(ModelOpts *o, const char *device)
@@ -221,4 +225,97 @@ void model_opt_parse(const OptCommand *c, int argc, char **argv, ModelOpts *o, i
     int n_pos = 0;
     opt_parse(c, argc, argv, &pos, &n_pos);
     model_opt_positional(o, c->cmd, n_pos ? pos : NULL, required);
+    char err[512];
+    if (spec_opts_resolve(&o->spec, err, sizeof err) < 0) {
+        fprintf(stderr, "error: %s: %s\n", c->cmd, err);
+        exit(2);
+    }
+}
+
+/* the drafters moeserve has: the checkpoint's own MTP layer, under the names vLLM and SGLang give it */
+static int spec_method_is_mtp(const char *m)
+{
+    static const char *const names[] = {"mtp", "deepseek_mtp", "glm4_moe_mtp", "nextn", "eagle"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strcasecmp(m, names[i])) return 1;
+    return 0;
+}
+
+/* --speculative-config JSON (vLLM's): {"method": "mtp", "num_speculative_tokens": K}; a method that
+ * drafts with another model or by n-grams is refused, other keys are vLLM's tuning and ignored */
+static int take_spec_config(const char *v, void *dst, char *err, size_t errlen)
+{
+    SpecOpts *o = dst;
+    json_error_t je;
+    json_t *j = json_loads(v, 0, &je);
+    if (!j || !json_is_object(j)) {
+        errbuf_set(err, errlen, "expected a JSON object such as '{\"method\":\"mtp\",\"num_speculative_tokens\":3}'%s%s",
+                   j ? "" : ": ", j ? "" : je.text);
+        json_decref(j);
+        return -1;
+    }
+    json_t *m = json_object_get(j, "method"), *k = json_object_get(j, "num_speculative_tokens");
+    json_t *dv = json_object_get(j, "draft_vocab_size");
+    int rc = -1;
+    if (m && (!json_is_string(m) || !spec_method_is_mtp(json_string_value(m))))
+        errbuf_set(err, errlen, "method %s: moeserve drafts with the checkpoint's own MTP layer only (\"mtp\")",
+                   json_is_string(m) ? json_string_value(m) : "(not a string)");
+    else if (json_object_get(j, "model"))
+        errbuf_set(err, errlen, "\"model\": moeserve drafts with the checkpoint's own MTP layer, not another model");
+    else if (!json_is_integer(k) || json_integer_value(k) < 1 || json_integer_value(k) > MTP_MAX_DRAFTS)
+        errbuf_set(err, errlen, "num_speculative_tokens must be an integer in [1, %d]", MTP_MAX_DRAFTS);
+    else if (dv && (!json_is_integer(dv) || json_integer_value(dv) < 1 || json_integer_value(dv) > (1 << 24)))
+        errbuf_set(err, errlen, "draft_vocab_size must be a positive integer (the drafter's first token ids)");
+    else {
+        o->config_k = (int)json_integer_value(k);
+        o->draft_vocab = dv ? (int)json_integer_value(dv) : 0;
+        rc = 0;
+    }
+    json_decref(j);
+    return rc;
+}
+
+/* --speculative-algorithm (SGLang's): NEXTN, or EAGLE and MTP, which SGLang runs the MTP layer under */
+static int take_spec_algo(const char *v, void *dst, char *err, size_t errlen)
+{
+    if (!spec_method_is_mtp(v)) {
+        errbuf_set(err, errlen, "'%s': moeserve drafts with the checkpoint's own MTP layer: NEXTN (or EAGLE, MTP)", v);
+        return -1;
+    }
+    *(int *)dst = 1;
+    return 0;
+}
+
+OptGroup spec_opt_group(SpecOpts *o)
+{
+    OPT_GROUP_RETURN("speculative decoding",
+        {.names = "--speculative-config", .type = OPT_FN, .dst = o, .metavar = "JSON",
+         .help = "draft with the checkpoint's MTP layer: '{\"method\":\"mtp\",\"num_speculative_tokens\":K}' (and "
+                 "moeserve's \"draft_vocab_size\":N: drafts among the first N token ids only)",
+         .def = "off", .fn = take_spec_config},
+        {.names = "--speculative-algorithm", .type = OPT_FN, .dst = &o->algo, .metavar = "NEXTN",
+         .help = "the same, SGLang's spelling (NEXTN; EAGLE and MTP are taken as NEXTN)", .def = "off",
+         .fn = take_spec_algo},
+        {.names = "--speculative-num-steps", .type = OPT_INT, .dst = &o->steps, .metavar = "K",
+         .help = "with --speculative-algorithm: drafts per step", .def = "3", .lo = 1, .hi = MTP_MAX_DRAFTS},
+        {.names = "--speculative-eagle-topk", .type = OPT_NOTE, .metavar = "N",
+         .help = "drafts are one chain (top 1)"},
+        {.names = "--speculative-num-draft-tokens", .type = OPT_NOTE, .metavar = "N",
+         .help = "a chain verifies --speculative-num-steps drafts and the token after them"});
+}
+
+int spec_opts_resolve(SpecOpts *o, char *err, size_t errlen)
+{
+    if (o->steps && !o->algo) {
+        errbuf_set(err, errlen, "--speculative-num-steps goes with --speculative-algorithm NEXTN");
+        return -1;
+    }
+    int sg = o->algo ? (o->steps ? o->steps : 3) : 0;
+    if (o->config_k && sg && o->config_k != sg) {
+        errbuf_set(err, errlen, "--speculative-config asks for %d drafts a step and --speculative-num-steps for %d",
+                   o->config_k, sg);
+        return -1;
+    }
+    o->k = o->config_k ? o->config_k : sg;
+    return 0;
 }

@@ -25,6 +25,21 @@ void model_on_backend_free(Model *dev, Backend *be);
  * [--num-layers N] for random weights from DIR's config.json alone (vLLM's --load-format dummy);
  * the KV cache's element type, --kv-cache-dtype (model.h KVDtype, model_kv_dtype); the
  * checkpoint's quantization as the command line expects it (--quantization, checked). */
+/* Speculative decoding with the checkpoint's MTP layer (model/mtp.h): vLLM's spelling
+ * --speculative-config '{"method":"mtp","num_speculative_tokens":K}' and SGLang's
+ * --speculative-algorithm NEXTN|EAGLE --speculative-num-steps K; k drafts per step, 0 off. */
+typedef struct {
+    int k;                     /* drafts per step, after model_opt_parse (0: off) */
+    int config_k;              /* --speculative-config's num_speculative_tokens (0: not given) */
+    int algo;                  /* --speculative-algorithm: 1 given (an MTP drafter), 0 not */
+    int steps;                 /* --speculative-num-steps (0: not given) */
+    int draft_vocab;           /* --speculative-config's draft_vocab_size: drafts among the first N ids (0: all) */
+} SpecOpts;
+/* The options of speculative decoding (serve, generate, bench model); model_opt_parse settles k. */
+OptGroup spec_opt_group(SpecOpts *o);
+/* k from the two spellings: 0, or -1 with err when they disagree or one is incomplete. */
+int spec_opts_resolve(SpecOpts *o, char *err, size_t errlen);
+
 typedef struct {
     const char *dir;
     const char *revision;      /* --revision, of a Hugging Face repository id in dir */
@@ -34,6 +49,7 @@ typedef struct {
     KVDtype kv_dtype;          /* --kv-cache-dtype; KV_DTYPE_AUTO when not given */
     const char *quantization;  /* --quantization: NULL, or what the checkpoint must be (model_quant_check) */
     ParOpts par;               /* --tp --pp --ep ... (src/dist/plan.h): par_opt_group */
+    SpecOpts spec;             /* speculative decoding (spec_opt_group): model_open loads the MTP layer when on */
 } ModelOpts;
 
 /* Which of the model options a command takes (model_opt_group): the model's directory or Hub id
@@ -50,7 +66,8 @@ void model_opt_parse(const OptCommand *c, int argc, char **argv, ModelOpts *o, i
  * or -1 with err saying what the checkpoint is and what moeserve would need. */
 int model_quant_check(const char *dir, const ModelOpts *o, char *err, size_t errlen);
 /* Load (or make, --dummy-weights) the model with the command's KV cache dtype in its config;
- * under several ranks (model_dist_start) only this rank's shard. */
+ * under several ranks (model_dist_start) only this rank's shard; with speculation on (o->spec.k),
+ * its MTP layer too (model_load_mtp). */
 void model_open(Model *m, const ModelOpts *o);
 /* Before the model is resolved and opened: on a simulated device (--device sim:GPU) no weight is
  * read or made, so the model is dummy skeletons (config.json is enough; --dummy-quant and

@@ -283,6 +283,21 @@ static void up_model(Up *u, Model *dst, const Model *src)
         LayerWeights scratch;
         up_layer(u, u->base ? &dst->layers[l] : &scratch, &src->layers[l], c, c->layer_moe[l]);
     }
+    if (c->mtp_loaded) { /* the MTP layer (model_load_mtp); its shared head and embedding are views */
+        int L = c->n_layers;
+        LayerWeights scratch;
+        up_layer(u, u->base ? &dst->layers[L] : &scratch, &src->layers[L], c, c->layer_moe[L]);
+        const MtpWeights *s = &src->mtp;
+        MtpWeights *d = &dst->mtp;
+        d->enorm = up_vec(u, s->enorm, c->hidden);
+        d->hnorm = up_vec(u, s->hnorm, c->hidden);
+        d->head_norm = up_vec(u, s->head_norm, c->hidden);
+        up_qtensor(u, &d->eh_proj, &s->eh_proj);
+        if (s->own_head) up_qtensor(u, &d->head, &s->head);
+        else d->head = dst->lm_head;
+        if (s->own_embed) up_qtensor(u, &d->embed, &s->embed);
+        else d->embed = dst->embed;
+    }
 }
 
 void model_upload(Model *dst, const Model *src, Backend *be)
@@ -307,7 +322,7 @@ void model_upload(Model *dst, const Model *src, Backend *be)
               total / 1073741824.0, be->name, avail / 1073741824.0, src->cfg.n_layers);
     log_info("upload: %.2f GiB of weights to %s (%.2f GiB free)", total / 1073741824.0, be->name, avail / 1073741824.0);
     dst->dev_buffer = be_alloc(be, total - stage);
-    dst->layers = xcalloc(src->cfg.n_layers, sizeof(LayerWeights));
+    dst->layers = xcalloc(src->cfg.n_layers + 1, sizeof(LayerWeights)); /* + the MTP layer's place */
     /* dummy weights are made here, on the backend: the same walk, so the same count */
     Progress pg;
     progress_start(&pg, src->dummy ? "dummy weights" : "upload", total - stage, PROGRESS_BYTES);
@@ -325,7 +340,7 @@ void model_upload(Model *dst, const Model *src, Backend *be)
 void model_upload_free(Model *m, Backend *be)
 {
     if (m->layers)
-        for (int l = 0; l < m->cfg.n_layers; l++) free(m->layers[l].exp_gate);
+        for (int l = 0; l < m->cfg.n_layers + m->cfg.mtp_loaded; l++) free(m->layers[l].exp_gate);
     free(m->layers);
     be_free(be, m->dev_buffer);
     *m = (Model){0};

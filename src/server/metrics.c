@@ -168,6 +168,17 @@ char *metrics_render(Metrics *m, Engine *e, size_t *len)
                    "# TYPE moeserve_engine_steps_total counter\nmoeserve_engine_steps_total %llu\n",
                 (unsigned long long)s.steps);
         if (s.dp > 1) render_groups(f, &s);
+        /* speculative decoding (vLLM's spec_decode counters): drafts proposed and accepted over all requests;
+           zero without it. Acceptance length, tokens per verified chain: 1 + accepted / chains */
+        fprintf(f, "# HELP moeserve_spec_decode_draft_tokens_total Draft tokens verified (speculative decoding).\n"
+                   "# TYPE moeserve_spec_decode_draft_tokens_total counter\nmoeserve_spec_decode_draft_tokens_total %llu\n",
+                (unsigned long long)s.spec_draft_tokens);
+        fprintf(f, "# HELP moeserve_spec_decode_accepted_tokens_total Draft tokens accepted.\n"
+                   "# TYPE moeserve_spec_decode_accepted_tokens_total counter\n"
+                   "moeserve_spec_decode_accepted_tokens_total %llu\n", (unsigned long long)s.spec_accepted_tokens);
+        fprintf(f, "# HELP moeserve_spec_decode_num_drafts_total Draft chains verified.\n"
+                   "# TYPE moeserve_spec_decode_num_drafts_total counter\nmoeserve_spec_decode_num_drafts_total %llu\n",
+                (unsigned long long)s.spec_chains);
     }
     fclose(f);
     return buf;

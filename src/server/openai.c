@@ -238,9 +238,12 @@ int openai_get(Api *a, ApiReq *r, const char *url, const char **content_type, Ap
         }
         apibuf_printf(&r->out, "\"engine\":{\"running\":%d,\"waiting\":%d,\"peak_running\":%d,\"kv_blocks_total\":%d,"
                    "\"kv_blocks_used\":%d,\"preemptions\":%llu,\"steps\":%llu,\"prompt_tokens\":%llu,"
-                   "\"generation_tokens\":%llu}}", st.running, st.waiting, st.peak_running, st.kv_blocks_total,
+                   "\"generation_tokens\":%llu,\"spec_num_drafts\":%llu,\"spec_draft_tokens\":%llu,"
+                   "\"spec_accepted_tokens\":%llu}}", st.running, st.waiting, st.peak_running, st.kv_blocks_total,
                    st.kv_blocks_used, (unsigned long long)st.preemptions, (unsigned long long)st.steps,
-                   (unsigned long long)st.prompt_tokens, (unsigned long long)st.generation_tokens);
+                   (unsigned long long)st.prompt_tokens, (unsigned long long)st.generation_tokens,
+                   (unsigned long long)st.spec_chains, (unsigned long long)st.spec_draft_tokens,
+                   (unsigned long long)st.spec_accepted_tokens);
         return 200;
     }
     case ROUTE_DIAGNOSIS: {

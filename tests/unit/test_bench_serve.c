@@ -1065,7 +1065,59 @@ TEST(bench_serve_moeserve)
         EXPECT(json_integer_value(json_object_get(eng, "peak_running")) >= 1 &&
                json_integer_value(json_object_get(eng, "peak_running")) <= 4, "peak running within the concurrency");
         EXPECT(json_integer_value(json_object_get(eng, "generation_tokens")) >= 8 * 8 * 2, "both levels' tokens counted");
+        EXPECT(json_is_null(json_object_get(j, "accept_length")), "an acceptance length without speculation");
         if (test_failed_now()) fprintf(stderr, "%s\n", out);
+        json_decref(j);
+        free(out);
+    } else {
+        char *l = file_read_all(log, NULL);
+        test_fail(__FILE__, __LINE__, "moeserve serve did not listen on %d:\n%s", port, l ? l : "");
+        free(l);
+    }
+    kill(pid, SIGTERM);
+    int st;
+    waitpid(pid, &st, 0);
+}
+
+/* Against `moeserve serve` with speculative decoding on the built-in model (its trained MTP layer):
+ * the report's acceptance length, from the server's counters before and after the run, is between
+ * 1 and 1 + K, printed (SGLang's "Accept length") and in the JSON line; without drafts it is null. */
+TEST(bench_serve_spec_accept_length)
+{
+    char cmd[9000], model[4200], file[512], log[512], *out = NULL;
+    snprintf(model, sizeof model, "%s/models/builtin", test_root());
+    int port = free_port();
+    ASSERT(port > 0);
+    snprintf(log, sizeof log, "%s/serve-spec.log", test_tmpdir());
+    pid_t pid = fork();
+    ASSERT(pid >= 0);
+    if (pid == 0) {
+        char ps[16];
+        snprintf(ps, sizeof ps, "%d", port);
+        if (!freopen(log, "w", stdout) || !freopen(log, "a", stderr)) _exit(127);
+        execl(test_bin(), test_bin(), "serve", "--model", model, "--device", "cpu", "--port", ps,
+              "--speculative-algorithm", "NEXTN", "--speculative-num-steps", "2", (char *)NULL);
+        _exit(127);
+    }
+    int up = 0;
+    for (int i = 0; i < 300 && !up; i++) {
+        up = server_ready(port);
+        if (!up) usleep(100000);
+    }
+    if (up) {
+        snprintf(file, sizeof file, "%s/spec.jsonl", test_tmpdir());
+        snprintf(cmd, sizeof cmd, "%s bench serve --base-url http://127.0.0.1:%d --dataset-name random --random-input-len 32 "
+                 "--random-output-len 32 --random-range-ratio 1 --num-prompts 4 --max-concurrency 2 --tokenizer %s "
+                 "--output-file %s", test_bin(), port, model, file);
+        int rc = test_run(cmd, &out);
+        EXPECT_EQ_INT(rc, 0);
+        EXPECT(out && strstr(out, "Accept length:"), "%s", out ? out : "");
+        json_t *j = last_json(file);
+        EXPECT(j, "%s", out ? out : "");
+        double al = jnum(j, "accept_length");
+        EXPECT(al >= 1 && al <= 3, "accept_length %g", al);
+        json_t *eng = json_object_get(json_object_get(j, "server_info"), "engine");
+        EXPECT(json_integer_value(json_object_get(eng, "spec_draft_tokens")) > 0, "the server's draft counter");
         json_decref(j);
         free(out);
     } else {
