@@ -319,18 +319,60 @@ TEST(spec_generate_random_head)
     }
 }
 
+/* Held-out Debian prose (tests/data/heldout.txt: documents the built-in model never trained on):
+ * the first 50 words of every fifth paragraph of more than 60 words, n of them, the characters a
+ * shell's single quotes and a prompt need kept. Returns how many were taken. */
+static int heldout_prompts(char prompts[][600], int n)
+{
+    size_t len = 0;
+    char *text = file_read_all(test_data("heldout.txt"), &len);
+    if (!text) return 0;
+    int k = 0, seen = 0;
+    for (char *p = text; *p && k < n;) {
+        char *end = strstr(p, "\n\n");
+        size_t plen = end ? (size_t)(end - p) : strlen(p);
+        int words = 0;
+        for (size_t i = 0; i < plen; i++)
+            if ((i == 0 || p[i - 1] == ' ' || p[i - 1] == '\n') && p[i] != ' ' && p[i] != '\n') words++;
+        if (words > 60 && seen++ % 5 == 0) {
+            size_t o = 0;
+            int w = 0;
+            for (size_t i = 0; i < plen && o + 1 < sizeof prompts[0]; i++) {
+                char c = p[i] == '\n' ? ' ' : p[i];
+                if (c == ' ' && (o == 0 || prompts[k][o - 1] == ' ')) continue;
+                if (c == ' ' && ++w == 50) break;
+                if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || strchr(" .,;:()-", c))
+                    prompts[k][o++] = c;
+            }
+            prompts[k++][o] = 0;
+        }
+        p = end ? end + 2 : p + plen;
+    }
+    free(text);
+    return k;
+}
+
+/* The built-in model's MTP head accepts at least a quarter of its drafts at K = 3 on Debian prose
+ * it never saw, over eight held-out excerpts (128 greedy tokens each; the output with drafts equal
+ * to the output without, token for token). */
 TEST(spec_generate_builtin_acceptance)
 {
     char dir[4200];
     snprintf(dir, sizeof dir, "%s/models/builtin", test_root());
-    /* Debian prose, as the held-out text has it (quotes and the like kept out of the shell) */
-    const char *prompt = "The Debian project is an association of individuals who have made common cause to create a "
-                         "free operating system. This operating system is called Debian. An operating system is the "
-                         "set of basic programs and utilities that make your computer run.";
-    long acc, drafted;
-    ASSERT(gen_pair(dir, prompt, 128, "", &acc, &drafted) == 0);
-    EXPECT(drafted > 0 && 4 * acc >= drafted, "%ld of %ld drafts accepted at K = 3: under a quarter", acc, drafted);
-    fprintf(stderr, "    built-in: %ld of %ld drafts accepted (%.1f%%)\n", acc, drafted, drafted > 0 ? 100.0 * acc / drafted : 0);
+    static char prompts[8][600];
+    int n = heldout_prompts(prompts, 8);
+    ASSERT(n == 8, "%d held-out prompts", n);
+    long acc_all = 0, drafted_all = 0;
+    for (int i = 0; i < n; i++) {
+        long acc, drafted;
+        ASSERT(gen_pair(dir, prompts[i], 128, "", &acc, &drafted) == 0, "prompt %d", i);
+        ASSERT(drafted > 0 && acc >= 0, "prompt %d: no drafts counted", i);
+        acc_all += acc;
+        drafted_all += drafted;
+    }
+    EXPECT(4 * acc_all >= drafted_all, "%ld of %ld drafts accepted at K = 3: under a quarter", acc_all, drafted_all);
+    fprintf(stderr, "    built-in: %ld of %ld drafts accepted (%.1f%%)\n", acc_all, drafted_all,
+            drafted_all > 0 ? 100.0 * acc_all / drafted_all : 0);
 }
 
 TEST(spec_options)
