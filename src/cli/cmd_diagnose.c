@@ -231,8 +231,23 @@ static const char *beside_profile(const char *device, const Ceilings *ceil, char
 
 /* What the cost model predicts for this deployment and load (`plan` of one wave of the load's batch
  * of requests, serve's scheduler as the engine runs it): 0 and b filled, or -1 (said why at info level). */
+/* The chance a draft is accepted when the ones before it were, from a run's counts: a with
+ * a + a^2 + ... + a^K = accepted / chains (bisection; 0 without chains). */
+static double accept_rate(long chains, long accepted, int K)
+{
+    if (chains <= 0 || K <= 0) return 0;
+    double m = (double)accepted / chains, lo = 0, hi = 1;
+    for (int i = 0; i < 60; i++) {
+        double a = (lo + hi) / 2, t = 0, p = 1;
+        for (int j = 0; j < K; j++) t += (p *= a);
+        if (t < m) lo = a;
+        else hi = a;
+    }
+    return (lo + hi) / 2;
+}
+
 static int beside_predict(const ModelOpts *mo, const EngineOptions *eo, const Load *ld, const char *profile, int ranks,
-                          Beside *b)
+                          const Deployment *d, Beside *b)
 {
     char err[512];
     CostDevice dev, host;
@@ -254,7 +269,8 @@ static int beside_predict(const ModelOpts *mo, const EngineOptions *eo, const Lo
                    .max_running = eo->max_running, .max_batch_tokens = eo->max_batch_tokens,
                    .chunked_prefill = eo->chunked_prefill, .decode_steps = eo->decode_steps,
                    .microbatches = mo->par.microbatches, .kv_dtype = mo->kv_dtype, .wave = 1,
-                   .wave_every = eo->profile_every};
+                   .wave_every = eo->profile_every, .spec_k = eo->spec_k, .spec_vocab = eo->spec_vocab,
+                   .spec_accept = accept_rate(d->spec_chains, d->spec_accepted, eo->spec_k)};
     CostLayout lo = {.tp = mo->par.tp, .pp = mo->par.pp, .ep = mo->par.ep, .dp = mo->par.dp > 1 ? mo->par.dp : 1};
     CostPlan *plan = xcalloc(1, sizeof *plan);
     cost_plan(&s, whole, &lo, &ld->batch, 1, plan);
@@ -309,7 +325,7 @@ static json_t *diagnose_load(const Model *dm, const Model *m, Backend *be, Engin
     json_object_set_new(o, "load", json_pack("{s:i, s:i, s:i, s:i}", "batch", ld->batch, "input_len", ld->in_len,
                                              "output_len", ld->out_len, "requests", ld->requests));
     Beside bs;
-    int have_plan = profile && beside_predict(mo, &eo, ld, profile, mo->par.tp * mo->par.pp, &bs) == 0;
+    int have_plan = profile && beside_predict(mo, &eo, ld, profile, mo->par.tp * mo->par.pp, &d, &bs) == 0;
     if (have_plan) {
         beside_compare(&g, &bs);
         json_object_set_new(o, "plan", beside_json(&g, &bs));

@@ -213,12 +213,19 @@ int cmd_plan(int argc, char **argv)
         {.names = "--pp-microbatches", .type = OPT_INT, .dst = &microbatches, .metavar = "N",
          .help = "micro-batches in flight per step under pp", .def = "pp", .lo = 1, .hi = 1024},
     };
+    double accept = 0.7;
+    const OptSpec spec_more[] = {
+        {.names = "--spec-accept-rate", .type = OPT_DOUBLE, .dst = &accept, .metavar = "P",
+         .help = "with drafts: the chance one is accepted when the ones before it were (diagnose and bench serve "
+                 "measure it)", .def = "0.7", .lo = 0, .hi = 1},
+    };
     const OptGroup groups[] = {OPT_GROUP("plan", specs), model_opt_group(&mo, MODEL_OPT_ALL),
-                               OPT_GROUP("serve's scheduler", sched), OPT_GROUP("pipeline", pipe)};
+                               OPT_GROUP("serve's scheduler", sched), OPT_GROUP("pipeline", pipe),
+                               spec_opt_group(&mo.spec), OPT_GROUP("drafts in the plan", spec_more)};
     const OptCommand cmd = {.cmd = "plan", .synopsis = "MODEL --gpu NAME|FILE --gpus N [options]",
                             .about = "Predict a deployment before it exists: every layout's memory, whether it fits, and "
                                      "TPOT, TTFT and throughput at each concurrency, from the cost model.",
-                            .groups = groups, .n_groups = 4, .max_pos = 1, .pos_name = "MODEL"};
+                            .groups = groups, .n_groups = 6, .max_pos = 1, .pos_name = "MODEL"};
     model_opt_parse(&cmd, argc, argv, &mo, 1);
     char err[1024];
 #define BAD(...) do { fprintf(stderr, "error: plan: " __VA_ARGS__); fputc('\n', stderr); return 2; } while (0)
@@ -262,7 +269,7 @@ int cmd_plan(int argc, char **argv)
                    .nodes = po.nodes, .input_len = po.input_len, .output_len = po.output_len,
                    .max_running = eo.max_running, .max_batch_tokens = eo.max_batch_tokens,
                    .chunked_prefill = eo.chunked_prefill, .decode_steps = eo.decode_steps, .microbatches = microbatches,
-                   .kv_dtype = mo.kv_dtype};
+                   .kv_dtype = mo.kv_dtype, .spec_k = mo.spec.k, .spec_vocab = mo.spec.draft_vocab, .spec_accept = accept};
     if (mo.num_layers <= 0) s.num_layers = 0;
     CostPlan *plans = xcalloc(n_lo > 0 ? n_lo : 1, sizeof *plans);
     for (int i = 0; i < n_lo; i++) cost_plan(&s, whole, &los[i], conc, n_conc, &plans[i]);

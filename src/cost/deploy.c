@@ -122,6 +122,7 @@ int cost_layouts_auto(const ModelConfig *c, int world, CostLayout *out, int max)
 /* one step's shape, per data-parallel group (fractional sequences: an average over steps) */
 typedef struct {
     double n_dec, dec_ctx;          /* decoding sequences and their context after the step */
+    double dec_rows;                /* rows a decoding sequence carries: 1, or 1 + K drafts to verify (0: 1) */
     double n_pre, pre_len, pre_ctx; /* prefill sequences in the step, tokens each, context after the chunk */
 } Shape;
 
@@ -215,10 +216,12 @@ static double keys_range(double c0, double c1, double cap)
     return (cap * (cap + 1) - c0 * (c0 + 1)) / 2 + (c1 - cap) * cap;
 }
 
+static double dec_rows(const Shape *sh) { return sh->dec_rows > 1 ? sh->dec_rows : 1; }
+
 static double shape_keys(const Shape *sh, double cap)
 {
     double dk = cap > 0 && sh->dec_ctx > cap ? cap : sh->dec_ctx;
-    return sh->n_dec * dk + sh->n_pre * keys_range(sh->pre_ctx - sh->pre_len, sh->pre_ctx, cap);
+    return sh->n_dec * dec_rows(sh) * dk + sh->n_pre * keys_range(sh->pre_ctx - sh->pre_len, sh->pre_ctx, cap);
 }
 
 static double shape_ctx(const Shape *sh) { return sh->n_dec * sh->dec_ctx + sh->n_pre * sh->pre_ctx; }
@@ -301,7 +304,7 @@ static void mla_layer(Acc *a, const Stage *st, const LayerWeights *w, int l, con
            T, QF_COUNT);
     } else { /* every sequence a piece of KC cached positions at a time (mla.c) */
         double KC = be_mla_piece(c), N = H * (Dn + Dv), W = C + Dr;
-        const double cls[2][3] = {{sh->n_dec, sh->dec_ctx, 1}, {sh->n_pre, sh->pre_ctx, sh->pre_len}};
+        const double cls[2][3] = {{sh->n_dec, sh->dec_ctx, dec_rows(sh)}, {sh->n_pre, sh->pre_ctx, sh->pre_len}};
         for (int k = 0; k < 2; k++) {
             double ns = cls[k][0], ctx = cls[k][1], nt = cls[k][2];
             if (ns <= 0 || ctx <= 0) continue;
@@ -386,10 +389,46 @@ static void ffn(Acc *a, const Stage *st, const LayerWeights *w, int l, double T)
 }
 
 /* one micro-batch (shape sh) through stage st: its compute and collectives, and its send on */
+/* The drafts of speculative decoding (engine spec_draft, model/mtp.c): K passes of the MTP layer over
+ * the decoding sequences, each eh_proj ([D, 2D] over the embedding and the hidden state), one decoder
+ * layer of the model's last layer's shape, the final norm and a head row over the draft vocabulary
+ * (the first catches up on the tokens the verify settled: 1 + the accepted a sequence; the chain's
+ * others one row each). */
+static void spec_drafts(Acc *a, const Stage *st, const Shape *sh)
+{
+    const CostSetup *s = st->s;
+    const ModelConfig *c = &st->m.cfg;
+    double D = c->hidden, S = sh->n_dec, V = c->vocab_local > 0 ? c->vocab_local : c->vocab;
+    double Vd = s->spec_vocab > 0 && s->spec_vocab < V ? s->spec_vocab : V;
+    int l = c->layer_end - 1;
+    const LayerWeights *w = &st->m.layers[l];
+    for (int k = 0; k < s->spec_k; k++) {
+        double T = k == 0 ? S * cost_spec_tokens(s) : S;
+        Shape one = {S, sh->dec_ctx, T / S, 0, 0, 0};
+        op(a, st, OP_EMBED, 0, T * 4.0 * D * 2, T, QF_COUNT);
+        rms(a, st, 2 * T, D, T);
+        op(a, st, OP_GEMM_MLP, 2.0 * T * 2 * D * D, 2.0 * 2 * D * D + 4.0 * T * 3 * D, T, QF_BF16);
+        if (config_is_mla(c)) mla_layer(a, st, w, l, &one, T);
+        else gqa_layer(a, st, w, &one, T);
+        ffn(a, st, w, l, T);
+        rms(a, st, S, D, S);
+        double hb = qtensor_bytes(&st->m.lm_head) * Vd / V;
+        op(a, st, OP_GEMM_LM_HEAD, 2.0 * S * D * Vd, hb + 4.0 * S * (D + Vd), S, st->m.lm_head.fmt);
+        op(a, st, OP_SAMPLE, S * Vd, 4.0 * S * Vd, S, QF_COUNT);
+    }
+}
+
+double cost_spec_tokens(const CostSetup *s)
+{
+    double t = 1, p = 1;
+    for (int j = 0; j < s->spec_k; j++) t += (p *= s->spec_accept);
+    return t;
+}
+
 static void stage_step(const Stage *st, const Shape *sh, Acc *a)
 {
     const ModelConfig *c = &st->m.cfg;
-    double T = sh->n_dec + sh->n_pre * sh->pre_len, D = c->hidden, n_out = sh->n_dec + sh->n_pre;
+    double R = dec_rows(sh), T = sh->n_dec * R + sh->n_pre * sh->pre_len, D = c->hidden, n_out = sh->n_dec * R + sh->n_pre;
     memset(a, 0, sizeof *a);
     if (T <= 0) return;
     if (st->first) {
@@ -417,6 +456,7 @@ static void stage_step(const Stage *st, const Shape *sh, Acc *a)
         op(a, st, OP_GET_ROWS, 0, 8.0 * n_out * st->tp_a * Vl, n_out, QF_COUNT);
     }
     op(a, st, OP_SAMPLE, n_out * (double)c->vocab, 4.0 * n_out * c->vocab + 4.0 * n_out, n_out, QF_COUNT);
+    if (st->s->spec_k > 0 && sh->n_dec > 0) spec_drafts(a, st, sh);
 }
 
 typedef struct {
@@ -619,14 +659,16 @@ static void plan_point(Stage *stages, const CostSetup *s, const CostLayout *lo, 
     if (chunk > s->max_batch_tokens) chunk = s->max_batch_tokens;
     if (chunk > I) chunk = I;
     double k_pref = ceil(I / chunk);
-    double dec = run * O / (O + k_pref), npre = run - dec; /* sequences decoding, and prefilling, in a step */
+    /* with speculation a decoding step gives tps tokens a sequence: O / tps steps of decoding */
+    double tps = cost_spec_tokens(s), R = s->spec_k > 0 ? 1 + s->spec_k : 1, Od = O / tps;
+    double dec = run * Od / (Od + k_pref), npre = run - dec; /* sequences decoding, and prefilling, in a step */
     double ctx = I + (O + 1) / 2.0;
-    Shape d0 = {dec, ctx, 0, 0, 0};
+    Shape d0 = {dec, ctx, R, 0, 0, 0};
     Step sd, sm, sm2;
     deploy_step(stages, lo->pp, s, &d0, &sd);
     /* the prefill a step carries: npre chunks on average; steps with floor(npre) and ceil(npre) */
     double lo_n = floor(npre), frac = npre - lo_n;
-    Shape a = {dec, ctx, lo_n, chunk, I / 2.0 + chunk / 2.0}, b = a;
+    Shape a = {dec, ctx, R, lo_n, chunk, I / 2.0 + chunk / 2.0}, b = a;
     b.n_pre = lo_n + 1;
     if (lo_n > 0) deploy_step(stages, lo->pp, s, &a, &sm);
     else sm = sd;
@@ -637,15 +679,15 @@ static void plan_point(Stage *stages, const CostSetup *s, const CostLayout *lo, 
     acc_add(&parts, &sm2.parts, frac);
     pt->decode_ms = sd.step * 1e3;
     pt->step_ms = step * 1e3;
-    pt->tpot_ms = step * 1e3;
+    pt->tpot_ms = step * 1e3 / tps;
     pt->decode_batch = dec;
     pt->prefill_per_step = npre * chunk;
     pt->running = (int)run;
     /* TTFT: half a step to the next one, the prompt's chunks, and a slot's wait when clients outnumber slots */
-    double req_s = (O + k_pref) * step, rate = run / req_s;
+    double req_s = (Od + k_pref) * step, rate = run / req_s;
     pt->queue_ms = cg > run ? (cg - run) / rate * 1e3 : 0;
     pt->ttft_ms = step * 1e3 / 2 + k_pref * sm2.step * 1e3 + pt->queue_ms;
-    pt->output_tok_s = lo->dp * dec / step;
+    pt->output_tok_s = lo->dp * dec * tps / step;
     pt->tok_s_gpu = pt->output_tok_s / (lo->tp * lo->pp);
     pt->tok_s_user = 1e3 / pt->tpot_ms;
     double total = 0;
@@ -668,9 +710,10 @@ static void plan_wave(Stage *stages, const CostSetup *s, const CostLayout *lo, i
     if (chunk > I) chunk = I;
     double chunks = B * ceil(I / chunk), per_step = floor(s->max_batch_tokens / chunk);
     if (per_step < 1) per_step = 1;
-    double n_pre_steps = ceil(chunks / per_step), n_dec_steps = O > 1 ? O - 1 : 0;
-    Shape pre = {0, 0, chunks < per_step ? chunks : per_step, chunk, I / 2.0 + chunk / 2.0};
-    Shape dec = {B, I + O / 2.0, 0, 0, 0};
+    double tps = cost_spec_tokens(s), R = s->spec_k > 0 ? 1 + s->spec_k : 1;
+    double n_pre_steps = ceil(chunks / per_step), n_dec_steps = O > 1 ? ceil((O - 1) / tps) : 0;
+    Shape pre = {0, 0, 1, chunks < per_step ? chunks : per_step, chunk, I / 2.0 + chunk / 2.0};
+    Shape dec = {B, I + O / 2.0, R, 0, 0, 0};
     Step sp, sd;
     deploy_step(stages, lo->pp, s, &pre, &sp);
     if (n_dec_steps > 0) deploy_step(stages, lo->pp, s, &dec, &sd);
@@ -690,7 +733,7 @@ static void plan_wave(Stage *stages, const CostSetup *s, const CostLayout *lo, i
     acc_add(&parts, &sd.parts, w_dec / steps);
     pt->decode_ms = sd.step * 1e3;
     pt->step_ms = (w_pre * sp.step + w_dec * sd.step) / steps * 1e3;
-    pt->tpot_ms = sd.step * 1e3;
+    pt->tpot_ms = sd.step * 1e3 / tps;
     pt->ttft_ms = n_pre_steps * sp.step * 1e3;
     pt->decode_batch = B;
     pt->prefill_per_step = pre.n_pre * chunk;
@@ -740,7 +783,7 @@ void cost_plan(const CostSetup *s, const ModelConfig *whole, const CostLayout *l
     }
     /* batch 1 decode at the prompt's length: the bytes the slowest stage's ops move for one token */
     {
-        Shape one = {1, s->input_len + 1, 0, 0, 0};
+        Shape one = {1, s->input_len + 1, 1, 0, 0, 0};
         double worst = 0;
         for (int i = 0; i < l->pp; i++) {
             Acc a;

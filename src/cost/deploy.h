@@ -55,6 +55,9 @@ typedef struct {
                                        sending request after request); 1: one wave of that many requests
                                        started together, its prefill then its decode (diagnose's and bench
                                        model's load), a point's step the mean over the wave's steps */
+    int spec_k;                     /* speculative decoding: drafts a step from the MTP layer (0: off) */
+    int spec_vocab;                 /* their head's rows (draft_vocab_size; 0: the whole vocabulary) */
+    double spec_accept;             /* the chance a draft is accepted when the ones before it were */
     int wave_every;                 /* > 1: that mean over the steps a profiler timing one step in this many
                                        times (diagnose's --profile-every) */
 } CostSetup;
@@ -89,6 +92,10 @@ typedef struct {
     int n_points;
     CostPoint points[COST_MAX_POINTS];
 } CostPlan;
+
+/* Tokens a decoding sequence gains a step: 1 without speculation, else 1 + a + a^2 + ... + a^K
+ * (a = spec_accept: the verify keeps drafts while they match). */
+double cost_spec_tokens(const CostSetup *s);
 
 /* Check layout l against the model (c: the whole model's config) for n GPUs: 0, or -1 with why. */
 int cost_layout_check(const ModelConfig *c, const CostLayout *l, int world, char *why, size_t n);

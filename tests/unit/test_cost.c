@@ -3,6 +3,7 @@
  * shape, impossible layouts listed with the reason, GLM-5 NVFP4's fit on one and eight GPUs, and
  * a batch-1 TPOT never below the time to read the bytes a token touches. */
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -409,4 +410,31 @@ TEST(plan_reads_calibrate_json)
     json_t *l = layout_of(o, "tp1");
     EXPECT(l && json_is_true(json_object_get(l, "fits")) && json_array_size(json_object_get(l, "points")) == 2);
     json_decref(o);
+}
+
+/* Speculative decoding in the plan: a decoding sequence gains 1 + a + ... + a^K tokens a step; at
+ * batch 1 (the weights' read dominates) drafts that are accepted cut TPOT, drafts that never are
+ * only add their cost. */
+TEST(plan_speculative_decoding)
+{
+    CostSetup s = {.spec_k = 3, .spec_accept = 0.5};
+    EXPECT(fabs(cost_spec_tokens(&s) - 1.875) < 1e-12, "K 3, a 0.5: %.6f tokens", cost_spec_tokens(&s));
+    s.spec_k = 0;
+    EXPECT(cost_spec_tokens(&s) == 1, "no drafts: one token a step");
+    char args[1200];
+    double tpot[3];
+    const char *extra[3] = {"", "--speculative-num-steps 3 --speculative-algorithm NEXTN --spec-accept-rate 0.7",
+                            "--speculative-num-steps 3 --speculative-algorithm NEXTN --spec-accept-rate 0"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(args, sizeof args, "'%s' --gpu h200 --gpus 8 --layouts tp8 --concurrency 1 --input-len 1024 "
+                 "--output-len 256 %s", test_data("configs/glm5-nvfp4"), extra[i]);
+        json_t *o = plan_json(args);
+        ASSERT(o != NULL, "plan %s", args);
+        json_t *pt = json_array_get(json_object_get(json_array_get(json_object_get(o, "layouts"), 0), "points"), 0);
+        tpot[i] = json_number_value(json_object_get(pt, "tpot_ms"));
+        json_decref(o);
+        ASSERT(tpot[i] > 0, "plan %s: no TPOT", args);
+    }
+    EXPECT(tpot[1] < tpot[0] / 1.5, "accepted drafts: TPOT %.2f ms against %.2f without", tpot[1], tpot[0]);
+    EXPECT(tpot[2] > tpot[0], "rejected drafts: TPOT %.2f ms against %.2f without", tpot[2], tpot[0]);
 }
