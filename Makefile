@@ -27,7 +27,7 @@ ifeq ($(CUDA),1)
   # the CUDA runtime statically (it finds the driver itself; no libcuda link), cuBLASLt shared
   LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart_static -ldl -lrt -lstdc++
 endif
-TESTSRC  := tests/test_main.c tests/server_harness.c tests/batch_fixture.c $(wildcard tests/unit/*.c)
+TESTSRC  := tests/test_main.c tests/server_harness.c tests/batch_fixture.c tests/engine_harness.c $(wildcard tests/unit/*.c)
 TESTOBJ  := $(TESTSRC:%.c=$(BUILD)/%.o)
 CUTESTOBJ := $(BUILD)/tests/test_main.o $(BUILD)/tests/batch_fixture.o $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/cuda/*.c))
 

@@ -8,70 +8,10 @@
 #include <string.h>
 
 #include "engine/engine.h"
+#include "../engine_harness.h"
 #include "test.h"
 
 #define MAXREQ 32
-#define MAXGEN 64
-
-typedef struct {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int wakes;
-} Waker;
-
-static void on_event(void *user, uint64_t id)
-{
-    (void)id;
-    Waker *w = user;
-    pthread_mutex_lock(&w->mu);
-    w->wakes++;
-    pthread_cond_broadcast(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-}
-
-typedef struct {
-    uint64_t id;
-    int toks[MAXGEN + 1], n;
-    EngineEvent last;
-    int done;
-} Out;
-
-/* Poll every request until all have finished, collecting tokens; -1 when none has moved for
- * 120 s (a stall). Not a total deadline: on 2 cores shared with other work, OpenMP's barriers wait
- * for a thread the scheduler has put aside, and a batch that takes seconds alone took minutes. */
-static int collect(Engine *e, Waker *w, Out *o, int n)
-{
-    double t0 = clock_now();
-    for (;;) {
-        int left = 0;
-        for (int i = 0; i < n; i++) {
-            if (o[i].done || !o[i].id) continue;
-            EngineEvent ev[16];
-            int k;
-            while ((k = engine_poll(e, o[i].id, ev, 16)) > 0) {
-                t0 = clock_now();
-                for (int j = 0; j < k; j++) {
-                    if (ev[j].token >= 0 && o[i].n <= MAXGEN) o[i].toks[o[i].n++] = ev[j].token;
-                    if (ev[j].finish) { o[i].done = 1; o[i].last = ev[j]; }
-                }
-            }
-            left += !o[i].done;
-        }
-        if (!left) return 0;
-        if (clock_now() - t0 > 120) return -1;
-        pthread_mutex_lock(&w->mu);
-        int before = w->wakes;
-        while (w->wakes == before) {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += 20 * 1000000;
-            if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
-            if (pthread_cond_timedwait(&w->cv, &w->mu, &ts)) break;
-        }
-        pthread_mutex_unlock(&w->mu);
-    }
-}
-
 static Model M;
 static Backend BE;
 static int loaded;
@@ -121,9 +61,9 @@ static void solo(int n_req, const int *lens, int max_tokens, Out *ref)
         make_prompt(i, p, lens[i]);
         RequestParams r = greedy(p, lens[i], max_tokens);
         memset(&ref[i], 0, sizeof ref[i]);
-        ref[i].id = engine_submit(e, &r, on_event, &w, NULL, 0);
+        ref[i].id = engine_submit(e, &r, waker_on_event, &w, NULL, 0);
         EXPECT(ref[i].id > 0);
-        EXPECT(collect(e, &w, &ref[i], 1) == 0, "solo request %d did not finish", i);
+        EXPECT(engine_collect(e, &w, &ref[i], 1) == 0, "solo request %d did not finish", i);
     }
     engine_stop(e, 1);
     engine_free(e);
@@ -139,10 +79,10 @@ static void run_batched(const EngineOptions *o, int n_req, const int *lens, int 
         make_prompt(i, p, lens[i]);
         RequestParams r = greedy(p, lens[i], max_tokens);
         memset(&out[i], 0, sizeof out[i]);
-        out[i].id = engine_submit(e, &r, on_event, &w, NULL, 0);
+        out[i].id = engine_submit(e, &r, waker_on_event, &w, NULL, 0);
         EXPECT(out[i].id > 0);
     }
-    EXPECT(collect(e, &w, out, n_req) == 0, "batched requests did not finish");
+    EXPECT(engine_collect(e, &w, out, n_req) == 0, "batched requests did not finish");
     EngineStats st;
     engine_stats(e, &st);
     if (o->n_blocks < 32) EXPECT(st.preemptions > 0, "a pool of %d blocks preempted nobody", o->n_blocks);
@@ -210,10 +150,10 @@ TEST(engine_prefix_cache)
     make_prompt(3, p, 100);
     Out a = {0}, b = {0};
     RequestParams r = greedy(p, 100, 8);
-    a.id = engine_submit(e, &r, on_event, &w, NULL, 0);
-    ASSERT(collect(e, &w, &a, 1) == 0);
-    b.id = engine_submit(e, &r, on_event, &w, NULL, 0);
-    ASSERT(collect(e, &w, &b, 1) == 0);
+    a.id = engine_submit(e, &r, waker_on_event, &w, NULL, 0);
+    ASSERT(engine_collect(e, &w, &a, 1) == 0);
+    b.id = engine_submit(e, &r, waker_on_event, &w, NULL, 0);
+    ASSERT(engine_collect(e, &w, &b, 1) == 0);
     EXPECT_EQ_INT(a.last.cached_tokens, 0);
     EXPECT_EQ_INT(b.last.cached_tokens, 96); /* 6 full blocks of 16; the last token is computed */
     EXPECT(a.n == b.n && !memcmp(a.toks, b.toks, a.n * sizeof(int)), "the cached prefix changed the output");
@@ -256,14 +196,14 @@ TEST(engine_cancel_finish_errors)
     /* a long request cancelled; a second finished by a stop request; a third runs to max_tokens */
     Out c[3] = {{0}};
     r = greedy(p, 20, 200);
-    c[0].id = engine_submit(e, &r, on_event, &w, NULL, 0);
-    c[1].id = engine_submit(e, &r, on_event, &w, NULL, 0);
+    c[0].id = engine_submit(e, &r, waker_on_event, &w, NULL, 0);
+    c[1].id = engine_submit(e, &r, waker_on_event, &w, NULL, 0);
     r = greedy(p, 20, 7);
-    c[2].id = engine_submit(e, &r, on_event, &w, NULL, 0);
+    c[2].id = engine_submit(e, &r, waker_on_event, &w, NULL, 0);
     engine_cancel(e, c[0].id);
     engine_finish(e, c[1].id);
     c[0].done = 1;
-    EXPECT(collect(e, &w, c, 3) == 0, "requests did not finish");
+    EXPECT(engine_collect(e, &w, c, 3) == 0, "requests did not finish");
     EXPECT_EQ_INT(c[1].last.finish, FINISH_STOP);
     EXPECT(c[1].n < 200, "a stop request did not stop: %d tokens", c[1].n);
     EXPECT_EQ_INT(c[2].last.finish, FINISH_LENGTH);
@@ -276,8 +216,8 @@ TEST(engine_cancel_finish_errors)
     make_prompt(5, p, 250);
     r = greedy(p, 250, 100);
     Out d = {0};
-    d.id = engine_submit(e, &r, on_event, &w, NULL, 0);
-    EXPECT(collect(e, &w, &d, 1) == 0);
+    d.id = engine_submit(e, &r, waker_on_event, &w, NULL, 0);
+    EXPECT(engine_collect(e, &w, &d, 1) == 0);
     EXPECT(d.last.finish == FINISH_LENGTH && d.last.completion_tokens == 6, "finish %d after %d tokens", d.last.finish,
            d.last.completion_tokens);
     EngineStats st;
@@ -318,11 +258,11 @@ static void run_sampled(int max_running, const int *logprobs, Out *out)
         r.sampling.seed = 11 + i;
         r.sampling.logprobs = logprobs[i];
         memset(&out[i], 0, sizeof out[i]);
-        out[i].id = engine_submit(e, &r, on_event, &w, NULL, 0);
+        out[i].id = engine_submit(e, &r, waker_on_event, &w, NULL, 0);
         EXPECT(out[i].id > 0);
-        if (max_running == 1) EXPECT(collect(e, &w, &out[i], 1) == 0, "request %d did not finish", i);
+        if (max_running == 1) EXPECT(engine_collect(e, &w, &out[i], 1) == 0, "request %d did not finish", i);
     }
-    if (max_running > 1) EXPECT(collect(e, &w, out, 6) == 0, "requests did not finish");
+    if (max_running > 1) EXPECT(engine_collect(e, &w, out, 6) == 0, "requests did not finish");
     engine_stop(e, 1);
     engine_free(e);
 }

@@ -13,69 +13,10 @@
 #include <string.h>
 
 #include "engine/engine.h"
+#include "../engine_harness.h"
 #include "engine/runner.h"
 #include "../server_harness.h"
 #include "test.h"
-
-#define MAXGEN 64
-
-typedef struct {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int wakes;
-} Waker;
-
-static void on_event(void *user, uint64_t id)
-{
-    (void)id;
-    Waker *w = user;
-    pthread_mutex_lock(&w->mu);
-    w->wakes++;
-    pthread_cond_broadcast(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-}
-
-typedef struct {
-    uint64_t id;
-    int toks[MAXGEN + 1], n;
-    EngineEvent last;
-    int done;
-} Out;
-
-/* Poll every request until all have finished; -1 when none has moved for 120 s (a stall; no total
- * deadline: the machine is shared). */
-static int collect(Engine *e, Waker *w, Out *o, int n)
-{
-    double t0 = clock_now();
-    for (;;) {
-        int left = 0;
-        for (int i = 0; i < n; i++) {
-            if (o[i].done || !o[i].id) continue;
-            EngineEvent ev[16];
-            int k;
-            while ((k = engine_poll(e, o[i].id, ev, 16)) > 0) {
-                t0 = clock_now();
-                for (int j = 0; j < k; j++) {
-                    if (ev[j].token >= 0 && o[i].n <= MAXGEN) o[i].toks[o[i].n++] = ev[j].token;
-                    if (ev[j].finish) { o[i].done = 1; o[i].last = ev[j]; }
-                }
-            }
-            left += !o[i].done;
-        }
-        if (!left) return 0;
-        if (clock_now() - t0 > 120) return -1;
-        pthread_mutex_lock(&w->mu);
-        int before = w->wakes;
-        while (w->wakes == before) {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += 20 * 1000000;
-            if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
-            if (pthread_cond_timedwait(&w->cv, &w->mu, &ts)) break;
-        }
-        pthread_mutex_unlock(&w->mu);
-    }
-}
 
 /* the built-in model with its MTP layer */
 static Model M;
@@ -149,11 +90,11 @@ static void run(const EngineOptions *o, int n, const int *lens, const Req *rq, O
         sampling_params_default(&r.sampling);
         r.sampling.temperature = 0;
         memset(&out[i], 0, sizeof out[i]);
-        out[i].id = engine_submit(e, &r, on_event, &w, NULL, 0);
+        out[i].id = engine_submit(e, &r, waker_on_event, &w, NULL, 0);
         EXPECT(out[i].id > 0);
-        if (solo) EXPECT(collect(e, &w, &out[i], 1) == 0, "request %d did not finish", i);
+        if (solo) EXPECT(engine_collect(e, &w, &out[i], 1) == 0, "request %d did not finish", i);
     }
-    if (!solo) EXPECT(collect(e, &w, out, n) == 0, "requests did not finish");
+    if (!solo) EXPECT(engine_collect(e, &w, out, n) == 0, "requests did not finish");
     engine_stats(e, st);
     engine_stop(e, 1);
     engine_free(e);
@@ -260,8 +201,8 @@ TEST(spec_engine_prefix_cache)
             sampling_params_default(&r.sampling);
             r.sampling.temperature = 0;
             memset(&out[i], 0, sizeof out[i]);
-            out[i].id = engine_submit(e, &r, on_event, &w, NULL, 0);
-            EXPECT(collect(e, &w, &out[i], 1) == 0);
+            out[i].id = engine_submit(e, &r, waker_on_event, &w, NULL, 0);
+            EXPECT(engine_collect(e, &w, &out[i], 1) == 0);
         }
         engine_stats(e, &st);
         engine_stop(e, 1);
@@ -492,10 +433,10 @@ TEST(spec_engine_sampled_distribution)
             r.sampling.top_k = K;
             r.sampling.seed = 1000 + i;
             memset(&out[i], 0, sizeof out[i]);
-            out[i].id = engine_submit(e, &r, on_event, &w, NULL, 0);
+            out[i].id = engine_submit(e, &r, waker_on_event, &w, NULL, 0);
             ASSERT(out[i].id > 0);
         }
-        ASSERT(collect(e, &w, out + i0, n) == 0, "requests did not finish");
+        ASSERT(engine_collect(e, &w, out + i0, n) == 0, "requests did not finish");
     }
     EngineStats st;
     engine_stats(e, &st);
