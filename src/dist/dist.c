@@ -169,8 +169,11 @@ void dist_shard(ModelConfig *c, void *par_opts)
 /* --device sim:GPU with several ranks: one process, rank 0's shard (comm_sim.c) */
 static const char *dist_setup_sim(const ParOpts *p, const char *device)
 {
+    if (p->dp > 1) /* the exchange and the groups' own batches are not modelled */
+        fatal("--device %s: --dp %d is not simulated (a modelled device runs --tp, --pp and --ep); plan models it",
+              device, p->dp);
     Dist *d = &g_dist;
-    *d = (Dist){.world = par_world(p), .tp = p->tp, .pp = p->pp, .ep = p->ep, .microbatches = p->microbatches,
+    *d = (Dist){.world = par_world(p), .tp = p->tp, .pp = p->pp, .ep = p->ep, .dp = 1, .microbatches = p->microbatches,
                 .timeout_s = (double)knob_get(KNOB_COMM_TIMEOUT)};
     comm_sim_init(d);
     g_active = d;

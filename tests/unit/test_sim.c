@@ -195,6 +195,11 @@ TEST(sim_refuses_a_model_too_big_for_the_device_and_runs_its_layouts)
     EXPECT(rc == 0 && out && strstr(out, "8 simulated ranks (tp 4, pp 2") && strstr(out, "finish: length"), "exit %d:\n%s",
            rc, out);
     free(out);
+    /* attention data parallelism is planned, not simulated: said, not crashed */
+    snprintf(cmd, sizeof cmd, "'%s' generate '%s' --device sim:h200 --tp 8 --dp 8 --prompt 'Hi' --max-tokens 2", test_bin(), dir);
+    rc = test_run(cmd, &out);
+    EXPECT(rc != 0 && rc != 136 && out && strstr(out, "--dp 8 is not simulated"), "exit %d:\n%s", rc, out);
+    free(out);
     snprintf(cmd, sizeof cmd, "'%s' generate '%s' --device sim:b17 --tp 8 --prompt 'Hi' --max-tokens 2", test_bin(), dir);
     rc = test_run(cmd, &out);
     EXPECT(rc != 0 && out && strstr(out, "unknown GPU 'b17': known GPUs are b200, cpu, h100, h200, rtx-pro-6000"), "exit %d:\n%s", rc, out);
