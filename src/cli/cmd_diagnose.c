@@ -33,7 +33,8 @@
  * own fields beside them. */
 static json_t *calibrate_profile_json(const Ceilings *c, Backend *be)
 {
-    const char *base = !c->gpu ? "cpu" : strstr(c->device, "H100") ? "h100" : "h200";
+    const char *base = cost_device_for(c->device, c->gpu); /* an unknown card: the nearest measured one's */
+    if (!base) base = "h200";
     CostDevice d;
     char err[512];
     if (cost_device_load(&d, base, err, sizeof err)) die("built-in profile %s: %s", base, err);
@@ -221,31 +222,11 @@ static const char *beside_profile(const char *device, const Ceilings *ceil, char
         buf[strcspn(buf, ",")] = 0;
         return buf;
     }
-    if (!ceil->gpu) return "cpu";
-    static const struct { const char *part, *profile; } names[] = {
-        {"H100", "h100"}, {"H200", "h200"}, {"B200", "b200"}, {"RTX PRO 6000", "rtx-pro-6000"}};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (strstr(ceil->device, names[i].part)) return names[i].profile;
-    return NULL;
+    return cost_device_for(ceil->device, ceil->gpu);
 }
 
 /* What the cost model predicts for this deployment and load (`plan` of one wave of the load's batch
  * of requests, serve's scheduler as the engine runs it): 0 and b filled, or -1 (said why at info level). */
-/* The chance a draft is accepted when the ones before it were, from a run's counts: a with
- * a + a^2 + ... + a^K = accepted / chains (bisection; 0 without chains). */
-static double accept_rate(long chains, long accepted, int K)
-{
-    if (chains <= 0 || K <= 0) return 0;
-    double m = (double)accepted / chains, lo = 0, hi = 1;
-    for (int i = 0; i < 60; i++) {
-        double a = (lo + hi) / 2, t = 0, p = 1;
-        for (int j = 0; j < K; j++) t += (p *= a);
-        if (t < m) lo = a;
-        else hi = a;
-    }
-    return (lo + hi) / 2;
-}
-
 static int beside_predict(const ModelOpts *mo, const EngineOptions *eo, const Load *ld, const char *profile, int ranks,
                           const Deployment *d, Beside *b)
 {
@@ -270,7 +251,7 @@ static int beside_predict(const ModelOpts *mo, const EngineOptions *eo, const Lo
                    .chunked_prefill = eo->chunked_prefill, .decode_steps = eo->decode_steps,
                    .microbatches = mo->par.microbatches, .kv_dtype = mo->kv_dtype, .wave = 1,
                    .wave_every = eo->profile_every, .spec_k = eo->spec_k, .spec_vocab = eo->spec_vocab,
-                   .spec_accept = accept_rate(d->spec_chains, d->spec_accepted, eo->spec_k)};
+                   .spec_accept = cost_spec_accept(d->spec_chains, d->spec_accepted, eo->spec_k)};
     CostLayout lo = {.tp = mo->par.tp, .pp = mo->par.pp, .ep = mo->par.ep, .dp = mo->par.dp > 1 ? mo->par.dp : 1};
     CostPlan *plan = xcalloc(1, sizeof *plan);
     cost_plan(&s, whole, &lo, &ld->batch, 1, plan);

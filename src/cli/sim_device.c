@@ -34,19 +34,19 @@ int cli_sim_timer(const char *spec, SimTimer *t, char *err, size_t errlen)
     SimCost *s = xcalloc(1, sizeof *s); /* lives as long as the backend: the process */
     char why[512];
     if (cost_device_load(&s->dev, spec, why, sizeof why) < 0) {
-        errbuf_set(err, errlen, "--device sim:%s: %s", spec, why);
+        errbuf_set(err, errlen, "%s", why);
         free(s);
         return -1;
     }
     if (!s->dev.gpu) {
-        errbuf_set(err, errlen, "--device sim:%s: the profile is a CPU's; a modelled device is a GPU (run the CPU as itself)",
+        errbuf_set(err, errlen, "%s is a CPU's profile; a modelled device is a GPU (run the CPU as itself)",
                    spec);
         free(s);
         return -1;
     }
     const char *link = s->dev.default_link[0] ? s->dev.default_link : "nvlink4";
     if (cost_link_load(&s->link, link, why, sizeof why) < 0) {
-        errbuf_set(err, errlen, "--device sim:%s: its link %s: %s", spec, link, why);
+        errbuf_set(err, errlen, "its link %s: %s", link, why);
         free(s);
         return -1;
     }

@@ -307,3 +307,13 @@ json_t *cost_link_json(const CostLink *l)
                      l->source, "bus_gbps", l->bus_gbps, "p2p_gbps", l->p2p_gbps, "latency_us", l->latency_us,
                      "shared_gbps", l->shared_gbps);
 }
+
+const char *cost_device_for(const char *device_name, int gpu)
+{
+    if (!gpu) return "cpu";
+    static const struct { const char *part, *profile; } names[] = {
+        {"H100", "h100"}, {"H200", "h200"}, {"B200", "b200"}, {"RTX PRO 6000", "rtx-pro-6000"}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (device_name && strstr(device_name, names[i].part)) return names[i].profile;
+    return NULL;
+}

@@ -92,6 +92,9 @@ int cost_device_from_json(CostDevice *d, const json_t *o, const char *what, char
 int cost_link_from_json(CostLink *l, const json_t *o, const char *what, char *err, size_t errlen);
 json_t *cost_device_json(const CostDevice *d);
 json_t *cost_link_json(const CostLink *l);
+/* The built-in profile of a device by its name as the driver gives it ("NVIDIA H100 80GB HBM3":
+ * "h100"; H200, B200, RTX PRO 6000 likewise), "cpu" when gpu is 0; NULL when none describes it. */
+const char *cost_device_for(const char *device_name, int gpu);
 /* "b200, cpu, h100, ..." : the built-in names */
 void cost_device_names(char *buf, size_t n);
 void cost_link_names(char *buf, size_t n);

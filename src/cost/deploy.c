@@ -425,6 +425,19 @@ double cost_spec_tokens(const CostSetup *s)
     return t;
 }
 
+double cost_spec_accept(long chains, long accepted, int K)
+{
+    if (chains <= 0 || K <= 0) return 0;
+    double m = (double)accepted / chains, lo = 0, hi = 1;
+    for (int i = 0; i < 60; i++) { /* the sum rises with a: bisection */
+        double a = (lo + hi) / 2;
+        CostSetup s = {.spec_k = K, .spec_accept = a};
+        if (cost_spec_tokens(&s) - 1 < m) lo = a;
+        else hi = a;
+    }
+    return (lo + hi) / 2;
+}
+
 static void stage_step(const Stage *st, const Shape *sh, Acc *a)
 {
     const ModelConfig *c = &st->m.cfg;
@@ -639,6 +652,18 @@ static CostBound bound_of(const CostPoint *p, const Acc *a, const CostDevice *de
     return ai >= ridge ? CB_COMPUTE : CB_MEMORY;
 }
 
+/* A point's rates per GPU and user, its step's shares and bound, from its output rate, TPOT and the
+ * step's parts. */
+static void point_finish(CostPoint *pt, const Acc *parts, const CostLayout *lo, const CostDevice *dev)
+{
+    pt->tok_s_gpu = pt->output_tok_s / (lo->tp * lo->pp);
+    pt->tok_s_user = 1e3 / pt->tpot_ms;
+    double total = 0;
+    for (int p = 0; p < CP_COUNT; p++) total += parts->t[p];
+    for (int p = 0; p < CP_COUNT; p++) pt->share[p] = total > 0 ? parts->t[p] / total : 0;
+    pt->bound = bound_of(pt, parts, dev);
+}
+
 static void plan_point(Stage *stages, const CostSetup *s, const CostLayout *lo, double kv_tokens_group, int conc,
                        CostPoint *pt)
 {
@@ -688,12 +713,7 @@ static void plan_point(Stage *stages, const CostSetup *s, const CostLayout *lo, 
     pt->queue_ms = cg > run ? (cg - run) / rate * 1e3 : 0;
     pt->ttft_ms = step * 1e3 / 2 + k_pref * sm2.step * 1e3 + pt->queue_ms;
     pt->output_tok_s = lo->dp * dec * tps / step;
-    pt->tok_s_gpu = pt->output_tok_s / (lo->tp * lo->pp);
-    pt->tok_s_user = 1e3 / pt->tpot_ms;
-    double total = 0;
-    for (int p = 0; p < CP_COUNT; p++) total += parts.t[p];
-    for (int p = 0; p < CP_COUNT; p++) pt->share[p] = total > 0 ? parts.t[p] / total : 0;
-    pt->bound = bound_of(pt, &parts, s->dev);
+    point_finish(pt, &parts, lo, s->dev);
 }
 
 /* One wave of conc requests started together (CostSetup.wave: diagnose's and bench model's load):
@@ -739,12 +759,7 @@ static void plan_wave(Stage *stages, const CostSetup *s, const CostLayout *lo, i
     pt->prefill_per_step = pre.n_pre * chunk;
     pt->running = (int)B;
     pt->output_tok_s = lo->dp * B * O / total_s;
-    pt->tok_s_gpu = pt->output_tok_s / (lo->tp * lo->pp);
-    pt->tok_s_user = O / total_s;
-    double sum = 0;
-    for (int p = 0; p < CP_COUNT; p++) sum += parts.t[p];
-    for (int p = 0; p < CP_COUNT; p++) pt->share[p] = sum > 0 ? parts.t[p] / sum : 0;
-    pt->bound = bound_of(pt, &parts, s->dev);
+    point_finish(pt, &parts, lo, s->dev);
 }
 
 void cost_plan(const CostSetup *s, const ModelConfig *whole, const CostLayout *l, const int *conc, int n_conc,

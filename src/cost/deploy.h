@@ -96,6 +96,9 @@ typedef struct {
 /* Tokens a decoding sequence gains a step: 1 without speculation, else 1 + a + a^2 + ... + a^K
  * (a = spec_accept: the verify keeps drafts while they match). */
 double cost_spec_tokens(const CostSetup *s);
+/* Its inverse from a run's counts: the a with a + a^2 + ... + a^K = accepted / chains (0 without
+ * chains). */
+double cost_spec_accept(long chains, long accepted, int K);
 
 /* Check layout l against the model (c: the whole model's config) for n GPUs: 0, or -1 with why. */
 int cost_layout_check(const ModelConfig *c, const CostLayout *l, int world, char *why, size_t n);

@@ -419,6 +419,9 @@ TEST(plan_speculative_decoding)
 {
     CostSetup s = {.spec_k = 3, .spec_accept = 0.5};
     EXPECT(fabs(cost_spec_tokens(&s) - 1.875) < 1e-12, "K 3, a 0.5: %.6f tokens", cost_spec_tokens(&s));
+    /* the inverse diagnose uses: 0.875 accepted a chain at K = 3 is a = 0.5 */
+    EXPECT(fabs(cost_spec_accept(8, 7, 3) - 0.5) < 1e-9, "a from 7 of 8: %.9f", cost_spec_accept(8, 7, 3));
+    EXPECT(cost_spec_accept(0, 0, 3) == 0, "no chains: 0");
     s.spec_k = 0;
     EXPECT(cost_spec_tokens(&s) == 1, "no drafts: one token a step");
     char args[1200];
