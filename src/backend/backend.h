@@ -101,6 +101,9 @@ typedef struct {
     int *out_idx;              /* [n_out] token index of each logits row */
     int *seq_group;            /* [S] attention data parallel (--dp): the group that holds each sequence's KV
                                   (its block-table ids are that group's pool's); NULL: group 0 */
+    int verify_len;            /* speculative decoding: 1 + drafts a step at most. A sequence with at
+                                  most this many tokens (at least 1) decodes: a token and its drafts,
+                                  not a prompt chunk (MLA's form, graphs). 0: 1 */
 } Batch;
 
 typedef struct Backend Backend;

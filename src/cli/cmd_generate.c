@@ -155,7 +155,7 @@ int cmd_generate(int argc, char **argv)
         log_warn("generate: %d drafts a step do not fit --chunk %d: %d", K, chunk, chunk - 1);
         K = chunk - 1;
     }
-    if (K > 0) runner_enable_mtp(&run, mo.spec.draft_vocab);
+    if (K > 0) runner_enable_mtp(&run, mo.spec.draft_vocab, K);
     Sampler smp;
     sampler_init(&smp, &sp, m.cfg.vocab, ids, n_ids);
     Detokenizer dt;

@@ -696,6 +696,17 @@ void engine_stats(Engine *e, EngineStats *out)
     pthread_mutex_unlock(&e->mu);
 }
 
+/* the graph counts of EngineStats, from the Forward's (engine thread, after a step) */
+static void graph_counts(Engine *e, long forward_before, int verify)
+{
+    const long *r = e->f.graph_replays;
+    if (r[GRAPH_FORWARD] > forward_before) {
+        e->stats.graph_steps++;
+        e->stats.graph_verify_steps += verify;
+    }
+    e->stats.graph_mtp_passes = (uint64_t)(r[GRAPH_MTP_MAIN] + r[GRAPH_MTP_CHAIN]);
+}
+
 /* ---- the engine thread (everything below runs on it, the mutex held unless said) ---- */
 
 /* The final event of s (its blocks go back now; s itself when the owner has read it). */
@@ -1046,11 +1057,11 @@ static void spec_draft(Engine *e, int S)
     if (T == 0) return;
     Batch b = {.n_tokens = T, .tokens = e->m_tokens, .pos = e->m_pos, .seq = e->m_seq, .slot = e->m_slot,
                .n_seqs = Sm, .seq_start = e->m_start, .seq_ntok = e->m_ntok, .ctx_len = e->m_ctx,
-               .block_table = e->m_table, .bt_stride = nb, .n_out = O, .out_idx = e->m_out};
+               .block_table = e->m_table, .bt_stride = nb, .n_out = O, .out_idx = e->m_out,
+               .verify_len = 1 + e->o.spec_k};
     for (int i = 0; i < Sm; i++) b.max_ctx = e->m_ctx[i] > b.max_ctx ? e->m_ctx[i] : b.max_ctx;
     pthread_mutex_unlock(&e->mu); /* running sequences are this thread's; only their flags are shared */
-    mtp_take_main(&e->mtp, e->m_rows, T);
-    mtp_run(&e->mtp, &b, &e->kv, NULL, e->m_ids);
+    mtp_run(&e->mtp, &b, &e->kv, e->m_rows, 1, e->m_ids);
     for (int o = 0; o < O; o++) e->m_outseq[o]->draft[0] = e->o.spec_fixed_draft >= 0 ? e->o.spec_fixed_draft : e->m_ids[o];
     /* the chain: step j pairs each sequence still drafting with its draft j - 1 and the state of
        its row in the previous pass (hidden rows kept in m_rows) */
@@ -1077,9 +1088,10 @@ static void spec_draft(Engine *e, int S)
         O = n;
         b = (Batch){.n_tokens = n, .tokens = e->m_tokens, .pos = e->m_pos, .seq = e->m_seq, .slot = e->m_slot,
                     .n_seqs = n, .seq_start = e->m_start, .seq_ntok = e->m_ntok, .ctx_len = e->m_ctx,
-                    .block_table = e->m_table, .bt_stride = nb, .n_out = n, .out_idx = e->m_out};
+                    .block_table = e->m_table, .bt_stride = nb, .n_out = n, .out_idx = e->m_out,
+                    .verify_len = 1 + e->o.spec_k};
         for (int i = 0; i < n; i++) b.max_ctx = e->m_ctx[i] > b.max_ctx ? e->m_ctx[i] : b.max_ctx;
-        mtp_run(&e->mtp, &b, &e->kv, e->m_rows, e->m_ids);
+        mtp_run(&e->mtp, &b, &e->kv, e->m_rows, 0, e->m_ids);
         for (int o = 0; o < n; o++) e->m_outseq[o]->draft[j] = e->o.spec_fixed_draft >= 0 ? e->o.spec_fixed_draft : e->m_ids[o];
     }
     /* only running sequences drafted, and no other thread frees one of those: no step's finished
@@ -1104,7 +1116,7 @@ static void step(Engine *e)
     Batch b = {.n_tokens = T, .tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq, .slot = e->b_slot,
                .n_seqs = S, .seq_start = e->b_start, .seq_ntok = e->b_ntok, .ctx_len = e->b_ctx,
                .block_table = e->b_table, .bt_stride = e->b_stride, .n_out = O, .out_idx = e->b_out,
-               .seq_group = e->b_group};
+               .seq_group = e->b_group, .verify_len = 1 + e->o.spec_k};
     for (int i = 0; i < S; i++) b.max_ctx = e->b_ctx[i] > b.max_ctx ? e->b_ctx[i] : b.max_ctx;
     /* every output row plain greedy: argmax on the backend, only the ids cross (no V floats a
      * row); else every row's token a function of its logits alone (no penalties, log-probabilities
@@ -1125,6 +1137,7 @@ static void step(Engine *e)
     double t0 = clock_now();
     if (sample) be_to_device(e->be, e->d_rows, e->h_rows, (size_t)O * sizeof(SampleRow));
     if (profiled) profile_begin_step(&e->prof, e->be);
+    long graphs_before = e->f.graph_replays[GRAPH_FORWARD];
     forward_run(&e->f, &b, &e->kv, O && !argmax && !sample ? e->logits : NULL);
     if (argmax) be_argmax(e->be, e->d_ids, e->f.logits, O, V);
     if (sample) be_sample(e->be, e->d_ids, e->f.logits, O, V, e->d_rows);
@@ -1140,6 +1153,9 @@ static void step(Engine *e)
     wb->wall_ms += wall_ms + sched_ms;
     e->t_last_step = clock_now();
     e->stats.steps++;
+    int verify = 0;
+    for (int i = 0; i < S; i++) verify |= e->b_nd[i] > 0;
+    graph_counts(e, graphs_before, verify);
     for (int i = 0; i < S; i++) {
         Seq *s = e->b_seqs[i];
         if (e->b_nd[i]) continue; /* a chain: its verified tokens are settled in spec_accept */
@@ -1161,6 +1177,7 @@ static void step(Engine *e)
     if (e->o.spec_k > 0) {
         double t1 = clock_now();
         spec_draft(e, S);
+        graph_counts(e, e->f.graph_replays[GRAPH_FORWARD], 0);
         wb->wall_ms += (clock_now() - t1) * 1e3;
     }
 }

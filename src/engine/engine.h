@@ -140,6 +140,9 @@ typedef struct {
     /* speculative decoding: chains verified, drafts in them, drafts accepted (tokens generated per
        verified chain: 1 + accepted / chains) */
     uint64_t spec_chains, spec_draft_tokens, spec_accepted_tokens;
+    /* steps run from captured graphs (forward.h: CUDA, or MOESERVE_TEST_GRAPH_PAD's padded steps),
+       those of them that verified drafts, and the MTP layer's passes run so */
+    uint64_t graph_steps, graph_verify_steps, graph_mtp_passes;
 } EngineStats;
 
 void engine_stats(Engine *e, EngineStats *s);

@@ -48,6 +48,7 @@ void runner_free(Runner *r)
     free(r->last);
     free(r->mtok);
     free(r->mpos);
+    free(r->mrow);
     forward_free(&r->f);
     for (int s = 0; s < r->n_seqs; s++) block_table_release(&r->bts[s], &r->kv);
     kv_cache_free(&r->kv);
@@ -61,18 +62,21 @@ void runner_reset(Runner *r) { r->n_ctx = 0; }
 
 void runner_enable_graphs(Runner *r) { forward_enable_graphs(&r->f, r->bt.n_blocks * r->kv.block_size); }
 
-void runner_enable_mtp(Runner *r, int draft_vocab)
+void runner_enable_mtp(Runner *r, int draft_vocab, int max_drafts)
 {
+    r->verify_len = 1 + max_drafts;
     mtp_init(&r->mtp, &r->f, draft_vocab);
     r->last = xmalloc(r->chunk * sizeof(int));
     r->mtok = xmalloc(r->chunk * sizeof(int));
     r->mpos = xmalloc(r->chunk * sizeof(int));
+    r->mrow = xmalloc(r->chunk * sizeof(int));
+    for (int i = 0; i < r->chunk; i++) r->mrow[i] = i;
 }
 
 /* The MTP layer over positions base..base+n of the sequence, paired with tokens next[0..n) and
- * hidden states already in r->mtp.hin (or the previous pass's output: chain); logits of the last
- * when draft != NULL, its greedy draft there. */
-static void runner_mtp_pass(Runner *r, int base, int n, const int *next, int *draft)
+ * the hidden states of rows 0..n of the main model's last forward (from_main) or of the previous
+ * pass's output (a chain); the greedy draft from the last row's logits into draft when not NULL. */
+static void runner_mtp_pass(Runner *r, int base, int n, const int *next, int from_main, int *draft)
 {
     int bs = r->kv.block_size;
     for (int i = 0; i < n; i++) {
@@ -84,22 +88,21 @@ static void runner_mtp_pass(Runner *r, int base, int n, const int *next, int *dr
     int start = 0, ntok = n, ctx = base + n;
     Batch b = {.n_tokens = n, .tokens = (int *)next, .pos = r->mpos, .seq = r->seq, .slot = r->slot, .n_seqs = 1,
                .seq_start = &start, .seq_ntok = &ntok, .ctx_len = &ctx, .block_table = r->bt.blocks,
-               .bt_stride = r->bt.n_blocks, .max_ctx = ctx, .n_out = draft ? 1 : 0, .out_idx = r->out_idx};
-    mtp_run(&r->mtp, &b, &r->kv, NULL, draft);
+               .bt_stride = r->bt.n_blocks, .max_ctx = ctx, .n_out = draft ? 1 : 0, .out_idx = r->out_idx,
+               .verify_len = r->verify_len};
+    mtp_run(&r->mtp, &b, &r->kv, r->mrow, from_main, draft);
 }
 
 void runner_draft(Runner *r, int n_keep, int next, int nd, int *drafts)
 {
     CHECK(r->mtp.f && n_keep >= 1 && n_keep <= r->n_last, "runner: a draft needs runner_enable_mtp and %d <= %d rows",
           n_keep, r->n_last);
-    for (int i = 0; i < n_keep; i++) r->out_idx[i] = i;
-    mtp_take_main(&r->mtp, r->out_idx, n_keep);
     for (int i = 0; i + 1 < n_keep; i++) r->mtok[i] = r->last[i + 1];
     r->mtok[n_keep - 1] = next;
     int tmp;
-    runner_mtp_pass(r, r->last_base, n_keep, r->mtok, nd > 0 ? &drafts[0] : &tmp);
+    runner_mtp_pass(r, r->last_base, n_keep, r->mtok, 1, nd > 0 ? &drafts[0] : &tmp);
     for (int j = 1; j < nd; j++) /* the chain: the previous draft at the next position */
-        runner_mtp_pass(r, r->last_base + n_keep + j - 1, 1, &drafts[j - 1], &drafts[j]);
+        runner_mtp_pass(r, r->last_base + n_keep + j - 1, 1, &drafts[j - 1], 0, &drafts[j]);
 }
 
 void runner_rewind(Runner *r, int n_ctx)
@@ -133,7 +136,7 @@ void runner_feed(Runner *r, const int *ids, int n, int all, float *logits)
         Batch b = {.n_tokens = S * k, .tokens = r->tok, .pos = r->pos, .seq = r->seq, .slot = r->slot,
                    .n_seqs = S, .seq_start = r->start, .seq_ntok = r->ntok, .ctx_len = r->ctx,
                    .block_table = r->table, .bt_stride = nb, .max_ctx = base + k,
-                   .n_out = S * n_out, .out_idx = r->out_idx, .seq_group = r->group};
+                   .n_out = S * n_out, .out_idx = r->out_idx, .seq_group = r->group, .verify_len = r->verify_len};
         if (S == 1) {
             forward_run(&r->f, &b, &r->kv, !logits ? NULL : all ? logits + (size_t)s0 * V : logits);
         } else {
@@ -146,11 +149,7 @@ void runner_feed(Runner *r, const int *ids, int n, int all, float *logits)
             memcpy(r->last, ids + s0, k * sizeof(int));
             r->n_last = k;
             r->last_base = base;
-            if (!last) {
-                for (int i = 0; i < k; i++) r->out_idx[i] = i;
-                mtp_take_main(&r->mtp, r->out_idx, k);
-                runner_mtp_pass(r, base, k, ids + s0 + 1, NULL);
-            }
+            if (!last) runner_mtp_pass(r, base, k, ids + s0 + 1, 1, NULL);
         }
     }
 }

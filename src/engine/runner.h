@@ -30,6 +30,8 @@ typedef struct {
        first position), whose hidden state runner_draft pairs with the tokens after them */
     Mtp mtp;
     int *last, n_last, last_base, *mtok, *mpos;
+    int *mrow;                 /* [chunk] 0, 1, ...: the hidden rows of a pass */
+    int verify_len;            /* 1 + drafts at most (Batch.verify_len) */
 } Runner;
 
 void runner_init(Runner *r, const Model *m, Backend *be, int max_ctx, int chunk, int block_size);
@@ -39,12 +41,13 @@ void runner_free(Runner *r);
 /* Append ids[0..n) (n_ctx + n <= max_ctx); logits: all != 0 -> [n, V] for every appended
  * position, else [1, V] for the last one (NULL: none). Token ids must be in [0, vocab). */
 void runner_feed(Runner *r, const int *ids, int n, int all, float *logits);
-/* Run single-token steps (decode) as captured graphs (CUDA); prefill stays eager. */
+/* Run decoding steps (a token, or a token and its drafts) and the MTP layer's passes after them
+ * as captured graphs (CUDA; forward_enable_graphs); prompt chunks stay eager. */
 void runner_enable_graphs(Runner *r);
-/* Speculative decoding with the model's MTP layer (loaded: model_load_mtp; draft_vocab: mtp_init's):
- * from now on every chunk
- * fed but the last of a runner_feed also runs the layer's catch-up over its positions (mtp.c). */
-void runner_enable_mtp(Runner *r, int draft_vocab);
+/* Speculative decoding with the model's MTP layer (loaded: model_load_mtp; draft_vocab: mtp_init's),
+ * up to max_drafts drafts a step: from now on every chunk fed but the last of a runner_feed also
+ * runs the layer's catch-up over its positions (mtp.c). */
+void runner_enable_mtp(Runner *r, int draft_vocab, int max_drafts);
 /* Right after a runner_feed: the layer's catch-up over the first n_keep positions of the last chunk
  * fed, paired with the tokens after them (the chunk's own, then `next`, the token that follows its
  * position n_keep - 1), and nd drafts of the tokens after `next` into drafts. Positions up to

@@ -15,6 +15,7 @@
 #include "../base/util.h"
 
 static int imax(int a, int b) { return a > b ? a : b; }
+static int imin(int a, int b) { return a < b ? a : b; }
 
 /* backend memory for the host array h: h itself on the cpu */
 static void *twin(Backend *be, void *h, size_t bytes) { return be->host_memory ? h : be_alloc(be, bytes); }
@@ -104,18 +105,11 @@ void forward_init(Forward *f, const Model *m, Backend *be, int max_tokens, int m
     const ModelConfig *c = &m->cfg;
     *f = (Forward){.m = m, .be = be, .max_tokens = max_tokens, .max_out = max_out, .max_seqs = max_seqs,
                    .max_blocks = max_blocks};
-    if (!be->host_memory) {
-        Batch *d = &f->dbuf;
-        size_t ti = (size_t)max_tokens * sizeof(int), si = (size_t)max_seqs * sizeof(int);
-        d->tokens = be_alloc(be, ti);
-        d->pos = be_alloc(be, ti);
-        d->seq = be_alloc(be, ti);
-        d->slot = be_alloc(be, ti);
-        d->seq_start = be_alloc(be, si);
-        d->seq_ntok = be_alloc(be, si);
-        d->ctx_len = be_alloc(be, si);
-        d->block_table = be_alloc(be, si * max_blocks);
-        d->out_idx = be_alloc(be, (size_t)max_out * sizeof(int));
+    f->seq_cap = imax(max_seqs, max_out);
+    if (!be->host_memory) { /* the batch's arrays in one block, uploaded in one copy (forward_upload) */
+        f->up_cap = 7 * (size_t)imax(max_tokens, f->seq_cap) + max_out + (size_t)f->seq_cap * max_blocks;
+        f->up_dev = be_alloc(be, f->up_cap * sizeof(int));
+        f->up_host = xmalloc(f->up_cap * sizeof(int));
     }
     size_t T = max_tokens, F4 = sizeof(float);
     int D = c->hidden, H = c->n_heads;
@@ -164,7 +158,7 @@ void forward_init(Forward *f, const Model *m, Backend *be, int max_tokens, int m
     f->dist = dist_get();
     if (f->dist) {
         f->rb_seq = xmalloc(T * sizeof(int));
-        f->rb_start = xmalloc((size_t)max_seqs * sizeof(int));
+        f->rb_start = xmalloc((size_t)f->seq_cap * sizeof(int));
         f->rb_out = xmalloc((size_t)max_out * sizeof(int));
         if (c->vocab_local != c->vocab) {
             size_t tp = c->tp;
@@ -180,13 +174,12 @@ void forward_init(Forward *f, const Model *m, Backend *be, int max_tokens, int m
 void forward_free(Forward *f)
 {
     if (!f->be) return;
-    for (int g = 0; g < f->n_graphs; g++) f->be->ops->graph_free(f->be, f->graph[g]);
+    for (int g = 0; g < f->n_graphs; g++) f->be->ops->graph_free(f->be, f->graph[g].graph);
     Batch *p = &f->pad;
-    void *pads[] = {p->tokens, p->pos, p->seq, p->slot, p->seq_start, p->seq_ntok, p->ctx_len, p->out_idx};
+    void *pads[] = {p->tokens, p->pos, p->seq, p->slot, p->seq_start, p->seq_ntok, p->ctx_len, p->out_idx, f->pad_table};
     for (size_t i = 0; i < sizeof pads / sizeof pads[0]; i++) free(pads[i]);
-    Batch *d = &f->dbuf;
-    void *dev[] = {d->tokens, d->pos, d->seq, d->slot, d->seq_start, d->seq_ntok, d->ctx_len, d->block_table, d->out_idx};
-    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) be_free(f->be, dev[i]);
+    be_free(f->be, f->up_dev);
+    free(f->up_host);
     void *bufs[] = {f->inv_freq, f->h, f->a, f->qa, f->qkva, f->q, f->k, f->v, f->attn, f->iq, f->ik, f->iw, f->topk,
                     f->g, f->u, f->ffn, f->ffn2, f->rlogits, f->ridx, f->rwts, f->out_h, f->logits, f->lm_part,
                     f->lm_gather, f->gidx_d != f->gidx ? f->gidx_d : NULL};
@@ -205,33 +198,46 @@ void forward_free(Forward *f)
 }
 
 /* The batch with its arrays in backend memory: the host batch itself on the cpu backend, else
- * copies in the fixed device buffers (so that a captured graph reads the same addresses). The
- * lm_head gather rows go with it. */
+ * copies in the fixed device block, made on the host and sent in one copy (one wait rather than
+ * one an array). The arrays lie one after another, each given room for the batch's tokens
+ * (logits rows for out_idx), the block table last: a padded batch of a graph's sizes puts them
+ * at the addresses its capture read. The lm_head gather rows go with it. */
 static const Batch *forward_upload(Forward *f, const Batch *b)
 {
     Backend *be = f->be;
     if (f->gidx && b->n_out && f->gidx_d != f->gidx)
         be_to_device(be, f->gidx_d, f->gidx, (size_t)b->n_out * f->m->cfg.tp * sizeof(int));
     if (be->host_memory) return b;
-    CHECK(b->n_seqs <= f->max_seqs && b->bt_stride <= f->max_blocks, "forward: %d sequences x %d blocks, limit %d x %d",
-          b->n_seqs, b->bt_stride, f->max_seqs, f->max_blocks);
+    CHECK(b->n_seqs <= f->seq_cap && b->bt_stride <= f->max_blocks, "forward: %d sequences x %d blocks, limit %d x %d",
+          b->n_seqs, b->bt_stride, f->seq_cap, f->max_blocks);
     Batch *d = &f->dbuf;
-    size_t ti = (size_t)b->n_tokens * sizeof(int), si = (size_t)b->n_seqs * sizeof(int);
-    be_to_device(be, d->tokens, b->tokens, ti);
-    be_to_device(be, d->pos, b->pos, ti);
-    be_to_device(be, d->seq, b->seq, ti);
-    be_to_device(be, d->slot, b->slot, ti);
-    be_to_device(be, d->seq_start, b->seq_start, si);
-    be_to_device(be, d->seq_ntok, b->seq_ntok, si);
-    be_to_device(be, d->ctx_len, b->ctx_len, si);
-    be_to_device(be, d->block_table, b->block_table, si * b->bt_stride);
-    if (b->n_out) be_to_device(be, d->out_idx, b->out_idx, (size_t)b->n_out * sizeof(int));
-    d->n_tokens = b->n_tokens;
-    d->n_seqs = b->n_seqs;
-    d->n_out = b->n_out;
+    int T = b->n_tokens, S = b->n_seqs, O = b->n_out, room = imax(T, S);
+    size_t n = 0;
+    int *h = f->up_host, *dv = f->up_dev;
+#define PUT(field, count, space)                                                                                       \
+    do {                                                                                                               \
+        memcpy(h + n, b->field, (size_t)(count) * sizeof(int));                                                        \
+        d->field = dv + n;                                                                                             \
+        n += (size_t)(space);                                                                                          \
+    } while (0)
+    PUT(tokens, T, room);
+    PUT(pos, T, room);
+    PUT(seq, T, room);
+    PUT(slot, T, room);
+    PUT(seq_start, S, room);
+    PUT(seq_ntok, S, room);
+    PUT(ctx_len, S, room);
+    PUT(out_idx, O, O);
+    PUT(block_table, (size_t)S * b->bt_stride, (size_t)S * b->bt_stride);
+#undef PUT
+    CHECK(n <= f->up_cap, "forward: a batch of %zu ints, room for %zu", n, f->up_cap);
+    be_to_device(be, dv, h, n * sizeof(int));
+    d->n_tokens = T;
+    d->n_seqs = S;
+    d->n_out = O;
     d->bt_stride = b->bt_stride;
     d->max_ctx = 0;
-    for (int s = 0; s < b->n_seqs; s++) d->max_ctx = b->ctx_len[s] > d->max_ctx ? b->ctx_len[s] : d->max_ctx;
+    for (int s = 0; s < S; s++) d->max_ctx = b->ctx_len[s] > d->max_ctx ? b->ctx_len[s] : d->max_ctx;
     return d;
 }
 
@@ -415,7 +421,8 @@ static void forward_body(Forward *f, KVCache *kv)
 void forward_enable_graphs(Forward *f, int max_ctx)
 {
     Backend *be = f->be;
-    if (!be->ops->graph_begin || be->host_memory) return;
+    int pad_only = !be->ops->graph_begin && getenv("MOESERVE_TEST_GRAPH_PAD") != NULL;
+    if ((!be->ops->graph_begin || be->host_memory) && !pad_only) return;
     if (f->dp.on) { /* the MoE exchange sizes its messages on the host each layer: not capturable (yet) */
         log_info("forward: --dp runs decode steps without graphs");
         return;
@@ -425,87 +432,124 @@ void forward_enable_graphs(Forward *f, int max_ctx)
         dist_bcast_host(f->dist, &msg, sizeof msg);
     }
     f->graph_ctx = max_ctx;
+    f->graph_pad_only = pad_only;
     if (be->ops->reserve) be->ops->reserve(be, &f->m->cfg, f->max_tokens, f->max_out, max_ctx);
-    int n = f->max_tokens;
+    int n = imax(f->max_tokens, f->seq_cap);
     Batch *p = &f->pad;
     int **arr[] = {&p->tokens, &p->pos, &p->seq, &p->slot, &p->seq_start, &p->seq_ntok, &p->ctx_len, &p->out_idx};
     for (size_t i = 0; i < sizeof arr / sizeof arr[0]; i++) *arr[i] = xcalloc(n, sizeof(int));
+    f->pad_table = xcalloc((size_t)f->seq_cap * f->max_blocks, sizeof(int));
 }
 
-/* a decode step: one token per sequence, each token a logits row, in order */
-static int is_decode(const Forward *f, const Batch *b)
+/* the graph size for n: the next power of two, at most lim (>= n) */
+static int graph_size(int n, int lim)
 {
-    if (b->n_seqs != b->n_tokens || b->n_out != b->n_tokens || b->n_tokens > f->max_out || b->n_tokens > f->max_seqs)
-        return 0;
-    for (int i = 0; i < b->n_tokens; i++)
-        if (b->seq[i] != i || b->out_idx[i] != i || b->seq_ntok[i] != 1 || b->ctx_len[i] > f->graph_ctx) return 0;
+    int p = 1;
+    while (p < n) p *= 2;
+    return p < lim ? p : lim;
+}
+
+int forward_graph_fits(const Forward *f, const Batch *b)
+{
+    if (!f->graph_ctx || f->be->hook || f->eager_once) return 0;
+    int T = b->n_tokens, q = b->verify_len > 1 ? b->verify_len : 1;
+    if (T <= 0 || T > f->max_tokens || T > f->seq_cap || b->n_out > f->max_out || b->n_seqs > T) return 0;
+    for (int s = 0; s < b->n_seqs; s++)
+        if (b->seq_ntok[s] < 1 || b->seq_ntok[s] > q || b->ctx_len[s] > f->graph_ctx) return 0;
     return 1;
 }
 
-static void forward_decode_graph(Forward *f, const Batch *b, KVCache *kv)
+const Batch *forward_graph_pad(Forward *f, const Batch *b)
+{
+    int T = b->n_tokens, S = b->n_seqs, O = b->n_out, nb = f->max_blocks;
+    int Tp = graph_size(T, imin(f->max_tokens, f->seq_cap)), Op = graph_size(O, f->max_out), Sp = S + Tp - T;
+    Batch *p = &f->pad;
+    memcpy(p->tokens, b->tokens, T * sizeof(int));
+    memcpy(p->pos, b->pos, T * sizeof(int));
+    memcpy(p->seq, b->seq, T * sizeof(int));
+    memcpy(p->slot, b->slot, T * sizeof(int));
+    memcpy(p->seq_start, b->seq_start, S * sizeof(int));
+    memcpy(p->seq_ntok, b->seq_ntok, S * sizeof(int));
+    memcpy(p->ctx_len, b->ctx_len, S * sizeof(int));
+    memcpy(p->out_idx, b->out_idx, O * sizeof(int));
+    for (int t = T; t < Tp; t++) { /* padding token t: sequence S + t - T */
+        int s = S + t - T;
+        p->tokens[t] = p->pos[t] = 0;
+        p->seq[t] = s;
+        p->slot[t] = -1;
+        p->seq_start[s] = t;
+        p->seq_ntok[s] = 1;
+        p->ctx_len[s] = 1;
+    }
+    for (int o = O; o < Op; o++) p->out_idx[o] = T + o - O < Tp ? T + o - O : Tp - 1;
+    /* block-table rows at the graphs' width: the real ones; padding rows copy row 0 */
+    int w = b->bt_stride < nb ? b->bt_stride : nb;
+    for (int s = 0; s < Sp; s++)
+        memcpy(f->pad_table + (size_t)s * nb, b->block_table + (size_t)(s < S ? s : 0) * b->bt_stride, w * sizeof(int));
+    p->block_table = f->pad_table;
+    p->bt_stride = nb;
+    p->n_tokens = Tp;
+    p->n_seqs = Sp;
+    p->n_out = Op;
+    p->max_ctx = f->graph_ctx; /* baked into the graph: the indexer's score rows */
+    p->verify_len = b->verify_len;
+    p->seq_group = NULL;
+    return p;
+}
+
+void forward_graph_run(Forward *f, int kind, KVCache *kv, void (*body)(Forward *f, KVCache *kv, void *ctx), void *ctx)
 {
     Backend *be = f->be;
-    int T = b->n_tokens, P = 1;
-    while (P < T) P *= 2;
-    if (P > f->max_tokens || P > f->max_out || P > f->max_seqs) P = T;
-    /* pad to P: padding tokens read sequence 0's first position and write no cache slot */
-    Batch *p = &f->pad;
-    for (int i = 0; i < P; i++) {
-        int real = i < T;
-        p->tokens[i] = real ? b->tokens[i] : 0;
-        p->pos[i] = real ? b->pos[i] : 0;
-        p->seq[i] = i;
-        p->slot[i] = real ? b->slot[i] : -1;
-        p->seq_start[i] = i;
-        p->seq_ntok[i] = 1;
-        p->ctx_len[i] = real ? b->ctx_len[i] : 1;
-        p->out_idx[i] = i;
+    int T = f->hb->n_tokens, O = f->hb->n_out;
+    f->dbuf.max_ctx = f->graph_ctx; /* the launches are sized for the graphs' context */
+    if (f->graph_pad_only) { /* the padded batch op by op (a test of the padding) */
+        body(f, kv, ctx);
+        f->graph_replays[kind]++;
+        return;
     }
-    p->n_tokens = p->n_seqs = p->n_out = P;
-    p->bt_stride = f->max_blocks;
-    p->max_ctx = f->graph_ctx;
-    /* block-table rows: the real ones; padding rows copy row 0 */
-    Batch hb = *p;
-    int *table = xcalloc((size_t)P * f->max_blocks, sizeof(int));
-    for (int i = 0; i < P; i++)
-        memcpy(table + (size_t)i * f->max_blocks, b->block_table + (size_t)(i < T ? i : 0) * b->bt_stride,
-               (size_t)(b->bt_stride < f->max_blocks ? b->bt_stride : f->max_blocks) * sizeof(int));
-    hb.block_table = table;
-    f->hb = forward_split(f, &hb);
-    f->db = forward_upload(f, f->hb);
-    f->dbuf.max_ctx = f->graph_ctx; /* baked into the graph: the indexer's score rows */
     int g = 0;
-    while (g < f->n_graphs && f->graph_T[g] != P) g++;
+    while (g < f->n_graphs && (f->graph[g].kind != kind || f->graph[g].T != T || f->graph[g].O != O)) g++;
+    if (g == f->n_graphs && g == FORWARD_MAX_GRAPHS) { /* every slot taken: this size runs op by op */
+        static int said;
+        if (!said++) log_info("forward: %d graphs captured; further sizes run without one", FORWARD_MAX_GRAPHS);
+        body(f, kv, ctx);
+        return;
+    }
     for (;;) {
+        ForwardGraph *G = &f->graph[g];
         if (g == f->n_graphs) {
-            CHECK(g < 16, "forward: more than 16 decode graphs");
             OpStat before[OP_COUNT];
             memcpy(before, be->stats, sizeof before);
             be->ops->graph_begin(be);
-            forward_body(f, kv);
-            f->graph[g] = be->ops->graph_end(be);
-            f->graph_T[g] = P;
+            body(f, kv, ctx);
+            *G = (ForwardGraph){.kind = kind, .T = T, .O = O, .graph = be->ops->graph_end(be)};
             for (int i = 0; i < OP_COUNT; i++) {
-                f->graph_stats[g][i].flops = be->stats[i].flops - before[i].flops;
-                f->graph_stats[g][i].bytes = be->stats[i].bytes - before[i].bytes;
-                f->graph_stats[g][i].calls = be->stats[i].calls - before[i].calls;
+                G->stats[i].flops = be->stats[i].flops - before[i].flops;
+                G->stats[i].bytes = be->stats[i].bytes - before[i].bytes;
+                G->stats[i].calls = be->stats[i].calls - before[i].calls;
             }
             memcpy(be->stats, before, sizeof before);
             f->n_graphs++;
         }
-        if (be->ops->graph_launch(be, f->graph[g]) == 0) break;
+        if (be->ops->graph_launch(be, G->graph) == 0) break;
         /* a scratch buffer was replaced since the capture (an eager step needed more): every
          * graph holds the old address; capture again */
-        log_info("forward: scratch grew; recapturing the decode graphs");
-        for (int k = 0; k < f->n_graphs; k++) be->ops->graph_free(be, f->graph[k]);
+        log_info("forward: scratch grew; recapturing the graphs");
+        for (int k = 0; k < f->n_graphs; k++) be->ops->graph_free(be, f->graph[k].graph);
         f->n_graphs = g = 0;
     }
     for (int i = 0; i < OP_COUNT; i++) {
-        be->stats[i].flops += f->graph_stats[g][i].flops;
-        be->stats[i].bytes += f->graph_stats[g][i].bytes;
-        be->stats[i].calls += f->graph_stats[g][i].calls;
+        be->stats[i].flops += f->graph[g].stats[i].flops;
+        be->stats[i].bytes += f->graph[g].stats[i].bytes;
+        be->stats[i].calls += f->graph[g].stats[i].calls;
     }
-    free(table);
+    f->graph_replays[kind]++;
+}
+
+static void forward_body_cb(Forward *f, KVCache *kv, void *ctx)
+{
+    (void)ctx;
+    forward_body(f, kv);
 }
 
 /* rank 0: the step's batch to every worker (block-table rows cut to the blocks in use) */
@@ -534,7 +578,7 @@ static void forward_send_batch(Forward *f, const Batch *b, const KVCache *kv)
         memcpy(p, b->block_table + (size_t)s * b->bt_stride, nb * sizeof(int));
         p += nb;
     }
-    DistMsg msg = {.op = DIST_MSG_RUN, .v = {T, S, O, b->bt_stride, (int)n, f->be->hook != NULL}};
+    DistMsg msg = {.op = DIST_MSG_RUN, .v = {T, S, O, b->bt_stride, (int)n, f->be->hook != NULL, b->verify_len}};
     dist_bcast_host(f->dist, &msg, sizeof msg);
     dist_bcast_host(f->dist, buf, n * sizeof(int));
     free(buf);
@@ -552,7 +596,7 @@ static const Batch *dp_part(Forward *f, const Batch *b)
     int *p = x->sb_buf, *lseq = p, *pre = lseq + S; /* pre[t]: the group's tokens before token t */
     p = pre + T + 1;
     Batch *r = &x->sb;
-    *r = (Batch){.bt_stride = st};
+    *r = (Batch){.bt_stride = st, .verify_len = b->verify_len};
     r->tokens = p, p += T;
     r->pos = p, p += T;
     r->seq = p, p += T;
@@ -639,16 +683,17 @@ void forward_run(Forward *f, const Batch *b, KVCache *kv, float *logits_out)
     if (f->shared) forward_send_batch(f, b, kv);
     dist_fault_point(f->dist);
     /* a profiled step runs op by op, on every rank (the collectives must match) */
-    int eager = be->hook != NULL || f->eager_once;
-    f->eager_once = 0;
-    if (f->graph_ctx && !eager && is_decode(f, b)) {
-        forward_decode_graph(f, b, kv);
+    if (forward_graph_fits(f, b)) {
+        f->hb = forward_split(f, forward_graph_pad(f, b));
+        f->db = forward_upload(f, f->hb);
+        forward_graph_run(f, GRAPH_FORWARD, kv, forward_body_cb, NULL);
     } else {
         f->hb = forward_split(f, f->dp.on ? dp_part(f, b) : b);
         f->db = forward_upload(f, f->hb);
         forward_body(f, kv);
         if (f->dp.on) dp_logits(f, b);
     }
+    f->eager_once = 0;
     dist_flush(f->dist, be);
     if (logits_out && b->n_out)
         be_to_host(be, logits_out, f->logits, (size_t)b->n_out * c->vocab * sizeof(float));
@@ -742,7 +787,8 @@ void forward_worker(const Model *m, Backend *be)
             dist_bcast_host(d, buf, n * sizeof(int));
             Batch b = {.n_tokens = T, .tokens = buf, .pos = buf + T, .seq = buf + 2 * T, .slot = buf + 3 * T,
                        .n_seqs = S, .seq_start = buf + 4 * T, .seq_ntok = buf + 4 * T + S, .ctx_len = buf + 4 * T + 2 * S,
-                       .n_out = O, .out_idx = buf + 4 * T + 3 * S, .block_table = table, .bt_stride = stride};
+                       .n_out = O, .out_idx = buf + 4 * T + 3 * S, .block_table = table, .bt_stride = stride,
+                       .verify_len = msg.v[6]};
             const int *p = b.out_idx + O;
             if (f.dp.on) {
                 b.seq_group = (int *)p;

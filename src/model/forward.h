@@ -51,6 +51,17 @@ typedef struct {
                                   returned ones in combine order), the experts' weighted outputs */
 } DpState;
 
+/* The passes replayed as graphs (forward_enable_graphs): the model's forward (decode steps, and
+ * verification steps of speculative decoding), and the MTP layer's two passes (mtp.c: the one
+ * after a forward, reading its hidden state, and a chain's later ones). */
+enum { GRAPH_FORWARD, GRAPH_MTP_MAIN, GRAPH_MTP_CHAIN, GRAPH_KINDS };
+#define FORWARD_MAX_GRAPHS 64
+typedef struct {
+    int kind, T, O;            /* the key: the pass, its padded tokens and logits rows */
+    void *graph;
+    OpStat stats[OP_COUNT];    /* the counts of one replay, recorded at capture */
+} ForwardGraph;
+
 typedef struct {
     const Model *m;            /* borrowed */
     Backend *be;               /* borrowed */
@@ -60,14 +71,21 @@ typedef struct {
     int max_blocks;            /* block-table row length limit */
     const Batch *hb;           /* the batch being run, on the host (borrowed, during forward_run) */
     const Batch *db;           /* the same batch with its arrays in backend memory */
-    Batch dbuf;                /* device copies of the batch arrays (non-host backends) */
-    /* decode steps as graphs (forward_enable_graphs): one per padded batch size */
+    Batch dbuf;                /* the batch with its arrays in up_dev (non-host backends) */
+    int *up_dev, *up_host;     /* [up_cap] the batch's arrays in backend memory, and where the host
+                                  lays them out before the one copy (forward_upload) */
+    size_t up_cap;
+    /* steps as graphs (forward_enable_graphs): one per kind of pass and padded size */
     int graph_ctx;             /* 0: graphs off; else the context every graph is sized for */
+    int graph_pad_only;        /* MOESERVE_TEST_GRAPH_PAD on a backend without graphs: the padded
+                                  batch runs op by op (tests of the padding) */
     int n_graphs;
-    int graph_T[16];
-    void *graph[16];
-    OpStat graph_stats[16][OP_COUNT]; /* the counts of one replay, recorded at capture */
-    Batch pad;                 /* host arrays of the padded decode batch */
+    ForwardGraph graph[FORWARD_MAX_GRAPHS];
+    long graph_replays[GRAPH_KINDS]; /* passes run from a graph, by kind */
+    int seq_cap;               /* sequences the device batch holds: max(max_seqs, max_out), room
+                                  for the padding sequences */
+    Batch pad;                 /* host arrays of the padded batch */
+    int *pad_table;            /* [seq_cap, max_blocks] its block table */
     float *inv_freq;           /* [rotary_dim / 2] RoPE frequencies (backend memory) */
     float rope_scale;          /* cos/sin factor (YaRN attention factor; 1 otherwise) */
     /* activations (backend memory) */
@@ -121,13 +139,26 @@ double forward_kv_fit(const ModelConfig *c, Backend *be, int block_size, double 
 /* A worker rank: repeat rank 0's Forwards until dist_shutdown (dist_worker). */
 void forward_worker(const Model *m, Backend *be);
 void forward_free(Forward *f);
-/* Decode steps (every sequence one token, every token a logits row) run as graphs captured
- * once per padded batch size (1, 2, 4, ... up to max_tokens), for contexts up to max_ctx.
- * Backends without graphs ignore this. */
+/* Steps run as graphs, for contexts up to max_ctx: a batch whose every sequence brings at most
+ * max(1, verify_len) tokens (decode, and speculative decoding's verification) is padded to
+ * the next power of two of tokens and of logits rows (forward_graph_fits, forward_graph_pad) and
+ * replayed from the graph captured at that size's first use. Backends without graphs ignore this. */
 void forward_enable_graphs(Forward *f, int max_ctx);
 /* Run the batch; writes logits [b->n_out, V] to the host buffer logits_out (may be NULL);
  * they stay in f->logits (backend memory) either way. */
 void forward_run(Forward *f, const Batch *b, KVCache *kv, float *logits_out);
+
+/* For a pass over f's buffers run as a graph (forward_run's own, and mtp.c's). fits: graphs are
+ * on, the profiler is off, and b is a graph's kind of batch (above). pad: b padded to the graph's
+ * sizes in f->pad (its real tokens, sequences and rows first and unchanged; each padding token a
+ * sequence of its own at position 0 of sequence 0's blocks, writing no cache slot; padding rows
+ * read padding tokens where there are some); upload it as any batch (f->db, max_ctx the graphs').
+ * run: replay the graph of (kind, f->hb's tokens and rows), capturing body(f, kv, ctx) first where
+ * there is none yet (and again when the backend's scratch has moved); the replay's op counts are
+ * added to the backend's. */
+int forward_graph_fits(const Forward *f, const Batch *b);
+const Batch *forward_graph_pad(Forward *f, const Batch *b);
+void forward_graph_run(Forward *f, int kind, KVCache *kv, void (*body)(Forward *f, KVCache *kv, void *ctx), void *ctx);
 
 /* The batch b with its arrays where the backend reads them (b itself on the host; else copies in
  * f's device buffers), for a pass that runs its own layers over f's buffers (mtp.c). One rank. */

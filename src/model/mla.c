@@ -33,18 +33,19 @@ void mla_expand_free(MlaExpand *x, Backend *be)
 
 int mla_expand_min(void) { return (int)knob_get(KNOB_MLA_EXPAND_MIN); }
 
-/* The rule: prompt tokens are those of sequences with more than one token in the batch (a
- * decode step brings one token per sequence). The expanded form runs when the batch has at
- * least min_tokens prompt tokens and they are at least half its tokens (a batch mostly of
- * prefill chunks); every other batch, decode-only ones above all, keeps the absorbed form. A
- * decode-only batch never expands, whatever min_tokens (>= 1): the decode graphs
- * (forward_decode_graph) capture only the absorbed form, whose launches do not depend on the
+/* The rule: prompt tokens are those of sequences with more tokens in the batch than decoding
+ * brings (one, or with speculative decoding a token and its drafts: hb->verify_len; a few
+ * queries of a sequence are the absorbed form's case too). The expanded form runs when the
+ * batch has at least min_tokens prompt tokens and they are at least half its tokens (a batch
+ * mostly of prefill chunks); every other batch, decoding ones above all, keeps the absorbed
+ * form. A decoding batch never expands, whatever min_tokens (>= 1): the graphs
+ * (forward_graph_run) capture only the absorbed form, whose launches do not depend on the
  * batch's contexts. Every rank of a distributed run sees the same batch and decides the same. */
 int mla_expand_use(const Batch *hb, int min_tokens)
 {
-    int prompt = 0;
+    int prompt = 0, q = hb->verify_len > 1 ? hb->verify_len : 1;
     for (int s = 0; s < hb->n_seqs; s++)
-        if (hb->seq_ntok[s] > 1) prompt += hb->seq_ntok[s];
+        if (hb->seq_ntok[s] > q) prompt += hb->seq_ntok[s];
     return prompt > 0 && prompt >= min_tokens && 2 * prompt >= hb->n_tokens;
 }
 

@@ -28,6 +28,9 @@
  * entry's draft quality, never an output (verification keeps the output exact). */
 #include "mtp.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 #include "../base/util.h"
 
 void mtp_init(Mtp *x, Forward *f, int draft_vocab)
@@ -44,6 +47,7 @@ void mtp_init(Mtp *x, Forward *f, int draft_vocab)
     x->cat = be_alloc(f->be, T * 2 * D * sizeof(float));
     x->rows = be_alloc(f->be, T * sizeof(int));
     x->ids = be_alloc(f->be, (size_t)f->max_out * sizeof(int));
+    x->hrows = xmalloc(T * sizeof(int));
 }
 
 void mtp_free(Mtp *x)
@@ -54,37 +58,32 @@ void mtp_free(Mtp *x)
     be_free(be, x->cat);
     be_free(be, x->rows);
     be_free(be, x->ids);
+    free(x->hrows);
     *x = (Mtp){0};
 }
 
-void mtp_take_main(Mtp *x, const int *rows, int n)
-{
-    if (n <= 0) return;
-    Forward *f = x->f;
-    const ModelConfig *c = &f->m->cfg;
-    int D = c->hidden;
-    CHECK(n <= f->max_tokens, "mtp: %d rows, limit %d", n, f->max_tokens);
-    be_to_device(f->be, x->rows, rows, (size_t)n * sizeof(int));
-    be_get_rows(f->be, x->hin, f->h, D, x->rows, n, D);
-    be_rmsnorm(f->be, x->hin, D, x->hin, D, f->m->final_norm, n, D, c->rms_eps);
-}
+/* a pass's arguments, for its body (run op by op or captured) */
+typedef struct {
+    Mtp *x;
+    int from_main;             /* the hidden rows come from the main model's f->h (and its final norm) */
+} MtpPass;
 
-void mtp_run(Mtp *x, const Batch *b, KVCache *kv, const int *hrows, int *ids)
+/* the layer over f->hb / f->db (mtp_run says what), the hidden rows in x->rows */
+static void mtp_body(Forward *f, KVCache *kv, void *ctx)
 {
-    Forward *f = x->f;
+    const MtpPass *ps = ctx;
+    Mtp *x = ps->x;
     const Model *m = f->m;
     const ModelConfig *c = &m->cfg;
     const MtpWeights *w = &m->mtp;
     Backend *be = f->be;
-    int T = b->n_tokens, D = c->hidden, L = c->n_layers, V = x->vocab;
-    CHECK(T > 0 && T <= f->max_tokens && b->n_out <= f->max_out, "mtp: %d tokens, %d rows", T, b->n_out);
-    f->hb = b;
-    f->db = forward_batch_to_device(f, b);
-    const float *hid = x->hin;
-    if (hrows) { /* a chain's rows: some sequences stopped drafting */
-        be_to_device(be, x->rows, hrows, (size_t)T * sizeof(int));
+    int T = f->hb->n_tokens, n = f->hb->n_out, D = c->hidden, L = c->n_layers, V = x->vocab;
+    float *hid = ps->from_main ? x->hin : f->ffn;
+    if (ps->from_main) { /* the model's output after its final norm (mtp.c's header) */
+        be_get_rows(be, x->hin, f->h, D, x->rows, T, D);
+        be_rmsnorm(be, x->hin, D, x->hin, D, m->final_norm, T, D, c->rms_eps);
+    } else { /* a chain's: the previous pass's output rows */
         be_get_rows(be, f->ffn, x->hin, D, x->rows, T, D);
-        hid = f->ffn;
     }
     be_embed(be, f->a, f->db->tokens, T, &w->embed);
     be_rmsnorm(be, x->cat, 2 * D, f->a, D, w->enorm, T, D, c->rms_eps);
@@ -93,14 +92,37 @@ void mtp_run(Mtp *x, const Batch *b, KVCache *kv, const int *hrows, int *ids)
     if (config_is_mla(c)) glm5_attention(f, L, kv);
     else glm4_moe_attention(f, L, kv);
     moe_ffn(f, L);
-    int n = b->n_out;
     if (n > 0) {
         be_get_rows(be, x->hin, f->h, D, f->db->out_idx, n, D);
         be_rmsnorm(be, f->out_h, D, x->hin, D, w->head_norm, n, D, c->rms_eps);
         QTensor head = V < c->vocab ? qtensor_rows(&w->head, 0, V) : w->head;
         be_matmul(be, OP_GEMM_LM_HEAD, f->logits, V, f->out_h, D, n, &head, NULL);
         be_argmax(be, x->ids, f->logits, n, V);
-        be_to_host(be, ids, x->ids, (size_t)n * sizeof(int));
     }
+}
+
+void mtp_run(Mtp *x, const Batch *b, KVCache *kv, const int *rows, int from_main, int *ids)
+{
+    Forward *f = x->f;
+    Backend *be = f->be;
+    int T = b->n_tokens;
+    CHECK(T > 0 && T <= f->max_tokens && b->n_out <= f->max_out, "mtp: %d tokens, %d rows", T, b->n_out);
+    MtpPass ps = {.x = x, .from_main = from_main};
+    /* graphs where the batch allows (forward.h): the catch-up after a decoding or verification
+     * step, and every pass of a chain; a prompt chunk's catch-up runs op by op */
+    int graph = forward_graph_fits(f, b);
+    f->hb = graph ? forward_graph_pad(f, b) : b;
+    f->db = forward_batch_to_device(f, f->hb);
+    int Tp = f->hb->n_tokens;
+    if (Tp > T) { /* padding tokens read row 0 */
+        CHECK(f->hb == &f->pad, "mtp: a padded batch outside the pad");
+        memcpy(x->hrows, rows, T * sizeof(int));
+        memset(x->hrows + T, 0, (size_t)(Tp - T) * sizeof(int));
+        rows = x->hrows;
+    }
+    be_to_device(be, x->rows, rows, (size_t)Tp * sizeof(int));
+    if (graph) forward_graph_run(f, from_main ? GRAPH_MTP_MAIN : GRAPH_MTP_CHAIN, kv, mtp_body, &ps);
+    else mtp_body(f, kv, &ps);
+    if (b->n_out > 0) be_to_host(be, ids, x->ids, (size_t)b->n_out * sizeof(int));
     f->hb = f->db = NULL;
 }

@@ -12,7 +12,8 @@ typedef struct {
     Forward *f;                /* borrowed: the main model's, loaded with model_load_mtp */
     float *hin;                /* [max_tokens, D] the hidden state paired with each token (backend) */
     float *cat;                /* [max_tokens, 2 D] enorm(embedding) | hnorm(hidden) (backend) */
-    int *rows;                 /* [max_tokens] rows gathered from f->h (backend) */
+    int *rows;                 /* [max_tokens] the hidden rows a pass gathers (backend) */
+    int *hrows;                /* [max_tokens] their host copy, padded for a graph */
     int *ids;                  /* [max_out] greedy drafts (backend) */
     int vocab;                 /* drafts are among token ids [0, vocab): the head's first rows only (mtp_init: all) */
 } Mtp;
@@ -24,14 +25,13 @@ typedef struct {
  * vocabulary, with the ids' own order for the ranking). A token outside it is never drafted. */
 void mtp_init(Mtp *x, Forward *f, int draft_vocab);
 void mtp_free(Mtp *x);
-/* Right after a forward_run of the main model: x->hin rows 0..n become the model's final-normed
- * hidden state of the batch's token rows rows[0..n) (host ints). */
-void mtp_take_main(Mtp *x, const int *rows, int n);
 /* The layer over batch b: token i (the token that follows its pair's position) with the hidden
- * state in x->hin row i (hrows: row hrows[i], host ints), at b->pos[i], its cache entry written at b->slot[i]. For the rows
- * b->out_idx: the greedy draft of the token after next into ids (host, b->n_out of them), and
- * the layer's output state into x->hin rows 0..n_out, the hidden state of the next step of a
- * chain. The main model's logits and hidden state in f are overwritten. */
-void mtp_run(Mtp *x, const Batch *b, KVCache *kv, const int *hrows, int *ids);
+ * state of row rows[i] (host ints) — from_main: of the main model's last forward_run (f->h, its
+ * final norm applied), the catch-up after a step; else of x->hin, the previous pass of a chain —
+ * at b->pos[i], its cache entry written at b->slot[i]. For the rows b->out_idx: the greedy draft
+ * of the token after next into ids (host, b->n_out of them), and the layer's output state into
+ * x->hin rows 0..n_out, the hidden state of the next pass of a chain. The main model's logits
+ * and hidden state in f are overwritten. Runs as a graph where forward_graph_fits says so. */
+void mtp_run(Mtp *x, const Batch *b, KVCache *kv, const int *rows, int from_main, int *ids);
 
 #endif

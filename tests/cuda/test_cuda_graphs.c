@@ -134,10 +134,11 @@ TEST(cuda_dummy_weights_match_cpu)
 
 #include "engine/engine.h"
 
-static void engine_tokens(const Model *dm, Backend *be, int graphs, int out[4][24])
+static void engine_tokens_spec(const Model *dm, Backend *be, int graphs, int spec_k, int out[4][24], EngineStats *st)
 {
     EngineOptions o;
     engine_options_default(&o);
+    o.spec_k = spec_k;
     o.max_running = 4;
     o.max_batch_tokens = 256;
     o.max_model_len = 512;
@@ -170,8 +171,14 @@ static void engine_tokens(const Model *dm, Backend *be, int graphs, int out[4][2
         usleep(1000);
     }
     EXPECT(done == 4, "graphs %d: %d of 4 requests finished", graphs, done);
+    if (st) engine_stats(e, st);
     engine_stop(e, 0);
     engine_free(e);
+}
+
+static void engine_tokens(const Model *dm, Backend *be, int graphs, int out[4][24])
+{
+    engine_tokens_spec(dm, be, graphs, 0, out, NULL);
 }
 
 TEST(cuda_engine_graphs_equal_eager)
@@ -189,6 +196,45 @@ TEST(cuda_engine_graphs_equal_eager)
     engine_tokens(&dm, &be, 0, a);
     engine_tokens(&dm, &be, 1, b);
     EXPECT(memcmp(a, b, sizeof a) == 0, "greedy tokens differ between graph and eager decode in the engine");
+    model_upload_free(&dm, &be);
+    backend_free(&be);
+    model_free(&m);
+}
+
+/* Speculative decoding on the GPU (the built-in NVFP4 model's MTP layer, 3 drafts a step): the
+ * verification steps and the MTP layer's passes replay graphs (padded to their sizes: chains of
+ * unequal length, catch-ups of 1 to 4 positions), and the greedy tokens are those without drafts,
+ * with graphs and without. */
+TEST(cuda_engine_spec_graphs)
+{
+    char dir[4300];
+    snprintf(dir, sizeof dir, "%s/models/builtin-nvfp4", test_root());
+    Model m, dm;
+    model_load(&m, dir);
+    ASSERT(m.cfg.n_mtp_layers > 0, "%s has no MTP layer", dir);
+    model_load_mtp(&m, dir);
+    Backend be;
+    backend_cuda_init(&be, 0);
+    model_upload(&dm, &m, &be);
+    int plain[4][24], eager[4][24], graphs[4][24];
+    memset(plain, 0xff, sizeof plain);
+    memset(eager, 0xff, sizeof eager);
+    memset(graphs, 0xff, sizeof graphs);
+    EngineStats se, sg;
+    engine_tokens(&dm, &be, 1, plain);
+    engine_tokens_spec(&dm, &be, 0, 3, eager, &se);
+    engine_tokens_spec(&dm, &be, 1, 3, graphs, &sg);
+    EXPECT(se.graph_steps == 0 && se.graph_mtp_passes == 0, "--disable-cuda-graph: %llu graph steps",
+           (unsigned long long)se.graph_steps);
+    EXPECT(sg.graph_verify_steps > 0 && sg.graph_mtp_passes > 0, "%llu verification steps and %llu MTP passes from graphs",
+           (unsigned long long)sg.graph_verify_steps, (unsigned long long)sg.graph_mtp_passes);
+    EXPECT(sg.spec_draft_tokens > 0 && se.spec_draft_tokens > 0);
+    fprintf(stderr, "    graphs: %llu of %llu steps (%llu verifying), %llu MTP passes; %llu of %llu drafts accepted\n",
+            (unsigned long long)sg.graph_steps, (unsigned long long)sg.steps, (unsigned long long)sg.graph_verify_steps,
+            (unsigned long long)sg.graph_mtp_passes, (unsigned long long)sg.spec_accepted_tokens,
+            (unsigned long long)sg.spec_draft_tokens);
+    EXPECT(memcmp(plain, eager, sizeof plain) == 0, "greedy tokens with drafts (eager) differ from without");
+    EXPECT(memcmp(plain, graphs, sizeof plain) == 0, "greedy tokens with drafts (graphs) differ from without");
     model_upload_free(&dm, &be);
     backend_free(&be);
     model_free(&m);

@@ -167,6 +167,47 @@ TEST(spec_engine_greedy_matches_plain)
     }
 }
 
+/* The steps a graph replays (forward.h: decoding and verification steps, the MTP layer's passes
+ * after them) padded as a graph pads them: MOESERVE_TEST_GRAPH_PAD runs the padded batches op by
+ * op on the CPU. Greedy output with drafts, padded, is the output without drafts, unpadded; the
+ * verification steps and both kinds of MTP pass went through the padding (chains of unequal
+ * length: requests near max_tokens draft fewer), and without the hook the CPU pads nothing. */
+TEST(spec_engine_graph_padding)
+{
+    ASSERT(setup(), "models/builtin has no MTP layer");
+    ASSERT(load_prose() > 700);
+    enum { N = 10 };
+    int lens[N];
+    Req rq[N];
+    Out ref[N], got[N];
+    for (int i = 0; i < N; i++) {
+        lens[i] = 5 + (i * 41) % 70;
+        rq[i] = (Req){.max_tokens = 6 + (i * 7) % 23, .ignore_eos = 1, .stop_id = -1};
+    }
+    EngineOptions o;
+    engine_options_default(&o);
+    o.max_running = 6;
+    o.n_blocks = 128;
+    o.max_model_len = 512;
+    EngineStats st;
+    run(&o, N, lens, rq, ref, &st, 0);
+    EXPECT(st.graph_steps == 0, "%llu steps padded on the CPU without the hook", (unsigned long long)st.graph_steps);
+    setenv("MOESERVE_TEST_GRAPH_PAD", "1", 1);
+    run(&o, N, lens, rq, got, &st, 0);
+    expect_same(got, ref, N, "padded, no drafts");
+    EXPECT(st.graph_steps > 0 && st.graph_verify_steps == 0, "%llu padded steps, %llu verifying",
+           (unsigned long long)st.graph_steps, (unsigned long long)st.graph_verify_steps);
+    for (int k = 3; k >= 2; k--) {
+        o.spec_k = k;
+        run(&o, N, lens, rq, got, &st, 0);
+        expect_same(got, ref, N, k == 3 ? "padded, 3 drafts" : "padded, 2 drafts");
+        EXPECT(st.graph_verify_steps > 0 && st.graph_mtp_passes > 0 && st.spec_draft_tokens > 0,
+               "K = %d: %llu padded verification steps, %llu padded MTP passes", k,
+               (unsigned long long)st.graph_verify_steps, (unsigned long long)st.graph_mtp_passes);
+    }
+    unsetenv("MOESERVE_TEST_GRAPH_PAD");
+}
+
 TEST(spec_engine_prefix_cache)
 {
     ASSERT(setup(), "models/builtin has no MTP layer");
@@ -214,7 +255,8 @@ TEST(spec_engine_prefix_cache)
 
 /* `moeserve generate` with and without drafts: the same stdout; the stderr statistics line's
  * "speculative: A of D drafts accepted" into *acc, *drafted; 0 when both ran. */
-static int gen_pair(const char *dir, const char *prompt, int max_tokens, const char *extra, long *acc, long *drafted)
+static int gen_pair_env(const char *dir, const char *prompt, int max_tokens, const char *extra, const char *spec_env,
+                        long *acc, long *drafted)
 {
     char cmd[20000], *a = NULL, *b = NULL, *err = NULL;
     const char *tmp = test_tmpdir();
@@ -224,9 +266,9 @@ static int gen_pair(const char *dir, const char *prompt, int max_tokens, const c
     free(err);
     err = NULL;
     if (rc) return -1;
-    snprintf(cmd, sizeof cmd, "'%s' generate '%s' --prompt '%s' --max-tokens %d --temperature 0 --ignore-eos %s "
+    snprintf(cmd, sizeof cmd, "%s'%s' generate '%s' --prompt '%s' --max-tokens %d --temperature 0 --ignore-eos %s "
              "--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":3}' > %s/spec.txt",
-             test_bin(), dir, prompt, max_tokens, extra, tmp);
+             spec_env, test_bin(), dir, prompt, max_tokens, extra, tmp);
     rc = test_run(cmd, &err);
     if (rc) { fprintf(stderr, "%s\n", err ? err : ""); free(err); return -1; }
     const char *s = err ? strstr(err, "speculative: ") : NULL;
@@ -239,6 +281,11 @@ static int gen_pair(const char *dir, const char *prompt, int max_tokens, const c
     (void)a;
     (void)b;
     return 0;
+}
+
+static int gen_pair(const char *dir, const char *prompt, int max_tokens, const char *extra, long *acc, long *drafted)
+{
+    return gen_pair_env(dir, prompt, max_tokens, extra, "", acc, drafted);
 }
 
 TEST(spec_generate_random_head)
@@ -257,6 +304,14 @@ TEST(spec_generate_random_head)
                         "--chunk 8", &acc, &drafted) == 0, "%s", dir);
         EXPECT(drafted > 0 && acc >= 0 && 2 * acc < drafted, "%s: %ld of %ld drafts accepted (a random head: most must "
                "be rejected)", dir, acc, drafted);
+        /* the drafting run's steps and MTP passes padded as graphs pad them (spec_engine_graph_padding) */
+        if (i >= 2) {
+            long acc2, drafted2;
+            ASSERT(gen_pair_env(dir, "The quick brown fox jumps over the lazy dog, and then it runs away into the woods.",
+                                40, "--chunk 8", "MOESERVE_TEST_GRAPH_PAD=1 ", &acc2, &drafted2) == 0, "%s padded", dir);
+            EXPECT(acc2 == acc && drafted2 == drafted, "%s: padded %ld of %ld drafts accepted, unpadded %ld of %ld", dir,
+                   acc2, drafted2, acc, drafted);
+        }
     }
 }
 
