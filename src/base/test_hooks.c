@@ -10,7 +10,7 @@
 
 /* The integer hooks: 0 when unset (or set to a bad value), the floor of their range being the
  * value that changes nothing. */
-enum { HOOK_HOST_DELAY, HOOK_GEMM_REPEAT, HOOK_COMM_DELAY, HOOK_CALIBRATE_BUSY, HOOK_COUNT };
+enum { HOOK_HOST_DELAY, HOOK_GEMM_REPEAT, HOOK_COMM_DELAY, HOOK_CALIBRATE_BUSY, HOOK_GRAPH_PAD, HOOK_COUNT };
 
 static const struct {
     const char *var;
@@ -27,6 +27,9 @@ static const struct {
     [HOOK_CALIBRATE_BUSY] = {"MOESERVE_TEST_CALIBRATE_BUSY", 0, 2,
                              "calibrate takes the machine as quiet (1) or busy (2) instead of judging it by its "
                              "measurement (0)"},
+    [HOOK_GRAPH_PAD] = {"MOESERVE_TEST_GRAPH_PAD", 0, 1,
+                        "on a backend without graphs (the CPU), the steps a CUDA graph would replay run padded to "
+                        "the graph's sizes, op by op (1; a test of the padding)"},
 };
 
 static const char *fault_meaning = "rank R exits (exit:R) or stops answering (hang:R) at the start of its first "
@@ -86,6 +89,7 @@ int test_hook_host_delay_us(void) { return (int)hook(HOOK_HOST_DELAY); }
 int test_hook_gemm_repeat(void) { return (int)hook(HOOK_GEMM_REPEAT); }
 int test_hook_comm_delay_us(void) { return (int)hook(HOOK_COMM_DELAY); }
 int test_hook_calibrate_busy(void) { return (int)hook(HOOK_CALIBRATE_BUSY); }
+int test_hook_graph_pad(void) { return (int)hook(HOOK_GRAPH_PAD); }
 
 void test_hooks_print(FILE *f)
 {

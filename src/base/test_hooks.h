@@ -21,6 +21,8 @@ int test_hook_gemm_repeat(void);
 int test_hook_comm_delay_us(void);
 /* MOESERVE_TEST_CALIBRATE_BUSY: 0 calibrate judges the machine's load itself, 1 quiet, 2 busy. */
 int test_hook_calibrate_busy(void);
+/* MOESERVE_TEST_GRAPH_PAD: 1 pads graph-sized steps on a backend without graphs (forward.c). */
+int test_hook_graph_pad(void);
 /* The hooks as a Markdown list (docs/USAGE.md). */
 void test_hooks_print(FILE *f);
 

@@ -773,6 +773,10 @@ void cost_plan(const CostSetup *s, const ModelConfig *whole, const CostLayout *l
     if (s->num_layers > 0 && s->num_layers < c.n_layers) c.n_layers = c.layer_end = s->num_layers;
     if (cost_layout_check(&c, l, world, out->why, sizeof out->why) < 0 || blocks_check(s, &c, l, out->why, sizeof out->why) < 0)
         return;
+    if (s->spec_k > 0 && (l->pp > 1 || l->dp > 1)) { /* model/load.c model_load_mtp: tensor and expert parallel only */
+        errbuf_set(out->why, sizeof out->why, "speculative decoding runs without %s for now", l->pp > 1 ? "pp" : "dp");
+        return;
+    }
     out->allowed = 1;
     Stage *st = xcalloc(l->pp, sizeof *st);
     double kv_min = -1;

@@ -12,7 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../base/test_hooks.h"
 #include "../base/util.h"
+#include "mtp.h"
 
 static int imax(int a, int b) { return a > b ? a : b; }
 static int imin(int a, int b) { return a < b ? a : b; }
@@ -421,7 +423,7 @@ static void forward_body(Forward *f, KVCache *kv)
 void forward_enable_graphs(Forward *f, int max_ctx)
 {
     Backend *be = f->be;
-    int pad_only = !be->ops->graph_begin && getenv("MOESERVE_TEST_GRAPH_PAD") != NULL;
+    int pad_only = !be->ops->graph_begin && test_hook_graph_pad();
     if ((!be->ops->graph_begin || be->host_memory) && !pad_only) return;
     if (f->dp.on) { /* the MoE exchange sizes its messages on the host each layer: not capturable (yet) */
         log_info("forward: --dp runs decode steps without graphs");
@@ -552,11 +554,13 @@ static void forward_body_cb(Forward *f, KVCache *kv, void *ctx)
     forward_body(f, kv);
 }
 
-/* rank 0: the step's batch to every worker (block-table rows cut to the blocks in use) */
-static void forward_send_batch(Forward *f, const Batch *b, const KVCache *kv)
+/* rank 0: the pass's batch to every worker (block-table rows cut to the blocks in use): kind
+ * GRAPH_FORWARD, a step of the model; else a pass of the MTP layer (mtp_run) and its hidden rows */
+void forward_send_pass(Forward *f, const Batch *b, const KVCache *kv, int kind, const int *rows)
 {
     int T = b->n_tokens, S = b->n_seqs, O = b->n_out, bs = kv->block_size, dp = f->dp.on;
-    size_t n = 4 * (size_t)T + (3 + dp) * (size_t)S + O;
+    int nr = kind == GRAPH_FORWARD ? 0 : T;
+    size_t n = 4 * (size_t)T + (3 + dp) * (size_t)S + O + nr;
     for (int s = 0; s < S; s++) {
         int nb = (b->ctx_len[s] + bs - 1) / bs;
         n += nb < b->bt_stride ? nb : b->bt_stride;
@@ -572,13 +576,16 @@ static void forward_send_batch(Forward *f, const Batch *b, const KVCache *kv)
         for (int s = 0; s < S; s++) p[s] = b->seq_group ? b->seq_group[s] : 0;
         p += S;
     }
+    memcpy(p, rows, nr * sizeof(int));
+    p += nr;
     for (int s = 0; s < S; s++) {
         int nb = (b->ctx_len[s] + bs - 1) / bs;
         if (nb > b->bt_stride) nb = b->bt_stride;
         memcpy(p, b->block_table + (size_t)s * b->bt_stride, nb * sizeof(int));
         p += nb;
     }
-    DistMsg msg = {.op = DIST_MSG_RUN, .v = {T, S, O, b->bt_stride, (int)n, f->be->hook != NULL, b->verify_len}};
+    DistMsg msg = {.op = DIST_MSG_RUN,
+                   .v = {T, S, O, b->bt_stride, (int)n, f->be->hook != NULL, b->verify_len, kind}};
     dist_bcast_host(f->dist, &msg, sizeof msg);
     dist_bcast_host(f->dist, buf, n * sizeof(int));
     free(buf);
@@ -680,7 +687,7 @@ void forward_run(Forward *f, const Batch *b, KVCache *kv, float *logits_out)
     Backend *be = f->be;
     CHECK(b->n_tokens > 0 && b->n_tokens <= f->max_tokens, "forward: %d tokens, limit %d", b->n_tokens, f->max_tokens);
     CHECK(b->n_out >= 0 && b->n_out <= f->max_out, "forward: %d logits rows, limit %d", b->n_out, f->max_out);
-    if (f->shared) forward_send_batch(f, b, kv);
+    if (f->shared) forward_send_pass(f, b, kv, GRAPH_FORWARD, NULL);
     dist_fault_point(f->dist);
     /* a profiled step runs op by op, on every rank (the collectives must match) */
     if (forward_graph_fits(f, b)) {
@@ -744,7 +751,8 @@ void forward_worker(const Model *m, Backend *be)
     if (be->ops->bind_thread) be->ops->bind_thread(be);
     Forward f = {0};
     KVCache kv = {0};
-    int live = 0, *buf = NULL, *table = NULL;
+    Mtp mtp = {0};             /* speculative decoding: the MTP layer's passes, made at the first */
+    int live = 0, *buf = NULL, *table = NULL, *ids = NULL, ids_cap = 0;
     size_t cap = 0;
     for (;;) {
         DistMsg msg;
@@ -789,10 +797,15 @@ void forward_worker(const Model *m, Backend *be)
                        .n_seqs = S, .seq_start = buf + 4 * T, .seq_ntok = buf + 4 * T + S, .ctx_len = buf + 4 * T + 2 * S,
                        .n_out = O, .out_idx = buf + 4 * T + 3 * S, .block_table = table, .bt_stride = stride,
                        .verify_len = msg.v[6]};
-            const int *p = b.out_idx + O;
+            const int *p = b.out_idx + O, *rows = NULL;
             if (f.dp.on) {
                 b.seq_group = (int *)p;
                 p += S;
+            }
+            int kind = msg.v[7];
+            if (kind != GRAPH_FORWARD) {
+                rows = p;
+                p += T;
             }
             for (int s = 0; s < S; s++) {
                 int nb = (b.ctx_len[s] + kv.block_size - 1) / kv.block_size;
@@ -802,11 +815,19 @@ void forward_worker(const Model *m, Backend *be)
                 if (b.ctx_len[s] > b.max_ctx) b.max_ctx = b.ctx_len[s];
             }
             f.eager_once = msg.v[5];
-            forward_run(&f, &b, &kv, NULL);
+            if (kind == GRAPH_FORWARD) {
+                forward_run(&f, &b, &kv, NULL);
+            } else { /* the MTP layer's pass (rank 0's engine drafts; the drafts stay there) */
+                if (!mtp.f) mtp_init(&mtp, &f, 0);
+                if (O > ids_cap) ids = xrealloc(ids, (size_t)(ids_cap = O) * sizeof(int));
+                mtp_run(&mtp, &b, &kv, rows, kind == GRAPH_MTP_MAIN, ids);
+                f.eager_once = 0;
+            }
             break;
         }
         case DIST_MSG_FREE:
             if (live) {
+                mtp_free(&mtp);
                 forward_free(&f);
                 kv_cache_free(&kv);
                 free(table);
@@ -816,11 +837,13 @@ void forward_worker(const Model *m, Backend *be)
             break;
         case DIST_MSG_STOP:
             if (live) {
+                mtp_free(&mtp);
                 forward_free(&f);
                 kv_cache_free(&kv);
             }
             free(table);
             free(buf);
+            free(ids);
             return;
         default:
             fatal("worker: unknown message %d from rank 0", msg.op);
@@ -828,4 +851,12 @@ void forward_worker(const Model *m, Backend *be)
     }
 }
 
-const Batch *forward_batch_to_device(Forward *f, const Batch *b) { return forward_upload(f, b); }
+const Batch *forward_batch_to_device(Forward *f, const Batch *b)
+{
+    if (f->gidx) { /* vocabulary slices: one micro-batch's gathered rows in order (forward_split) */
+        int n = b->n_out, tp = f->m->cfg.tp;
+        for (int k = 0; k < n; k++)
+            for (int r = 0; r < tp; r++) f->gidx[(size_t)k * tp + r] = r * n + k;
+    }
+    return forward_upload(f, b);
+}

@@ -160,6 +160,11 @@ int forward_graph_fits(const Forward *f, const Batch *b);
 const Batch *forward_graph_pad(Forward *f, const Batch *b);
 void forward_graph_run(Forward *f, int kind, KVCache *kv, void (*body)(Forward *f, KVCache *kv, void *ctx), void *ctx);
 
+/* Several ranks, rank 0 (f shared): the workers run the same pass over batch b — kind
+ * GRAPH_FORWARD: forward_run (forward_run sends its own); else mtp_run of the MTP layer with hidden
+ * rows rows[0..n_tokens) (mtp.c sends its passes). */
+void forward_send_pass(Forward *f, const Batch *b, const KVCache *kv, int kind, const int *rows);
+
 /* The batch b with its arrays where the backend reads them (b itself on the host; else copies in
  * f's device buffers), for a pass that runs its own layers over f's buffers (mtp.c). One rank. */
 const Batch *forward_batch_to_device(Forward *f, const Batch *b);

@@ -12,6 +12,7 @@
 #include "../base/knobs.h"
 #include "../base/progress.h"
 #include "../base/util.h"
+#include "../dist/dist.h"
 #include "../format/config.h"
 #include "model.h"
 
@@ -673,8 +674,12 @@ void model_load_mtp(Model *m, const char *dir)
     if (c->n_mtp_layers < 1)
         fatal("%s: speculative decoding drafts with the checkpoint's MTP layer, and this model has none "
               "(num_nextn_predict_layers is 0)", dir);
-    if (sharded(c) || c->ep > 1)
-        fatal("speculative decoding runs on one rank for now: leave out --tp, --pp and --ep (or speculation)");
+    /* tensor and expert parallel: the layer sharded as the model's layers are (its head as
+       lm_head, in vocabulary slices); a pipeline's or attention groups' MTP pass is not written */
+    Dist *d = dist_get();
+    if (c->pp > 1) fatal("speculative decoding runs without --pp for now: use --tp and --ep (or leave out speculation)");
+    if (d && d->dp > 1)
+        fatal("speculative decoding runs without --dp for now: use --tp and --ep (or leave out speculation)");
     if (c->mtp_loaded) return;
     int L = c->n_layers;
     Loader ld = {.m = m, .dir = dir, .dummy = m->dummy ? m->dummy_fmt : QF_COUNT};
@@ -693,7 +698,8 @@ void model_load_mtp(Model *m, const char *dir)
     /* GLM-4.5 ships the layer's own head and embedding, GLM-5 and DeepSeek-V3 share the model's;
        dummy skeletons share them (the model's own, random alike) */
     x->own_head = !m->dummy && linear(&ld, &x->head, PFX("shared_head.head"), V, D, 1);
-    if (!x->own_head) x->head = m->lm_head;
+    if (x->own_head) shard_rows(&x->head, c->vocab0, c->vocab_local); /* lm_head's slice */
+    else x->head = m->lm_head;
     x->own_embed = !m->dummy && linear(&ld, &x->embed, PFX("embed_tokens"), V, D, 1);
     if (!x->own_embed) x->embed = m->embed;
 #undef PFX

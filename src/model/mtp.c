@@ -43,6 +43,10 @@ void mtp_init(Mtp *x, Forward *f, int draft_vocab)
         log_warn("mtp: the draft vocabulary is the whole one: the head is repacked for the GPU kernels");
         x->vocab = c->vocab;
     }
+    if (x->vocab < c->vocab && c->vocab_local < c->vocab) { /* each rank holds a slice of the head */
+        log_warn("mtp: the draft vocabulary is the whole one under --tp (the head is in vocabulary slices)");
+        x->vocab = c->vocab;
+    }
     x->hin = be_alloc(f->be, T * D * sizeof(float));
     x->cat = be_alloc(f->be, T * 2 * D * sizeof(float));
     x->rows = be_alloc(f->be, T * sizeof(int));
@@ -95,8 +99,15 @@ static void mtp_body(Forward *f, KVCache *kv, void *ctx)
     if (n > 0) {
         be_get_rows(be, x->hin, f->h, D, f->db->out_idx, n, D);
         be_rmsnorm(be, f->out_h, D, x->hin, D, w->head_norm, n, D, c->rms_eps);
-        QTensor head = V < c->vocab ? qtensor_rows(&w->head, 0, V) : w->head;
-        be_matmul(be, OP_GEMM_LM_HEAD, f->logits, V, f->out_h, D, n, &head, NULL);
+        if (c->vocab_local < c->vocab) { /* vocabulary slices, gathered in order (forward_head's way) */
+            int Vl = c->vocab_local;
+            be_matmul(be, OP_GEMM_LM_HEAD, f->lm_part, Vl, f->out_h, D, n, &w->head, NULL);
+            dist_all_gather(f->dist, be, f->lm_gather, f->lm_part, (size_t)n * Vl);
+            be_get_rows(be, f->logits, f->lm_gather, Vl, f->gidx_d, n * c->tp, Vl);
+        } else {
+            QTensor head = V < c->vocab ? qtensor_rows(&w->head, 0, V) : w->head;
+            be_matmul(be, OP_GEMM_LM_HEAD, f->logits, V, f->out_h, D, n, &head, NULL);
+        }
         be_argmax(be, x->ids, f->logits, n, V);
     }
 }
@@ -108,6 +119,7 @@ void mtp_run(Mtp *x, const Batch *b, KVCache *kv, const int *rows, int from_main
     int T = b->n_tokens;
     CHECK(T > 0 && T <= f->max_tokens && b->n_out <= f->max_out, "mtp: %d tokens, %d rows", T, b->n_out);
     MtpPass ps = {.x = x, .from_main = from_main};
+    if (f->shared) forward_send_pass(f, b, kv, from_main ? GRAPH_MTP_MAIN : GRAPH_MTP_CHAIN, rows);
     /* graphs where the batch allows (forward.h): the catch-up after a decoding or verification
      * step, and every pass of a chain; a prompt chunk's catch-up runs op by op */
     int graph = forward_graph_fits(f, b);
