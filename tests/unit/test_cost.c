@@ -440,4 +440,18 @@ TEST(plan_speculative_decoding)
     }
     EXPECT(tpot[1] < tpot[0] / 1.5, "accepted drafts: TPOT %.2f ms against %.2f without", tpot[1], tpot[0]);
     EXPECT(tpot[2] > tpot[0], "rejected drafts: TPOT %.2f ms against %.2f without", tpot[2], tpot[0]);
+    /* pipelines and attention groups do not speculate (yet): not possible, with the reason */
+    snprintf(args, sizeof args, "'%s' --gpu h200 --gpus 8 --layouts tp4pp2,tp8dp8ep8,tp8ep8 --concurrency 1 "
+             "--speculative-algorithm NEXTN", test_data("configs/glm5-nvfp4"));
+    json_t *o = plan_json(args);
+    ASSERT(o != NULL, "plan %s", args);
+    const char *lay[3] = {"tp4pp2", "tp8dp8ep8", "tp8ep8"}, *why[3] = {"without pp", "without dp", NULL};
+    for (int i = 0; i < 3; i++) {
+        json_t *l = layout_of(o, lay[i]);
+        const char *r = l ? json_string_value(json_object_get(l, "reason")) : NULL;
+        EXPECT(l && json_is_true(json_object_get(l, "allowed")) == !why[i] && (!why[i] || (r && strstr(r, why[i]))),
+               "%s with drafts: allowed %d, reason %s", lay[i], l ? json_is_true(json_object_get(l, "allowed")) : -1,
+               r ? r : "(none)");
+    }
+    json_decref(o);
 }
