@@ -85,6 +85,14 @@ TestFault test_hook_fault(int rank)
     return rank == fault_rank ? fault_kind : TEST_FAULT_NONE;
 }
 
+void test_hooks_reread(void)
+{
+    pthread_once(&once, read_hooks);
+    fault_kind = TEST_FAULT_NONE;
+    fault_rank = -1;
+    read_hooks();
+}
+
 int test_hook_host_delay_us(void) { return (int)hook(HOOK_HOST_DELAY); }
 int test_hook_gemm_repeat(void) { return (int)hook(HOOK_GEMM_REPEAT); }
 int test_hook_comm_delay_us(void) { return (int)hook(HOOK_COMM_DELAY); }

@@ -23,6 +23,9 @@ int test_hook_comm_delay_us(void);
 int test_hook_calibrate_busy(void);
 /* MOESERVE_TEST_GRAPH_PAD: 1 pads graph-sized steps on a backend without graphs (forward.c). */
 int test_hook_graph_pad(void);
+/* Read the variables again: a test that sets a hook in its own process, with nothing running that
+ * reads them. */
+void test_hooks_reread(void);
 /* The hooks as a Markdown list (docs/USAGE.md). */
 void test_hooks_print(FILE *f);
 

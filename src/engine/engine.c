@@ -469,8 +469,9 @@ Engine *engine_create(const Model *m, Backend *be, const EngineOptions *o, const
                                                                                                     : e->o.max_running;
     forward_init(&e->f, m, be, e->o.max_batch_tokens, e->max_out, e->o.max_running, e->max_blocks_per_seq);
     forward_share(&e->f, &e->kv);
-    /* decode steps (every running sequence one token) replayed as graphs on backends that have
-     * them, one per padded batch size, captured on first use */
+    /* decoding steps (a token a running sequence, or a token and its drafts) and the MTP
+     * layer's passes replayed as graphs on backends that have them, one per padded size,
+     * captured on first use (forward.h) */
     if (!e->o.no_graphs) forward_enable_graphs(&e->f, e->max_blocks_per_seq * bs);
     int T = e->o.max_batch_tokens, S = e->o.max_running;
     int **bufs[] = {&e->b_tokens, &e->b_pos, &e->b_seq, &e->b_slot};

@@ -196,8 +196,8 @@ TEST(mla_kv_gather_decodes_rows)
     backend_free(&be);
 }
 
-/* The rule: prompt tokens (of sequences with more than one token) at least min and at least
- * half of the batch; a decode-only batch never. */
+/* The rule: prompt tokens (of sequences with more tokens than decoding brings: one, or a token and
+ * its drafts) at least min and at least half of the batch; a decode-only batch never. */
 TEST(mla_expand_rule)
 {
     int ntok_prefill[1] = {40}, ntok_small[1] = {20}, ntok_decode[64], ntok_mixed[3] = {40, 1, 1};
@@ -215,5 +215,15 @@ TEST(mla_expand_rule)
         EXPECT(mla_expand_use(&b, cases[cs].min) == cases[cs].want, "case %zu: %d sequences, min %d", cs, b.n_seqs,
                cases[cs].min);
     }
+    /* speculative decoding: 8 sequences verifying a token and 3 drafts are decoding (verify_len
+       4), not 32 prompt tokens; a 40-token chunk beside them still counts as a prompt */
+    int ntok_verify[9] = {4, 4, 4, 4, 4, 4, 4, 4, 40};
+    Batch v = {.n_seqs = 8, .seq_ntok = ntok_verify, .n_tokens = 32};
+    EXPECT(mla_expand_use(&v, 32) == 1, "without verify_len: 32 prompt tokens");
+    v.verify_len = 4;
+    EXPECT(mla_expand_use(&v, 1) == 0, "verify_len 4: no prompt tokens");
+    v.n_seqs = 9;
+    v.n_tokens = 72;
+    EXPECT(mla_expand_use(&v, 32) == 1, "a 40-token chunk beside the chains");
     EXPECT(mla_expand_min() >= 1);
 }

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/test_hooks.h"
 #include "engine/engine.h"
 #include "../engine_harness.h"
 #include "engine/runner.h"
@@ -193,6 +194,7 @@ TEST(spec_engine_graph_padding)
     run(&o, N, lens, rq, ref, &st, 0);
     EXPECT(st.graph_steps == 0, "%llu steps padded on the CPU without the hook", (unsigned long long)st.graph_steps);
     setenv("MOESERVE_TEST_GRAPH_PAD", "1", 1);
+    test_hooks_reread(); /* an earlier test of this process may have read the hooks already */
     run(&o, N, lens, rq, got, &st, 0);
     expect_same(got, ref, N, "padded, no drafts");
     EXPECT(st.graph_steps > 0 && st.graph_verify_steps == 0, "%llu padded steps, %llu verifying",
@@ -206,6 +208,7 @@ TEST(spec_engine_graph_padding)
                (unsigned long long)st.graph_verify_steps, (unsigned long long)st.graph_mtp_passes);
     }
     unsetenv("MOESERVE_TEST_GRAPH_PAD");
+    test_hooks_reread();
 }
 
 TEST(spec_engine_prefix_cache)
