@@ -1,8 +1,8 @@
 #!/bin/bash
 # Speculative decoding on one GPU, the built-in NVFP4 model (M= to change): the CUDA graph tests
 # (test_cuda "graph": decode and verification steps, the MTP layer's passes), greedy output with
-# drafts equal to without (generate, K = 1 and 3), and bench model without drafts, with K = 3
-# eagerly and with K = 3 from graphs, 3 runs each. carry-f/ carried (moeserve and test_cuda xz'd
+# drafts equal to without (generate, K = 1 and 3, 3 runs each, interleaved), and with BENCH=1 bench
+# model without drafts, with K = 3 eagerly and with K = 3 from graphs, 3 runs each. carry-f/ carried (moeserve and test_cuda xz'd
 # as mn.xz and tc.xz, and lib/ with the libraries the GPU machine lacks). Results in
 # $OUT/results.tgz (FULL=SECONDS: the whole test_cuda suite too).
 R=$OUT; OUT=$(mktemp -d)
@@ -12,9 +12,12 @@ M=${M:-models/builtin-nvfp4}
 P="Applying the attribute to a function f allows code within f to get a hint of the Location of the topmost tracked call"
 nvidia-smi --query-gpu=name --format=csv,noheader
 timeout 240 $C/tc graph > $OUT/test_cuda_graph.txt 2>&1; echo "test_cuda graph rc=$?"; grep -E "passed|FAIL|graphs:" $OUT/test_cuda_graph.txt
-$C/mn generate $M --device cuda --prompt "$P" --max-tokens 200 --temperature 0 --ignore-eos > $OUT/plain.txt 2> $OUT/plain.err; echo plain rc=$?
-for K in 1 3; do $C/mn generate $M --device cuda --prompt "$P" --max-tokens 200 --temperature 0 --ignore-eos --speculative-config "{\"num_speculative_tokens\":$K}" > $OUT/spec$K.txt 2> $OUT/spec$K.err; echo spec$K rc=$?; cmp $OUT/plain.txt $OUT/spec$K.txt && echo "spec$K equal"; done
-tail -1 $OUT/plain.err; tail -1 $OUT/spec1.err; tail -1 $OUT/spec3.err
+for r in 1 2 3; do  # generate: 200 greedy tokens without drafts, with K = 1 and 3, interleaved
+  $C/mn generate $M --device cuda --prompt "$P" --max-tokens 200 --temperature 0 --ignore-eos > $OUT/plain.txt 2> $OUT/plain-$r.err; echo "plain $r rc=$?"
+  for K in 1 3; do $C/mn generate $M --device cuda --prompt "$P" --max-tokens 200 --temperature 0 --ignore-eos --speculative-config "{\"num_speculative_tokens\":$K}" > $OUT/spec$K.txt 2> $OUT/spec$K-$r.err; echo "spec$K $r rc=$?"; cmp $OUT/plain.txt $OUT/spec$K.txt && echo "spec$K equal"; done
+done
+tail -qn1 $OUT/plain-*.err $OUT/spec1-*.err $OUT/spec3-*.err
+[ -n "$BENCH" ] || { [ -z "$FULL" ] || { timeout "$FULL" $C/tc > $OUT/test_cuda_all.txt 2>&1; echo "test_cuda all rc=$?"; tail -1 $OUT/test_cuda_all.txt; }; cd $OUT && tar czf $R/results.tgz *.txt *.err; exit 0; }
 S='--speculative-config {"num_speculative_tokens":3}'
 for r in 1 2 3; do
   timeout 120 $C/mn bench model $M --device cuda --batch 1,16,64 --input-len 128 --output-len 64 --json > $OUT/bm-plain-$r.jsonl 2>$OUT/bm-plain-$r.err; echo "bm plain $r rc=$?"
