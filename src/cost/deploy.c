@@ -298,25 +298,26 @@ static void mla_layer(Acc *a, const Stage *st, const LayerWeights *w, int l, con
     double cap = topk ? c->index_topk : 0, keys = shape_keys(sh, cap);
     double prompt = sh->pre_len > 1 ? sh->n_pre * sh->pre_len : 0;
     int expand = prompt > 0 && prompt >= knob_get(KNOB_MLA_EXPAND_MIN) && 2 * prompt >= T;
+    /* the absorbed form over Ta tokens with ka keys in all, reading ctx cached positions */
+#define ABSORBED(Ta, ka, ctx)                                                                                          \
+    op(a, st, OP_ATTENTION, 2.0 * (Ta) * H * (Dn + Dv) * C + 2.0 * H * (ka) * (C + Dr) + 2.0 * H * (ka) * C + 5.0 * H * (ka), \
+       qtensor_bytes(&w->wkv_b) + es * (ctx) * kvw_width + 4.0 * (Ta) * H * (Dn + Dr + Dv), (Ta), QF_COUNT)
     if (!expand) {
-        double flops = 2.0 * T * H * (Dn + Dv) * C + 2.0 * H * keys * (C + Dr) + 2.0 * H * keys * C + 5.0 * H * keys;
-        op(a, st, OP_ATTENTION, flops, qtensor_bytes(&w->wkv_b) + es * shape_ctx(sh) * kvw_width + 4.0 * T * H * (Dn + Dr + Dv),
-           T, QF_COUNT);
-    } else { /* every sequence a piece of KC cached positions at a time (mla.c) */
+        ABSORBED(T, keys, shape_ctx(sh));
+    } else { /* the prompt chunks a piece of KC cached positions at a time, the decoding sequences
+                beside them in the absorbed form (mla.c mla_attention_split) */
         double KC = be_mla_piece(c), N = H * (Dn + Dv), W = C + Dr;
-        const double cls[2][3] = {{sh->n_dec, sh->dec_ctx, dec_rows(sh)}, {sh->n_pre, sh->pre_ctx, sh->pre_len}};
-        for (int k = 0; k < 2; k++) {
-            double ns = cls[k][0], ctx = cls[k][1], nt = cls[k][2];
-            if (ns <= 0 || ctx <= 0) continue;
-            double pieces = ceil(ctx / KC);
-            double kq = k ? keys_range(ctx - nt, ctx, cap) : (cap > 0 && ctx > cap ? cap : ctx);
-            op(a, st, OP_ATTENTION, 0, ns * (4.0 + es) * ctx * W, ctx, QF_COUNT); /* kv_gather */
-            op(a, st, OP_GEMM_ATTN, ns * 2.0 * ctx * N * C, ns * (pieces * qtensor_bytes(&w->wkv_b) + 4.0 * ctx * (C + N)),
-               ctx < KC ? ctx : KC, w->wkv_b.fmt);
-            op(a, st, OP_ATTENTION, ns * (2.0 * H * kq * (Dn + Dr + Dv) + 5.0 * H * kq),
-               ns * (4.0 * ctx * (N + Dr) + pieces * 4.0 * nt * H * (Dn + Dr + 2.0 * Dv + 4.0)), T, QF_COUNT);
-        }
+        double Td = sh->n_dec * dec_rows(sh), dk = cap > 0 && sh->dec_ctx > cap ? cap : sh->dec_ctx;
+        if (sh->n_dec > 0) ABSORBED(Td, Td * dk, sh->n_dec * sh->dec_ctx);
+        double ns = sh->n_pre, ctx = sh->pre_ctx, nt = sh->pre_len, pieces = ceil(ctx / KC);
+        double kq = keys_range(ctx - nt, ctx, cap);
+        op(a, st, OP_ATTENTION, 0, ns * (4.0 + es) * ctx * W, ctx, QF_COUNT); /* kv_gather */
+        op(a, st, OP_GEMM_ATTN, ns * 2.0 * ctx * N * C, ns * (pieces * qtensor_bytes(&w->wkv_b) + 4.0 * ctx * (C + N)),
+           ctx < KC ? ctx : KC, w->wkv_b.fmt);
+        op(a, st, OP_ATTENTION, ns * (2.0 * H * kq * (Dn + Dr + Dv) + 5.0 * H * kq),
+           ns * (4.0 * ctx * (N + Dr) + pieces * 4.0 * nt * H * (Dn + Dr + 2.0 * Dv + 4.0)), T, QF_COUNT);
     }
+#undef ABSORBED
     mm(a, st, OP_GEMM_ATTN, T, &w->wo, 0);
     allreduce(a, st, T * D);
     add(a, st, T * D, T);

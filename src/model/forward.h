@@ -189,6 +189,14 @@ void mla_expand_free(MlaExpand *x, Backend *be);
 int mla_expand_min(void);
 /* 1: run the batch's MLA attention in the expanded form (see mla.c for the rule) */
 int mla_expand_use(const Batch *hb, int min_tokens);
+/* The leading sequences of hb that decode (at most max(1, verify_len) tokens each, contiguous from
+ * token 0: the engine puts them first) and, in *n_tokens, their tokens. */
+int mla_decode_prefix(const Batch *hb, int *n_tokens);
+/* A batch the rule expands: its leading decoding sequences (mla_decode_prefix) in the absorbed
+ * form, the rest in the expanded form; arguments as mla_attention_expanded's. */
+void mla_attention_split(Backend *be, const MlaExpand *x, float *out, const float *q, const KVLayer *kv,
+                         const QTensor *wkv_b, const int *topk, int ktop, const Batch *hb, const Batch *db,
+                         const ModelConfig *c);
 /* out[T, H*Dv] from q[T, H*(Dn+Dr)] in the expanded form: per sequence, per piece of x->piece
  * cached positions: be_kv_gather, be_matmul with wkv_b, be_attention_mla_piece. Arguments as
  * be_attention_mla's. */

@@ -71,8 +71,8 @@ void glm5_attention(Forward *f, int layer, KVCache *kv)
     be_rope(be, kvl, kld, T, 1, kvd, C, Dr, db->pos, f->inv_freq, f->rope_scale, c->rope_interleave);
     be_kv_write(be, L->kv, L->dtype, L->k_scale, L->kv_width, 0, kvl, kld, kvd, db->slot, T);
     if (side) be_side_join(be);
-    if (mla_expand_use(b, mla_expand_min())) /* prefill chunks: the expanded form (mla.c) */
-        mla_attention_expanded(be, &f->mla, f->attn, f->q, L, &w->wkv_b, topk, c->index_topk, b, db, c);
+    if (mla_expand_use(b, mla_expand_min())) /* prefill chunks: the expanded form, decodes beside them not (mla.c) */
+        mla_attention_split(be, &f->mla, f->attn, f->q, L, &w->wkv_b, topk, c->index_topk, b, db, c);
     else
         be_attention_mla(be, f->attn, f->q, L, &w->wkv_b, topk, c->index_topk, b, db, c);
     be_matmul(be, OP_GEMM_ATTN, f->a, D, f->attn, H * c->v_head_dim, T, &w->wo, NULL);

@@ -37,8 +37,10 @@ int mla_expand_min(void) { return (int)knob_get(KNOB_MLA_EXPAND_MIN); }
  * brings (one, or with speculative decoding a token and its drafts: hb->verify_len; a few
  * queries of a sequence are the absorbed form's case too). The expanded form runs when the
  * batch has at least min_tokens prompt tokens and they are at least half its tokens (a batch
- * mostly of prefill chunks); every other batch, decoding ones above all, keeps the absorbed
- * form. A decoding batch never expands, whatever min_tokens (>= 1): the graphs
+ * mostly of prefill chunks), for its prompt chunks only: the decoding sequences the engine puts
+ * first keep the absorbed form (mla_attention_split; expanding a decoding sequence's whole
+ * context for one query costs what its prompt did); every other batch, decoding ones above all,
+ * keeps the absorbed form. A decoding batch never expands, whatever min_tokens (>= 1): the graphs
  * (forward_graph_run) capture only the absorbed form, whose launches do not depend on the
  * batch's contexts. Every rank of a distributed run sees the same batch and decides the same. */
 int mla_expand_use(const Batch *hb, int min_tokens)
@@ -47,6 +49,36 @@ int mla_expand_use(const Batch *hb, int min_tokens)
     for (int s = 0; s < hb->n_seqs; s++)
         if (hb->seq_ntok[s] > q) prompt += hb->seq_ntok[s];
     return prompt > 0 && prompt >= min_tokens && 2 * prompt >= hb->n_tokens;
+}
+
+int mla_decode_prefix(const Batch *hb, int *n_tokens)
+{
+    int q = hb->verify_len > 1 ? hb->verify_len : 1, s = 0, t = 0;
+    while (s < hb->n_seqs && hb->seq_start[s] == t && hb->seq_ntok[s] <= q) t += hb->seq_ntok[s++];
+    *n_tokens = t;
+    return s;
+}
+
+void mla_attention_split(Backend *be, const MlaExpand *x, float *out, const float *q, const KVLayer *kv,
+                         const QTensor *wkv_b, const int *topk, int ktop, const Batch *hb, const Batch *db,
+                         const ModelConfig *c)
+{
+    int Td, Sd = mla_decode_prefix(hb, &Td);
+    if (Sd > 0) { /* the decoding sequences: tokens [0, Td), the absorbed form */
+        Batch hv = *hb, dv = *db;
+        hv.n_tokens = dv.n_tokens = Td;
+        hv.n_seqs = dv.n_seqs = Sd;
+        be_attention_mla(be, out, q, kv, wkv_b, topk, ktop, &hv, &dv, c);
+    }
+    if (Sd == hb->n_seqs) return;
+    /* the rest: sequences [Sd, S), their rows where they are (token indices stay the batch's) */
+    Batch hp = *hb, dp = *db;
+    hp.n_seqs = dp.n_seqs = hb->n_seqs - Sd;
+    hp.seq_start += Sd, dp.seq_start += Sd;
+    hp.seq_ntok += Sd, dp.seq_ntok += Sd;
+    hp.ctx_len += Sd, dp.ctx_len += Sd;
+    hp.block_table += (size_t)Sd * hb->bt_stride, dp.block_table += (size_t)Sd * db->bt_stride;
+    mla_attention_expanded(be, x, out, q, kv, wkv_b, topk, ktop, &hp, &dp, c);
 }
 
 void mla_attention_expanded(Backend *be, const MlaExpand *x, float *out, const float *q, const KVLayer *kv,

@@ -3,15 +3,19 @@
  * pieces) against the absorbed form (be_attention_mla, decode) on seeded random data: ragged
  * batches of 1 to 3 sequences (prefill chunks after earlier context, a decode token beside
  * them), causal and indexer top-k key sets, float32, BF16 and FP8 caches, pieces smaller than
- * the contexts. Also kv_gather's decoded rows and the rule that picks the form. The golden
- * logits with the expanded form forced on are in test_golden.c. */
+ * the contexts. Also kv_gather's decoded rows, the rule that picks the form, and a batch that
+ * expands its prompt chunks keeping its decoding sequences in the absorbed form (the engine on
+ * the GLM-5 fixture: mixed steps give every request its tokens alone). The golden logits with
+ * the expanded form forced on are in test_golden.c. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/cpu.h"
+#include "base/knobs.h"
 #include "base/util.h"
 #include "model/forward.h"
 #include "batch_fixture.h"
+#include "engine_harness.h"
 #include "test.h"
 
 /* Relative L2 error of the expanded output against the absorbed one. Both read the same decoded
@@ -226,4 +230,77 @@ TEST(mla_expand_rule)
     v.n_tokens = 72;
     EXPECT(mla_expand_use(&v, 32) == 1, "a 40-token chunk beside the chains");
     EXPECT(mla_expand_min() >= 1);
+}
+
+/* The decoding sequences a batch puts first (one token each, or a token and its drafts under
+ * verify_len), contiguous from token 0: they keep the absorbed form when the rest expands. */
+TEST(mla_decode_prefix_of_a_batch)
+{
+    int ntok[5] = {1, 1, 4, 20, 1}, start[5] = {0, 1, 2, 6, 26};
+    Batch b = {.n_seqs = 5, .seq_ntok = ntok, .seq_start = start, .n_tokens = 27};
+    int Td = -1;
+    EXPECT(mla_decode_prefix(&b, &Td) == 2 && Td == 2, "no drafts: 2 sequences of 1 token (%d tokens)", Td);
+    b.verify_len = 4;
+    EXPECT(mla_decode_prefix(&b, &Td) == 3 && Td == 6, "verify_len 4: 3 sequences, 6 tokens (%d)", Td);
+    ntok[0] = 20, start[1] = 20;
+    EXPECT(mla_decode_prefix(&b, &Td) == 0 && Td == 0, "a prompt chunk first: no prefix");
+}
+
+/* greedy tokens of n requests (prompt lengths lens, 10 tokens each) on the engine with options o */
+static void mla_engine_run(const Model *m, Backend *be, const EngineOptions *o, int n, const int *lens, Out *out)
+{
+    static const int eos = 1;
+    Engine *e = engine_create(m, be, o, &eos, 1);
+    engine_start(e);
+    Waker w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+    for (int i = 0; i < n; i++) {
+        int p[128];
+        for (int k = 0; k < lens[i]; k++) p[k] = 2 + (int)((i * 7919u + k * 104729u) % 500u);
+        RequestParams r = {.prompt = p, .n_prompt = lens[i], .max_tokens = 10, .ignore_eos = 1};
+        sampling_params_default(&r.sampling);
+        r.sampling.temperature = 0;
+        memset(&out[i], 0, sizeof out[i]);
+        out[i].id = engine_submit(e, &r, waker_on_event, &w, NULL, 0);
+        EXPECT(out[i].id > 0);
+        if (o->max_running == 1) EXPECT(engine_collect(e, &w, &out[i], 1) == 0, "request %d alone", i);
+    }
+    if (o->max_running > 1) EXPECT(engine_collect(e, &w, out, n) == 0, "batched requests did not finish");
+    engine_stop(e, 1);
+    engine_free(e);
+}
+
+/* Steps that mix decoding sequences with prompt chunks, the expanded form forced on
+ * (MOESERVE_MLA_EXPAND_MIN 1): the chunks expand, the decodes beside them keep the absorbed form
+ * (mla_attention_split), and every request gets the tokens it gets alone, on the GLM-5 fixture
+ * (MLA and the indexer) */
+TEST(mla_engine_mixed_steps_match_alone)
+{
+    char dir[4300];
+    snprintf(dir, sizeof dir, "%s/glm5-bf16", test_data("golden"));
+    Model m;
+    model_load(&m, dir);
+    Backend be;
+    backend_cpu_init(&be, 2);
+    knob_override(KNOB_MLA_EXPAND_MIN, 1);
+    enum { N = 8 };
+    int lens[N];
+    for (int i = 0; i < N; i++) lens[i] = 9 + (i * 23) % 60;
+    Out ref[N], got[N];
+    EngineOptions o;
+    engine_options_default(&o);
+    o.max_running = 1;
+    o.n_blocks = 64;
+    o.max_model_len = 256;
+    mla_engine_run(&m, &be, &o, N, lens, ref);
+    o.max_running = 4;
+    o.max_batch_tokens = 24; /* 4 decodes and a chunk of 16-20: the chunk is most of the step */
+    o.chunked_prefill = 16;
+    o.n_blocks = 128;
+    mla_engine_run(&m, &be, &o, N, lens, got);
+    for (int i = 0; i < N; i++)
+        EXPECT(got[i].n == ref[i].n && !memcmp(got[i].toks, ref[i].toks, ref[i].n * sizeof(int)),
+               "request %d: %d tokens batched, %d alone, or other tokens", i, got[i].n, ref[i].n);
+    knob_override(KNOB_MLA_EXPAND_MIN, -1);
+    backend_free(&be);
+    model_free(&m);
 }
