@@ -62,8 +62,8 @@ static const Knob table[KNOB_COUNT] = {
                         "MLA expanded form: cached positions expanded a piece (0: about 128 MiB of keys and values, "
                         "256 to 4096)"},
     [KNOB_MLA_EXPAND_MIN] = {"MOESERVE_MLA_EXPAND_MIN", KNOB_INT, "32", 1, 1 << 30, NULL,
-                             "MLA: a batch with at least this many prompt tokens, half its tokens or more, runs the "
-                             "expanded form"},
+                             "MLA: a batch with at least this many prompt tokens, half its tokens or more, runs its "
+                             "prompt chunks in the expanded form"},
     [KNOB_TUNE_CACHE] = {"MOESERVE_TUNE_CACHE", KNOB_STR, "", 0, 0, NULL,
                          "the tuned tile table's file (default: $XDG_CACHE_HOME or ~/.cache, moeserve/w4-tune.json)"},
     [KNOB_CALIBRATE_CACHE] = {"MOESERVE_CALIBRATE_CACHE", KNOB_STR, "", 0, 0, NULL,
