@@ -10,6 +10,7 @@
  *                                        SVG charts (diag/report.c). */
 #include <curl/curl.h>
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -265,6 +266,20 @@ static int beside_predict(const ModelOpts *mo, const EngineOptions *eo, const Lo
         b->step_ms = pt->step_ms;
         for (int c = 0; c < SC_COUNT && c < CP_COUNT; c++) b->ms[c] = pt->share[c] * pt->step_ms;
         rc = 0;
+        /* with drafts and chains to measure them by: the same load with 0, 1, ... drafts a step at
+           the acceptance measured (one more than this run's, three at least) */
+        if (eo->spec_k > 0 && d->spec_chains > 0) {
+            int n = eo->spec_k + 2 > 4 ? eo->spec_k + 2 : 4;
+            b->n_spec = n < BESIDE_MAX_SPEC ? n : BESIDE_MAX_SPEC;
+            b->spec_now = eo->spec_k < b->n_spec ? eo->spec_k : b->n_spec - 1;
+            b->spec_accept = s.spec_accept;
+            for (int k = 0; k < b->n_spec; k++) {
+                s.spec_k = k;
+                cost_plan(&s, whole, &lo, &ld->batch, 1, plan);
+                b->spec_tpot[k] = plan->n_points > 0 ? plan->points[0].tpot_ms : 0;
+                if (b->spec_tpot[k] <= 0) b->n_spec = 0; /* no figure: no comparison */
+            }
+        }
     }
     free(plan);
     free(whole);
@@ -301,12 +316,35 @@ static json_t *diagnose_load(const Model *dm, const Model *m, Backend *be, Engin
     }
     log_info("diagnose: %d requests of %d + %d tokens, %d at a time, in %.1f s", ld->requests, ld->in_len, ld->out_len,
              ld->batch, clock_now() - t0);
+    Beside bs;
+    int have_plan = profile && beside_predict(mo, &eo, ld, profile, mo->par.tp * mo->par.pp, &d, &bs) == 0;
+    int best = have_plan ? beside_spec_best(&bs) : -1;
+    /* the model's comparison of draft counts is advice only where it holds for this run's own step */
+    double big = bs.step_ms > g.step_ms ? bs.step_ms : g.step_ms;
+    int trusted = have_plan && big > 0 && fabs(bs.step_ms - g.step_ms) <= BESIDE_DISAGREE * big;
+    if (best >= 0 && best != bs.spec_now && !trusted) {
+        char ev[320];
+        snprintf(ev, sizeof ev, "the cost model's step (%.3f ms) is more than %.0f%% from the measured one (%.3f ms): "
+                 "no advice on the drafts a step from it (its TPOT by drafts a step is in the plan beside)",
+                 bs.step_ms, 100 * BESIDE_DISAGREE, g.step_ms);
+        diagnosis_note(&g, ev, NULL);
+    } else if (best >= 0 && best != bs.spec_now) { /* what the drafts a step should be, at the acceptance measured */
+        char ev[320], adv[320];
+        snprintf(ev, sizeof ev, "at the measured acceptance (%.2f a draft), the cost model gives a TPOT of %.3f ms with %d "
+                 "drafts a step (this run) and %.3f ms with %d", bs.spec_accept, bs.spec_tpot[bs.spec_now], bs.spec_now,
+                 bs.spec_tpot[best], best);
+        if (best == 0)
+            snprintf(adv, sizeof adv, "leave out speculative decoding: at this acceptance its drafts cost more than they "
+                     "give (or train the MTP layer further, or draft from fewer ids: draft_vocab_size)");
+        else
+            snprintf(adv, sizeof adv, "draft %d tokens a step (\"num_speculative_tokens\": %d, --speculative-num-steps %d)",
+                     best, best, best);
+        diagnosis_note(&g, ev, adv);
+    }
     json_t *o = diagnosis_json(&g, &d, ceil);
     json_object_set_new(o, "placement", placement_json(pl));
     json_object_set_new(o, "load", json_pack("{s:i, s:i, s:i, s:i}", "batch", ld->batch, "input_len", ld->in_len,
                                              "output_len", ld->out_len, "requests", ld->requests));
-    Beside bs;
-    int have_plan = profile && beside_predict(mo, &eo, ld, profile, mo->par.tp * mo->par.pp, &d, &bs) == 0;
     if (have_plan) {
         beside_compare(&g, &bs);
         json_object_set_new(o, "plan", beside_json(&g, &bs));

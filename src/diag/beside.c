@@ -25,6 +25,15 @@ void beside_compare(const Diagnosis *g, Beside *b)
         }
 }
 
+int beside_spec_best(const Beside *b)
+{
+    if (b->n_spec <= 0) return -1;
+    int best = b->spec_now;
+    for (int k = 0; k < b->n_spec; k++)
+        if (b->spec_tpot[k] < b->spec_tpot[best] && b->spec_tpot[k] < 0.98 * b->spec_tpot[b->spec_now]) best = k;
+    return best;
+}
+
 json_t *beside_json(const Diagnosis *g, const Beside *b)
 {
     json_t *o = json_object(), *br = json_object(), *off = json_array();
@@ -36,6 +45,13 @@ json_t *beside_json(const Diagnosis *g, const Beside *b)
     json_object_set_new(o, "breakdown", br);
     for (int i = 0; i < b->n_off; i++) json_array_append_new(off, json_string(step_cat_name(b->off[i])));
     json_object_set_new(o, "disagree", off);
+    if (b->n_spec > 0) {
+        json_t *t = json_array();
+        for (int k = 0; k < b->n_spec; k++) json_array_append_new(t, json_real(b->spec_tpot[k]));
+        json_object_set_new(o, "speculative", json_pack("{s:f, s:i, s:i, s:o}", "accept_rate", b->spec_accept,
+                                                        "num_speculative_tokens", b->spec_now, "best",
+                                                        beside_spec_best(b), "tpot_ms", t));
+    }
     return o;
 }
 
@@ -46,6 +62,11 @@ void beside_print(FILE *f, const Diagnosis *g, const Beside *b)
     fprintf(f, "  %-18s %12s %12s\n", "category", "measured ms", "predicted ms");
     for (int c = 0; c < SC_COUNT; c++)
         if (g->ms[c] > 0 || b->ms[c] > 0) fprintf(f, "  %-18s %12.3f %12.3f\n", step_cat_name(c), g->ms[c], b->ms[c]);
+    if (b->n_spec > 0) {
+        fprintf(f, "  TPOT predicted at the measured acceptance (%.2f a draft), by drafts a step:", b->spec_accept);
+        for (int k = 0; k < b->n_spec; k++) fprintf(f, "%s %d: %.3f ms%s", k ? "," : "", k, b->spec_tpot[k], k == b->spec_now ? " (this run)" : "");
+        fprintf(f, "\n");
+    }
     if (b->n_off == 0) {
         fprintf(f, "  every category within %.0f%% of the prediction\n", 100 * BESIDE_DISAGREE);
         return;
