@@ -243,6 +243,15 @@ static const Batch *forward_upload(Forward *f, const Batch *b)
     return d;
 }
 
+/* vocabulary slices: the gather rows of logits rows o0 .. o0 + n (one micro-batch): row i*tp + r
+ * of its logits is row r*n + i of the all-gathered slices */
+static void gather_order(Forward *f, int o0, int n)
+{
+    int tp = f->m->cfg.tp;
+    for (int k = 0; k < n; k++)
+        for (int r = 0; r < tp; r++) f->gidx[(size_t)o0 * tp + k * tp + r] = r * n + k;
+}
+
 /* sequences in order, each's tokens contiguous, logits rows in token order: splittable */
 static int splittable(const Batch *b)
 {
@@ -263,7 +272,6 @@ static int splittable(const Batch *b)
 static const Batch *forward_split(Forward *f, const Batch *b)
 {
     Dist *d = f->dist;
-    const ModelConfig *c = &f->m->cfg;
     f->n_mb = 1;
     f->mb[0] = (MicroBatch){0, b->n_seqs, 0, b->n_tokens, 0, b->n_out};
     int want = d && d->pp > 1 ? d->microbatches : 1;
@@ -305,13 +313,8 @@ static const Batch *forward_split(Forward *f, const Batch *b)
         r->out_idx = f->rb_out;
         run = r;
     }
-    if (f->gidx) /* row i*tp + r of a micro-batch's logits is row r*n + i of the gathered slices */
-        for (int i = 0; i < f->n_mb; i++) {
-            const MicroBatch *m = &f->mb[i];
-            int n = m->o1 - m->o0, tp = c->tp;
-            for (int k = 0; k < n; k++)
-                for (int r = 0; r < tp; r++) f->gidx[(size_t)m->o0 * tp + k * tp + r] = r * n + k;
-        }
+    if (f->gidx)
+        for (int i = 0; i < f->n_mb; i++) gather_order(f, f->mb[i].o0, f->mb[i].o1 - f->mb[i].o0);
     return run;
 }
 
@@ -853,10 +856,6 @@ void forward_worker(const Model *m, Backend *be)
 
 const Batch *forward_batch_to_device(Forward *f, const Batch *b)
 {
-    if (f->gidx) { /* vocabulary slices: one micro-batch's gathered rows in order (forward_split) */
-        int n = b->n_out, tp = f->m->cfg.tp;
-        for (int k = 0; k < n; k++)
-            for (int r = 0; r < tp; r++) f->gidx[(size_t)k * tp + r] = r * n + k;
-    }
+    if (f->gidx) gather_order(f, 0, b->n_out); /* one micro-batch's rows */
     return forward_upload(f, b);
 }
